@@ -1,0 +1,5 @@
+import sys
+
+from neva_pack.cli import main
+
+sys.exit(main())

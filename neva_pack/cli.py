@@ -1,0 +1,121 @@
+"""``neva-pack``: parse -> config -> work -> print summary -> exit code.
+
+Heavy libraries (torch, Megatron-Core, transformers) are imported only by the
+subcommand that needs them, so ``neva-pack --help`` answers at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from neva_pack.errors import ConfigError, NevaPackError
+
+NEMO_DEFAULTS = {
+    "max_seq_length": 4096,
+    "packing_algorithm": "first_fit_shuffle",
+    "hf_vision_encoder": "openai/clip-vit-large-patch14-336",
+    "conv_template": "plain",
+    "image_aspect_ratio": "square",
+    "seed": 0,
+}
+ALGORITHM_CHOICES = ("first_fit_decreasing", "first_fit_shuffle", "shuffle_and_pack")
+
+
+def _add_preprocess_flags(parser: argparse.ArgumentParser) -> None:
+    """NeMo's flags (same names and defaults), then ours. Defaults are applied after the
+    hparams file, so an explicit flag always wins over it."""
+    nemo = parser.add_argument_group("NeMo preprocess_dataset.py flags")
+    nemo.add_argument("--data_path", type=Path, help="LLaVA-format JSON list or JSONL")
+    nemo.add_argument("--image_folder", type=Path, help="image directory or .tar archive")
+    nemo.add_argument("--tokenizer_path", type=Path, help="SentencePiece .model file or Hugging Face tokenizer directory")
+    nemo.add_argument("--output_dir", type=Path, help="output directory (required)")
+    nemo.add_argument("--max_seq_length", type=int, help="pack capacity in positions (default 4096)")
+    nemo.add_argument(
+        "--packing_algorithm", choices=ALGORITHM_CHOICES, help="packing algorithm (default first_fit_shuffle)"
+    )
+    nemo.add_argument(
+        "--hf_vision_encoder",
+        help="shipped encoder name or local directory with preprocessor_config.json "
+        "(default openai/clip-vit-large-patch14-336)",
+    )
+    nemo.add_argument("--conv_template", help="conversation template name or YAML file (default plain)")
+    nemo.add_argument("--image_aspect_ratio", choices=("square", "pad"), help="default square")
+    nemo.add_argument("--seed", type=int, help="seed of the packing algorithm (default 0)")
+    nemo.add_argument("--hparams_file", type=Path, help="NeMo YAML config: model.data.*, model.mm_cfg.* keys are read")
+    ours = parser.add_argument_group("neva_pack flags")
+    ours.add_argument("--num_workers", type=int, help="DataLoader workers (default min(8, CPUs))")
+    ours.add_argument("--global_batch_size", type=int, help="unpacked GBS, to print the packed GBS to train with")
+    ours.add_argument("--max_samples_per_pack", type=int, help="cap on samples per pack")
+    ours.add_argument("--patch_dim", type=int, help="override the encoder's patch size")
+    ours.add_argument("--use_im_start_end", action="store_true", default=None, help="NeMo mm_cfg.use_im_start_end")
+    ours.add_argument("--image_patch_id", type=int, help="token id of image positions (default 0)")
+    ours.add_argument("--image_start_id", type=int, help="token id opening an image (default <extra_id_4> if any)")
+    ours.add_argument("--image_end_id", type=int, help="token id closing an image (default <extra_id_5> if any)")
+    ours.add_argument("--ignore_index", type=int, help="label of untrained positions (default -1)")
+    ours.add_argument("--system_prompt", help="replace the template's system prompt")
+    ours.add_argument(
+        "--no_truncate", dest="truncate", action="store_false", default=None, help="skip over-long samples instead"
+    )
+    ours.add_argument("--strict", action="store_true", default=None, help="exit 1 if any record was skipped")
+    ours.add_argument("--overwrite", action="store_true", default=None, help="replace an existing output")
+    ours.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="neva-pack", description="Sequence packing for multimodal (NeVA / LLaVA) fine-tuning."
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = parser.add_subparsers(dest="command", required=True)
+    pre = sub.add_parser("preprocess", help="tokenize, preprocess images, pack, write packed_seq_dataset")
+    _add_preprocess_flags(pre)
+    return parser
+
+
+def config_from_args(args: argparse.Namespace):
+    """NeMo defaults < --hparams_file < explicit flags."""
+    from neva_pack.config import PreprocessConfig, read_hparams
+
+    values = dict(NEMO_DEFAULTS)
+    if args.hparams_file is not None:
+        values.update(read_hparams(args.hparams_file))
+    names = PreprocessConfig.field_names()
+    values.update({k: v for k, v in vars(args).items() if k in names and v is not None})
+    for required in ("data_path", "tokenizer_path", "output_dir"):
+        if values.get(required) is None:
+            raise ConfigError(f"--{required} is required")
+    return PreprocessConfig(**values)
+
+
+def _run_preprocess(args) -> int:
+    config = config_from_args(args)
+    from neva_pack.pipeline import preprocess
+    from neva_pack.stats import format_summary
+
+    result = preprocess(config, progress=not args.quiet)
+    print(format_summary(result.report))
+    if result.exit_code:
+        skipped = result.report["records"]["skipped"]
+        print(f"error: --strict: {skipped} record(s) skipped; see {config.output_dir}/skipped.jsonl", file=sys.stderr)
+    return result.exit_code
+
+
+COMMANDS = {"preprocess": _run_preprocess}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except NevaPackError as error:
+        if args.debug:
+            raise
+        print(f"neva-pack: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""Training side: read a packed prefix as NeMo's NevaPackedSeqDatatset does, plus a collate.
+
+``PackedSeqDataset(prefix)[p]`` gives, for pack p::
+
+    cu_seqlens  int32 (n + 1,)   [0, l1, l1+l2, ..., L]
+    tokens      int64 (L,)
+    labels      int64 (L,)       ignore value outside trained positions
+    image       float32 (N, 3, H, W), H and W read from the output's meta (never guessed)
+
+``collate`` adds what a packed (THD) attention needs: position ids that restart at 0 for
+every sample, and the loss mask::
+
+    cu_seqlens   = [0, 3, 5]
+    position_ids = [0, 1, 2, 0, 1]
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from neva_pack.store import PackedReader
+
+
+class PackedSeqDataset(Dataset):
+    def __init__(self, prefix: str | Path):
+        self._reader = PackedReader(Path(prefix))
+        self.meta = self._reader.meta
+        self.crop_size = tuple(self.meta["crop_size"])
+        self.ignore_index = int(self.meta.get("ignore_index", -1))
+
+    def __len__(self) -> int:
+        return len(self._reader)
+
+    def __getitem__(self, p: int) -> dict[str, torch.Tensor]:
+        pack = self._reader[p]
+        return {
+            "cu_seqlens": torch.from_numpy(pack.cu_seqlens.astype(np.int32)),
+            "tokens": torch.from_numpy(pack.tokens),
+            "labels": torch.from_numpy(pack.labels),
+            "image": torch.from_numpy(np.ascontiguousarray(pack.images, dtype=np.float32)),
+        }
+
+
+def position_ids_from_cu_seqlens(cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """[0, 3, 5] -> [0, 1, 2, 0, 1]."""
+    lengths = torch.diff(cu_seqlens.long())
+    starts = torch.repeat_interleave(cu_seqlens[:-1].long(), lengths)
+    return torch.arange(int(cu_seqlens[-1])) - starts
+
+
+def collate(batch: list[dict[str, torch.Tensor]], ignore_index: int = -1, pad_id: int = 0) -> dict[str, torch.Tensor]:
+    """Batch packs: tokens/labels/position_ids/loss_mask padded to the longest pack.
+
+    cu_seqlens are padded with -1 to a common length (NeMo's convention for packed batches);
+    ``cu_seqlens_argmin`` is where the padding starts in each row. Images of all packs are
+    concatenated; ``num_images`` says how many belong to each pack.
+    """
+    longest = max(len(item["tokens"]) for item in batch)
+    most_bounds = max(len(item["cu_seqlens"]) for item in batch)
+    size = len(batch)
+    tokens = torch.full((size, longest), pad_id, dtype=torch.long)
+    labels = torch.full((size, longest), ignore_index, dtype=torch.long)
+    position_ids = torch.zeros((size, longest), dtype=torch.long)
+    cu_seqlens = torch.full((size, most_bounds), -1, dtype=torch.int32)
+    for row, item in enumerate(batch):
+        length = len(item["tokens"])
+        tokens[row, :length] = item["tokens"]
+        labels[row, :length] = item["labels"]
+        position_ids[row, :length] = position_ids_from_cu_seqlens(item["cu_seqlens"])
+        cu_seqlens[row, : len(item["cu_seqlens"])] = item["cu_seqlens"]
+    return {
+        "tokens": tokens,
+        "labels": labels,
+        "loss_mask": (labels != ignore_index).float(),
+        "position_ids": position_ids,
+        "cu_seqlens": cu_seqlens,
+        "cu_seqlens_argmin": torch.tensor([[len(item["cu_seqlens"])] for item in batch]),
+        "image": torch.cat([item["image"] for item in batch]),
+        "num_images": torch.tensor([len(item["image"]) for item in batch]),
+    }

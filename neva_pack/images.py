@@ -1,0 +1,179 @@
+"""Image loading (folder or .tar) and CLIP/SigLIP preprocessing, split in two halves.
+
+    file bytes --open/convert RGB--> PIL --[pad]--> resize/crop --> uint8 (3, H, W)   in workers, stored
+    uint8 (3, H, W) --rescale/normalize--> float32 (3, H, W)                        at write time
+
+Both halves run transformers' image processor (its PIL backend), so the stored uint8
+image normalised later is bit-identical to running the processor in one go, while the
+intermediate store holds 1 byte per value instead of NeMo's float32.
+
+Decisions (as LLaVA and NeMo): ``Image.open(f).convert("RGB")`` drops alpha (no compositing
+on white), EXIF orientation is not applied, an animated image contributes its first frame.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from neva_pack.encoders import EncoderSpec
+from neva_pack.errors import ConfigError
+from neva_pack.records import RecordError
+
+ASPECT_RATIOS = ("square", "pad")
+
+
+@dataclass(frozen=True, slots=True)
+class TarMember:
+    offset: int
+    """Byte offset of the member's data in the archive."""
+    size: int
+    """Size of the member's data in bytes."""
+
+
+class ImageSource:
+    """Reads image bytes by relative name from a directory or an uncompressed .tar archive.
+
+    A tar archive is indexed once (name -> data offset) and opened once per process;
+    reading an image is one seek and one read.
+    """
+
+    def __init__(self, root: str | Path | None):
+        self.root = None if root is None else Path(root)
+        self._tar_index: dict[str, TarMember] | None = None
+        self._tar_file = None
+        if self.root is None:
+            return
+        if self.root.is_file() and tarfile.is_tarfile(self.root):
+            self._tar_index = _index_tar(self.root)
+        elif not self.root.is_dir():
+            raise ConfigError(f"--image_folder {self.root}: not a directory or a .tar archive")
+
+    def read(self, name: str) -> bytes:
+        if self.root is None:
+            raise RecordError("missing_image", f"{name}: the record has an image but no --image_folder was given")
+        if self._tar_index is not None:
+            return self._read_tar(name)
+        path = self.root / name
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            raise RecordError("missing_image", f"{name}: not found in {self.root}") from None
+        except (IsADirectoryError, PermissionError, OSError) as exc:
+            raise RecordError("unreadable_image", f"{name}: {exc.__class__.__name__}: {exc.strerror or exc}") from None
+
+    def _read_tar(self, name: str) -> bytes:
+        member = self._tar_index.get(_normalise_member_name(name))
+        if member is None:
+            raise RecordError("missing_image", f"{name}: not a member of {self.root}")
+        if self._tar_file is None:
+            self._tar_file = open(self.root, "rb")
+        self._tar_file.seek(member.offset)
+        return self._tar_file.read(member.size)
+
+    def __getstate__(self):
+        # the index travels to DataLoader workers; each worker opens the archive once itself
+        return {"root": self.root, "_tar_index": self._tar_index}
+
+    def __setstate__(self, state):
+        self.root = state["root"]
+        self._tar_index = state["_tar_index"]
+        self._tar_file = None
+
+
+def decode_image(data: bytes, name: str) -> Image.Image:
+    """Bytes -> RGB PIL image; anything PIL cannot decode is an ``unreadable_image`` skip."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(data))
+            image.load()
+            return image.convert("RGB")
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        raise RecordError("unreadable_image", f"{name}: {exc.__class__.__name__}: {exc}") from None
+
+
+class ImagePreprocessor:
+    """The encoder's image processor, applied in the two halves described above."""
+
+    def __init__(self, encoder: EncoderSpec, aspect_ratio: str):
+        if aspect_ratio not in ASPECT_RATIOS:
+            raise ConfigError(f"--image_aspect_ratio {aspect_ratio!r}: choose one of {', '.join(ASPECT_RATIOS)}")
+        self.encoder = encoder
+        self.aspect_ratio = aspect_ratio
+        processor_class = _processor_class(encoder.processor)
+        settings = {k: v for k, v in encoder.preprocessor_config.items() if k not in _NOT_PROCESSOR_KWARGS}
+        self._geometry = processor_class(**{**settings, "do_rescale": False, "do_normalize": False})
+        self._values = processor_class(**{**settings, "do_resize": False, "do_center_crop": False})
+        mean = self._values.image_mean
+        self._pad_colour = tuple(int(channel * 255) for channel in mean)  # LLaVA's expand2square background
+        self.shape = (3, *encoder.crop_size)
+
+    def to_uint8(self, image: Image.Image) -> np.ndarray:
+        """RGB image -> (3, H, W) uint8 after padding (if ``pad``), resize and crop."""
+        if self.aspect_ratio == "pad":
+            image = expand_to_square(image, self._pad_colour)
+        pixels = self._geometry(images=image, return_tensors="np")["pixel_values"][0]
+        if pixels.shape != self.shape:
+            raise RuntimeError(f"image processor returned shape {pixels.shape}, expected {self.shape}")
+        return pixels.astype(np.uint8, copy=False)
+
+    def normalize(self, pixels: np.ndarray) -> np.ndarray:
+        """(N, 3, H, W) uint8 -> (N, 3, H, W) float32, rescaled and normalised by the processor."""
+        if len(pixels) == 0:
+            return np.zeros((0, *self.shape), dtype=np.float32)
+        out = self._values(
+            images=list(pixels), return_tensors="np", input_data_format="channels_first", data_format="channels_first"
+        )["pixel_values"]
+        return out.astype(np.float32, copy=False)
+
+
+def expand_to_square(image: Image.Image, background: tuple[int, int, int]) -> Image.Image:
+    """Pad the shorter side to a square, image centred, as LLaVA's expand2square."""
+    width, height = image.size
+    if width == height:
+        return image
+    side = max(width, height)
+    canvas = Image.new(image.mode, (side, side), background)
+    canvas.paste(image, ((side - width) // 2, (side - height) // 2))
+    return canvas
+
+
+_NOT_PROCESSOR_KWARGS = {"image_processor_type", "processor_class", "feature_extractor_type", "auto_map"}
+
+
+def _processor_class(kind: str):
+    from transformers import models
+
+    if kind == "clip":
+        module = models.clip
+        names = ("CLIPImageProcessorPil", "CLIPImageProcessor")
+    else:
+        module = models.siglip
+        names = ("SiglipImageProcessorPil", "SiglipImageProcessor")
+    for name in names:  # transformers 5 names the numpy/PIL backend *Pil; 4.x has only the plain name
+        if hasattr(module, name):
+            return getattr(module, name)
+    raise ConfigError(f"the installed transformers has no {names[-1]}")
+
+
+def _index_tar(path: Path) -> dict[str, TarMember]:
+    try:
+        with tarfile.open(path, "r:") as archive:
+            return {
+                _normalise_member_name(m.name): TarMember(m.offset_data, m.size) for m in archive if m.isfile()
+            }
+    except (tarfile.TarError, OSError) as exc:
+        raise ConfigError(f"--image_folder {path}: unreadable tar archive ({exc}); compressed archives are not supported") from None
+
+
+def _normalise_member_name(name: str) -> str:
+    return os.path.normpath(name).lstrip("/").removeprefix("./")

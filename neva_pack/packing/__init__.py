@@ -1,0 +1,80 @@
+"""Packing: group sample indices into bins of at most ``capacity`` positions.
+
+The packer sees only lengths, never tokens or pixels::
+
+    from neva_pack.packing import pack
+    plan = pack(lengths, 4096, algorithm="first_fit_shuffle", seed=0)
+    plan.bin(0)        # sample indices of the first pack
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from neva_pack.packing import algorithms, kernels
+from neva_pack.packing.plan import PackingPlan
+
+ALGORITHMS: dict[str, Callable[..., Any]] = {
+    "first_fit_decreasing": algorithms.first_fit_decreasing,
+    "first_fit_shuffle": algorithms.first_fit_shuffle,
+    "shuffle_and_pack": algorithms.shuffle_and_pack,
+}
+"""Registry name -> algorithm. The command line's choices come from here."""
+
+DEFAULT_ALGORITHM = "first_fit_shuffle"
+
+
+def pack(
+    lengths,
+    capacity: int,
+    algorithm: str = DEFAULT_ALGORITHM,
+    seed: int = 0,
+    max_samples_per_pack: int | None = None,
+    **options: Any,
+) -> PackingPlan:
+    """Pack ``lengths`` (one per sample) into bins of at most ``capacity``.
+
+    Raises ValueError for an unknown algorithm, a capacity < 1, a length < 1, or any
+    length above the capacity (the pipeline truncates before packing; the packer never
+    drops a sample).
+    """
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown packing algorithm {algorithm!r}; choose one of {sorted(ALGORITHMS)}")
+    if int(capacity) != capacity or capacity < 1:
+        raise ValueError(f"capacity must be a positive integer, got {capacity!r}")
+    capacity = int(capacity)
+    max_per_bin = 0 if max_samples_per_pack is None else int(max_samples_per_pack)
+    if max_samples_per_pack is not None and max_per_bin < 1:
+        raise ValueError(f"max_samples_per_pack must be >= 1, got {max_samples_per_pack!r}")
+    lengths = _validated_lengths(lengths, capacity)
+    rng = np.random.default_rng(seed)
+    order, bin_of_pos, num_bins = ALGORITHMS[algorithm](lengths, capacity, rng, max_per_bin, **options)
+    offsets, indices, loads = kernels.group_by_bin(lengths, order, bin_of_pos, num_bins)
+    return PackingPlan(
+        offsets=offsets, indices=indices, bin_loads=loads, capacity=capacity, algorithm=algorithm, seed=seed
+    )
+
+
+def _validated_lengths(lengths, capacity: int) -> np.ndarray:
+    array = np.asarray(lengths)
+    if array.ndim != 1:
+        raise ValueError(f"lengths must be a 1-D array, got shape {array.shape}")
+    if array.size and not np.issubdtype(array.dtype, np.integer):
+        raise ValueError(f"lengths must be integers, got dtype {array.dtype}")
+    array = array.astype(np.int64, copy=False)
+    if array.size:
+        if array.min() < 1:
+            bad = int(np.argmin(array))
+            raise ValueError(f"sample {bad} has length {int(array[bad])}; every length must be >= 1")
+        if array.max() > capacity:
+            too_long = np.flatnonzero(array > capacity)
+            raise ValueError(
+                f"{too_long.size} sample(s) longer than the capacity {capacity} "
+                f"(first: sample {int(too_long[0])}, length {int(array[too_long[0]])}); truncate them before packing"
+            )
+    return np.ascontiguousarray(array)
+
+
+__all__ = ["ALGORITHMS", "DEFAULT_ALGORITHM", "PackingPlan", "pack"]

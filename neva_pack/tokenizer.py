@@ -1,0 +1,153 @@
+"""Tokenizers behind one small protocol: text -> ids with character offsets.
+
+Offsets are what make label masks exact: a token is trained when the characters it
+covers overlap an assistant span of the rendered text, so the mask is computed from
+the ids actually emitted, never by re-tokenizing pieces and hoping lengths add up.
+
+Two backends, both loaded from files only (no hub):
+- a SentencePiece ``.model`` file, used through ``sentencepiece`` directly (HF's
+  LLaMA-style wrappers drop or add ``▁`` around spaces in some versions);
+- a Hugging Face tokenizer directory with ``tokenizer.json``, used through ``tokenizers``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from neva_pack.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class Encoding:
+    ids: np.ndarray
+    """int64 token ids."""
+    starts: np.ndarray
+    """int64 character offset where each token's text begins."""
+    ends: np.ndarray
+    """int64 character offset where each token's text ends (exclusive)."""
+
+
+class Tokenizer(Protocol):
+    name: str
+    vocab_size: int
+    bos_id: int | None
+    eos_id: int | None
+
+    def encode(self, text: str) -> Encoding:
+        """Ids of ``text`` without BOS/EOS, with character offsets."""
+
+    def token_to_id(self, token: str) -> int | None:
+        """Id of a single token (special or not) by its string, or None if the vocabulary lacks it."""
+
+
+class SentencePieceTokenizer:
+    def __init__(self, model_file: Path):
+        import sentencepiece
+
+        self.name = str(model_file)
+        self._sp = sentencepiece.SentencePieceProcessor()
+        try:
+            self._sp.Load(str(model_file))
+        except (OSError, RuntimeError) as exc:
+            raise ConfigError(f"--tokenizer_path {model_file}: not a SentencePiece model ({exc})") from None
+        self.vocab_size = self._sp.GetPieceSize()
+        self.bos_id = _none_if_negative(self._sp.bos_id())
+        self.eos_id = _none_if_negative(self._sp.eos_id())
+
+    def encode(self, text: str) -> Encoding:
+        proto = self._sp.encode(text, out_type="proto")
+        pieces = proto.pieces
+        ids = np.fromiter((p.id for p in pieces), dtype=np.int64, count=len(pieces))
+        byte_starts = np.fromiter((p.begin for p in pieces), dtype=np.int64, count=len(pieces))
+        byte_ends = np.fromiter((p.end for p in pieces), dtype=np.int64, count=len(pieces))
+        char_of_byte = _char_index_of_bytes(text)
+        return Encoding(ids=ids, starts=char_of_byte[byte_starts], ends=char_of_byte[byte_ends])
+
+    def token_to_id(self, token: str) -> int | None:
+        token_id = self._sp.PieceToId(token)
+        if token_id == self._sp.unk_id() and token != self._sp.IdToPiece(token_id):
+            return None
+        return token_id
+
+    def __getstate__(self):
+        return {"name": self.name}
+
+    def __setstate__(self, state):
+        self.__init__(Path(state["name"]))
+
+
+class HuggingFaceTokenizer:
+    """A directory with ``tokenizer.json`` (+ ``tokenizer_config.json`` for BOS/EOS names)."""
+
+    def __init__(self, directory: Path):
+        from tokenizers import Tokenizer as RustTokenizer
+
+        self.name = str(directory)
+        try:
+            self._tok = RustTokenizer.from_file(str(directory / "tokenizer.json"))
+        except Exception as exc:  # the Rust binding raises a bare Exception for malformed files
+            raise ConfigError(f"--tokenizer_path {directory}: unreadable tokenizer.json ({exc})") from None
+        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        config = _read_json(directory / "tokenizer_config.json")
+        self.bos_id = self._special_id(config.get("bos_token"))
+        self.eos_id = self._special_id(config.get("eos_token"))
+
+    def _special_id(self, entry) -> int | None:
+        if isinstance(entry, dict):
+            entry = entry.get("content")
+        return self.token_to_id(entry) if isinstance(entry, str) else None
+
+    def encode(self, text: str) -> Encoding:
+        enc = self._tok.encode(text, add_special_tokens=False)
+        offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
+        return Encoding(ids=np.asarray(enc.ids, dtype=np.int64), starts=offsets[:, 0], ends=offsets[:, 1])
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    def __getstate__(self):
+        return {"name": self.name}
+
+    def __setstate__(self, state):
+        self.__init__(Path(state["name"]))
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """A ``.model`` file -> SentencePiece; a directory -> tokenizer.json, else its tokenizer.model."""
+    path = Path(path)
+    if path.is_dir():
+        if (path / "tokenizer.json").is_file():
+            return HuggingFaceTokenizer(path)
+        if (path / "tokenizer.model").is_file():
+            return SentencePieceTokenizer(path / "tokenizer.model")
+        raise ConfigError(f"--tokenizer_path {path}: directory has neither tokenizer.json nor tokenizer.model")
+    if path.is_file():
+        return SentencePieceTokenizer(path)
+    raise ConfigError(f"--tokenizer_path {path}: no such file or directory")
+
+
+def _char_index_of_bytes(text: str) -> np.ndarray:
+    """Map every UTF-8 byte offset of ``text`` (0..len(bytes)) to its character offset."""
+    if text.isascii():
+        return np.arange(len(text) + 1, dtype=np.int64)
+    widths = np.fromiter((len(ch.encode("utf-8")) for ch in text), dtype=np.int64, count=len(text))
+    char_of_byte = np.repeat(np.arange(len(text), dtype=np.int64), widths)
+    return np.append(char_of_byte, len(text))
+
+
+def _none_if_negative(value: int) -> int | None:
+    return None if value < 0 else value
+
+
+def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path}: unreadable JSON ({exc})") from None

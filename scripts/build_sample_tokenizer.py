@@ -1,0 +1,65 @@
+#!/usr/bin/env python
+"""Train the small SentencePiece tokenizer shipped in sample_data/ (sample_data/tokenizer.model).
+
+LLaMA-style (BPE, byte fallback, unk 0, bos 1, eos 2, no pad), with NeMo's special tokens
+<extra_id_0> .. <extra_id_9> as user-defined symbols, so NeMo's image layout
+(<extra_id_4> patch... <extra_id_5>) applies. Trained only on text this project owns:
+the sample conversations and the conversation templates. Deterministic (one thread).
+
+    python scripts/build_sample_tokenizer.py
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import sentencepiece
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+NEMO_SPECIAL_TOKENS = [f"<extra_id_{i}>" for i in range(10)]
+VOCAB_SIZE = 1000
+
+
+def corpus_lines() -> list[str]:
+    records = json.loads((ROOT / "sample_data" / "llava_sample.json").read_text(encoding="utf-8"))
+    lines = [turn["value"].replace("<image>", "") for record in records for turn in record["conversations"]]
+    for template in sorted((ROOT / "templates").glob("*.yaml")):
+        data = yaml.safe_load(template.read_text(encoding="utf-8"))
+        for key in ("system", "system_prefix", "system_suffix"):
+            if isinstance(data.get(key), str):
+                lines.append(data[key])
+        for role in ("user", "assistant"):
+            for part in (data.get(role) or {}).values():
+                lines.append(str(part))
+    return [line.strip() for line in lines if line and line.strip()]
+
+
+def main() -> None:
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(corpus_lines()),
+        model_writer=model,
+        model_type="bpe",
+        vocab_size=VOCAB_SIZE,
+        hard_vocab_limit=False,
+        byte_fallback=True,
+        character_coverage=1.0,
+        user_defined_symbols=NEMO_SPECIAL_TOKENS,
+        unk_id=0,
+        bos_id=1,
+        eos_id=2,
+        pad_id=-1,
+        num_threads=1,
+        minloglevel=2,
+    )
+    out = ROOT / "sample_data" / "tokenizer.model"
+    out.write_bytes(model.getvalue())
+    processor = sentencepiece.SentencePieceProcessor(model_proto=model.getvalue())
+    print(f"wrote {out} ({processor.get_piece_size()} pieces)")
+
+
+if __name__ == "__main__":
+    main()
