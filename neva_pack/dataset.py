@@ -41,7 +41,7 @@ class PackedSeqDataset(Dataset):
             "cu_seqlens": torch.from_numpy(pack.cu_seqlens.astype(np.int32)),
             "tokens": torch.from_numpy(pack.tokens),
             "labels": torch.from_numpy(pack.labels),
-            "image": torch.from_numpy(np.ascontiguousarray(pack.images, dtype=np.float32)),
+            "image": torch.from_numpy(pack.images),
         }
 
 

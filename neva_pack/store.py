@@ -258,7 +258,7 @@ class PackedReader:
             cu_seqlens=self._ds[start + ITEM_CU_SEQLENS].astype(np.int64),
             tokens=self._ds[start + ITEM_TOKENS].astype(np.int64),
             labels=self._ds[start + ITEM_LABELS].astype(np.int64),
-            images=self._ds[start + ITEM_IMAGE].reshape(-1, *self.image_shape),
+            images=self._ds[start + ITEM_IMAGE].astype(np.float32).reshape(-1, *self.image_shape),
         )
 
 

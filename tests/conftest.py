@@ -1,0 +1,61 @@
+"""Shared fixtures: real tokenizers (sample_data's own, Mistral v0.1 from mistral-common,
+a Hugging Face tokenizer directory built here) and the bundled sample dataset."""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE_DATA = ROOT / "sample_data"
+
+
+@pytest.fixture(scope="session")
+def sample_tokenizer_path() -> Path:
+    """The project's own SentencePiece model (LLaMA-style, with NeMo's <extra_id_0..9>)."""
+    return SAMPLE_DATA / "tokenizer.model"
+
+
+@pytest.fixture(scope="session")
+def mistral_tokenizer_path() -> Path:
+    """Mistral-7B v0.1 SentencePiece (vocab 32000, bos 1, eos 2, byte fallback), Apache-2.0."""
+    return Path(str(importlib.resources.files("mistral_common") / "data" / "tokenizer.model.v1"))
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizer_dir(tmp_path_factory) -> Path:
+    """A Hugging Face tokenizer directory (tokenizer.json + tokenizer_config.json) with ChatML
+    specials, trained here on the sample conversations: exercises the `tokenizers` backend."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers, decoders
+
+    records = json.loads((SAMPLE_DATA / "llava_sample.json").read_text())
+    texts = [t["value"] for r in records for t in r["conversations"]] + ["système, naïve café ünïcode"]
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    specials = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
+    trainer = trainers.BpeTrainer(
+        vocab_size=600, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tokenizer.train_from_iterator(texts, trainer)
+    directory = tmp_path_factory.mktemp("hf_tokenizer")
+    tokenizer.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": {"content": "</s>"}}))
+    return directory
+
+
+@pytest.fixture()
+def sample_dataset(tmp_path) -> dict:
+    """A writable copy of sample_data/ (records, images, tokenizer)."""
+    target = tmp_path / "sample_data"
+    shutil.copytree(SAMPLE_DATA, target)
+    return {
+        "data_path": target / "llava_sample.json",
+        "image_folder": target / "images",
+        "tokenizer_path": target / "tokenizer.model",
+        "root": target,
+    }

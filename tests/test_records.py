@@ -1,0 +1,96 @@
+"""Record streaming and validation: every bad-record kind becomes a RecordError with its reason."""
+
+import json
+
+import pytest
+
+from neva_pack.errors import InputError
+from neva_pack.records import RawRecord, RecordError, count_records, iter_raw_records, parse_record
+
+GOOD = {
+    "id": "a",
+    "image": "cat.jpg",
+    "conversations": [{"from": "human", "value": "<image>\nWhat?"}, {"from": "gpt", "value": "A cat."}],
+}
+
+
+def test_good_record_becomes_a_typed_conversation():
+    conversation = parse_record(RawRecord(7, GOOD))
+    assert conversation.index == 7 and conversation.record_id == "a"
+    assert conversation.images == ("cat.jpg",)
+    assert [t.role for t in conversation.turns] == ["user", "assistant"]
+
+
+def test_image_list_text_only_and_leading_gpt_turn():
+    record = {
+        "image": ["a.jpg", "b.jpg"],
+        "conversations": [
+            {"from": "gpt", "value": "Hello!"},
+            {"from": "human", "value": "<image> and <image>?"},
+            {"from": "gpt", "value": "Two."},
+        ],
+    }
+    conversation = parse_record(RawRecord(0, record))
+    assert conversation.images == ("a.jpg", "b.jpg")
+    assert conversation.turns[0].role == "user" and len(conversation.turns) == 2
+    text_only = parse_record(RawRecord(1, {"conversations": turns(("user", "Hi"), ("assistant", "Hello"))}))
+    assert text_only.images == () and text_only.record_id is None
+
+
+def with_(**changes):
+    return {**GOOD, **changes}
+
+
+def turns(*pairs):
+    return [{"from": f, "value": v} for f, v in pairs]
+
+
+@pytest.mark.parametrize(
+    "record, reason, detail",
+    [
+        ([1, 2], "malformed_record", "expected an object, got list"),
+        ({"id": "x"}, "malformed_record", "'conversations' is missing or not a list"),
+        (with_(conversations="hi"), "malformed_record", "not a list"),
+        (with_(conversations=["hi"]), "malformed_record", "turn 0 is not an object"),
+        (with_(image=3), "malformed_record", "'image' must be a string or a list of strings"),
+        (with_(conversations=[]), "empty_conversation", "no human turn"),
+        (with_(conversations=turns(("gpt", "only me"))), "empty_conversation", "no human turn"),
+        (with_(conversations=turns(("human", "<image>"), ("robot", "x"))), "unknown_role", "from='robot'"),
+        (with_(conversations=turns(("human", "<image>"), ("gpt", None))), "non_string_value", "NoneType"),
+        (with_(conversations=turns(("human", "<image>"), ("human", "x"))), "roles_not_alternating", "turn 1 is user"),
+        (with_(conversations=turns(("human", "<image>"))), "no_assistant_turn", "no gpt turn"),
+        (with_(conversations=turns(("human", "no placeholder"), ("gpt", "x"))), "placeholder_mismatch", "0 <image>"),
+        (with_(image=["a", "b"]), "placeholder_mismatch", "1 <image> placeholder(s) for 2 image(s)"),
+        (with_(conversations=turns(("human", "<image>"), ("gpt", "<image>"))), "placeholder_mismatch", "in gpt turns"),
+    ],
+)
+def test_bad_records_are_rejected_with_their_reason(record, reason, detail):
+    with pytest.raises(RecordError) as caught:
+        parse_record(RawRecord(0, record))
+    assert caught.value.reason == reason
+    assert detail in caught.value.detail
+
+
+def test_jsonl_streams_records_and_keeps_malformed_lines_as_errors(tmp_path):
+    path = tmp_path / "data.jsonl"
+    path.write_text(json.dumps(GOOD) + "\n\n{broken\n" + json.dumps(GOOD) + "\n")
+    raws = list(iter_raw_records(path))
+    assert [r.index for r in raws] == [0, 1, 2]
+    assert raws[1].error is not None
+    with pytest.raises(RecordError) as caught:
+        parse_record(raws[1])
+    assert caught.value.reason == "malformed_json"
+
+
+def test_json_list_is_streamed_and_counted(tmp_path):
+    path = tmp_path / "data.json"
+    path.write_text(json.dumps([GOOD, GOOD, {"x": 1.5}], indent=2))
+    assert count_records(path) == 3
+    assert [r.value for r in iter_raw_records(path)][2] == {"x": 1.5}
+
+
+def test_a_broken_json_list_fails_before_any_work_with_one_line(tmp_path):
+    path = tmp_path / "data.json"
+    path.write_text('[{"id": 1}, {"id": ')
+    with pytest.raises(InputError, match="invalid JSON list"):
+        count_records(path)
