@@ -19,7 +19,7 @@ from tqdm import tqdm
 from neva_pack import store as layout
 from neva_pack.config import PreprocessConfig
 from neva_pack.encoders import resolve_encoder
-from neva_pack.errors import ConfigError
+from neva_pack.errors import ConfigError, InputError
 from neva_pack.images import ImagePreprocessor, ImageSource
 from neva_pack.packing import PackingPlan, pack
 from neva_pack.records import count_records
@@ -76,6 +76,10 @@ def preprocess(config: PreprocessConfig, progress: bool = True) -> RunResult:
 
     counts = _encode_samples(config, builder, output_dir, total, progress)
     store = layout.SampleStore(layout.store_dir(output_dir))
+    if len(store) == 0:
+        raise InputError(
+            f"none of the {total} record(s) of {config.data_path} could be used; reasons in {output_dir / layout.SKIPPED_FILE}"
+        )
     plan = pack(
         store.lengths,
         config.max_seq_length,

@@ -158,10 +158,11 @@ class SampleStore:
         self.rows = np.fromfile(self.directory / STORE_ROWS, dtype=SAMPLE_ROW)
         if len(self.rows) != self.meta["num_samples"]:
             raise ValueError(f"{self.directory}: {len(self.rows)} rows for {self.meta['num_samples']} samples")
-        self._text = mi.IndexedDataset(str(self.directory / STORE_TEXT))
-        self._images = mi.IndexedDataset(str(self.directory / STORE_IMAGES))
-        self._image_docs = self._images.document_indices
         self.image_shape = tuple(self.meta["image_shape"])
+        # Megatron cannot map an empty .bin: a store of text-only samples has no image dataset to open
+        self._text = mi.IndexedDataset(str(self.directory / STORE_TEXT)) if len(self.rows) else None
+        has_images = bool(self.rows["num_images"].any())
+        self._images = mi.IndexedDataset(str(self.directory / STORE_IMAGES)) if has_images else None
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -174,7 +175,9 @@ class SampleStore:
         return self._text[2 * i], self._text[2 * i + 1]
 
     def images(self, i: int) -> np.ndarray:
-        first, last = self._image_docs[i], self._image_docs[i + 1]
+        if self._images is None:
+            return np.zeros((0, *self.image_shape), dtype=STORE_IMAGE_DTYPE)
+        first, last = self._images.document_indices[i], self._images.document_indices[i + 1]
         if first == last:
             return np.zeros((0, *self.image_shape), dtype=STORE_IMAGE_DTYPE)
         return np.stack([self._images[k] for k in range(first, last)]).reshape(-1, *self.image_shape)

@@ -1,0 +1,78 @@
+"""The command line: NeMo's flags and defaults, fast --help, thin wrapper script."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from neva_pack.cli import NEMO_DEFAULTS, build_parser, main
+from neva_pack.packing import ALGORITHMS
+from tests.conftest import ROOT
+
+NEMO_FLAGS = [
+    "--data_path", "--image_folder", "--tokenizer_path", "--output_dir", "--max_seq_length", "--packing_algorithm",
+    "--hf_vision_encoder", "--conv_template", "--image_aspect_ratio", "--seed", "--hparams_file",
+]  # fmt: skip
+
+
+def test_every_nemo_flag_is_accepted_with_nemo_defaults():
+    parser = build_parser()
+    preprocess = parser._subparsers._group_actions[0].choices["preprocess"]
+    options = {opt for action in preprocess._actions for opt in action.option_strings}
+    assert set(NEMO_FLAGS) <= options
+    assert NEMO_DEFAULTS == {
+        "max_seq_length": 4096,
+        "packing_algorithm": "first_fit_shuffle",
+        "hf_vision_encoder": "openai/clip-vit-large-patch14-336",
+        "conv_template": "plain",
+        "image_aspect_ratio": "square",
+        "seed": 0,
+    }
+
+
+def test_algorithm_choices_come_from_the_registry():
+    parser = build_parser()
+    preprocess = parser._subparsers._group_actions[0].choices["preprocess"]
+    action = next(a for a in preprocess._actions if "--packing_algorithm" in a.option_strings)
+    assert sorted(action.choices) == sorted(ALGORITHMS)
+
+
+def test_help_does_not_import_torch_or_megatron():
+    code = (
+        "import sys; from neva_pack.cli import build_parser; build_parser().format_help(); "
+        "print([m for m in ('torch', 'megatron', 'transformers', 'numba') if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_missing_required_flag_is_one_line(capsys):
+    assert main(["preprocess", "--data_path", str(ROOT / "sample_data" / "llava_sample.json")]) == 2
+    err = capsys.readouterr().err
+    assert err == "neva-pack: error: --tokenizer_path is required\n"
+
+
+def test_a_run_where_every_record_is_skipped_fails_clearly(sample_dataset, tmp_path, capsys):
+    data = sample_dataset["root"] / "bad.jsonl"
+    data.write_text(json.dumps({"conversations": []}) + "\n")
+    code = main(["preprocess", "--quiet", "--data_path", str(data), "--tokenizer_path",
+                 str(sample_dataset["tokenizer_path"]), "--output_dir", str(tmp_path / "o"), "--num_workers", "0"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and "none of the 1 record(s)" in err
+    assert json.loads((tmp_path / "o" / "skipped.jsonl").read_text())["reason"] == "empty_conversation"
+    assert not (tmp_path / "o" / "packed_seq_dataset.bin").exists()
+
+
+@pytest.mark.slow
+def test_wrapper_script_runs_as_nemo_users_call_it(tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "preprocess_dataset.py"), f"--data_path={ROOT}/sample_data/llava_sample.json",
+         f"--image_folder={ROOT}/sample_data/images", f"--tokenizer_path={ROOT}/sample_data/tokenizer.model",
+         f"--output_dir={tmp_path}/out", "--max_seq_length=4096", "--packing_algorithm=first_fit_shuffle",
+         "--hf_vision_encoder=openai/clip-vit-large-patch14-336", "--conv_template=v1", "--image_aspect_ratio=pad",
+         "--seed=42"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "model.data.data_prefix=" in result.stdout
