@@ -1,7 +1,8 @@
 """``neva-pack``: parse -> config -> work -> print summary -> exit code.
 
 Heavy libraries (torch, Megatron-Core, transformers) are imported only by the
-subcommand that needs them, so ``neva-pack --help`` answers at once.
+subcommand that needs them, so ``neva-pack --help`` answers at once (the packing
+registry, which the choices come from, costs only numba's import).
 """
 
 from __future__ import annotations
@@ -11,16 +12,16 @@ import sys
 from pathlib import Path
 
 from neva_pack.errors import ConfigError, NevaPackError
+from neva_pack.packing import ALGORITHMS, DEFAULT_ALGORITHM, RECOMMENDED_ALGORITHM
 
 NEMO_DEFAULTS = {
     "max_seq_length": 4096,
-    "packing_algorithm": "first_fit_shuffle",
+    "packing_algorithm": DEFAULT_ALGORITHM,
     "hf_vision_encoder": "openai/clip-vit-large-patch14-336",
     "conv_template": "plain",
     "image_aspect_ratio": "square",
     "seed": 0,
 }
-ALGORITHM_CHOICES = ("first_fit_decreasing", "first_fit_shuffle", "shuffle_and_pack")
 
 
 def _add_preprocess_flags(parser: argparse.ArgumentParser) -> None:
@@ -33,7 +34,9 @@ def _add_preprocess_flags(parser: argparse.ArgumentParser) -> None:
     nemo.add_argument("--output_dir", type=Path, help="output directory (required)")
     nemo.add_argument("--max_seq_length", type=int, help="pack capacity in positions (default 4096)")
     nemo.add_argument(
-        "--packing_algorithm", choices=ALGORITHM_CHOICES, help="packing algorithm (default first_fit_shuffle)"
+        "--packing_algorithm",
+        choices=sorted(ALGORITHMS),
+        help=f"packing algorithm (default {DEFAULT_ALGORITHM}, NeMo's; recommended: {RECOMMENDED_ALGORITHM})",
     )
     nemo.add_argument(
         "--hf_vision_encoder",

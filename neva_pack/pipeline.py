@@ -21,7 +21,7 @@ from neva_pack.config import PreprocessConfig
 from neva_pack.encoders import resolve_encoder
 from neva_pack.errors import ConfigError, InputError
 from neva_pack.images import ImagePreprocessor, ImageSource
-from neva_pack.packing import PackingPlan, pack
+from neva_pack.packing import RECOMMENDED_ALGORITHM, PackingPlan, pack
 from neva_pack.records import count_records
 from neva_pack.samples import SampleBuilder, SampleStream, Skipped, image_token_layout, passthrough
 from neva_pack.stats import global_batch_size_advice, packing_stats, training_overrides
@@ -180,6 +180,26 @@ def _write_packs(store, plan: PackingPlan, preprocessor: ImagePreprocessor, writ
         )
 
 
+SUGGEST_WHEN_SAVING = 0.01
+"""Suggest the recommended algorithm when it would need at least this fraction fewer packs."""
+
+
+def _better_algorithm(config: PreprocessConfig, lengths: np.ndarray, plan: PackingPlan) -> dict | None:
+    """What the recommended algorithm would give (it runs in well under a second)."""
+    if config.packing_algorithm == RECOMMENDED_ALGORITHM:
+        return None
+    alternative = pack(
+        lengths, plan.capacity, RECOMMENDED_ALGORITHM, seed=config.seed, max_samples_per_pack=config.max_samples_per_pack
+    )
+    if alternative.num_bins > plan.num_bins * (1 - SUGGEST_WHEN_SAVING):
+        return None
+    return {
+        "algorithm": RECOMMENDED_ALGORITHM,
+        "packs": alternative.num_bins,
+        "saving": 1 - alternative.num_bins / plan.num_bins,
+    }
+
+
 def _report(config, builder, store, plan, counts, prefix: Path, seconds: float) -> dict:
     rows = store.rows
     stats = packing_stats(plan, rows["length"].astype(np.int64), rows["num_images"], builder.layout.positions)
@@ -196,6 +216,7 @@ def _report(config, builder, store, plan, counts, prefix: Path, seconds: float) 
         "packing": stats,
         "algorithm": config.packing_algorithm,
         "seed": config.seed,
+        "suggestion": _better_algorithm(config, store.lengths, plan),
         "max_seq_length": config.max_seq_length,
         "image_positions": builder.layout.positions,
         "data_prefix": str(prefix),

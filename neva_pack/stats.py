@@ -78,8 +78,14 @@ def format_summary(report: dict) -> str:
         f"sample length  p50 {packing['sample_length']['p50']:.0f}  p90 {packing['sample_length']['p90']:.0f}"
         f"  p99 {packing['sample_length']['p99']:.0f}  max {packing['sample_length']['max']:.0f}",
         f"output         {report['data_prefix']}.{{bin,idx}}",
-        "train with:",
     ]
+    suggestion = report.get("suggestion")
+    if suggestion:
+        lines.append(
+            f"hint           --packing_algorithm {suggestion['algorithm']} would need {suggestion['packs']:,} packs"
+            f" ({100 * suggestion['saving']:.1f}% fewer)"
+        )
+    lines.append("train with:")
     lines += [f"  {line}" for line in report["training_overrides"]]
     return "\n".join(lines)
 

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from neva_pack.packing import ALGORITHMS, pack
 from neva_pack.packing.algorithms import first_fit_shuffle
+from neva_pack.packing.sum_of_squares import CTZ_TABLE, sum_of_squares_bins, sum_of_squares_reference
 
 CAPACITY = 64
 lengths_strategy = st.lists(st.integers(min_value=1, max_value=CAPACITY), min_size=0, max_size=300)
@@ -126,7 +127,7 @@ def test_golden_shuffle_and_pack_is_next_fit_over_the_seeded_permutation():
 
 def test_seed_changes_the_shuffled_plans():
     lengths = np.random.default_rng(0).integers(1, 60, size=400)
-    for algorithm in ("first_fit_shuffle", "shuffle_and_pack"):
+    for algorithm in ("first_fit_shuffle", "shuffle_and_pack", "near_optimal"):
         a = pack(lengths, CAPACITY, algorithm=algorithm, seed=1)
         b = pack(lengths, CAPACITY, algorithm=algorithm, seed=2)
         assert not np.array_equal(a.indices, b.indices)
@@ -155,3 +156,68 @@ def test_unknown_algorithm_names_the_choices():
 def test_empty_input_gives_an_empty_plan():
     plan = pack(np.zeros(0, dtype=np.int64), 8)
     assert plan.num_bins == 0 and plan.efficiency == 1.0
+
+
+# ---------------------------------------------------------------------------------------------
+# near_optimal: Sum-of-Squares + repack
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    capacity=st.integers(2, 300),
+    data=st.data(),
+    seed=st.integers(0, 1000),
+    cap=st.integers(0, 4),
+)
+def test_bitset_sum_of_squares_equals_the_full_scan(capacity, data, seed, cap):
+    lengths = np.array(data.draw(st.lists(st.integers(1, capacity), max_size=400)), dtype=np.int64)
+    order = np.random.default_rng(seed).permutation(len(lengths)).astype(np.int64)
+    fast = sum_of_squares_bins(lengths, order, capacity, cap, CTZ_TABLE)
+    slow = sum_of_squares_reference(lengths, order, capacity, cap)
+    assert fast[1] == slow[1]
+    assert np.array_equal(fast[0], slow[0]) and np.array_equal(fast[2], slow[2])
+
+
+@settings(max_examples=80, deadline=None)
+@given(lengths=lengths_strategy, seed=st.integers(0, 1000), cap=st.integers(0, 4))
+def test_near_optimal_is_never_worse_than_first_fit_decreasing(lengths, seed, cap):
+    lengths = np.array(lengths, dtype=np.int64)
+    ours = pack(lengths, CAPACITY, algorithm="near_optimal", seed=seed, max_samples_per_pack=cap or None)
+    ffd = pack(lengths, CAPACITY, algorithm="first_fit_decreasing", max_samples_per_pack=cap or None)
+    assert ours.num_bins <= ffd.num_bins
+
+
+def test_sum_of_squares_golden():
+    # C = 6, items in order 2, 2, 3, 4:
+    #   2 -> new bin A (gap 4);  2 -> A scores 2+2N(2)-2N(4) = 0, a new bin 2N(4)+1 = 3: A (gap 2)
+    #   3 -> no gap fits: new bin B (gap 3);  4 -> gap 2 and 3 too small: new bin C (gap 2)
+    bins, count, gaps = sum_of_squares_bins(np.array([2, 2, 3, 4]), np.arange(4), 6, 0, CTZ_TABLE)
+    assert bins.tolist() == [0, 0, 1, 2] and count == 3 and gaps.tolist() == [2, 3, 2]
+
+
+def llava_like_lengths(n, seed=0):
+    """Image samples (576 + lognormal text) and 6% text-only, as benchmarks/distributions.py."""
+    rng = np.random.default_rng(seed)
+    image = 576 + np.clip(np.round(rng.lognormal(np.log(140), 0.75, n - n // 16)), 12, 3000)
+    text = np.clip(np.round(rng.lognormal(np.log(260), 1.0, n // 16)), 8, 4000)
+    return np.minimum(np.concatenate([image, text]).astype(np.int64), 4096)
+
+
+def pack_order_correlation(plan, lengths):
+    """Spearman correlation of pack position and mean sample length in the pack."""
+    means = np.add.reduceat(lengths[plan.indices], plan.offsets[:-1]) / plan.samples_per_bin
+    _, inverse, counts = np.unique(means, return_inverse=True, return_counts=True)
+    ranks = (np.cumsum(counts) - counts + (counts - 1) / 2)[inverse]  # ties share their mean rank
+    return np.corrcoef(np.arange(plan.num_bins), ranks)[0, 1]
+
+
+def test_near_optimal_beats_ffd_on_llava_like_data_and_mixes_lengths():
+    lengths = llava_like_lengths(40_000)
+    ours = pack(lengths, 4096, algorithm="near_optimal", seed=0)
+    ffd = pack(lengths, 4096, algorithm="first_fit_decreasing")
+    assert ours.num_bins < ffd.num_bins
+    assert ours.num_bins <= ours.lower_bound * 1.01
+    assert abs(pack_order_correlation(ours, lengths)) < 0.05  # packs in random order
+    assert pack_order_correlation(ffd, lengths) < -0.5  # FFD: longest samples first
+    other_seed = pack(lengths, 4096, algorithm="near_optimal", seed=1)
+    assert not np.array_equal(ours.indices, other_seed.indices)

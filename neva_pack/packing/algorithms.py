@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from neva_pack.packing import kernels
+from neva_pack.packing.sum_of_squares import CTZ_TABLE, sum_of_squares_bins
 
 DEFAULT_CHUNK_SIZE = 20_000
 """first_fit_shuffle packs the shuffled samples in independent chunks of this many (NeMo's value)."""
@@ -46,3 +47,105 @@ def shuffle_and_pack(lengths: np.ndarray, capacity: int, rng: np.random.Generato
     order = rng.permutation(len(lengths)).astype(np.int64)
     ranks, num_bins = kernels.next_fit_ranks(lengths, order, capacity, max_per_bin)
     return order, ranks, num_bins
+
+
+DEFAULT_REPACK_ROUNDS = 32
+"""near_optimal: how many times at most the samples of the not-full bins are packed again."""
+
+
+def near_optimal(
+    lengths: np.ndarray,
+    capacity: int,
+    rng: np.random.Generator,
+    max_per_bin: int,
+    repack_rounds: int = DEFAULT_REPACK_ROUNDS,
+):
+    """Sum-of-Squares in random order, then repack the not-full bins; never worse than FFD.
+
+    1. SS over a seeded random order: almost every bin comes out exactly full, and long and
+       short samples are mixed in every bin.
+    2. The samples of the bins left with a gap are packed again by SS in a fresh order, as long
+       as that lowers the count (each round works on a few thousand samples only).
+    3. First fit decreasing (ties in random order) runs beside it in another thread; on small or
+       sparse inputs (many samples at the capacity) it can win, and then its bins are used.
+    Bins come out in random order either way, so the packs are not sorted by length.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    # equal lengths are interchangeable to FFD: breaking their ties at random keeps its bin
+    # count and lets the seed change which samples share a pack
+    shuffled = rng.permutation(len(lengths)).astype(np.int64)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        ffd = pool.submit(_first_fit_decreasing_of, lengths, shuffled, capacity, max_per_bin)
+        order, bin_of_pos, num_bins = _sum_of_squares_with_repack(lengths, capacity, rng, max_per_bin, repack_rounds)
+        ffd_order, ffd_ranks, ffd_bins = ffd.result()
+    if ffd_bins < num_bins:
+        order, bin_of_pos, num_bins = ffd_order, ffd_ranks, ffd_bins
+    ranks = rng.permutation(num_bins).astype(np.int64)[bin_of_pos]
+    return order, ranks, num_bins
+
+
+def _first_fit_decreasing_of(lengths, shuffled, capacity, max_per_bin):
+    """FFD over ``shuffled`` sorted by decreasing length (numpy's sort and numba release the GIL)."""
+    order = shuffled[np.argsort(-lengths[shuffled], kind="stable")]
+    ranks, num_bins = kernels.first_fit_ranks(lengths, order, capacity, max_per_bin)
+    return order, ranks, num_bins
+
+
+def _sum_of_squares_with_repack(lengths, capacity, rng, max_per_bin, rounds):
+    """SS over a random order, then repacks of the few samples left in bins with a gap."""
+    order = rng.permutation(len(lengths)).astype(np.int64)
+    bin_of_pos, num_bins, gaps = sum_of_squares_bins(lengths, order, capacity, max_per_bin, CTZ_TABLE)
+    open_bins = gaps > 0
+    positions = np.flatnonzero(open_bins[bin_of_pos])
+    if len(positions) == 0:
+        return order, bin_of_pos, num_bins
+    renumber = np.full(num_bins, -1, dtype=np.int64)
+    renumber[open_bins] = np.arange(int(open_bins.sum()))
+    items, item_bins, item_gaps = _repack_rounds(
+        lengths, order[positions], renumber[bin_of_pos[positions]], gaps[open_bins], capacity, rng, max_per_bin, rounds
+    )
+    kept = np.flatnonzero(~open_bins)
+    renumber[kept] = np.arange(len(kept))
+    bin_of_pos = renumber[bin_of_pos]
+    order[positions] = items
+    bin_of_pos[positions] = len(kept) + item_bins
+    return order, bin_of_pos, len(kept) + len(item_gaps)
+
+
+def _repack_rounds(lengths, items, item_bins, gaps, capacity, rng, max_per_bin, rounds):
+    """Pack the samples of the bins that still have a gap again, as long as it pays.
+
+    Each round tries SS in a fresh random order and first fit decreasing on those samples and
+    keeps the better, if it needs no more bins than it replaces (an equal count still gives
+    the next round a new arrangement); three rounds without a gain end it.
+    """
+    rounds_without_gain = 0
+    for _ in range(rounds):
+        open_bins = gaps > 0
+        num_open = int(open_bins.sum())
+        positions = np.flatnonzero(open_bins[item_bins])
+        if num_open <= -(-int(lengths[items[positions]].sum()) // capacity):
+            break  # the open bins are already as few as their samples allow
+        shuffled = items[positions][rng.permutation(len(positions))]
+        new_bins, new_count, new_gaps = sum_of_squares_bins(lengths, shuffled, capacity, max_per_bin, CTZ_TABLE)
+        decreasing = shuffled[np.argsort(-lengths[shuffled], kind="stable")]
+        ffd_bins, ffd_count = kernels.first_fit_ranks(lengths, decreasing, capacity, max_per_bin)
+        if ffd_count < new_count:
+            shuffled, new_bins, new_count = decreasing, ffd_bins, ffd_count
+            new_gaps = capacity - np.bincount(new_bins, weights=lengths[shuffled], minlength=new_count).astype(np.int64)
+            if max_per_bin > 0:
+                new_gaps[np.bincount(new_bins, minlength=new_count) >= max_per_bin] = 0  # closed by the cap
+        rounds_without_gain = 0 if new_count < num_open else rounds_without_gain + 1
+        if new_count <= num_open:
+            kept = np.flatnonzero(~open_bins)
+            renumber = np.full(len(gaps), -1, dtype=np.int64)
+            renumber[kept] = np.arange(len(kept))
+            item_bins = renumber[item_bins]
+            items = items.copy()
+            items[positions] = shuffled
+            item_bins[positions] = len(kept) + new_bins
+            gaps = np.concatenate([gaps[kept], new_gaps])
+        if rounds_without_gain >= 3:
+            break
+    return items, item_bins, gaps
