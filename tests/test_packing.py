@@ -221,3 +221,29 @@ def test_near_optimal_beats_ffd_on_llava_like_data_and_mixes_lengths():
     assert pack_order_correlation(ffd, lengths) < -0.5  # FFD: longest samples first
     other_seed = pack(lengths, 4096, algorithm="near_optimal", seed=1)
     assert not np.array_equal(ours.indices, other_seed.indices)
+
+
+def test_the_summary_suggests_near_optimal_when_it_saves_more_than_one_percent():
+    from types import SimpleNamespace
+
+    from neva_pack.pipeline import _better_algorithm
+    from neva_pack.stats import format_summary
+
+    lengths = llava_like_lengths(20_000)
+    config = SimpleNamespace(packing_algorithm="shuffle_and_pack", seed=0, max_samples_per_pack=None)
+    plan = pack(lengths, 4096, algorithm="shuffle_and_pack")
+    suggestion = _better_algorithm(config, lengths, plan)
+    assert suggestion["algorithm"] == "near_optimal" and suggestion["saving"] > 0.05
+    assert suggestion["packs"] == pack(lengths, 4096, algorithm="near_optimal").num_bins
+    config.packing_algorithm = "near_optimal"
+    assert _better_algorithm(config, lengths, pack(lengths, 4096, algorithm="near_optimal")) is None
+    report = {
+        "records": {"total": 1, "packed": 1, "skipped": 0, "truncated": 0, "skipped_by_reason": {}},
+        "packing": {"samples": 1, "samples_with_images": 0, "images": 0, "positions": 5, "packs": 1,
+                    "lower_bound_packs": 1, "packs_over_lower_bound": 1.0, "efficiency": 0.5,
+                    "samples_per_pack": {"mean": 1.0, "min": 1, "max": 1},
+                    "sample_length": {"p50": 5, "p90": 5, "p99": 5, "max": 5}},
+        "algorithm": "shuffle_and_pack", "seed": 0, "max_seq_length": 10, "data_prefix": "x",
+        "training_overrides": [], "suggestion": suggestion,
+    }  # fmt: skip
+    assert f"hint           --packing_algorithm near_optimal would need {suggestion['packs']:,} packs" in format_summary(report)
