@@ -62,7 +62,14 @@ def _add_preprocess_flags(parser: argparse.ArgumentParser) -> None:
         "--no_truncate", dest="truncate", action="store_false", default=None, help="skip over-long samples instead"
     )
     ours.add_argument("--strict", action="store_true", default=None, help="exit 1 if any record was skipped")
+    ours.add_argument(
+        "--max_skip_fraction", type=float, help="abort when more than this fraction of records is skipped (default 0.5)"
+    )
     ours.add_argument("--overwrite", action="store_true", default=None, help="replace an existing output")
+    ours.add_argument("--resume", action="store_true", default=None, help="continue an interrupted run in --output_dir")
+    ours.add_argument(
+        "--checkpoint_every", type=int, help="records per durable checkpoint (default 10000; packs: a tenth of it)"
+    )
     ours.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
@@ -74,6 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     pre = sub.add_parser("preprocess", help="tokenize, preprocess images, pack, write packed_seq_dataset")
     _add_preprocess_flags(pre)
+    check = sub.add_parser("verify", help="recompute checksums and check every invariant of an output")
+    check.add_argument("output", type=Path, help="output directory (or packed_seq_dataset prefix)")
+    check.add_argument("--data_path", type=Path, help="also check that every input record is packed once or skipped")
+    check.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
 
 
@@ -105,7 +116,20 @@ def _run_preprocess(args) -> int:
     return result.exit_code
 
 
-COMMANDS = {"preprocess": _run_preprocess}
+def _run_verify(args) -> int:
+    from neva_pack.verify import verify
+
+    result = verify(args.output, data_path=args.data_path, progress=not args.quiet)
+    for problem in result.problems:
+        print(f"FAIL {problem}")
+    if result.problem_count > len(result.problems):
+        print(f"FAIL ... and {result.problem_count - len(result.problems)} more")
+    checked = ", ".join(f"{value if not isinstance(value, list) else len(value)} {key}" for key, value in result.checked.items())
+    print(f"{'OK' if result.ok else 'FAILED'}: checked {checked}; {result.problem_count} problem(s)")
+    return 0 if result.ok else 1
+
+
+COMMANDS = {"preprocess": _run_preprocess, "verify": _run_verify}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,6 +141,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             raise
         print(f"neva-pack: error: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:  # the environment failed us (disk full, permissions): one line, no traceback
+        if args.debug:
+            raise
+        where = f"{error.filename}: " if error.filename else ""
+        print(f"neva-pack: error: {where}{error.strerror or error}", file=sys.stderr)
         return 2
 
 

@@ -6,7 +6,9 @@ Built from NeMo's flags, our own flags, and/or a NeMo-style YAML hparams file
 
 from __future__ import annotations
 
+import difflib
 import os
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -69,8 +71,16 @@ class PreprocessConfig:
     """Cap on samples per pack (for fixed-size cu_seqlens buffers)."""
     strict: bool = False
     """Fail the run (exit 1) when any record was skipped, after writing the report."""
+    max_skip_fraction: float = 0.5
+    """Abort (after writing the report so far) when more than this fraction of the records is
+    skipped, checked from 1,000 records on and at the end; 1 disables it."""
     overwrite: bool = False
-    """Replace an existing output in output_dir."""
+    """Replace an existing output in output_dir (only the files a run writes are removed)."""
+    resume: bool = False
+    """Continue an interrupted run in output_dir; the result is byte-identical to an uninterrupted run."""
+    checkpoint_every: int = 10_000
+    """Records per committed store shard (and every tenth of that, packs per writer checkpoint):
+    at most this much work is redone after a crash."""
 
     def __post_init__(self):
         for name in ("data_path", "output_dir", "tokenizer_path", "image_folder"):
@@ -97,7 +107,11 @@ class PreprocessConfig:
             )
         if self.num_workers < 0:
             raise ConfigError(f"--num_workers {self.num_workers}: must be >= 0")
-        for name in ("global_batch_size", "patch_dim", "max_samples_per_pack"):
+        if not 0 <= self.max_skip_fraction <= 1:
+            raise ConfigError(f"--max_skip_fraction {self.max_skip_fraction}: must be between 0 and 1")
+        if self.resume and self.overwrite:
+            raise ConfigError("--resume and --overwrite exclude each other")
+        for name in ("global_batch_size", "patch_dim", "max_samples_per_pack", "checkpoint_every"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"--{name} {value}: must be >= 1")
@@ -123,11 +137,36 @@ HPARAMS_KEYS = {
     ("model", "mm_cfg", "vision_encoder", "crop_size"): "crop_size",
     ("model", "tokenizer", "model"): "tokenizer_path",
 }
-"""The keys of a NeMo NeVA config this tool uses; everything else in the file is ignored."""
+"""The keys of a NeMo NeVA config this tool uses; the rest of a NeMo config is ignored."""
+
+NEMO_SECTION_KEYS = {
+    ("model", "data"): {
+        "num_workers", "dataloader_type", "data_path", "data_prefix", "lazy_preprocess", "is_multimodal",
+        "media_type", "sep_image_conv_front", "image_token_len", "conv_template", "image_folder", "video_folder",
+        "image_aspect_ratio", "splice_single_frame", "num_frames", "sep_token_between_frames", "packed_sequence",
+        "crop_size", "validation_drop_last", "add_extra_token",
+    },
+    ("model", "mm_cfg"): {
+        "llm", "vision_encoder", "pretrain_mm_mlp_adapter", "use_im_start_end", "im_start_end", "mm_mlp_adapter_type",
+        "use_lita", "lita",
+    },
+    ("model", "mm_cfg", "llm"): {"from_pretrained", "freeze", "model_type"},
+    ("model", "mm_cfg", "vision_encoder"): {
+        "from_pretrained", "from_hf", "patch_dim", "crop_size", "hidden_size", "vision_select_layer",
+        "class_token_length", "freeze", "model_type",
+    },
+}  # fmt: skip
+"""Keys NeVA configs hold in the sections this tool reads: a key outside these is a typo, refused."""
+
+_INTERPOLATION = re.compile(r"^\$\{([A-Za-z0-9_.]+)\}$")
 
 
 def read_hparams(path: Path) -> dict:
-    """Values of HPARAMS_KEYS found in a NeMo-style YAML, as PreprocessConfig field values."""
+    """Values of HPARAMS_KEYS found in a NeMo-style YAML, as PreprocessConfig field values.
+
+    Whole-value interpolations like ``${model.mm_cfg.llm.model_type}`` are resolved (from the
+    root, or relative to ``model``); unknown keys in the sections read are refused.
+    """
     try:
         data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -136,11 +175,43 @@ def read_hparams(path: Path) -> dict:
         raise ConfigError(f"--hparams_file {path}: unreadable YAML ({str(exc).splitlines()[0]})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"--hparams_file {path}: expected a mapping at the top level")
+    _check_sections(data, path)
     values = {}
     for keys, name in HPARAMS_KEYS.items():
-        node = data
-        for key in keys:
-            node = node.get(key) if isinstance(node, dict) else None
-        if node is not None and not (isinstance(node, str) and node.startswith("${")):
+        node = _lookup(data, keys)
+        if isinstance(node, str) and (match := _INTERPOLATION.match(node)):
+            node = _resolve(data, match.group(1), path)
+        if node is not None:
             values[name] = node
     return values
+
+
+def _lookup(data, keys):
+    node = data
+    for key in keys:
+        node = node.get(key) if isinstance(node, dict) else None
+    return node
+
+
+def _resolve(data: dict, reference: str, path: Path):
+    keys = tuple(reference.lstrip(".").split("."))
+    for root in ((), ("model",)):
+        value = _lookup(data, root + keys)
+        if value is not None:
+            return value
+    raise ConfigError(f"--hparams_file {path}: ${{{reference}}} refers to nothing in the file")
+
+
+def _check_sections(data: dict, path: Path) -> None:
+    for section, known in NEMO_SECTION_KEYS.items():
+        node = _lookup(data, section)
+        if not isinstance(node, dict):
+            continue
+        for key in node:
+            if key not in known:
+                close = difflib.get_close_matches(str(key), sorted(known), n=1)
+                hint = f" (did you mean {close[0]}?)" if close else ""
+                raise ConfigError(
+                    f"--hparams_file {path}: unknown key {'.'.join(section)}.{key}{hint}; "
+                    f"known: {', '.join(sorted(known))}"
+                )

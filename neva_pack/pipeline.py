@@ -1,21 +1,26 @@
 """preprocess(config): the stages wired together, each with a progress bar.
 
-    records --DataLoader workers--> Sample | Skipped --> sample store + skipped.jsonl
-    store lengths --pack()--> PackingPlan --writer--> packed_seq_dataset.{bin,idx} + meta + stats.json
+    records --DataLoader workers--> Sample | Skipped --> sample store shards (committed at checkpoints)
+    store lengths --pack()--> PackingPlan --writer (checkpointed)--> packed_seq_dataset.{bin,idx}
+    --> plan table, stats.json, skipped.jsonl --> meta.json with checksums, last
+
+A run killed at any point resumes with --resume: committed shards are kept, packing is
+recomputed (it is a pure function of the lengths), and the writer continues after its last
+checkpoint; the result is byte-identical to an uninterrupted run.
 """
 
 from __future__ import annotations
 
-import json
+import hashlib
 import shutil
 import time
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
+from neva_pack import __version__
 from neva_pack import store as layout
 from neva_pack.config import PreprocessConfig
 from neva_pack.encoders import resolve_encoder
@@ -27,6 +32,11 @@ from neva_pack.samples import SampleBuilder, SampleStream, Skipped, image_token_
 from neva_pack.stats import global_batch_size_advice, packing_stats, training_overrides
 from neva_pack.templates import load_template
 from neva_pack.tokenizer import load_tokenizer
+
+SKIP_CHECK_AFTER = 1_000
+"""--max_skip_fraction is checked once this many records were read (and at the end)."""
+SUGGEST_WHEN_SAVING = 0.01
+"""Suggest the recommended algorithm when it would need at least this fraction fewer packs."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -68,15 +78,40 @@ def build_sample_builder(config: PreprocessConfig) -> SampleBuilder:
     )
 
 
+def sample_fingerprint(config: PreprocessConfig) -> dict:
+    """Everything that decides the samples: a resumed run must match it exactly."""
+    data = Path(config.data_path).resolve()
+    stat = data.stat()
+    return {
+        "data_path": str(data),
+        "data_size": stat.st_size,
+        "data_mtime_ns": stat.st_mtime_ns,
+        "image_folder": None if config.image_folder is None else str(Path(config.image_folder).resolve()),
+        "tokenizer_path": str(Path(config.tokenizer_path).resolve()),
+        "conv_template": config.conv_template,
+        "hf_vision_encoder": config.hf_vision_encoder,
+        "image_aspect_ratio": config.image_aspect_ratio,
+        "max_seq_length": config.max_seq_length,
+        "truncate": config.truncate,
+        "ignore_index": config.ignore_index,
+        "use_im_start_end": config.use_im_start_end,
+        "patch_dim": config.patch_dim,
+        "image_ids": [config.image_patch_id, config.image_start_id, config.image_end_id],
+        "system_prompt": config.system_prompt,
+        "neva_pack": __version__,
+    }
+
+
 def preprocess(config: PreprocessConfig, progress: bool = True) -> RunResult:
     started = time.perf_counter()
     builder = build_sample_builder(config)
     output_dir = _prepare_output_dir(config)
     total = count_records(config.data_path)
 
-    counts = _encode_samples(config, builder, output_dir, total, progress)
+    _encode_samples(config, builder, output_dir, total, progress)
     store = layout.SampleStore(layout.store_dir(output_dir))
     if len(store) == 0:
+        _write_skipped(store, output_dir)
         raise InputError(
             f"none of the {total} record(s) of {config.data_path} could be used; reasons in {output_dir / layout.SKIPPED_FILE}"
         )
@@ -88,100 +123,139 @@ def preprocess(config: PreprocessConfig, progress: bool = True) -> RunResult:
         max_samples_per_pack=config.max_samples_per_pack,
     )
     prefix = layout.packed_prefix(output_dir)
-    writer = layout.PackedWriter(prefix, builder.preprocessor.shape)
-    _write_packs(store, plan, builder.preprocessor, writer, progress)
+    writer = layout.PackedWriter(prefix, builder.preprocessor.shape, _plan_digest(plan), resume=config.resume)
+    _write_packs(store, plan, builder.preprocessor, writer, max(1, config.checkpoint_every // 10), progress)
 
-    report = _report(config, builder, store, plan, counts, prefix, time.perf_counter() - started)
+    report = _report(config, builder, store, plan, total, prefix, time.perf_counter() - started)
     layout.write_json_atomic(output_dir / layout.STATS_FILE, report)
-    writer.publish(_meta(config, builder, report))
+    _write_skipped(store, output_dir)
+    rows = store.rows[plan.indices]
+    writer.publish(
+        plan_table={"offsets": plan.offsets, "record_index": rows["record_index"], "length": rows["length"]},
+        extra_files=[output_dir / layout.STATS_FILE, output_dir / layout.SKIPPED_FILE],
+        meta=_meta(config, builder, report),
+    )
     strict_failure = config.strict and report["records"]["skipped"] > 0
     return RunResult(report=report, exit_code=1 if strict_failure else 0)
 
 
 def _prepare_output_dir(config: PreprocessConfig) -> Path:
+    """Refuse a non-empty directory unless --resume or --overwrite; touch nothing when refusing."""
     output_dir = Path(config.output_dir)
-    ours = _our_paths(output_dir)
-    existing = [p for p in ours if p.exists()]
-    if existing and not config.overwrite:
+    if output_dir.exists() and not output_dir.is_dir():
+        raise ConfigError(f"--output_dir {output_dir}: exists and is not a directory")
+    entries = sorted(p.name for p in output_dir.iterdir()) if output_dir.is_dir() else []
+    if entries and not (config.resume or config.overwrite):
         raise ConfigError(
-            f"--output_dir {output_dir}: already holds a neva_pack output ({existing[0].name}); pass --overwrite to replace it"
+            f"--output_dir {output_dir}: not empty ({entries[0]}{', ...' if len(entries) > 1 else ''}); "
+            "pass --resume to continue an interrupted run or --overwrite to replace it"
         )
-    for path in existing:
-        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    if config.overwrite:
+        for path in layout.output_paths(output_dir):
+            if path.is_dir():
+                shutil.rmtree(path)
+            elif path.exists():
+                path.unlink()
+    if config.resume:
+        layout.meta_path(layout.packed_prefix(output_dir)).unlink(missing_ok=True)  # it is written again, last
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
+        probe = output_dir / ".neva_pack_write_test"
+        probe.write_bytes(b"")
+        probe.unlink()
     except OSError as exc:
-        raise ConfigError(f"--output_dir {output_dir}: cannot create ({exc.strerror or exc})") from None
+        raise ConfigError(f"--output_dir {output_dir}: cannot write ({exc.strerror or exc})") from None
     return output_dir
 
 
-def _our_paths(output_dir: Path) -> list[Path]:
-    prefix = layout.packed_prefix(output_dir)
-    names = [
-        layout.meta_path(prefix),
-        Path(str(prefix) + ".bin"),
-        Path(str(prefix) + ".idx"),
-        Path(str(prefix) + ".tmp.bin"),
-        Path(str(prefix) + ".tmp.idx"),
-        layout.store_dir(output_dir),
-        output_dir / layout.STATS_FILE,
-        output_dir / layout.SKIPPED_FILE,
-    ]
-    return names
-
-
-def _encode_samples(config, builder, output_dir: Path, total: int, progress: bool) -> dict:
-    """Stream samples from the DataLoader into the store; skipped records into skipped.jsonl."""
+def _encode_samples(config, builder, output_dir: Path, total: int, progress: bool) -> None:
+    """Stream samples from the DataLoader into the store, committing a shard every checkpoint."""
     from torch.utils.data import DataLoader
 
-    writer = layout.SampleStoreWriter(layout.store_dir(output_dir), builder.preprocessor.shape)
-    loader = DataLoader(
-        SampleStream(config.data_path, builder),
-        batch_size=None,
-        num_workers=config.num_workers,
-        collate_fn=passthrough,
-        prefetch_factor=8 if config.num_workers else None,
+    writer = layout.SampleStoreWriter(
+        layout.store_dir(output_dir), builder.preprocessor.shape, sample_fingerprint(config), resume=config.resume
     )
-    skipped_by_reason: Counter = Counter()
-    truncated = 0
-    skipped_path = output_dir / layout.SKIPPED_FILE
-    tmp_skipped = skipped_path.with_name(skipped_path.name + ".tmp")
-    with open(tmp_skipped, "w", encoding="utf-8") as skipped_file:
-        bar = tqdm(loader, total=total, desc="tokenize + images", unit="rec", disable=not progress)
-        for item in bar:
+    start = writer.next_record
+    skipped = sum(sum(s.skipped_by_reason.values()) for s in writer.shards)
+    if start < total:
+        loader = DataLoader(
+            SampleStream(config.data_path, builder, start=start),
+            batch_size=None,
+            num_workers=config.num_workers,
+            collate_fn=passthrough,
+            prefetch_factor=8 if config.num_workers else None,
+        )
+        bar = tqdm(total=total, initial=start, desc="tokenize + images", unit="rec", disable=not progress)
+        for position, item in enumerate(loader, start=start):
             if isinstance(item, Skipped):
-                skipped_by_reason[item.reason] += 1
-                line = {"index": item.index, "id": item.record_id, "reason": item.reason, "detail": item.detail}
-                skipped_file.write(json.dumps(line, ensure_ascii=False) + "\n")
-                bar.set_postfix(skipped=sum(skipped_by_reason.values()), refresh=False)
-                continue
-            truncated += item.truncated
-            writer.append(item)
-    writer.close({"data_path": str(config.data_path), "records": total})
-    tmp_skipped.replace(skipped_path)
-    return {"total": total, "skipped_by_reason": dict(skipped_by_reason), "truncated": truncated}
+                writer.skip(item)
+                skipped += 1
+                bar.set_postfix(skipped=skipped, refresh=False)
+            else:
+                writer.append(item)
+            bar.update()
+            done = position + 1
+            if done % config.checkpoint_every == 0 and done < total:
+                writer.commit(done)
+            if done >= SKIP_CHECK_AFTER or done == total:
+                _check_skip_fraction(config, writer, skipped, done, output_dir)
+        bar.close()
+    writer.finish(total)
 
 
-def _write_packs(store, plan: PackingPlan, preprocessor: ImagePreprocessor, writer, progress: bool) -> None:
-    for b in tqdm(range(plan.num_bins), desc="write packs", unit="pack", disable=not progress):
-        members = plan.bin(b)
+def _check_skip_fraction(config, writer, skipped: int, done: int, output_dir: Path) -> None:
+    if skipped <= config.max_skip_fraction * done:
+        return
+    writer.commit(done)
+    _write_skipped_files([output_dir / layout.STORE_DIR / f"{s.name}.skipped.jsonl" for s in writer.shards], output_dir)
+    raise InputError(
+        f"{skipped} of the first {done} records were skipped (> --max_skip_fraction {config.max_skip_fraction}); "
+        f"reasons in {output_dir / layout.SKIPPED_FILE}"
+    )
+
+
+def _write_skipped(store, output_dir: Path) -> None:
+    _write_skipped_files(store.skipped_files(), output_dir)
+
+
+def _write_skipped_files(parts: list[Path], output_dir: Path) -> None:
+    """Concatenate the shards' skipped lines into skipped.jsonl (atomically)."""
+    target = output_dir / layout.SKIPPED_FILE
+    tmp = target.with_name(target.name + ".tmp")
+    with open(tmp, "wb") as out:
+        for part in parts:
+            with open(part, "rb") as f:
+                shutil.copyfileobj(f, out)
+    tmp.replace(target)
+
+
+def _plan_digest(plan: PackingPlan) -> str:
+    digest = hashlib.sha256()
+    for array in (plan.offsets, plan.indices):
+        digest.update(np.ascontiguousarray(array, dtype=np.int64).tobytes())
+    return digest.hexdigest()
+
+
+def _write_packs(store, plan: PackingPlan, preprocessor: ImagePreprocessor, writer, every: int, progress: bool) -> None:
+    first = writer.num_packs
+    bar = tqdm(total=plan.num_bins, initial=first, desc="write packs", unit="pack", disable=not progress)
+    for b in range(first, plan.num_bins):
         tokens, labels, images = [], [], []
-        for i in members:
+        for i in plan.bin(b):
             sample_tokens, sample_labels = store.tokens_labels(int(i))
             tokens.append(sample_tokens)
             labels.append(sample_labels)
             images.append(store.images(int(i)))
-        pixels = np.concatenate(images) if images else np.zeros((0, *preprocessor.shape), np.uint8)
         writer.add_pack(
             lengths=np.array([len(t) for t in tokens]),
             tokens=np.concatenate(tokens),
             labels=np.concatenate(labels),
-            images=preprocessor.normalize(pixels),
+            images=preprocessor.normalize(np.concatenate(images)),
         )
-
-
-SUGGEST_WHEN_SAVING = 0.01
-"""Suggest the recommended algorithm when it would need at least this fraction fewer packs."""
+        if (b + 1) % every == 0 and b + 1 < plan.num_bins:
+            writer.checkpoint()
+        bar.update()
+    bar.close()
 
 
 def _better_algorithm(config: PreprocessConfig, lengths: np.ndarray, plan: PackingPlan) -> dict | None:
@@ -200,18 +274,18 @@ def _better_algorithm(config: PreprocessConfig, lengths: np.ndarray, plan: Packi
     }
 
 
-def _report(config, builder, store, plan, counts, prefix: Path, seconds: float) -> dict:
+def _report(config, builder, store, plan, total: int, prefix: Path, seconds: float) -> dict:
     rows = store.rows
     stats = packing_stats(plan, rows["length"].astype(np.int64), rows["num_images"], builder.layout.positions)
     gbs = global_batch_size_advice(config.global_batch_size, stats["samples_per_pack"]["mean"])
-    skipped = sum(counts["skipped_by_reason"].values())
+    skipped_by_reason = store.skipped_by_reason
     return {
         "records": {
-            "total": counts["total"],
+            "total": total,
             "packed": int(len(rows)),
-            "skipped": skipped,
-            "truncated": counts["truncated"],
-            "skipped_by_reason": counts["skipped_by_reason"],
+            "skipped": sum(skipped_by_reason.values()),
+            "truncated": int(rows["truncated"].sum()),
+            "skipped_by_reason": skipped_by_reason,
         },
         "packing": stats,
         "algorithm": config.packing_algorithm,
@@ -245,6 +319,7 @@ def _meta(config: PreprocessConfig, builder: SampleBuilder, report: dict) -> dic
         "max_seq_length": config.max_seq_length,
         "algorithm": config.packing_algorithm,
         "seed": config.seed,
+        "max_samples_per_pack": config.max_samples_per_pack,
         "counts": {
             "records": report["records"]["total"],
             "samples": report["records"]["packed"],

@@ -57,7 +57,8 @@ def test_a_run_where_every_record_is_skipped_fails_clearly(sample_dataset, tmp_p
     data = sample_dataset["root"] / "bad.jsonl"
     data.write_text(json.dumps({"conversations": []}) + "\n")
     code = main(["preprocess", "--quiet", "--data_path", str(data), "--tokenizer_path",
-                 str(sample_dataset["tokenizer_path"]), "--output_dir", str(tmp_path / "o"), "--num_workers", "0"])  # fmt: skip
+                 str(sample_dataset["tokenizer_path"]), "--output_dir", str(tmp_path / "o"), "--num_workers", "0",
+                 "--max_skip_fraction", "1"])  # fmt: skip
     err = capsys.readouterr().err
     assert code == 2 and "none of the 1 record(s)" in err
     assert json.loads((tmp_path / "o" / "skipped.jsonl").read_text())["reason"] == "empty_conversation"

@@ -66,6 +66,7 @@ def test_output_files_and_meta(packed):
         "packed_seq_dataset.bin",
         "packed_seq_dataset.idx",
         "packed_seq_dataset.meta.json",
+        "packed_seq_dataset.plan.npz",
         "skipped.jsonl",
         "stats.json",
     ]
@@ -203,7 +204,7 @@ def test_bad_records_are_skipped_reported_and_counted(sample_dataset, tmp_path, 
     data_path = root / "bad.jsonl"
     data_path.write_text("\n".join(lines) + "\n")
     data = {**sample_dataset, "data_path": data_path}
-    code, out, _ = run(capsys, *base_args(data, tmp_path / "o"))
+    code, out, _ = run(capsys, *base_args(data, tmp_path / "o", "--max_skip_fraction", "1"))
     assert code == 0
     skipped = [json.loads(line) for line in (tmp_path / "o" / "skipped.jsonl").read_text().splitlines()]
     expected = [(i + 1, r["id"], reason) for i, (r, reason) in enumerate(bad)] + [(10, None, "malformed_json")]
@@ -217,7 +218,7 @@ def test_bad_records_are_skipped_reported_and_counted(sample_dataset, tmp_path, 
                               "non_string_value": 1, "placeholder_mismatch": 1, "malformed_json": 1},
     }  # fmt: skip
     assert "skipped: unreadable_image" in out
-    code, _, err = run(capsys, *base_args(data, tmp_path / "strict", "--strict"))
+    code, _, err = run(capsys, *base_args(data, tmp_path / "strict", "--strict", "--max_skip_fraction", "1"))
     assert code == 1 and "--strict: 10 record(s) skipped" in err
     assert (tmp_path / "strict" / "skipped.jsonl").exists()
 
@@ -267,7 +268,7 @@ def test_existing_output_is_refused_unless_overwrite(packed, tmp_path, capsys):
     target = tmp_path / "copy"
     shutil.copytree(packed["dir"], target)
     code, _, err = run(capsys, *base_args(packed["data"], target))
-    assert code == 2 and "already holds a neva_pack output" in err and "--overwrite" in err
+    assert code == 2 and "not empty" in err and "--resume" in err and "--overwrite" in err
     code, _, _ = run(capsys, *base_args(packed["data"], target, "--overwrite", "--global_batch_size", "64"))
     assert code == 0
     assert (target / "packed_seq_dataset.bin").read_bytes() == (packed["dir"] / "packed_seq_dataset.bin").read_bytes()
