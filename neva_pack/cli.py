@@ -51,6 +51,9 @@ def _add_preprocess_flags(parser: argparse.ArgumentParser) -> None:
     ours.add_argument("--num_workers", type=int, help="DataLoader workers (default min(8, CPUs))")
     ours.add_argument("--global_batch_size", type=int, help="unpacked GBS, to print the packed GBS to train with")
     ours.add_argument("--max_samples_per_pack", type=int, help="cap on samples per pack")
+    ours.add_argument(
+        "--pack_sizes", type=int, nargs="+", help="write one prefix per size (packed_seq_dataset_<size>); replaces --max_seq_length"
+    )
     ours.add_argument("--patch_dim", type=int, help="override the encoder's patch size")
     ours.add_argument("--use_im_start_end", action="store_true", default=None, help="NeMo mm_cfg.use_im_start_end")
     ours.add_argument("--image_patch_id", type=int, help="token id of image positions (default 0)")
@@ -81,6 +84,22 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     pre = sub.add_parser("preprocess", help="tokenize, preprocess images, pack, write packed_seq_dataset")
     _add_preprocess_flags(pre)
+    stats = sub.add_parser("stats", help="show how well an output packed (and plot it)")
+    stats.add_argument("output", type=Path, help="output directory or packed prefix (any NeMo-layout prefix)")
+    stats.add_argument("--json", action="store_true", help="print the report as JSON")
+    stats.add_argument("--plot", type=Path, help="write a PNG: sample lengths, pack fill, samples per pack")
+    stats.add_argument("--global_batch_size", type=int, help="unpacked GBS, to print the packed GBS to train with")
+    stats.add_argument("--crop_size", type=int, nargs=2, metavar=("H", "W"), help="for a prefix without meta")
+    stats.add_argument("--max_seq_length", type=int, help="for a prefix without meta (default: longest pack)")
+    explore = sub.add_parser("plan", help="compare pack sizes and algorithms from the stored sample lengths")
+    explore.add_argument("output", type=Path, help="output directory (or its sample store)")
+    explore.add_argument("--pack_sizes", type=int, nargs="+", required=True, help="candidate max_seq_length values")
+    explore.add_argument(
+        "--algorithms", nargs="+", choices=sorted(ALGORITHMS), default=[DEFAULT_ALGORITHM, RECOMMENDED_ALGORITHM]
+    )
+    explore.add_argument("--seed", type=int, default=0)
+    explore.add_argument("--global_batch_size", type=int, help="unpacked GBS, for the GBS column")
+    explore.add_argument("--json", action="store_true", help="print the table as JSON")
     check = sub.add_parser("verify", help="recompute checksums and check every invariant of an output")
     check.add_argument("output", type=Path, help="output directory (or packed_seq_dataset prefix)")
     check.add_argument("--data_path", type=Path, help="also check that every input record is packed once or skipped")
@@ -109,7 +128,10 @@ def _run_preprocess(args) -> int:
     from neva_pack.stats import format_summary
 
     result = preprocess(config, progress=not args.quiet)
-    print(format_summary(result.report))
+    for size, report in result.reports.items():
+        if len(result.reports) > 1:
+            print(f"== pack size {size}")
+        print(format_summary(report))
     if result.exit_code:
         skipped = result.report["records"]["skipped"]
         print(f"error: --strict: {skipped} record(s) skipped; see {config.output_dir}/skipped.jsonl", file=sys.stderr)
@@ -129,7 +151,39 @@ def _run_verify(args) -> int:
     return 0 if result.ok else 1
 
 
-COMMANDS = {"preprocess": _run_preprocess, "verify": _run_verify}
+def _run_stats(args) -> int:
+    import json
+
+    from neva_pack.stats import format_summary, load_output, plot, with_batch_size
+
+    report, arrays = load_output(args.output, crop_size=args.crop_size, max_seq_length=args.max_seq_length)
+    report = with_batch_size(report, args.global_batch_size)
+    print(json.dumps(report, indent=2) if args.json else format_summary(report))
+    if args.plot:
+        dataset = report.get("dataset") or Path(report["data_prefix"]).parent.name
+        title = f"{dataset}: {report.get('algorithm') or 'unknown algorithm'}, max_seq_length {arrays.capacity:,}"
+        plot(arrays, args.plot, title)
+        if not args.json:
+            print(f"plot           {args.plot}")
+    return 0
+
+
+def _run_plan(args) -> int:
+    import dataclasses
+    import json
+
+    from neva_pack.explore import explore, format_table, load_lengths
+
+    lengths = load_lengths(args.output)
+    rows = explore(lengths, args.pack_sizes, args.algorithms, seed=args.seed, global_batch_size=args.global_batch_size)
+    if args.json:
+        print(json.dumps([dataclasses.asdict(row) for row in rows], indent=2))
+    else:
+        print(format_table(lengths, rows))
+    return 0
+
+
+COMMANDS = {"preprocess": _run_preprocess, "stats": _run_stats, "plan": _run_plan, "verify": _run_verify}
 
 
 def main(argv: list[str] | None = None) -> int:

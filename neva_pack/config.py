@@ -78,6 +78,9 @@ class PreprocessConfig:
     """Replace an existing output in output_dir (only the files a run writes are removed)."""
     resume: bool = False
     """Continue an interrupted run in output_dir; the result is byte-identical to an uninterrupted run."""
+    pack_sizes: tuple[int, ...] | None = None
+    """Several pack sizes: one prefix per size (packed_seq_dataset_<size>) from one sample store,
+    built with max_seq_length = the largest; samples are truncated per size as needed."""
     checkpoint_every: int = 10_000
     """Records per committed store shard (and every tenth of that, packs per writer checkpoint):
     at most this much work is redone after a crash."""
@@ -117,6 +120,17 @@ class PreprocessConfig:
                 raise ConfigError(f"--{name} {value}: must be >= 1")
         if self.crop_size is not None:
             object.__setattr__(self, "crop_size", tuple(int(v) for v in self.crop_size))
+        if self.pack_sizes is not None:
+            sizes = tuple(sorted({int(v) for v in self.pack_sizes}))
+            if not sizes or sizes[0] < 2:
+                raise ConfigError(f"--pack_sizes {list(self.pack_sizes)}: every size must be >= 2")
+            object.__setattr__(self, "pack_sizes", sizes)
+            object.__setattr__(self, "max_seq_length", sizes[-1])
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """The pack sizes to write, smallest first."""
+        return self.pack_sizes or (self.max_seq_length,)
 
     @classmethod
     def field_names(cls) -> set[str]:

@@ -109,19 +109,35 @@ class ImagePreprocessor:
             raise ConfigError(f"--image_aspect_ratio {aspect_ratio!r}: choose one of {', '.join(ASPECT_RATIOS)}")
         self.encoder = encoder
         self.aspect_ratio = aspect_ratio
-        processor_class = _processor_class(encoder.processor)
-        settings = {k: v for k, v in encoder.preprocessor_config.items() if k not in _NOT_PROCESSOR_KWARGS}
-        self._geometry = processor_class(**{**settings, "do_rescale": False, "do_normalize": False})
-        self._values = processor_class(**{**settings, "do_resize": False, "do_center_crop": False})
-        mean = self._values.image_mean
-        self._pad_colour = tuple(int(channel * 255) for channel in mean)  # LLaVA's expand2square background
         self.shape = (3, *encoder.crop_size)
+        mean = encoder.preprocessor_config.get("image_mean", _CLIP_MEAN if encoder.processor == "clip" else _HALF)
+        self._pad_colour = tuple(int(channel * 255) for channel in mean)  # LLaVA's expand2square background
+        self._processors = None
+
+    def _built(self):
+        """The two processors, built on first use: a process that never touches an image (the main
+        process of a text-only run) never imports transformers."""
+        if self._processors is None:
+            processor_class = _processor_class(self.encoder.processor)
+            settings = {k: v for k, v in self.encoder.preprocessor_config.items() if k not in _NOT_PROCESSOR_KWARGS}
+            self._processors = (
+                processor_class(**{**settings, "do_rescale": False, "do_normalize": False}),
+                processor_class(**{**settings, "do_resize": False, "do_center_crop": False}),
+            )
+        return self._processors
+
+    def __getstate__(self):
+        return {**self.__dict__, "_processors": None}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
 
     def to_uint8(self, image: Image.Image) -> np.ndarray:
         """RGB image -> (3, H, W) uint8 after padding (if ``pad``), resize and crop."""
         if self.aspect_ratio == "pad":
             image = expand_to_square(image, self._pad_colour)
-        pixels = self._geometry(images=image, return_tensors="np")["pixel_values"][0]
+        geometry, _ = self._built()
+        pixels = geometry(images=image, return_tensors="np")["pixel_values"][0]
         if pixels.shape != self.shape:
             raise RuntimeError(f"image processor returned shape {pixels.shape}, expected {self.shape}")
         return pixels.astype(np.uint8, copy=False)
@@ -130,7 +146,8 @@ class ImagePreprocessor:
         """(N, 3, H, W) uint8 -> (N, 3, H, W) float32, rescaled and normalised by the processor."""
         if len(pixels) == 0:
             return np.zeros((0, *self.shape), dtype=np.float32)
-        out = self._values(
+        _, values = self._built()
+        out = values(
             images=list(pixels), return_tensors="np", input_data_format="channels_first", data_format="channels_first"
         )["pixel_values"]
         return out.astype(np.float32, copy=False)
@@ -147,6 +164,8 @@ def expand_to_square(image: Image.Image, background: tuple[int, int, int]) -> Im
     return canvas
 
 
+_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # transformers' OPENAI_CLIP_MEAN, the CLIP processor default
+_HALF = (0.5, 0.5, 0.5)  # the SigLIP processor default
 _NOT_PROCESSOR_KWARGS = {"image_processor_type", "processor_class", "feature_extractor_type", "auto_map"}
 
 

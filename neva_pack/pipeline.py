@@ -12,6 +12,7 @@ checkpoint; the result is byte-identical to an uninterrupted run.
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 import time
 from dataclasses import dataclass
@@ -28,8 +29,8 @@ from neva_pack.errors import ConfigError, InputError
 from neva_pack.images import ImagePreprocessor, ImageSource
 from neva_pack.packing import RECOMMENDED_ALGORITHM, PackingPlan, pack
 from neva_pack.records import count_records
-from neva_pack.samples import SampleBuilder, SampleStream, Skipped, image_token_layout, passthrough
-from neva_pack.stats import global_batch_size_advice, packing_stats, training_overrides
+from neva_pack.samples import SampleBuilder, SampleStream, Skipped, image_token_layout, passthrough, truncation
+from neva_pack.stats import arrays_from_plan, global_batch_size_advice, packing_stats, training_overrides
 from neva_pack.templates import load_template
 from neva_pack.tokenizer import load_tokenizer
 
@@ -41,10 +42,15 @@ SUGGEST_WHEN_SAVING = 0.01
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunResult:
-    report: dict
-    """Everything stats.json holds: counts, skips by reason, packing figures, overrides."""
+    reports: dict[int, dict]
+    """Pack size -> everything its stats file holds: counts, skips by reason, packing figures, overrides."""
     exit_code: int
     """0, or 1 when --strict and a record was skipped."""
+
+    @property
+    def report(self) -> dict:
+        """The report of the largest pack size (the only one, unless --pack_sizes)."""
+        return self.reports[max(self.reports)]
 
 
 def build_sample_builder(config: PreprocessConfig) -> SampleBuilder:
@@ -110,33 +116,58 @@ def preprocess(config: PreprocessConfig, progress: bool = True) -> RunResult:
 
     _encode_samples(config, builder, output_dir, total, progress)
     store = layout.SampleStore(layout.store_dir(output_dir))
+    _write_skipped(store, output_dir)
     if len(store) == 0:
-        _write_skipped(store, output_dir)
         raise InputError(
             f"none of the {total} record(s) of {config.data_path} could be used; reasons in {output_dir / layout.SKIPPED_FILE}"
         )
-    plan = pack(
-        store.lengths,
-        config.max_seq_length,
-        algorithm=config.packing_algorithm,
-        seed=config.seed,
-        max_samples_per_pack=config.max_samples_per_pack,
-    )
-    prefix = layout.packed_prefix(output_dir)
-    writer = layout.PackedWriter(prefix, builder.preprocessor.shape, _plan_digest(plan), resume=config.resume)
-    _write_packs(store, plan, builder.preprocessor, writer, max(1, config.checkpoint_every // 10), progress)
+    reports = {}
+    for size in config.sizes:
+        reports[size] = _write_prefix(config, builder, store, total, size, output_dir, progress, started)
+    strict_failure = config.strict and reports[max(reports)]["records"]["skipped"] > 0
+    return RunResult(reports=reports, exit_code=1 if strict_failure else 0)
 
-    report = _report(config, builder, store, plan, total, prefix, time.perf_counter() - started)
-    layout.write_json_atomic(output_dir / layout.STATS_FILE, report)
-    _write_skipped(store, output_dir)
-    rows = store.rows[plan.indices]
+
+def _write_prefix(config, builder, store, total: int, size: int, output_dir: Path, progress: bool, started) -> dict:
+    """Pack the store for one pack size and publish its prefix (skipped when --resume finds it complete)."""
+    named_size = size if len(config.sizes) > 1 else None
+    prefix = layout.packed_prefix(output_dir, named_size)
+    stats_file = layout.stats_path(output_dir, named_size)
+    if config.resume and layout.meta_path(prefix).is_file() and stats_file.is_file():
+        return json.loads(stats_file.read_text(encoding="utf-8"))  # published before the interruption
+    rows, cuts = _rows_at(store, size, builder.layout.positions)
+    lengths = rows["length"].astype(np.int64)
+    plan = pack(
+        lengths, size, algorithm=config.packing_algorithm, seed=config.seed, max_samples_per_pack=config.max_samples_per_pack
+    )
+    writer = layout.PackedWriter(prefix, builder.preprocessor.shape, _plan_digest(plan), resume=config.resume)
+    _write_packs(store, plan, cuts, builder.preprocessor, writer, max(1, config.checkpoint_every // 10), progress)
+    report = _report(config, builder, store, rows, plan, total, prefix, time.perf_counter() - started)
+    layout.write_json_atomic(stats_file, report)
+    packed = rows[plan.indices]
     writer.publish(
-        plan_table={"offsets": plan.offsets, "record_index": rows["record_index"], "length": rows["length"]},
-        extra_files=[output_dir / layout.STATS_FILE, output_dir / layout.SKIPPED_FILE],
+        plan_table={
+            "offsets": plan.offsets,
+            "record_index": packed["record_index"],
+            "length": packed["length"],
+            "num_images": packed["num_images"],
+        },
+        extra_files=[stats_file, output_dir / layout.SKIPPED_FILE],
         meta=_meta(config, builder, report),
     )
-    strict_failure = config.strict and report["records"]["skipped"] > 0
-    return RunResult(report=report, exit_code=1 if strict_failure else 0)
+    return report
+
+
+def _rows_at(store, size: int, run_length: int) -> tuple[np.ndarray, dict[int, tuple[int, int]]]:
+    """The store's rows as they are for a pack size, and for each sample that must be cut for it:
+    (tokens kept, images kept)."""
+    rows = store.rows.copy()
+    cuts = {}
+    for i in np.flatnonzero(rows["length"] > size):
+        cut, kept = truncation(store.image_starts(int(i)), run_length, size)
+        cuts[int(i)] = (cut - 1, kept)
+        rows[i] = (rows["record_index"][i], cut - 1, kept, 1)
+    return rows, cuts
 
 
 def _prepare_output_dir(config: PreprocessConfig) -> Path:
@@ -156,8 +187,6 @@ def _prepare_output_dir(config: PreprocessConfig) -> Path:
                 shutil.rmtree(path)
             elif path.exists():
                 path.unlink()
-    if config.resume:
-        layout.meta_path(layout.packed_prefix(output_dir)).unlink(missing_ok=True)  # it is written again, last
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
         probe = output_dir / ".neva_pack_write_test"
@@ -236,16 +265,20 @@ def _plan_digest(plan: PackingPlan) -> str:
     return digest.hexdigest()
 
 
-def _write_packs(store, plan: PackingPlan, preprocessor: ImagePreprocessor, writer, every: int, progress: bool) -> None:
+def _write_packs(store, plan: PackingPlan, cuts: dict, preprocessor: ImagePreprocessor, writer, every: int, progress: bool) -> None:
     first = writer.num_packs
-    bar = tqdm(total=plan.num_bins, initial=first, desc="write packs", unit="pack", disable=not progress)
+    bar = tqdm(total=plan.num_bins, initial=first, desc=f"write packs of {plan.capacity}", unit="pack", disable=not progress)
     for b in range(first, plan.num_bins):
         tokens, labels, images = [], [], []
         for i in plan.bin(b):
             sample_tokens, sample_labels = store.tokens_labels(int(i))
+            sample_images = store.images(int(i))
+            if int(i) in cuts:  # longer than this pack size: cut as the builder would have
+                keep, kept_images = cuts[int(i)]
+                sample_tokens, sample_labels, sample_images = sample_tokens[:keep], sample_labels[:keep], sample_images[:kept_images]
             tokens.append(sample_tokens)
             labels.append(sample_labels)
-            images.append(store.images(int(i)))
+            images.append(sample_images)
         writer.add_pack(
             lengths=np.array([len(t) for t in tokens]),
             tokens=np.concatenate(tokens),
@@ -274,12 +307,12 @@ def _better_algorithm(config: PreprocessConfig, lengths: np.ndarray, plan: Packi
     }
 
 
-def _report(config, builder, store, plan, total: int, prefix: Path, seconds: float) -> dict:
-    rows = store.rows
-    stats = packing_stats(plan, rows["length"].astype(np.int64), rows["num_images"], builder.layout.positions)
+def _report(config, builder, store, rows, plan, total: int, prefix: Path, seconds: float) -> dict:
+    stats = packing_stats(arrays_from_plan(plan, rows, builder.layout.positions))
     gbs = global_batch_size_advice(config.global_batch_size, stats["samples_per_pack"]["mean"])
     skipped_by_reason = store.skipped_by_reason
     return {
+        "dataset": Path(config.data_path).name,
         "records": {
             "total": total,
             "packed": int(len(rows)),
@@ -290,8 +323,8 @@ def _report(config, builder, store, plan, total: int, prefix: Path, seconds: flo
         "packing": stats,
         "algorithm": config.packing_algorithm,
         "seed": config.seed,
-        "suggestion": _better_algorithm(config, store.lengths, plan),
-        "max_seq_length": config.max_seq_length,
+        "suggestion": _better_algorithm(config, rows["length"].astype(np.int64), plan),
+        "max_seq_length": plan.capacity,
         "image_positions": builder.layout.positions,
         "data_prefix": str(prefix),
         "crop_size": list(builder.preprocessor.shape[1:]),
@@ -304,6 +337,7 @@ def _report(config, builder, store, plan, total: int, prefix: Path, seconds: flo
 
 def _meta(config: PreprocessConfig, builder: SampleBuilder, report: dict) -> dict:
     return {
+        "dataset": Path(config.data_path).name,
         "template": builder.template.name,
         "tokenizer": str(config.tokenizer_path),
         "vocab_size": builder.tokenizer.vocab_size,
@@ -316,7 +350,7 @@ def _meta(config: PreprocessConfig, builder: SampleBuilder, report: dict) -> dic
             "end": builder.layout.end_id,
         },
         "ignore_index": config.ignore_index,
-        "max_seq_length": config.max_seq_length,
+        "max_seq_length": report["max_seq_length"],
         "algorithm": config.packing_algorithm,
         "seed": config.seed,
         "max_samples_per_pack": config.max_samples_per_pack,

@@ -41,6 +41,8 @@ class Sample:
     """int32, ids[1:] on trained positions, ignore_index elsewhere."""
     images: np.ndarray
     """uint8 (num_images, 3, H, W), in placeholder order."""
+    image_starts: np.ndarray
+    """int32 position in tokens where each image run starts (to truncate again later)."""
     truncated: bool
     """Whether the ids were cut to max_seq_length + 1."""
 
@@ -108,6 +110,21 @@ def image_token_layout(
     return ImageTokenLayout(positions=positions, patch_id=patch_id, start_id=start_id, end_id=end_id)
 
 
+def truncation(image_starts, run_length: int, max_seq_length: int) -> tuple[int, int]:
+    """Where to cut a sample's ids to fit ``max_seq_length`` positions: (ids to keep, images to keep).
+
+    ids are cut to max_seq_length + 1 (tokens = ids[:-1]), or right before the first image run
+    that would not fit whole: an image run is never split.
+    """
+    cut = max_seq_length + 1
+    kept = 0
+    while kept < len(image_starts) and image_starts[kept] + run_length <= cut:
+        kept += 1
+    if kept < len(image_starts):
+        cut = min(cut, int(image_starts[kept]))
+    return cut, kept
+
+
 class SampleBuilder:
     """Everything needed to turn one record into a Sample; pickled into each DataLoader worker."""
 
@@ -165,11 +182,8 @@ class SampleBuilder:
         if len(ids) > self.max_seq_length + 1:
             if not self.truncate:
                 raise RecordError("too_long", f"{len(ids) - 1} positions > max_seq_length {self.max_seq_length}")
-            cut = self.max_seq_length + 1
-            kept = [s for s in image_starts if s + len(self._image_run) <= cut]
-            if len(kept) < len(image_starts):
-                cut = min(cut, image_starts[len(kept)])  # never split an image run
-            ids, trained, image_starts = ids[:cut], trained[:cut], kept
+            cut, kept = truncation(image_starts, len(self._image_run), self.max_seq_length)
+            ids, trained, image_starts = ids[:cut], trained[:cut], image_starts[:kept]
             truncated = True
         if len(ids) < 2:
             raise RecordError("empty_conversation", "the conversation renders to fewer than 2 tokens")
@@ -182,6 +196,7 @@ class SampleBuilder:
             tokens=ids[:-1].astype(np.int32),
             labels=labels.astype(np.int32),
             images=images,
+            image_starts=np.asarray(image_starts, dtype=np.int32),
             truncated=truncated,
         )
 

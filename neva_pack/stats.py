@@ -1,41 +1,99 @@
-"""Statistics of a packed output: one dict (saved as stats.json) and its readable rendering.
+"""Statistics of a packed output: one report dict (saved as stats.json), its rendering, a plot.
 
-The end-of-run summary and ``stats.json`` come from the same ``packing_stats`` dict, so
-what a user reads and what a script parses never disagree.
+The end-of-run summary, ``stats.json`` and ``neva-pack stats`` all come from
+``packing_stats`` + ``format_summary``, so what a user reads and what a script parses never
+disagree. The per-sample numbers come from ``PackingArrays``, which a run builds from its plan
+and ``neva-pack stats`` reads back from the output's plan table (or, for a prefix written
+without one, from the cu_seqlens and image items of the .idx/.bin).
 """
 
 from __future__ import annotations
 
 import importlib.resources
 import string
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import yaml
 
-from neva_pack.packing import PackingPlan
-
 PERCENTILES = (50, 90, 99)
 
 
-def packing_stats(plan: PackingPlan, lengths: np.ndarray, num_images: np.ndarray, image_positions: int) -> dict:
-    """Numbers about a plan over the sample store (lengths and images per sample)."""
-    per_pack = plan.samples_per_bin
-    fill = plan.bin_loads / plan.capacity if plan.num_bins else np.zeros(0)
-    text_positions = lengths - num_images * image_positions
-    return {
-        "packs": plan.num_bins,
-        "lower_bound_packs": plan.lower_bound,
-        "packs_over_lower_bound": (plan.num_bins / plan.lower_bound) if plan.lower_bound else 1.0,
-        "efficiency": plan.efficiency,
-        "samples": int(plan.num_samples),
-        "images": int(num_images.sum()),
-        "positions": int(lengths.sum()),
-        "samples_per_pack": _summary(per_pack),
-        "pack_fill": _percentiles(fill),
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PackingArrays:
+    capacity: int
+    """The pack size the plan was made for (max_seq_length)."""
+    offsets: np.ndarray
+    """int64, pack p holds samples offsets[p]:offsets[p + 1] of the arrays below."""
+    lengths: np.ndarray
+    """int64 positions of each sample, in pack order."""
+    num_images: np.ndarray | None
+    """Images of each sample; None when only per-pack image counts are known."""
+    image_positions: int | None
+    """Positions one image occupies; None when unknown."""
+    pack_images: np.ndarray
+    """Images carried by each pack (the zero image of an image-less pack not counted)."""
+
+    @property
+    def num_packs(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def pack_loads(self) -> np.ndarray:
+        if len(self.lengths) == 0:
+            return np.zeros(self.num_packs, dtype=np.int64)
+        return np.add.reduceat(self.lengths, self.offsets[:-1]) if self.num_packs else np.zeros(0, np.int64)
+
+    @property
+    def samples_per_pack(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+
+def arrays_from_plan(plan, rows, image_positions: int) -> PackingArrays:
+    """The arrays of a run: its plan over the sample store's rows."""
+    chosen = rows[plan.indices]
+    num_images = chosen["num_images"].astype(np.int64)
+    per_pack = np.add.reduceat(num_images, plan.offsets[:-1]) if plan.num_bins else np.zeros(0, np.int64)
+    return PackingArrays(
+        capacity=plan.capacity,
+        offsets=plan.offsets,
+        lengths=chosen["length"].astype(np.int64),
+        num_images=num_images,
+        image_positions=image_positions,
+        pack_images=per_pack,
+    )
+
+
+def packing_stats(arrays: PackingArrays) -> dict:
+    """Numbers about the packs: counts, efficiency, lower bound, fill and length percentiles."""
+    lengths = arrays.lengths
+    loads = arrays.pack_loads
+    total = int(lengths.sum())
+    lower_bound = -(-total // arrays.capacity)
+    num_packs = arrays.num_packs
+    stats = {
+        "packs": num_packs,
+        "lower_bound_packs": lower_bound,
+        "packs_over_lower_bound": num_packs / lower_bound if lower_bound else 1.0,
+        "efficiency": total / (num_packs * arrays.capacity) if num_packs else 1.0,
+        "capacity": arrays.capacity,
+        "samples": int(len(lengths)),
+        "images": int(arrays.pack_images.sum()),
+        "positions": total,
+        "samples_per_pack": _summary(arrays.samples_per_pack),
+        "pack_fill": _percentiles(loads / arrays.capacity if num_packs else np.zeros(0)),
         "sample_length": _percentiles(lengths),
-        "text_positions": _percentiles(text_positions),
-        "samples_with_images": int((num_images > 0).sum()),
+        "samples_with_images": None,
+        "text_positions": None,
+        "image_positions_per_sample": None,
     }
+    if arrays.num_images is not None and arrays.image_positions is not None:
+        image_part = arrays.num_images * arrays.image_positions
+        stats["samples_with_images"] = int((arrays.num_images > 0).sum())
+        stats["text_positions"] = _percentiles(lengths - image_part)
+        stats["image_positions_per_sample"] = _percentiles(image_part)
+    return stats
 
 
 def global_batch_size_advice(global_batch_size: int | None, samples_per_pack_mean: float) -> int | None:
@@ -57,28 +115,46 @@ def training_overrides(data_prefix: str, crop_size, global_batch_size: int | Non
     return [string.Template(line).substitute(values) for line in lines]
 
 
+def with_batch_size(report: dict, global_batch_size: int | None) -> dict:
+    """The report with its GBS advice and overrides recomputed for another unpacked GBS."""
+    if global_batch_size is None:
+        return report
+    gbs = global_batch_size_advice(global_batch_size, report["packing"]["samples_per_pack"]["mean"])
+    overrides = training_overrides(report["data_prefix"], report["crop_size"], gbs)
+    return {**report, "global_batch_size": global_batch_size, "packed_global_batch_size": gbs,
+            "training_overrides": overrides}  # fmt: skip
+
+
 def format_summary(report: dict) -> str:
-    """The human-readable end-of-run summary of a report dict (as written to stats.json)."""
-    records = report["records"]
+    """The human-readable summary of a report dict (as written to stats.json)."""
     packing = report["packing"]
     spp = packing["samples_per_pack"]
-    lines = [
-        f"records        {records['total']:>10,}   packed {records['packed']:,}   skipped {records['skipped']:,}"
-        f"   truncated {records['truncated']:,}",
-    ]
-    for reason, count in sorted(records["skipped_by_reason"].items(), key=lambda kv: -kv[1]):
-        lines.append(f"  skipped: {reason:<24} {count:>8,}")
+    lines = []
+    records = report.get("records")
+    if records:
+        lines.append(
+            f"records        {records['total']:>10,}   packed {records['packed']:,}   skipped {records['skipped']:,}"
+            f"   truncated {records['truncated']:,}"
+        )
+        for reason, count in sorted(records["skipped_by_reason"].items(), key=lambda kv: (-kv[1], kv[0])):
+            lines.append(f"  skipped: {reason:<24} {count:>8,}")
+    with_images = packing.get("samples_with_images")
     lines += [
-        f"samples        {packing['samples']:>10,}   with images {packing['samples_with_images']:,}"
-        f"   images {packing['images']:,}   positions {packing['positions']:,}",
+        f"samples        {packing['samples']:>10,}"
+        + (f"   with images {with_images:,}" if with_images is not None else "")
+        + f"   images {packing['images']:,}   positions {packing['positions']:,}",
         f"packs          {packing['packs']:>10,}   lower bound {packing['lower_bound_packs']:,}"
-        f" (x{packing['packs_over_lower_bound']:.4f})   algorithm {report['algorithm']} (seed {report['seed']})",
+        f" (x{packing['packs_over_lower_bound']:.4f})   algorithm {report.get('algorithm', '?')}"
+        f" (seed {report.get('seed', '?')})",
         f"efficiency     {100 * packing['efficiency']:>9.2f}%   samples per pack n = {spp['mean']:.2f}"
-        f" (min {spp['min']}, max {spp['max']})   capacity {report['max_seq_length']}",
-        f"sample length  p50 {packing['sample_length']['p50']:.0f}  p90 {packing['sample_length']['p90']:.0f}"
-        f"  p99 {packing['sample_length']['p99']:.0f}  max {packing['sample_length']['max']:.0f}",
-        f"output         {report['data_prefix']}.{{bin,idx}}",
+        f" (min {spp['min']}, max {spp['max']})   capacity {packing['capacity']}",
+        "pack fill      " + _format_percentiles(packing["pack_fill"], percent=True),
+        "sample length  " + _format_percentiles(packing["sample_length"]),
     ]
+    if packing.get("text_positions"):
+        lines.append("  text         " + _format_percentiles(packing["text_positions"]))
+        lines.append("  image        " + _format_percentiles(packing["image_positions_per_sample"]))
+    lines.append(f"output         {report['data_prefix']}.{{bin,idx}}")
     suggestion = report.get("suggestion")
     if suggestion:
         lines.append(
@@ -88,6 +164,47 @@ def format_summary(report: dict) -> str:
     lines.append("train with:")
     lines += [f"  {line}" for line in report["training_overrides"]]
     return "\n".join(lines)
+
+
+def plot(arrays: PackingArrays, path: Path, title: str) -> None:
+    """One figure, three panels: sample lengths, pack fill (capacity marked), samples per pack."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    fig, (lengths_ax, fill_ax, count_ax) = plt.subplots(1, 3, figsize=(15, 4.5), constrained_layout=True)
+    fig.suptitle(title)
+    lengths_ax.hist(arrays.lengths, bins=min(100, max(10, len(np.unique(arrays.lengths)))), color="#4c72b0")
+    lengths_ax.set_yscale("log")
+    lengths_ax.set_xlabel("sample length (positions: text + image)")
+    lengths_ax.set_ylabel("samples (log scale)")
+    lengths_ax.set_title(f"{len(arrays.lengths):,} samples")
+    fill_ax.hist(arrays.pack_loads, bins=60, color="#55a868", range=(0, arrays.capacity))
+    fill_ax.axvline(arrays.capacity, color="#c44e52", linestyle="--", label=f"capacity {arrays.capacity:,}")
+    fill_ax.set_xlabel("positions used per pack")
+    fill_ax.set_ylabel("packs")
+    efficiency = arrays.lengths.sum() / max(1, arrays.num_packs * arrays.capacity)
+    fill_ax.set_title(f"{arrays.num_packs:,} packs, {100 * efficiency:.2f}% full")
+    fill_ax.legend(loc="upper left")
+    per_pack = arrays.samples_per_pack
+    edges = np.arange(per_pack.min(initial=0), per_pack.max(initial=0) + 2) - 0.5
+    count_ax.hist(per_pack, bins=edges, color="#8172b2")
+    count_ax.set_xlabel("samples per pack (n)")
+    count_ax.set_ylabel("packs")
+    count_ax.set_title(f"n = {per_pack.mean() if len(per_pack) else 0:.2f} on average")
+    for axis in (fill_ax.yaxis, count_ax.yaxis, count_ax.xaxis):
+        axis.set_major_locator(MaxNLocator(integer=True))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _format_percentiles(values: dict, percent: bool = False) -> str:
+    def show(v):
+        return f"{100 * v:.1f}%" if percent else f"{v:,.0f}"
+
+    return "  ".join(f"{key} {show(values[key])}" for key in ("min", "p50", "p90", "p99", "max"))
 
 
 def _summary(values: np.ndarray) -> dict:
@@ -101,3 +218,79 @@ def _percentiles(values: np.ndarray) -> dict:
         return {f"p{p}": 0.0 for p in PERCENTILES} | {"min": 0.0, "max": 0.0, "mean": 0.0}
     out = {f"p{p}": float(np.percentile(values, p)) for p in PERCENTILES}
     return out | {"min": float(values.min()), "max": float(values.max()), "mean": float(values.mean())}
+
+
+def load_output(path: Path, crop_size=None, max_seq_length: int | None = None) -> tuple[dict, PackingArrays]:
+    """Report and arrays of an output directory or prefix.
+
+    A neva_pack output gives them from its meta, stats.json and plan table; any other prefix in
+    NeMo's layout (no meta) from its .idx and cu_seqlens, given ``crop_size``.
+    """
+    from neva_pack import store as layout
+    from neva_pack.errors import InputError
+
+    path = Path(path)
+    prefix = layout.packed_prefix(path) if path.is_dir() else path
+    if not layout.bin_path(prefix).is_file():
+        raise InputError(f"{path}: no {prefix.name}.bin/.idx here")
+    if layout.meta_path(prefix).is_file():
+        meta = layout.read_packed_meta(prefix)
+        table = layout.read_plan_table(prefix)
+        num_images = table["num_images"].astype(np.int64)
+        offsets = table["offsets"].astype(np.int64)
+        arrays = PackingArrays(
+            capacity=int(meta["max_seq_length"]),
+            offsets=offsets,
+            lengths=table["length"].astype(np.int64),
+            num_images=num_images,
+            image_positions=int(meta["image_positions"]),
+            pack_images=np.add.reduceat(num_images, offsets[:-1]) if len(offsets) > 1 else np.zeros(0, np.int64),
+        )
+        stats_file = prefix.parent / layout.STATS_FILE
+        if stats_file.is_file():
+            import json
+
+            return json.loads(stats_file.read_text(encoding="utf-8")), arrays
+        crop = meta["crop_size"]
+        report = {
+            "dataset": meta.get("dataset"),
+            "records": _records_from_meta(meta),
+            "algorithm": meta.get("algorithm"),
+            "seed": meta.get("seed"),
+        }
+    else:
+        if crop_size is None:
+            raise InputError(f"{prefix}: no {prefix.name}{layout.META_SUFFIX}; pass --crop_size H W to read it")
+        crop = list(crop_size)
+        table = layout.read_packs_from_index(prefix, 3 * crop[0] * crop[1])
+        loads = np.add.reduceat(table["length"], table["offsets"][:-1]) if len(table["offsets"]) > 1 else [0]
+        arrays = PackingArrays(
+            capacity=int(max_seq_length or np.max(loads)),
+            offsets=table["offsets"],
+            lengths=table["length"],
+            num_images=None,
+            image_positions=None,
+            pack_images=table["pack_images"],
+        )
+        report = {"records": None, "algorithm": None, "seed": None}
+    stats = packing_stats(arrays)
+    report |= {
+        "packing": stats,
+        "data_prefix": str(prefix),
+        "crop_size": list(crop),
+        "max_seq_length": arrays.capacity,
+        "suggestion": None,
+        "training_overrides": training_overrides(str(prefix), crop, None),
+    }
+    return report, arrays
+
+
+def _records_from_meta(meta: dict) -> dict:
+    counts = meta.get("counts", {})
+    return {
+        "total": counts.get("records", 0),
+        "packed": counts.get("samples", 0),
+        "skipped": counts.get("skipped", 0),
+        "truncated": counts.get("truncated", 0),
+        "skipped_by_reason": {},
+    }

@@ -23,7 +23,8 @@ Sample store (intermediate, ours), written in shards so that a killed run resume
                                     "complete" once every record is in; rewritten atomically
       shard_00000.rows              raw little-endian SAMPLE_ROW records, one per sample
       shard_00000.skipped.jsonl     the shard's skipped records
-      shard_00000_text.bin/.idx     IndexedDataset int32, document i = sample i: [tokens, labels]
+      shard_00000_text.bin/.idx     IndexedDataset int32, document i = sample i:
+                                    [tokens, labels, image_starts (where each image run begins)]
       shard_00000_images.bin/.idx   IndexedDataset uint8, document i = sample i: one item per image,
                                     (3, H, W) after resize/crop/pad, before rescale/normalise
                                     (absent when the shard has no image)
@@ -31,6 +32,7 @@ Sample store (intermediate, ours), written in shards so that a killed run resume
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -57,9 +59,10 @@ PACK_MODES = (0, 0, 0, IMAGE_MODE)
 
 STORE_DIR = PACKED_NAME
 STORE_FORMAT = "neva_pack.sample_store"
-STORE_FORMAT_VERSION = 2
+STORE_FORMAT_VERSION = 3
 STORE_PROGRESS = "progress.json"
 STORE_TEXT_DTYPE = np.int32
+_TEXT_ITEMS = 3  # tokens, labels, image_starts
 STORE_IMAGE_DTYPE = np.uint8
 SAMPLE_ROW = np.dtype(
     [
@@ -76,8 +79,14 @@ CHECKSUM = "xxh3_128"
 _READ_CHUNK = 16 << 20
 
 
-def packed_prefix(output_dir: Path) -> Path:
-    return Path(output_dir) / PACKED_NAME
+def packed_prefix(output_dir: Path, pack_size: int | None = None) -> Path:
+    """output_dir/packed_seq_dataset, or output_dir/packed_seq_dataset_<size> in a multi-size run."""
+    return Path(output_dir) / (PACKED_NAME if pack_size is None else f"{PACKED_NAME}_{pack_size}")
+
+
+def stats_path(output_dir: Path, pack_size: int | None = None) -> Path:
+    """output_dir/stats.json, or output_dir/stats_<size>.json in a multi-size run."""
+    return Path(output_dir) / (STATS_FILE if pack_size is None else f"stats_{pack_size}.json")
 
 
 def meta_path(prefix: Path) -> Path:
@@ -106,25 +115,23 @@ def tmp_prefix(prefix: Path) -> Path:
 
 def output_paths(output_dir: Path) -> list[Path]:
     """Every path a run may create in output_dir (what --overwrite removes, and only that)."""
-    prefix = packed_prefix(output_dir)
-    tmp = tmp_prefix(prefix)
-    return [
-        meta_path(prefix),
-        bin_path(prefix),
-        idx_path(prefix),
-        plan_path(prefix),
-        bin_path(tmp),
-        idx_path(tmp),
-        Path(str(tmp) + _CHECKPOINT_SUFFIX),
-        Path(str(tmp) + PLAN_SUFFIX),
-        store_dir(output_dir),
-        Path(output_dir) / STATS_FILE,
-        Path(output_dir) / (STATS_FILE + ".tmp"),
-        Path(output_dir) / SKIPPED_FILE,
-        Path(output_dir) / (SKIPPED_FILE + ".tmp"),
-    ]
+    output_dir = Path(output_dir)
+    sizes = [None] + [int(m.group(1)) for p in output_dir.glob(f"{PACKED_NAME}_*") if (m := _SIZED.match(p.name))]
+    paths = [store_dir(output_dir), output_dir / SKIPPED_FILE, output_dir / (SKIPPED_FILE + ".tmp")]
+    for size in sorted(set(sizes), key=lambda v: -1 if v is None else v):
+        prefix = packed_prefix(output_dir, size)
+        tmp = tmp_prefix(prefix)
+        stats = stats_path(output_dir, size)
+        paths += [meta_path(prefix), bin_path(prefix), idx_path(prefix), plan_path(prefix), bin_path(tmp),
+                  idx_path(tmp), Path(str(tmp) + _CHECKPOINT_SUFFIX), Path(str(tmp) + PLAN_SUFFIX), stats,
+                  stats.with_name(stats.name + ".tmp")]  # fmt: skip
+    return paths
 
 
+_SIZED = re.compile(rf"{PACKED_NAME}_(\d+)\.")
+
+
+@functools.cache
 def _megatron():
     """Megatron-Core's indexed dataset module; imported lazily (seconds, and noisy warnings)."""
     logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)  # "No CUDA runtime" on CPU hosts
@@ -287,8 +294,8 @@ class _OpenShard:
         mi = _megatron()
         if self._text is None:
             self._text = mi.IndexedDatasetBuilder(str(self.directory / f"{self.name}_text.bin"), dtype=STORE_TEXT_DTYPE)
-        self._text.add_item(_torch_view(sample.tokens))
-        self._text.add_item(_torch_view(sample.labels))
+        for item in (sample.tokens, sample.labels, sample.image_starts):
+            self._text.add_item(_torch_view(item))
         self._text.end_document()
         if len(sample.images) and self._images is None:
             path = str(self.directory / f"{self.name}_images.bin")
@@ -383,7 +390,11 @@ class SampleStore:
     def tokens_labels(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         shard, local = self._locate(i)
         text = self._dataset(self._text, shard, "text")
-        return text[2 * local], text[2 * local + 1]
+        return text[_TEXT_ITEMS * local], text[_TEXT_ITEMS * local + 1]
+
+    def image_starts(self, i: int) -> np.ndarray:
+        shard, local = self._locate(i)
+        return self._dataset(self._text, shard, "text")[_TEXT_ITEMS * local + 2]
 
     def images(self, i: int) -> np.ndarray:
         shard, local = self._locate(i)
@@ -395,7 +406,13 @@ class SampleStore:
 
 
 def _read_progress(directory: Path) -> dict:
-    return _read_versioned(Path(directory) / STORE_PROGRESS, STORE_FORMAT, STORE_FORMAT_VERSION)
+    progress = _read_versioned(Path(directory) / STORE_PROGRESS, STORE_FORMAT, STORE_FORMAT_VERSION)
+    if progress["version"] != STORE_FORMAT_VERSION:
+        from neva_pack.errors import InputError
+
+        raise InputError(f"{directory}: a sample store of version {progress['version']}; this neva_pack needs "
+                         f"{STORE_FORMAT_VERSION} (run again with --overwrite)")  # fmt: skip
+    return progress
 
 
 def _check_fingerprint(stored: dict, current: dict) -> None:
@@ -585,3 +602,29 @@ def _read_versioned(path: Path, expected_format: str, supported_version: int) ->
     if not isinstance(meta.get("version"), int) or meta["version"] > supported_version:
         raise InputError(f"{path}: version {meta.get('version')!r} is newer than this neva_pack reads ({supported_version})")
     return meta
+
+
+def read_packs_from_index(prefix: Path, image_values: int) -> dict:
+    """Per-pack sample lengths and image counts of any NeMo-layout prefix, meta or not.
+
+    Reads only the small cu_seqlens items (and the image item of packs that carry exactly one
+    image, to tell the zero image of an image-less pack from a real one).
+    """
+    dataset = _megatron().IndexedDataset(str(prefix))
+    documents = dataset.document_indices
+    sizes = dataset.index.sequence_lengths
+    offsets, lengths, pack_images = [0], [], []
+    for p in range(len(documents) - 1):
+        first = int(documents[p])
+        cu = dataset[first + ITEM_CU_SEQLENS].astype(np.int64)
+        lengths.append(np.diff(cu))
+        offsets.append(offsets[-1] + len(cu) - 1)
+        images = int(sizes[first + ITEM_IMAGE]) // image_values
+        if images == 1 and not np.any(dataset[first + ITEM_IMAGE]):
+            images = 0
+        pack_images.append(images)
+    return {
+        "offsets": np.asarray(offsets, dtype=np.int64),
+        "length": np.concatenate(lengths) if lengths else np.zeros(0, np.int64),
+        "pack_images": np.asarray(pack_images, dtype=np.int64),
+    }

@@ -60,13 +60,10 @@ class SentencePieceTokenizer:
         self.eos_id = _none_if_negative(self._sp.eos_id())
 
     def encode(self, text: str) -> Encoding:
-        proto = self._sp.encode(text, out_type="proto")
-        pieces = proto.pieces
-        ids = np.fromiter((p.id for p in pieces), dtype=np.int64, count=len(pieces))
-        byte_starts = np.fromiter((p.begin for p in pieces), dtype=np.int64, count=len(pieces))
-        byte_ends = np.fromiter((p.end for p in pieces), dtype=np.int64, count=len(pieces))
-        char_of_byte = _char_index_of_bytes(text)
-        return Encoding(ids=ids, starts=char_of_byte[byte_starts], ends=char_of_byte[byte_ends])
+        pieces = self._sp.encode(text, out_type="proto").pieces
+        table = np.array([(p.id, p.begin, p.end) for p in pieces], dtype=np.int64).reshape(-1, 3)
+        char_of_byte = _char_index_of_bytes(text)  # sentencepiece's offsets are UTF-8 byte offsets
+        return Encoding(ids=table[:, 0], starts=char_of_byte[table[:, 1]], ends=char_of_byte[table[:, 2]])
 
     def token_to_id(self, token: str) -> int | None:
         token_id = self._sp.PieceToId(token)

@@ -237,13 +237,10 @@ def test_the_summary_suggests_near_optimal_when_it_saves_more_than_one_percent()
     assert suggestion["packs"] == pack(lengths, 4096, algorithm="near_optimal").num_bins
     config.packing_algorithm = "near_optimal"
     assert _better_algorithm(config, lengths, pack(lengths, 4096, algorithm="near_optimal")) is None
-    report = {
-        "records": {"total": 1, "packed": 1, "skipped": 0, "truncated": 0, "skipped_by_reason": {}},
-        "packing": {"samples": 1, "samples_with_images": 0, "images": 0, "positions": 5, "packs": 1,
-                    "lower_bound_packs": 1, "packs_over_lower_bound": 1.0, "efficiency": 0.5,
-                    "samples_per_pack": {"mean": 1.0, "min": 1, "max": 1},
-                    "sample_length": {"p50": 5, "p90": 5, "p99": 5, "max": 5}},
-        "algorithm": "shuffle_and_pack", "seed": 0, "max_seq_length": 10, "data_prefix": "x",
-        "training_overrides": [], "suggestion": suggestion,
-    }  # fmt: skip
+    from neva_pack.stats import PackingArrays, packing_stats
+
+    arrays = PackingArrays(capacity=4096, offsets=plan.offsets, lengths=lengths[plan.indices], num_images=None,
+                           image_positions=None, pack_images=np.zeros(plan.num_bins, dtype=np.int64))  # fmt: skip
+    report = {"packing": packing_stats(arrays), "algorithm": "shuffle_and_pack", "seed": 0, "data_prefix": "x",
+              "training_overrides": [], "suggestion": suggestion}  # fmt: skip
     assert f"hint           --packing_algorithm near_optimal would need {suggestion['packs']:,} packs" in format_summary(report)
