@@ -230,7 +230,7 @@ def load_output(path: Path, crop_size=None, max_seq_length: int | None = None) -
     from neva_pack.errors import InputError
 
     path = Path(path)
-    prefix = layout.packed_prefix(path) if path.is_dir() else path
+    prefix = path if layout.bin_path(path).is_file() else layout.packed_prefix(path)
     if not layout.bin_path(prefix).is_file():
         raise InputError(f"{path}: no {prefix.name}.bin/.idx here")
     if layout.meta_path(prefix).is_file():

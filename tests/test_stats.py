@@ -1,0 +1,130 @@
+"""neva-pack stats (text, JSON, plot, foreign prefixes), neva-pack plan, and several --pack_sizes."""
+
+import json
+import shutil
+import struct
+
+import numpy as np
+import pytest
+
+from neva_pack.cli import main
+from neva_pack.dataset import PackedSeqDataset
+from neva_pack.explore import explore, load_lengths
+from neva_pack.stats import PackingArrays, packing_stats
+from tests.conftest import SAMPLE_DATA
+
+
+def preprocess_args(output_dir, *extra):
+    return [
+        "preprocess", "--quiet", "--data_path", str(SAMPLE_DATA / "llava_sample.json"),
+        "--image_folder", str(SAMPLE_DATA / "images"), "--tokenizer_path", str(SAMPLE_DATA / "tokenizer.model"),
+        "--output_dir", str(output_dir), "--conv_template", "v1", "--num_workers", "0", *extra,
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def output(tmp_path_factory):
+    out = tmp_path_factory.mktemp("stats") / "out"
+    assert main(preprocess_args(out, "--max_seq_length", "2048")) == 0
+    return out
+
+
+def test_stats_report_matches_the_end_of_run_summary(output, capsys):
+    assert main(["stats", str(output), "--global_batch_size", "128"]) == 0
+    text = capsys.readouterr().out
+    stats = json.loads((output / "stats.json").read_text())
+    assert "records                20   packed 20   skipped 0   truncated 0" in text
+    assert f"packs          {stats['packing']['packs']:>10,}   lower bound" in text
+    assert "pack fill      min" in text and "  text         min" in text and "  image        min" in text
+    expected_gbs = max(1, round(128 / stats["packing"]["samples_per_pack"]["mean"]))
+    assert f"model.global_batch_size={expected_gbs}" in text
+    assert "++model.data.crop_size=[336,336]" in text
+
+
+def test_stats_json_is_the_same_report(output, capsys):
+    assert main(["stats", str(output / "packed_seq_dataset"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report == json.loads((output / "stats.json").read_text())
+
+
+def test_plot_is_a_png_of_sensible_size(output, tmp_path, capsys):
+    png = tmp_path / "stats.png"
+    assert main(["stats", str(output), "--plot", str(png)]) == 0
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", data[16:24])
+    assert 1000 <= width <= 3000 and 300 <= height <= 1200 and len(data) > 20_000
+
+
+def test_stats_of_a_prefix_without_meta_reads_the_index(output, tmp_path, capsys):
+    """A prefix as NeMo's own script writes it: only .bin/.idx."""
+    foreign = tmp_path / "nemo"
+    foreign.mkdir()
+    for suffix in (".bin", ".idx"):
+        shutil.copy(output / f"packed_seq_dataset{suffix}", foreign / f"packed_seq_dataset{suffix}")
+    assert main(["stats", str(foreign)]) == 2
+    assert "pass --crop_size H W" in capsys.readouterr().err
+    assert main(["stats", str(foreign), "--crop_size", "336", "336", "--max_seq_length", "2048", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    ours = json.loads((output / "stats.json").read_text())
+    for key in ("packs", "lower_bound_packs", "efficiency", "samples", "images", "positions", "samples_per_pack"):
+        assert report["packing"][key] == ours["packing"][key], key
+    assert report["records"] is None and report["packing"]["text_positions"] is None
+
+
+def test_packing_stats_golden():
+    arrays = PackingArrays(
+        capacity=10, offsets=np.array([0, 2, 3]), lengths=np.array([6, 4, 5]), num_images=np.array([1, 0, 0]),
+        image_positions=3, pack_images=np.array([1, 0]),
+    )  # fmt: skip
+    stats = packing_stats(arrays)
+    assert stats["packs"] == 2 and stats["lower_bound_packs"] == 2 and stats["efficiency"] == 0.75
+    assert stats["pack_fill"]["min"] == 0.5 and stats["pack_fill"]["max"] == 1.0
+    assert stats["samples_per_pack"] == {"mean": 1.5, "min": 1, "max": 2}
+    assert stats["text_positions"]["max"] == 5 and stats["image_positions_per_sample"]["max"] == 3
+
+
+def test_plan_explores_sizes_from_the_store(output, capsys):
+    assert main(["plan", str(output), "--pack_sizes", "1024", "2048", "4096", "--global_batch_size", "64"]) == 0
+    text = capsys.readouterr().out
+    lengths = load_lengths(output)
+    assert f"20 samples from {output / 'packed_seq_dataset'}" in text
+    rows = explore(lengths, [1024, 2048, 4096], ["first_fit_shuffle", "near_optimal"], global_batch_size=64)
+    long = int((lengths.lengths > 1024).sum())
+    assert long > 0
+    for row in rows:
+        assert row.clipped == (long if row.pack_size == 1024 else 0)
+        assert row.packs >= row.lower_bound == -(-int(np.minimum(lengths.lengths, row.pack_size).sum()) // row.pack_size)
+        assert row.packed_global_batch_size == max(1, round(64 / row.samples_per_pack_mean))
+        line = f"{row.pack_size:>7}  {row.algorithm:<21}{row.packs:>10,}{row.lower_bound:>10,}{100 * row.efficiency:>8.2f}"
+        assert line in text
+
+
+def test_plan_falls_back_to_the_plan_table_without_the_store(output, tmp_path, capsys):
+    copy = tmp_path / "copy"
+    shutil.copytree(output, copy)
+    shutil.rmtree(copy / "packed_seq_dataset")
+    assert main(["plan", str(copy), "--pack_sizes", "4096", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) == 2 and rows[0]["pack_size"] == 4096
+
+
+def test_several_pack_sizes_write_one_prefix_each_from_one_store(tmp_path, capsys):
+    out = tmp_path / "multi"
+    assert main(preprocess_args(out, "--pack_sizes", "1024", "2048", "--packing_algorithm", "near_optimal")) == 0
+    summary = capsys.readouterr().out
+    assert "== pack size 1024" in summary and "== pack size 2048" in summary
+    assert sorted(p.name for p in out.glob("stats*.json")) == ["stats_1024.json", "stats_2048.json"]
+    small = json.loads((out / "stats_1024.json").read_text())
+    big = json.loads((out / "stats_2048.json").read_text())
+    assert small["records"]["truncated"] == 2 and big["records"]["truncated"] == 0  # the two 2-image records
+    for size in (1024, 2048):
+        prefix = out / f"packed_seq_dataset_{size}"
+        assert main(["verify", "--quiet", str(prefix), "--data_path", str(SAMPLE_DATA / "llava_sample.json")]) == 0
+        for pack in PackedSeqDataset(prefix):
+            assert len(pack["tokens"]) <= size
+    # the cut samples of the small prefix are exactly what a run at 1024 gives
+    single = tmp_path / "single"
+    assert main(preprocess_args(single, "--max_seq_length", "1024", "--packing_algorithm", "near_optimal")) == 0
+    for suffix in (".bin", ".idx"):
+        assert (single / f"packed_seq_dataset{suffix}").read_bytes() == (out / f"packed_seq_dataset_1024{suffix}").read_bytes()
