@@ -70,7 +70,10 @@ def measure(*args: str) -> dict:
     result = subprocess.run([sys.executable, "-c", MEASURE, *args], capture_output=True, text=True)
     if result.returncode != 0:
         raise SystemExit(result.stderr[-2000:])
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    measured = json.loads(result.stdout.strip().splitlines()[-1])
+    if measured.get("code", 0) != 0:
+        raise SystemExit(f"preprocess exited {measured['code']}: {result.stderr.strip()[-2000:]}")
+    return measured
 
 
 def main() -> None:
@@ -93,8 +96,6 @@ def main() -> None:
                 "--num_workers", str(args.workers),
             )  # fmt: skip
             seconds = time.perf_counter() - started
-            if run["code"] != 0:
-                raise SystemExit(f"preprocess exited {run['code']}")
             print(
                 f"{records:>9,}{data.stat().st_size / 2**20:>9.0f}{baseline['self_kb'] / 1024:>18.0f}"
                 f"{run['self_kb'] / 1024:>17.0f}{max(run['self_kb'], run['children_kb']) / 1024:>16.0f}{seconds:>8.0f}"

@@ -143,18 +143,13 @@ def sum_of_squares_bins(lengths, order, capacity, max_per_bin, table):
                     best_g = g
         if s + 1 < capacity:
             # gaps with N(g) == 1 score 2 N(g - s): look for 0, then 2, then scan
-            if best >= 0:
-                limit = best_g if best == 0 else capacity
-                g = _first_pair(single, zero, s, s + 1, limit, table)
-                if g < limit:
-                    best = 0
-                    best_g = g
-            if best >= 2:
-                limit = best_g if best == 2 else capacity
-                g = _first_pair(single, single, s, s + 1, limit, table)
-                if g < limit:
-                    best = 2
-                    best_g = g
+            for score, partner in ((0, zero), (2, single)):  # N(g - s) == 0 scores 0, == 1 scores 2
+                if best >= score:
+                    limit = best_g if best == score else capacity
+                    g = _first_pair(single, partner, s, s + 1, limit, table)
+                    if g < limit:
+                        best = score
+                        best_g = g
             if best >= 4:
                 g = _next_set(single, s + 1, capacity, table)
                 while g < capacity:
