@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from neva_pack.cli import main
-from tests.conftest import ROOT, SAMPLE_DATA
+from tests.conftest import SAMPLE_DATA
 
 RECORDS = json.loads((SAMPLE_DATA / "llava_sample.json").read_text())
 
