@@ -112,7 +112,7 @@ def preprocess(config: PreprocessConfig, progress: bool = True) -> RunResult:
     started = time.perf_counter()
     builder = build_sample_builder(config)
     output_dir = _prepare_output_dir(config)
-    total = count_records(config.data_path)
+    total = count_records(config.data_path, progress=progress)
 
     _encode_samples(config, builder, output_dir, total, progress)
     store = layout.SampleStore(layout.store_dir(output_dir))

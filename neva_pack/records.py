@@ -99,10 +99,12 @@ def iter_raw_records(path: Path) -> Iterator[RawRecord]:
         yield from _iter_jsonl(path)
 
 
-def count_records(path: Path) -> int:
+def count_records(path: Path, progress: bool = False) -> int:
     """Number of records, checking a JSON list's syntax: a broken list fails here, before any work."""
+    from tqdm import tqdm
+
     count = 0
-    for _ in iter_raw_records(path):
+    for _ in tqdm(iter_raw_records(path), desc="read records", unit="rec", disable=not progress, mininterval=1):
         count += 1
     return count
 
