@@ -126,6 +126,7 @@ def _run_preprocess(args) -> int:
     config = config_from_args(args)
     from neva_pack.pipeline import preprocess
     from neva_pack.stats import format_summary
+    from neva_pack.store import SKIPPED_FILE
 
     result = preprocess(config, progress=not args.quiet)
     for size, report in result.reports.items():
@@ -134,7 +135,8 @@ def _run_preprocess(args) -> int:
         print(format_summary(report))
     if result.exit_code:
         skipped = result.report["records"]["skipped"]
-        print(f"error: --strict: {skipped} record(s) skipped; see {config.output_dir}/skipped.jsonl", file=sys.stderr)
+        report_file = Path(config.output_dir) / SKIPPED_FILE
+        print(f"error: --strict: {skipped} record(s) skipped; see {report_file}", file=sys.stderr)
     return result.exit_code
 
 

@@ -116,7 +116,7 @@ def preprocess(config: PreprocessConfig, progress: bool = True) -> RunResult:
 
     _encode_samples(config, builder, output_dir, total, progress)
     store = layout.SampleStore(layout.store_dir(output_dir))
-    _write_skipped(store, output_dir)
+    _write_skipped(store.skipped_files(), output_dir)
     if len(store) == 0:
         raise InputError(
             f"none of the {total} record(s) of {config.data_path} could be used; reasons in {output_dir / layout.SKIPPED_FILE}"
@@ -236,18 +236,14 @@ def _check_skip_fraction(config, writer, skipped: int, done: int, output_dir: Pa
     if skipped <= config.max_skip_fraction * done:
         return
     writer.commit(done)
-    _write_skipped_files([output_dir / layout.STORE_DIR / f"{s.name}.skipped.jsonl" for s in writer.shards], output_dir)
+    _write_skipped(writer.skipped_files(), output_dir)
     raise InputError(
         f"{skipped} of the first {done} records were skipped (> --max_skip_fraction {config.max_skip_fraction}); "
         f"reasons in {output_dir / layout.SKIPPED_FILE}"
     )
 
 
-def _write_skipped(store, output_dir: Path) -> None:
-    _write_skipped_files(store.skipped_files(), output_dir)
-
-
-def _write_skipped_files(parts: list[Path], output_dir: Path) -> None:
+def _write_skipped(parts: list[Path], output_dir: Path) -> None:
     """Concatenate the shards' skipped lines into skipped.jsonl (atomically)."""
     target = output_dir / layout.SKIPPED_FILE
     tmp = target.with_name(target.name + ".tmp")

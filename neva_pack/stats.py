@@ -41,27 +41,31 @@ class PackingArrays:
 
     @property
     def pack_loads(self) -> np.ndarray:
-        if len(self.lengths) == 0:
-            return np.zeros(self.num_packs, dtype=np.int64)
-        return np.add.reduceat(self.lengths, self.offsets[:-1]) if self.num_packs else np.zeros(0, np.int64)
+        return per_pack_sum(self.lengths, self.offsets)
 
     @property
     def samples_per_pack(self) -> np.ndarray:
         return np.diff(self.offsets)
 
 
+def per_pack_sum(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Sum of ``values`` over each pack's slice offsets[p]:offsets[p + 1] (no pack is empty)."""
+    if len(offsets) < 2:
+        return np.zeros(0, dtype=np.int64)
+    return np.add.reduceat(np.asarray(values, dtype=np.int64), offsets[:-1])
+
+
 def arrays_from_plan(plan, rows, image_positions: int) -> PackingArrays:
     """The arrays of a run: its plan over the sample store's rows."""
     chosen = rows[plan.indices]
     num_images = chosen["num_images"].astype(np.int64)
-    per_pack = np.add.reduceat(num_images, plan.offsets[:-1]) if plan.num_bins else np.zeros(0, np.int64)
     return PackingArrays(
         capacity=plan.capacity,
         offsets=plan.offsets,
         lengths=chosen["length"].astype(np.int64),
         num_images=num_images,
         image_positions=image_positions,
-        pack_images=per_pack,
+        pack_images=per_pack_sum(num_images, plan.offsets),
     )
 
 
@@ -244,7 +248,7 @@ def load_output(path: Path, crop_size=None, max_seq_length: int | None = None) -
             lengths=table["length"].astype(np.int64),
             num_images=num_images,
             image_positions=int(meta["image_positions"]),
-            pack_images=np.add.reduceat(num_images, offsets[:-1]) if len(offsets) > 1 else np.zeros(0, np.int64),
+            pack_images=per_pack_sum(num_images, offsets),
         )
         stats_file = prefix.parent / layout.STATS_FILE
         if stats_file.is_file():
@@ -263,9 +267,9 @@ def load_output(path: Path, crop_size=None, max_seq_length: int | None = None) -
             raise InputError(f"{prefix}: no {prefix.name}{layout.META_SUFFIX}; pass --crop_size H W to read it")
         crop = list(crop_size)
         table = layout.read_packs_from_index(prefix, 3 * crop[0] * crop[1])
-        loads = np.add.reduceat(table["length"], table["offsets"][:-1]) if len(table["offsets"]) > 1 else [0]
+        loads = per_pack_sum(table["length"], table["offsets"])
         arrays = PackingArrays(
-            capacity=int(max_seq_length or np.max(loads)),
+            capacity=int(max_seq_length or loads.max(initial=1)),
             offsets=table["offsets"],
             lengths=table["length"],
             num_images=None,

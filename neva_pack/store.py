@@ -249,6 +249,10 @@ class SampleStoreWriter:
         self._open = None
         self._write_progress(complete=False)
 
+    def skipped_files(self) -> list[Path]:
+        """The skipped-record files of the committed shards, in record order."""
+        return [shard_skipped_path(self.directory, s.name) for s in self.shards]
+
     def finish(self, total_records: int) -> None:
         if self._open is not None or self.next_record < total_records:
             self.commit(total_records)
@@ -271,6 +275,10 @@ class SampleStoreWriter:
         )
 
 
+def shard_skipped_path(directory: Path, shard_name: str) -> Path:
+    return Path(directory) / f"{shard_name}.skipped.jsonl"
+
+
 class _OpenShard:
     """The shard being written: builders are created on first use (Megatron cannot map an empty .bin)."""
 
@@ -282,7 +290,7 @@ class _OpenShard:
         self._text = None
         self._images = None
         self._rows = open(directory / f"{name}.rows", "wb")
-        self._skipped = open(directory / f"{name}.skipped.jsonl", "w", encoding="utf-8")
+        self._skipped = open(shard_skipped_path(directory, name), "w", encoding="utf-8")
         self.samples = 0
         self.images = 0
         self.truncated = 0
@@ -375,7 +383,7 @@ class SampleStore:
         return total
 
     def skipped_files(self) -> list[Path]:
-        return [self.directory / f"{s.name}.skipped.jsonl" for s in self.shards]
+        return [shard_skipped_path(self.directory, s.name) for s in self.shards]
 
     def _locate(self, i: int) -> tuple[int, int]:
         shard = int(np.searchsorted(self._first_sample, i, side="right")) - 1
