@@ -29,6 +29,7 @@ from neva_pack.errors import ConfigError, InputError
 from neva_pack.images import ImagePreprocessor, ImageSource
 from neva_pack.packing import RECOMMENDED_ALGORITHM, PackingPlan, pack
 from neva_pack.packing.alignment import aligned_capacity, padded_lengths
+from neva_pack.packing.balance import PackCosts, balance_order, reorder_plan, straggler_overhead
 from neva_pack.records import count_records
 from neva_pack.samples import SampleBuilder, SampleStream, Skipped, image_token_layout, passthrough, truncation
 from neva_pack.stats import arrays_from_plan, global_batch_size_advice, packing_stats, training_overrides
@@ -142,10 +143,11 @@ def _write_prefix(config, builder, store, total: int, size: int, output_dir: Pat
     plan = pack(
         padded, size, algorithm=config.packing_algorithm, seed=config.seed, max_samples_per_pack=config.max_samples_per_pack
     )
+    plan, balance = _balance(config, plan, rows)
     writer = layout.PackedWriter(prefix, builder.preprocessor.shape, _plan_digest(plan, padded), resume=config.resume)
     padding = _Padding(lengths=padded, pad_id=config.pad_id, ignore_index=config.ignore_index)
     _write_packs(store, plan, cuts, padding, builder.preprocessor, writer, max(1, config.checkpoint_every // 10), progress)
-    report = _report(config, builder, store, rows, plan, padded, total, prefix, time.perf_counter() - started)
+    report = _report(config, builder, store, rows, plan, padded, balance, total, prefix, time.perf_counter() - started)
     layout.write_json_atomic(stats_file, report)
     packed = rows[plan.indices]
     writer.publish(
@@ -160,6 +162,27 @@ def _write_prefix(config, builder, store, total: int, size: int, output_dir: Pat
         meta=_meta(config, builder, report),
     )
     return report
+
+
+BALANCE_STREAM = 1
+"""Second number of the balance generator's seed, (seed, 1): independent of the packer's stream."""
+
+
+def _balance(config: PreprocessConfig, plan: PackingPlan, rows: np.ndarray) -> tuple[PackingPlan, dict | None]:
+    """With --balance_data_parallel N: the plan's packs reordered so that every N consecutive packs
+    cost alike, and the straggler overheads before (the packer's order) and after."""
+    group = config.balance_data_parallel
+    if not group:
+        return plan, None
+    chosen = rows[plan.indices]
+    costs = PackCosts.of(chosen["length"], plan.offsets, chosen["num_images"])
+    order = balance_order(costs, group, np.random.default_rng((config.seed, BALANCE_STREAM)))
+    overheads = {
+        f"{name}_overhead_{when}": straggler_overhead(getattr(costs, name), group, arrangement)
+        for name in ("attention", "tokens", "images")
+        for when, arrangement in (("before", None), ("after", order))
+    }
+    return reorder_plan(plan, order), {"data_parallel": group, **overheads}
 
 
 def _rows_at(store, size: int, run_length: int) -> tuple[np.ndarray, dict[int, tuple[int, int]]]:
@@ -335,7 +358,7 @@ def _better_algorithm(config: PreprocessConfig, lengths: np.ndarray, plan: Packi
     }
 
 
-def _report(config, builder, store, rows, plan, padded, total: int, prefix: Path, seconds: float) -> dict:
+def _report(config, builder, store, rows, plan, padded, balance, total: int, prefix: Path, seconds: float) -> dict:
     stats = packing_stats(arrays_from_plan(plan, rows, builder.layout.positions, padded, config.alignment))
     gbs = global_batch_size_advice(config.global_batch_size, stats["samples_per_pack"]["mean"])
     skipped_by_reason = store.skipped_by_reason
@@ -352,6 +375,7 @@ def _report(config, builder, store, rows, plan, padded, total: int, prefix: Path
         "algorithm": config.packing_algorithm,
         "seed": config.seed,
         "suggestion": _better_algorithm(config, padded, plan),
+        "balance": balance,
         "max_seq_length": plan.capacity,
         "image_positions": builder.layout.positions,
         "data_prefix": str(prefix),
@@ -380,6 +404,7 @@ def _meta(config: PreprocessConfig, builder: SampleBuilder, report: dict) -> dic
         "ignore_index": config.ignore_index,
         "pad_to_multiple_of": config.alignment,
         "pad_id": config.pad_id,
+        "balance_data_parallel": config.balance_data_parallel,
         "max_seq_length": report["max_seq_length"],
         "algorithm": config.packing_algorithm,
         "seed": config.seed,

@@ -179,6 +179,14 @@ def format_summary(report: dict) -> str:
     if packing.get("text_positions"):
         lines.append("  text         " + _format_percentiles(packing["text_positions"]))
         lines.append("  image        " + _format_percentiles(packing["image_positions_per_sample"]))
+    balance = report.get("balance")
+    if balance:
+        lines.append(
+            f"balance        N = {balance['data_parallel']} ranks: straggler overhead (sum of max - mean per step) "
+            f"attention {100 * balance['attention_overhead_before']:.2f}% -> {100 * balance['attention_overhead_after']:.2f}%"
+            f", tokens {100 * balance['tokens_overhead_before']:.2f}% -> {100 * balance['tokens_overhead_after']:.2f}%"
+            f", images {100 * balance['images_overhead_before']:.2f}% -> {100 * balance['images_overhead_after']:.2f}%"
+        )
     lines.append(f"output         {report['data_prefix']}.{{bin,idx}}")
     suggestion = report.get("suggestion")
     if suggestion:
