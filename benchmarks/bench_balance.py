@@ -28,27 +28,12 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from distributions import llava_like  # noqa: E402
+from distributions import llava_like_with_images  # noqa: E402
 
 from neva_pack.packing import pack  # noqa: E402
 from neva_pack.packing.balance import DEFAULT_TOLERANCE, PackCosts, balance_order, straggler_overhead  # noqa: E402
 
 IMAGE_POSITIONS = 576
-
-
-def llava_with_images(capacity: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Lengths of the 665K-like distribution and their image counts (one image above 576 positions
-    of an image sample: text-only samples are the ones drawn without the image term)."""
-    lengths = llava_like(capacity, seed=seed, image_positions=IMAGE_POSITIONS)
-    # llava_like shuffles image and text-only samples together; redraw the split with the same seed
-    rng = np.random.default_rng(seed)
-    from distributions import LLAVA_IMAGE_SAMPLES, LLAVA_TEXT_ONLY
-
-    rng.lognormal(np.log(140), 0.75, LLAVA_IMAGE_SAMPLES)
-    rng.lognormal(np.log(260), 1.0, LLAVA_TEXT_ONLY)
-    kinds = np.concatenate([np.ones(LLAVA_IMAGE_SAMPLES, np.int64), np.zeros(LLAVA_TEXT_ONLY, np.int64)])
-    rng.shuffle(kinds)
-    return lengths, kinds
 
 
 def spearman(values: np.ndarray) -> float:
@@ -70,7 +55,7 @@ def main() -> None:
     print(header)
     print("-" * len(header))
     for capacity in args.capacities:
-        lengths, kinds = llava_with_images(capacity)
+        lengths, kinds = llava_like_with_images(capacity, image_positions=IMAGE_POSITIONS)
         for algorithm in args.algorithms:
             plan = pack(lengths, capacity, algorithm=algorithm, seed=0)
             costs = PackCosts.of(lengths[plan.indices], plan.offsets, kinds[plan.indices])

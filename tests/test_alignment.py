@@ -61,9 +61,9 @@ def test_padded_lengths_round_up_to_the_next_multiple(lengths, multiple):
 
 
 @given(st.integers(1, 100_000), st.integers(1, 512))
-def test_a_sample_cut_to_the_aligned_capacity_fits_once_padded(capacity, multiple):
+def test_the_aligned_capacity_is_the_longest_length_that_fits_once_padded(capacity, multiple):
     cut = aligned_capacity(capacity, multiple)
-    assert padded_lengths([cut], multiple)[0] <= capacity if cut else multiple > capacity
+    assert cut % multiple == 0 and padded_lengths([cut], multiple)[0] == cut <= capacity
     assert padded_lengths([cut + 1], multiple)[0] > capacity
 
 
