@@ -292,7 +292,7 @@ def _plan_digest(plan: PackingPlan, padded: np.ndarray) -> str:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class _Padding:
-    """What follows each sample in its pack (the padding contract: README, "Alignment")."""
+    """What follows each sample in its pack (the padding contract: neva_pack.packing.alignment)."""
 
     lengths: np.ndarray
     """int64 padded length of every sample of the store (== its length when nothing is padded)."""

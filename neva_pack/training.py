@@ -44,6 +44,9 @@ def thd_batch(
 ) -> dict:
     """One THD batch from ``PackedSeqDataset`` items, packs concatenated in order.
 
+    Each item has cu_seqlens (buffer boundaries), cu_seqlens_unpadded (real lengths, cumulated;
+    taken equal to cu_seqlens when absent), tokens, labels, image and num_images (per sample).
+
     Returns tokens, labels, loss_mask, position_ids, segment_ids, sample_loss_weight (all (1, T)),
     images ((N, 3, H, W), in placeholder order: the zero image of an image-less pack is dropped),
     num_targets (supervised tokens per sample), num_samples, num_target_tokens, num_images (per
@@ -55,6 +58,8 @@ def thd_batch(
     ``len(packs) * max_samples_per_pack + 1`` entries by repeating their last value (zero-length
     segments). ``max_samples_per_pack`` defaults to max_seq_length (always enough: every sample
     holds at least one position). ``thd_collate(dataset)`` fills these from the dataset's meta.
+    With alignment padding, pack at a max_seq_length that is a multiple of M so that the grown
+    segment stays aligned.
     """
     if not packs:
         raise ValueError("thd_batch needs at least one pack")
@@ -77,10 +82,8 @@ def thd_batch(
         real_bounds += (real_bounds[-1] + real[1:]).tolist()
         tokens.append(pack_tokens)
         labels.append(pack_labels)
-        sample_images = item.get("num_images")
-        count = int(sample_images.sum()) if sample_images is not None else len(item["image"])
-        images.append(item["image"][:count])
-        num_images.append(sample_images if sample_images is not None else torch.zeros(len(cu) - 1, dtype=torch.int32))
+        images.append(item["image"][: int(item["num_images"].sum())])  # not the zero image of an image-less pack
+        num_images.append(item["num_images"])
     cu_padded = torch.tensor(padded_bounds, dtype=torch.int32)
     cu_real = torch.tensor(real_bounds, dtype=torch.int32)
     tokens, labels = torch.cat(tokens)[None], torch.cat(labels)[None]

@@ -49,8 +49,18 @@ class PackCosts:
     def of(cls, lengths: np.ndarray, offsets: np.ndarray, num_images: np.ndarray) -> "PackCosts":
         """From per-sample lengths and image counts in pack order, and the plan's offsets."""
         lengths = np.asarray(lengths, dtype=np.int64)
-        sums = lambda values: np.add.reduceat(values, offsets[:-1]) if len(offsets) > 1 else np.zeros(0, np.int64)  # noqa: E731
-        return cls(attention=sums(lengths * lengths), tokens=sums(lengths), images=sums(np.asarray(num_images, dtype=np.int64)))
+        return cls(
+            attention=_per_pack(lengths * lengths, offsets),
+            tokens=_per_pack(lengths, offsets),
+            images=_per_pack(np.asarray(num_images, dtype=np.int64), offsets),
+        )
+
+
+def _per_pack(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Sum of ``values`` over each pack's slice offsets[p]:offsets[p + 1]."""
+    if len(offsets) < 2:
+        return np.zeros(0, dtype=np.int64)
+    return np.add.reduceat(values, np.asarray(offsets[:-1], dtype=np.int64))
 
 
 def straggler_overhead(cost: np.ndarray, group_size: int, order: np.ndarray | None = None) -> float:
