@@ -26,15 +26,23 @@ OPENCHAT_LENGTHS = Path(__file__).resolve().parent.parent.parent / "shared" / "d
 
 
 def llava_like(capacity: int, seed: int = 0, image_positions: int = 576, scale: float = 1.0) -> np.ndarray:
+    return llava_like_with_images(capacity, seed, image_positions, scale)[0]
+
+
+def llava_like_with_images(
+    capacity: int, seed: int = 0, image_positions: int = 576, scale: float = 1.0
+) -> tuple[np.ndarray, np.ndarray]:
+    """The lengths of ``llava_like`` and the number of images of each sample (1, or 0 for text-only)."""
     rng = np.random.default_rng(seed)
     n_image = int(LLAVA_IMAGE_SAMPLES * scale)
     n_text = int(LLAVA_TEXT_ONLY * scale)
     text = np.clip(np.round(rng.lognormal(np.log(140), 0.75, n_image)), 12, 3000).astype(np.int64)
     image_samples = image_positions + text
     text_only = np.clip(np.round(rng.lognormal(np.log(260), 1.0, n_text)), 8, 4000).astype(np.int64)
-    lengths = np.concatenate([image_samples, text_only])
-    rng.shuffle(lengths)
-    return np.minimum(lengths, capacity)
+    order = rng.permutation(n_image + n_text)  # the same draw as shuffling the lengths in place
+    lengths = np.concatenate([image_samples, text_only])[order]
+    images = np.concatenate([np.ones(n_image, np.int64), np.zeros(n_text, np.int64)])[order]
+    return np.minimum(lengths, capacity), images
 
 
 def sft_like(capacity: int, seed: int = 0) -> tuple[np.ndarray, str]:

@@ -74,6 +74,16 @@ def _add_preprocess_flags(parser: argparse.ArgumentParser) -> None:
         "--checkpoint_every", type=int, help="records per durable checkpoint (default 10000; packs: a tenth of it)"
     )
     ours.add_argument("--quiet", action="store_true", help="no progress bars")
+    # training side (issue 11): THD alignment and data-parallel balance
+    train = parser.add_argument_group("training-side flags (Megatron-Core THD)")
+    train.add_argument("--pad_to_multiple_of", type=int, help="pad every sample to a multiple of M before packing")
+    train.add_argument("--context_parallel_size", type=int, help="CP size: samples padded to a multiple of 2*CP")
+    train.add_argument("--tensor_parallel_size", type=int, help="TP size (with --sequence_parallel: multiple of CP*TP)")
+    train.add_argument("--sequence_parallel", action="store_true", default=None, help="Megatron sequence parallelism is on")
+    train.add_argument("--pad_id", type=int, help="token id of padding positions (default 0)")
+    train.add_argument(
+        "--balance_data_parallel", type=int, metavar="N", help="order packs so every N consecutive packs cost alike"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

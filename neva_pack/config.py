@@ -85,6 +85,21 @@ class PreprocessConfig:
     """Records per committed store shard (and every tenth of that, packs per writer checkpoint):
     at most this much work is redone after a crash."""
 
+    # --- training side (issue 11): THD alignment and data-parallel balance ---
+    pad_to_multiple_of: int | None = None
+    """Pad every sample to a multiple of this (before packing); combined (lcm) with what
+    context_parallel_size / tensor_parallel_size / sequence_parallel need."""
+    context_parallel_size: int = 1
+    """Megatron-Core CP size the packs are for: samples are padded to a multiple of 2·CP when > 1."""
+    tensor_parallel_size: int = 1
+    """Megatron-Core TP size; with sequence_parallel, samples are padded to a multiple of CP·TP."""
+    sequence_parallel: bool = False
+    """Megatron-Core sequence parallelism is on (see tensor_parallel_size)."""
+    pad_id: int = 0
+    """Token id of padding positions (their label is ignore_index)."""
+    balance_data_parallel: int | None = None
+    """Order packs so every N consecutive packs (one micro-step on N data-parallel ranks) cost alike."""
+
     def __post_init__(self):
         for name in ("data_path", "output_dir", "tokenizer_path", "image_folder"):
             value = getattr(self, name)
@@ -114,7 +129,8 @@ class PreprocessConfig:
             raise ConfigError(f"--max_skip_fraction {self.max_skip_fraction}: must be between 0 and 1")
         if self.resume and self.overwrite:
             raise ConfigError("--resume and --overwrite exclude each other")
-        for name in ("global_batch_size", "patch_dim", "max_samples_per_pack", "checkpoint_every"):
+        for name in ("global_batch_size", "patch_dim", "max_samples_per_pack", "checkpoint_every",
+                     "pad_to_multiple_of", "context_parallel_size", "tensor_parallel_size", "balance_data_parallel"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"--{name} {value}: must be >= 1")
@@ -126,11 +142,27 @@ class PreprocessConfig:
                 raise ConfigError(f"--pack_sizes {list(self.pack_sizes)}: every size must be >= 2")
             object.__setattr__(self, "pack_sizes", sizes)
             object.__setattr__(self, "max_seq_length", sizes[-1])
+        if self.pad_id < 0:
+            raise ConfigError(f"--pad_id {self.pad_id}: must be >= 0")
+        if self.alignment > self.sizes[0]:
+            raise ConfigError(
+                f"samples padded to a multiple of {self.alignment} (--pad_to_multiple_of / parallel sizes) "
+                f"cannot fit packs of {self.sizes[0]} positions"
+            )
 
     @property
     def sizes(self) -> tuple[int, ...]:
         """The pack sizes to write, smallest first."""
         return self.pack_sizes or (self.max_seq_length,)
+
+    @property
+    def alignment(self) -> int:
+        """M: every sample's packed length is a multiple of it (1: no padding)."""
+        from neva_pack.packing.alignment import alignment_multiple
+
+        return alignment_multiple(
+            self.pad_to_multiple_of, self.context_parallel_size, self.tensor_parallel_size, self.sequence_parallel
+        )
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -150,6 +182,9 @@ HPARAMS_KEYS = {
     ("model", "mm_cfg", "vision_encoder", "patch_dim"): "patch_dim",
     ("model", "mm_cfg", "vision_encoder", "crop_size"): "crop_size",
     ("model", "tokenizer", "model"): "tokenizer_path",
+    ("model", "context_parallel_size"): "context_parallel_size",
+    ("model", "tensor_model_parallel_size"): "tensor_parallel_size",
+    ("model", "sequence_parallel"): "sequence_parallel",
 }
 """The keys of a NeMo NeVA config this tool uses; the rest of a NeMo config is ignored."""
 

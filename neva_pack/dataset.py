@@ -2,10 +2,18 @@
 
 ``PackedSeqDataset(prefix)[p]`` gives, for pack p::
 
-    cu_seqlens  int32 (n + 1,)   [0, l1, l1+l2, ..., L]
-    tokens      int64 (L,)
-    labels      int64 (L,)       ignore value outside trained positions
-    image       float32 (N, 3, H, W), H and W read from the output's meta (never guessed)
+    cu_seqlens           int32 (n + 1,)   [0, p1, p1+p2, ..., L]  buffer boundaries (padded lengths)
+    cu_seqlens_unpadded  int32 (n + 1,)   [0, l1, l1+l2, ...]     real lengths, cumulated
+    tokens               int64 (L,)
+    labels               int64 (L,)       ignore value outside trained positions (and on padding)
+    image                float32 (N, 3, H, W), H and W read from the output's meta (never guessed)
+    num_images           int32 (n,)       images of each sample (the zero image of an image-less
+                                          pack is not counted)
+
+Without --pad_to_multiple_of (or CP/TP alignment) p_i == l_i and both cu_seqlens agree. With it,
+sample i occupies p_i positions: its l_i tokens, then p_i - l_i pad positions (see
+neva_pack.packing.alignment). NeMo 2 / Megatron Bridge read the pair as cu_seqlens (padded) and
+cu_seqlens_unpadded; ``neva_pack.training.thd_batch`` turns them into Megatron-Core's PackedSeqParams.
 
 ``collate`` adds what a packed (THD) attention needs: position ids that restart at 0 for
 every sample, and the loss mask::
@@ -22,7 +30,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from neva_pack.store import PackedReader
+from neva_pack.store import PackedReader, read_plan_table
 
 
 class PackedSeqDataset(Dataset):
@@ -31,14 +39,24 @@ class PackedSeqDataset(Dataset):
         self.meta = self._reader.meta
         self.crop_size = tuple(self.meta["crop_size"])
         self.ignore_index = int(self.meta.get("ignore_index", -1))
+        self.pad_id = int(self.meta.get("pad_id", 0))
+        self.pad_to_multiple_of = int(self.meta.get("pad_to_multiple_of", 1))
+        table = read_plan_table(Path(prefix))  # per-sample real lengths and image counts, in pack order
+        self._offsets = table["offsets"].astype(np.int64)
+        self._lengths = table["length"].astype(np.int32)
+        self._num_images = table["num_images"].astype(np.int32)
 
     def __len__(self) -> int:
         return len(self._reader)
 
     def __getitem__(self, p: int) -> dict[str, torch.Tensor]:
         pack = self._reader[p]
+        first, last = self._offsets[p], self._offsets[p + 1]
+        unpadded = np.concatenate([[0], np.cumsum(self._lengths[first:last])]).astype(np.int32)
         return {
             "cu_seqlens": torch.from_numpy(pack.cu_seqlens.astype(np.int32)),
+            "cu_seqlens_unpadded": torch.from_numpy(unpadded),
+            "num_images": torch.from_numpy(self._num_images[first:last].copy()),
             "tokens": torch.from_numpy(pack.tokens),
             "labels": torch.from_numpy(pack.labels),
             "image": torch.from_numpy(pack.images),

@@ -28,6 +28,8 @@ from neva_pack.encoders import resolve_encoder
 from neva_pack.errors import ConfigError, InputError
 from neva_pack.images import ImagePreprocessor, ImageSource
 from neva_pack.packing import RECOMMENDED_ALGORITHM, PackingPlan, pack
+from neva_pack.packing.alignment import aligned_capacity, padded_lengths
+from neva_pack.packing.balance import PackCosts, balance_order, reorder_plan, straggler_overhead
 from neva_pack.records import count_records
 from neva_pack.samples import SampleBuilder, SampleStream, Skipped, image_token_layout, passthrough, truncation
 from neva_pack.stats import arrays_from_plan, global_batch_size_advice, packing_stats, training_overrides
@@ -77,7 +79,7 @@ def build_sample_builder(config: PreprocessConfig) -> SampleBuilder:
         image_source=ImageSource(config.image_folder),
         preprocessor=preprocessor,
         layout=layout_,
-        max_seq_length=config.max_seq_length,
+        max_seq_length=aligned_capacity(config.max_seq_length, config.alignment),
         truncate=config.truncate,
         ignore_index=config.ignore_index,
         system_prompt=config.system_prompt,
@@ -97,7 +99,7 @@ def sample_fingerprint(config: PreprocessConfig) -> dict:
         "conv_template": config.conv_template,
         "hf_vision_encoder": config.hf_vision_encoder,
         "image_aspect_ratio": config.image_aspect_ratio,
-        "max_seq_length": config.max_seq_length,
+        "max_seq_length": aligned_capacity(config.max_seq_length, config.alignment),
         "truncate": config.truncate,
         "ignore_index": config.ignore_index,
         "use_im_start_end": config.use_im_start_end,
@@ -135,14 +137,17 @@ def _write_prefix(config, builder, store, total: int, size: int, output_dir: Pat
     stats_file = layout.stats_path(output_dir, named_size)
     if config.resume and layout.meta_path(prefix).is_file() and stats_file.is_file():
         return json.loads(stats_file.read_text(encoding="utf-8"))  # published before the interruption
-    rows, cuts = _rows_at(store, size, builder.layout.positions)
-    lengths = rows["length"].astype(np.int64)
+    multiple = config.alignment
+    rows, cuts = _rows_at(store, aligned_capacity(size, multiple), builder.layout.positions)
+    padded = padded_lengths(rows["length"], multiple)  # what is packed (== length when multiple is 1)
     plan = pack(
-        lengths, size, algorithm=config.packing_algorithm, seed=config.seed, max_samples_per_pack=config.max_samples_per_pack
+        padded, size, algorithm=config.packing_algorithm, seed=config.seed, max_samples_per_pack=config.max_samples_per_pack
     )
-    writer = layout.PackedWriter(prefix, builder.preprocessor.shape, _plan_digest(plan), resume=config.resume)
-    _write_packs(store, plan, cuts, builder.preprocessor, writer, max(1, config.checkpoint_every // 10), progress)
-    report = _report(config, builder, store, rows, plan, total, prefix, time.perf_counter() - started)
+    plan, balance = _balance(config, plan, rows)
+    writer = layout.PackedWriter(prefix, builder.preprocessor.shape, _plan_digest(plan, padded), resume=config.resume)
+    padding = _Padding(lengths=padded, pad_id=config.pad_id, ignore_index=config.ignore_index)
+    _write_packs(store, plan, cuts, padding, builder.preprocessor, writer, max(1, config.checkpoint_every // 10), progress)
+    report = _report(config, builder, store, rows, plan, padded, balance, total, prefix, time.perf_counter() - started)
     layout.write_json_atomic(stats_file, report)
     packed = rows[plan.indices]
     writer.publish(
@@ -150,6 +155,7 @@ def _write_prefix(config, builder, store, total: int, size: int, output_dir: Pat
             "offsets": plan.offsets,
             "record_index": packed["record_index"],
             "length": packed["length"],
+            "padded_length": padded[plan.indices],
             "num_images": packed["num_images"],
         },
         extra_files=[stats_file, output_dir / layout.SKIPPED_FILE],
@@ -158,9 +164,31 @@ def _write_prefix(config, builder, store, total: int, size: int, output_dir: Pat
     return report
 
 
+BALANCE_STREAM = 1
+"""Second number of the balance generator's seed, (seed, 1): independent of the packer's stream."""
+
+
+def _balance(config: PreprocessConfig, plan: PackingPlan, rows: np.ndarray) -> tuple[PackingPlan, dict | None]:
+    """With --balance_data_parallel N: the plan's packs reordered so that every N consecutive packs
+    cost alike, and the straggler overheads before (the packer's order) and after."""
+    group = config.balance_data_parallel
+    if not group:
+        return plan, None
+    chosen = rows[plan.indices]
+    costs = PackCosts.of(chosen["length"], plan.offsets, chosen["num_images"])
+    order = balance_order(costs, group, np.random.default_rng((config.seed, BALANCE_STREAM)))
+    overheads = {
+        f"{name}_overhead_{when}": straggler_overhead(getattr(costs, name), group, arrangement)
+        for name in ("attention", "tokens", "images")
+        for when, arrangement in (("before", None), ("after", order))
+    }
+    return reorder_plan(plan, order), {"data_parallel": group, **overheads}
+
+
 def _rows_at(store, size: int, run_length: int) -> tuple[np.ndarray, dict[int, tuple[int, int]]]:
     """The store's rows as they are for a pack size, and for each sample that must be cut for it:
-    (tokens kept, images kept)."""
+    (tokens kept, images kept). ``size`` is the aligned capacity when samples are padded, so that a
+    cut sample's padded length still fits its pack."""
     rows = store.rows.copy()
     cuts = {}
     for i in np.flatnonzero(rows["length"] > size):
@@ -254,14 +282,40 @@ def _write_skipped(parts: list[Path], output_dir: Path) -> None:
     tmp.replace(target)
 
 
-def _plan_digest(plan: PackingPlan) -> str:
+def _plan_digest(plan: PackingPlan, padded: np.ndarray) -> str:
+    """Identifies what the writer writes: a resumed writer continues only for the same plan and padding."""
     digest = hashlib.sha256()
-    for array in (plan.offsets, plan.indices):
+    for array in (plan.offsets, plan.indices, padded):
         digest.update(np.ascontiguousarray(array, dtype=np.int64).tobytes())
     return digest.hexdigest()
 
 
-def _write_packs(store, plan: PackingPlan, cuts: dict, preprocessor: ImagePreprocessor, writer, every: int, progress: bool) -> None:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Padding:
+    """What follows each sample in its pack (the padding contract: neva_pack.packing.alignment)."""
+
+    lengths: np.ndarray
+    """int64 padded length of every sample of the store (== its length when nothing is padded)."""
+    pad_id: int
+    """Token id of the padding positions."""
+    ignore_index: int
+    """Label of the padding positions."""
+
+
+def _pad_sample(tokens: np.ndarray, labels: np.ndarray, padded_length: int, padding: _Padding):
+    """Append (padded_length - len(tokens)) pad positions: pad id, ignored label."""
+    extra = padded_length - len(tokens)
+    if extra == 0:
+        return tokens, labels
+    return (
+        np.concatenate([tokens, np.full(extra, padding.pad_id, dtype=tokens.dtype)]),
+        np.concatenate([labels, np.full(extra, padding.ignore_index, dtype=labels.dtype)]),
+    )
+
+
+def _write_packs(
+    store, plan: PackingPlan, cuts: dict, padding: _Padding, preprocessor: ImagePreprocessor, writer, every: int, progress: bool
+) -> None:
     first = writer.num_packs
     bar = tqdm(total=plan.num_bins, initial=first, desc=f"write packs of {plan.capacity}", unit="pack", disable=not progress)
     for b in range(first, plan.num_bins):
@@ -272,6 +326,7 @@ def _write_packs(store, plan: PackingPlan, cuts: dict, preprocessor: ImagePrepro
             if int(i) in cuts:  # longer than this pack size: cut as the builder would have
                 keep, kept_images = cuts[int(i)]
                 sample_tokens, sample_labels, sample_images = sample_tokens[:keep], sample_labels[:keep], sample_images[:kept_images]
+            sample_tokens, sample_labels = _pad_sample(sample_tokens, sample_labels, int(padding.lengths[i]), padding)
             tokens.append(sample_tokens)
             labels.append(sample_labels)
             images.append(sample_images)
@@ -303,8 +358,8 @@ def _better_algorithm(config: PreprocessConfig, lengths: np.ndarray, plan: Packi
     }
 
 
-def _report(config, builder, store, rows, plan, total: int, prefix: Path, seconds: float) -> dict:
-    stats = packing_stats(arrays_from_plan(plan, rows, builder.layout.positions))
+def _report(config, builder, store, rows, plan, padded, balance, total: int, prefix: Path, seconds: float) -> dict:
+    stats = packing_stats(arrays_from_plan(plan, rows, builder.layout.positions, padded, config.alignment))
     gbs = global_batch_size_advice(config.global_batch_size, stats["samples_per_pack"]["mean"])
     skipped_by_reason = store.skipped_by_reason
     return {
@@ -319,7 +374,8 @@ def _report(config, builder, store, rows, plan, total: int, prefix: Path, second
         "packing": stats,
         "algorithm": config.packing_algorithm,
         "seed": config.seed,
-        "suggestion": _better_algorithm(config, rows["length"].astype(np.int64), plan),
+        "suggestion": _better_algorithm(config, padded, plan),
+        "balance": balance,
         "max_seq_length": plan.capacity,
         "image_positions": builder.layout.positions,
         "data_prefix": str(prefix),
@@ -346,6 +402,9 @@ def _meta(config: PreprocessConfig, builder: SampleBuilder, report: dict) -> dic
             "end": builder.layout.end_id,
         },
         "ignore_index": config.ignore_index,
+        "pad_to_multiple_of": config.alignment,
+        "pad_id": config.pad_id,
+        "balance_data_parallel": config.balance_data_parallel,
         "max_seq_length": report["max_seq_length"],
         "algorithm": config.packing_algorithm,
         "seed": config.seed,

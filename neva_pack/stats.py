@@ -34,6 +34,10 @@ class PackingArrays:
     """Positions one image occupies; None when unknown."""
     pack_images: np.ndarray
     """Images carried by each pack (the zero image of an image-less pack not counted)."""
+    padded_lengths: np.ndarray | None = None
+    """int64 positions each sample occupies in its pack with its alignment padding; None: no padding."""
+    pad_to_multiple_of: int = 1
+    """M the samples were padded to a multiple of (1: none)."""
 
     @property
     def num_packs(self) -> int:
@@ -41,7 +45,8 @@ class PackingArrays:
 
     @property
     def pack_loads(self) -> np.ndarray:
-        return per_pack_sum(self.lengths, self.offsets)
+        """Positions used in each pack, padding included."""
+        return per_pack_sum(self.lengths if self.padded_lengths is None else self.padded_lengths, self.offsets)
 
     @property
     def samples_per_pack(self) -> np.ndarray:
@@ -55,11 +60,13 @@ def per_pack_sum(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     return np.add.reduceat(np.asarray(values, dtype=np.int64), offsets[:-1])
 
 
-def arrays_from_plan(plan, rows, image_positions: int) -> PackingArrays:
-    """The arrays of a run: its plan over the sample store's rows."""
+def arrays_from_plan(plan, rows, image_positions: int, padded=None, pad_to_multiple_of: int = 1) -> PackingArrays:
+    """The arrays of a run: its plan over the sample store's rows (and their padded lengths)."""
     chosen = rows[plan.indices]
     num_images = chosen["num_images"].astype(np.int64)
     return PackingArrays(
+        padded_lengths=None if padded is None or pad_to_multiple_of == 1 else np.asarray(padded)[plan.indices],
+        pad_to_multiple_of=pad_to_multiple_of,
         capacity=plan.capacity,
         offsets=plan.offsets,
         lengths=chosen["length"].astype(np.int64),
@@ -74,7 +81,7 @@ def packing_stats(arrays: PackingArrays) -> dict:
     lengths = arrays.lengths
     loads = arrays.pack_loads
     total = int(lengths.sum())
-    lower_bound = -(-total // arrays.capacity)
+    lower_bound = -(-int(loads.sum()) // arrays.capacity)  # of what was packed: padded lengths
     num_packs = arrays.num_packs
     stats = {
         "packs": num_packs,
@@ -91,6 +98,7 @@ def packing_stats(arrays: PackingArrays) -> dict:
         "samples_with_images": None,
         "text_positions": None,
         "image_positions_per_sample": None,
+        "padding": padding_stats(arrays),
     }
     if arrays.num_images is not None and arrays.image_positions is not None:
         image_part = arrays.num_images * arrays.image_positions
@@ -98,6 +106,13 @@ def packing_stats(arrays: PackingArrays) -> dict:
         stats["text_positions"] = _percentiles(lengths - image_part)
         stats["image_positions_per_sample"] = _percentiles(image_part)
     return stats
+
+
+def padding_stats(arrays: PackingArrays) -> dict:
+    """Alignment padding: its positions and their overhead over the real positions (0 without padding)."""
+    real = int(arrays.lengths.sum())
+    pad = 0 if arrays.padded_lengths is None else int(arrays.padded_lengths.sum()) - real
+    return {"pad_to_multiple_of": arrays.pad_to_multiple_of, "positions": pad, "overhead": pad / real if real else 0.0}
 
 
 def global_batch_size_advice(global_batch_size: int | None, samples_per_pack_mean: float) -> int | None:
@@ -155,9 +170,23 @@ def format_summary(report: dict) -> str:
         "pack fill      " + _format_percentiles(packing["pack_fill"], percent=True),
         "sample length  " + _format_percentiles(packing["sample_length"]),
     ]
+    padding = packing.get("padding")
+    if padding and padding["pad_to_multiple_of"] > 1:
+        lines.append(
+            f"padding        {padding['positions']:>10,}   positions to align samples to a multiple of "
+            f"{padding['pad_to_multiple_of']} (+{100 * padding['overhead']:.2f}% over the real positions)"
+        )
     if packing.get("text_positions"):
         lines.append("  text         " + _format_percentiles(packing["text_positions"]))
         lines.append("  image        " + _format_percentiles(packing["image_positions_per_sample"]))
+    balance = report.get("balance")
+    if balance:
+        lines.append(
+            f"balance        N = {balance['data_parallel']} ranks: straggler overhead (sum of max - mean per step) "
+            f"attention {100 * balance['attention_overhead_before']:.2f}% -> {100 * balance['attention_overhead_after']:.2f}%"
+            f", tokens {100 * balance['tokens_overhead_before']:.2f}% -> {100 * balance['tokens_overhead_after']:.2f}%"
+            f", images {100 * balance['images_overhead_before']:.2f}% -> {100 * balance['images_overhead_after']:.2f}%"
+        )
     lines.append(f"output         {report['data_prefix']}.{{bin,idx}}")
     suggestion = report.get("suggestion")
     if suggestion:
@@ -242,7 +271,10 @@ def load_output(path: Path, crop_size=None, max_seq_length: int | None = None) -
         table = layout.read_plan_table(prefix)
         num_images = table["num_images"].astype(np.int64)
         offsets = table["offsets"].astype(np.int64)
+        multiple = int(meta.get("pad_to_multiple_of", 1))
         arrays = PackingArrays(
+            padded_lengths=table["padded_length"].astype(np.int64) if multiple > 1 else None,
+            pad_to_multiple_of=multiple,
             capacity=int(meta["max_seq_length"]),
             offsets=offsets,
             lengths=table["length"].astype(np.int64),

@@ -9,7 +9,8 @@ Packed output (NeMo's NevaPackedSeqDatatset reads it as is)::
         +2 labels      concatenated sample labels             mode 0
         +3 image       (num_images * 3 * H * W) normalised    mode 1  (one zero image if the pack has none)
     output_dir/packed_seq_dataset.plan.npz      which input records each pack holds (offsets,
-                                                record_index, length): what `verify` traces back
+                                                record_index, length, padded_length, num_images):
+                                                what `verify` traces back
     output_dir/packed_seq_dataset.meta.json     written last: the mark of a complete output, with
                                                 the checksum (xxh3-128) of every other output file
 

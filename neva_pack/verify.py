@@ -7,6 +7,8 @@ Checked, for every pack (DESIGN.md):
 - the image item holds whole (3, H, W) images, one per image run in the tokens (runs are found
   by the image start id, or as runs of patch ids); a pack without runs holds one zero image;
 - labels are the next token or the ignore value inside each sample, never across samples;
+- alignment padding (after each sample's real length, up to its cu_seqlens boundary) holds the pad id
+  with ignored labels;
 - the plan table agrees with cu_seqlens; with ``data_path``: every input record is packed
   exactly once or listed in skipped.jsonl, never both.
 """
@@ -120,11 +122,14 @@ def _verify_packs(reader, meta: dict, plan: dict, result: Verification, progress
         if len(cu) < 2 or cu[0] != 0 or cu[-1] != len(tokens) or np.any(np.diff(cu) <= 0):
             result.add(f"{where}: cu_seqlens {cu[:8].tolist()}... not strictly increasing from 0 to {len(tokens)}")
             continue
-        planned = plan["length"][offsets[p] : offsets[p + 1]]
+        planned = plan.get("padded_length", plan["length"])[offsets[p] : offsets[p + 1]]
         if not np.array_equal(np.diff(cu), planned):
             result.add(f"{where}: sample lengths {np.diff(cu).tolist()} differ from the plan table {planned.tolist()}")
+            continue
         samples += len(cu) - 1
-        _check_labels(where, tokens, labels, cu, ignore, result)
+        real_ends = cu[:-1] + plan["length"][offsets[p] : offsets[p + 1]]
+        _check_labels(where, tokens, labels, real_ends, ignore, result)
+        _check_padding(where, tokens, labels, cu, real_ends, int(meta.get("pad_id", 0)), ignore, result)
         image_values = int(lengths[first + layout.ITEM_IMAGE])
         runs = _image_runs(tokens, ids, positions)
         if image_values % image_size or image_values == 0:
@@ -138,14 +143,25 @@ def _verify_packs(reader, meta: dict, plan: dict, result: Verification, progress
     result.checked["samples"] = samples
 
 
-def _check_labels(where: str, tokens, labels, cu, ignore: int, result: Verification) -> None:
+def _check_labels(where: str, tokens, labels, real_ends, ignore: int, result: Verification) -> None:
     inner = np.ones(len(tokens), dtype=bool)
-    inner[cu[1:] - 1] = False  # a sample's last label is its next id, which no pack holds
+    inner[real_ends - 1] = False  # a sample's last label is its next id, which no pack holds
     following = np.append(tokens[1:], 0)
     bad = inner & (labels != ignore) & (labels != following)
     if bad.any():
         at = int(np.flatnonzero(bad)[0])
         result.add(f"{where}: label at position {at} is {labels[at]}, neither the next token nor {ignore}")
+
+
+def _check_padding(where: str, tokens, labels, cu, real_ends, pad_id: int, ignore: int, result: Verification) -> None:
+    """Alignment padding (real end to buffer boundary) holds the pad id with ignored labels."""
+    is_pad = np.zeros(len(tokens) + 1, dtype=np.int64)
+    np.add.at(is_pad, real_ends, 1)
+    np.add.at(is_pad, cu[1:], -1)
+    is_pad = np.cumsum(is_pad)[:-1] > 0
+    if np.any(tokens[is_pad] != pad_id) or np.any(labels[is_pad] != ignore):
+        at = int(np.flatnonzero(is_pad & ((tokens != pad_id) | (labels != ignore)))[0])
+        result.add(f"{where}: padding position {at} holds token {tokens[at]} / label {labels[at]}, not {pad_id} / {ignore}")
 
 
 def _image_runs(tokens: np.ndarray, ids: dict, positions: int) -> int:

@@ -1,0 +1,47 @@
+"""Per-sample alignment for Megatron-Core's THD attention: pad every sample to a multiple of M.
+
+Context parallelism splits each sample into 2·CP chunks (load-balanced causal attention), and
+sequence parallelism splits the sequence over CP·TP ranks, so every sample's length must be a
+multiple of ``M = lcm(2·CP if CP > 1, CP·TP if sequence parallel)``. Padding is decided before
+packing, so the packer packs the padded lengths and every padded pack still fits::
+
+    M = 8, lengths 5 and 11 -> padded 8 and 16
+
+    pack    [a a a a a . . . | b b b b b b b b b b b . . . . .]     . = pad id, label ignored
+    cu_seqlens           [0, 8, 24]   buffer boundaries (what NeMo's reader slices by)
+    cu_seqlens_unpadded  [0, 5, 16]   real lengths, cumulated (Megatron's cu_seqlens_q)
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def alignment_multiple(
+    pad_to_multiple_of: int | None = None,
+    context_parallel_size: int = 1,
+    tensor_parallel_size: int = 1,
+    sequence_parallel: bool = False,
+) -> int:
+    """The M every sample is padded to: lcm of the explicit multiple and what CP/TP/SP need (1: none)."""
+    terms = [pad_to_multiple_of or 1]
+    if context_parallel_size > 1:
+        terms.append(2 * context_parallel_size)
+    if sequence_parallel:
+        terms.append(context_parallel_size * tensor_parallel_size)
+    return math.lcm(*terms)
+
+
+def padded_lengths(lengths, multiple: int) -> np.ndarray:
+    """Each length rounded up to a multiple of ``multiple`` (int64; unchanged when multiple is 1)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if multiple < 1:
+        raise ValueError(f"multiple must be >= 1, got {multiple}")
+    return -(-lengths // multiple) * multiple
+
+
+def aligned_capacity(capacity: int, multiple: int) -> int:
+    """The longest real length whose padded length still fits ``capacity``: what samples are cut to."""
+    return capacity // multiple * multiple
