@@ -37,6 +37,7 @@ SKIP_REASONS = {
     "missing_image": "an image file is not in the image folder / archive",
     "unreadable_image": "an image file cannot be decoded",
     "too_long": "longer than max_seq_length while truncation is off",
+    "plain_record_shape": "the plain template takes one human turn and one answer (llava: with <image>)",
 }
 """Every reason a record can be skipped for, with what it means (shown in the summary)."""
 
