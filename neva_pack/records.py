@@ -71,6 +71,8 @@ class Conversation:
     """Starts with a user turn and alternates."""
     images: tuple[str, ...]
     """Image file names relative to the image folder, in placeholder order."""
+    system: str | None = None
+    """The record's own "system" prompt, if any (used by templates that read it: NeMo's nvgpt)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,7 +180,10 @@ def parse_record(raw: RawRecord) -> Conversation:
         raise RecordError("placeholder_mismatch", f"{in_answers} <image> placeholder(s) in gpt turns")
     if placeholders != len(images):
         raise RecordError("placeholder_mismatch", f"{placeholders} <image> placeholder(s) for {len(images)} image(s)")
-    return Conversation(index=raw.index, record_id=record_id, turns=tuple(turns), images=images)
+    system = record.get("system")
+    if system is not None and not isinstance(system, str):
+        raise RecordError("malformed_record", f"'system' is a {type(system).__name__}, not a string")
+    return Conversation(index=raw.index, record_id=record_id, turns=tuple(turns), images=images, system=system)
 
 
 def _image_list(field) -> tuple[str, ...]:

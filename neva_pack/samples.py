@@ -19,7 +19,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from neva_pack.errors import ConfigError
 from neva_pack.images import ImagePreprocessor, ImageSource, decode_image
-from neva_pack.records import RawRecord, RecordError, Turn, iter_raw_records, parse_record
+from neva_pack.records import Conversation, RawRecord, RecordError, Turn, iter_raw_records, parse_record
 from neva_pack.templates import DEFAULT_TOKENIZATION, TOKENIZATIONS, Piece, Template, Tokenization, render
 from neva_pack.tokenizer import Tokenizer
 
@@ -224,8 +224,7 @@ class SampleBuilder:
 
     def _build(self, raw: RawRecord) -> Sample:
         conversation = parse_record(raw)
-        pieces = render(self.template, conversation.turns, self.system_prompt)
-        ids, trained, image_starts = self._encode(pieces)
+        ids, trained, image_starts = self.encode(conversation)
         truncated = False
         if len(ids) > self.max_seq_length + 1:
             if not self.truncate:
@@ -248,6 +247,14 @@ class SampleBuilder:
             truncated=truncated,
         )
 
+    def encode(self, conversation: Conversation) -> tuple[np.ndarray, np.ndarray, list[int]]:
+        """The text side of a sample, before truncation: (ids, trained mask, start of each image
+        run). No pixels are read; the parity tests against NeMo's and LLaVA's goldens call this."""
+        system = self.system_prompt
+        if self.template.system_from_record and conversation.system is not None:
+            system = conversation.system
+        return self._encode(render(self.template, conversation.turns, system))
+
     def _encode(self, pieces: list[Piece]) -> tuple[np.ndarray, np.ndarray, list[int]]:
         """Pieces -> (ids, trained mask, start position of each image run).
 
@@ -266,7 +273,8 @@ class SampleBuilder:
         def flush():
             nonlocal position
             if chunk:
-                ids, mask, starts = self._encode_chunk(chunk)
+                continues = self.tokenization.one_call and position > 0
+                ids, mask, starts = self._encode_chunk(chunk, continues)
                 image_starts.extend(position + k for k in starts)
                 id_parts.append(ids)
                 mask_parts.append(mask)
@@ -295,16 +303,20 @@ class SampleBuilder:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool), []
         return np.concatenate(id_parts), np.concatenate(mask_parts), image_starts
 
-    def _encode_chunk(self, parts: list[_Part]) -> tuple[np.ndarray, np.ndarray, list[int]]:
-        """One tokenizer call over the chunk's text, then three repairs, all by character span:
+    def _encode_chunk(self, parts: list[_Part], continues: bool) -> tuple[np.ndarray, np.ndarray, list[int]]:
+        """One tokenizer call over the chunk's text, then two repairs, both by character span:
         a marker's pieces become its ids (an image run, BOS, EOS); a control id whose text a
         user typed (``</s>``, ``<extra_id_4>``, ``<|im_start|>``...) is spelled as ordinary
-        text instead; everything else is exactly what the tokenizer gave."""
+        text instead; everything else is exactly what the tokenizer gave.
+
+        ``continues``: the one-call prompt was split here at a special the tokenizer has no
+        piece for (NeMo's specials missing); the text goes on as in one call, without a new
+        leading "▁", and is spelled without any control id."""
         text = "".join(p.text for p in parts)
         lengths = [len(p.text) for p in parts]
         trained_chars = np.repeat([p.trained for p in parts], lengths)
         content_chars = np.repeat([p.content for p in parts], lengths)
-        encoding = self.tokenizer.encode(text)
+        encoding = self.tokenizer.encode_literal(text) if continues else self.tokenizer.encode(text)
         ids = encoding.ids
         mask = _trained_tokens(encoding.starts, encoding.ends, trained_chars)
         flagged = np.flatnonzero(np.isin(ids, self._control))

@@ -62,7 +62,7 @@ DEFAULT_TOKENIZATION = "nemo"
 _SPECIAL_REFERENCE = re.compile(r"\{(bos|eos)\}")
 _TEMPLATE_KEYS = {
     "name", "description", "bos", "system", "system_placement", "system_prefix", "system_suffix",
-    "system_when_empty", "user", "assistant", "user_content", "first_user_prefix", "round_separator",
+    "system_when_empty", "system_from_record", "user", "assistant", "user_content", "first_user_prefix", "round_separator",
     "strip_user_content", "strip_end", "one_round_only", "requires_image", "image_patch_token",
 }  # fmt: skip
 _ROLE_KEYS = {"prefix", "lead", "suffix"}
@@ -104,6 +104,8 @@ class Template:
     its text (``plain``: NeMo captions a text-only record's answer after its question)."""
     system_when_empty: bool = False
     """Write the system block (prefix + suffix) even when the system prompt is empty."""
+    system_from_record: bool = False
+    """A record's own "system" field replaces the system prompt (NeMo's nvgpt reads it)."""
     first_user_prefix: str | None = None
     """Prefix of the first user turn when it differs from later ones (NeMo's Llama-2: no BOS)."""
     round_separator: str = ""
@@ -269,6 +271,7 @@ def _parse_template(data, source: str) -> Template:
         assistant=roles["assistant"],
         user_content=user_content,
         system_when_empty=bool(data.get("system_when_empty", False)),
+        system_from_record=bool(data.get("system_from_record", False)),
         first_user_prefix=None if first_user_prefix is None else str(first_user_prefix),
         round_separator=str(data.get("round_separator", "")),
         strip_user_content=bool(data.get("strip_user_content", False)),
