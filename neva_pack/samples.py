@@ -260,8 +260,9 @@ class SampleBuilder:
 
         Text is tokenized in chunks: under ``nemo`` the whole prompt is one chunk, images and
         BOS/EOS written inside it as special pieces (NeMo tokenizes its prompt in one call);
-        under ``llava`` a chunk ends at every image and BOS/EOS (LLaVA's tokenizer_image_token),
-        so each chunk starts a new sentencepiece sentence (a leading "▁"). The mask comes
+        under ``llava`` a chunk ends at every image (LLaVA's tokenizer_image_token), so the text
+        after an image starts a new sentencepiece sentence (a leading "▁"), while text after
+        BOS/EOS goes on without one (LLaVA-1.5's slow tokenizer, legacy=False). The mask comes
         from the character offsets of the tokens actually emitted.
         """
         id_parts: list[np.ndarray] = []
@@ -270,10 +271,11 @@ class SampleBuilder:
         position = 0
         chunk: list[_Part] = []
 
+        continues = False  # the chunk goes on after a BOS/EOS: no new leading "▁"
+
         def flush():
             nonlocal position
             if chunk:
-                continues = self.tokenization.one_call and position > 0
                 ids, mask, starts = self._encode_chunk(chunk, continues)
                 image_starts.extend(position + k for k in starts)
                 id_parts.append(ids)
@@ -293,6 +295,10 @@ class SampleBuilder:
                 chunk.append(_Part(marker.text, piece.trained, False, marker, ids))
                 continue
             flush()
+            # an image starts a new sentencepiece sentence under llava (tokenizer_image_token);
+            # NeMo's one call and LLaVA's slow tokenizer (legacy=False) go on after BOS/EOS
+            # a BOS that opens the sequence is the tokenizer's own: the text after it starts fresh
+            continues = (self.tokenization.one_call or piece.kind != "image") and position > 0
             if piece.kind == "image":
                 image_starts.append(position)
             id_parts.append(ids)
@@ -309,9 +315,9 @@ class SampleBuilder:
         user typed (``</s>``, ``<extra_id_4>``, ``<|im_start|>``...) is spelled as ordinary
         text instead; everything else is exactly what the tokenizer gave.
 
-        ``continues``: the one-call prompt was split here at a special the tokenizer has no
-        piece for (NeMo's specials missing); the text goes on as in one call, without a new
-        leading "▁", and is spelled without any control id."""
+        ``continues``: the text follows a BOS/EOS id (or, under ``nemo``, a special the tokenizer
+        has no piece for); it goes on without a new leading "▁", as in one call, and is spelled
+        without any control id."""
         text = "".join(p.text for p in parts)
         lengths = [len(p.text) for p in parts]
         trained_chars = np.repeat([p.trained for p in parts], lengths)
