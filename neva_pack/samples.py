@@ -125,9 +125,7 @@ def image_token_layout(
 def missing_nemo_specials(tokenizer: Tokenizer, tokenization: str, layout: ImageTokenLayout) -> str | None:
     """Why an output cannot be NeMo's, or None: under the NeMo convention with a tokenizer that
     has no <extra_id_4>/<extra_id_5>, NeMo's model cannot find the images in the tokens."""
-    if not TOKENIZATIONS[tokenization].auto_image_delimiters or layout.start_id is not None:
-        return None
-    if layout.end_id is not None:
+    if not TOKENIZATIONS[tokenization].auto_image_delimiters or layout.start_id is not None or layout.end_id is not None:
         return None
     return (
         f"tokenizer {tokenizer.name} has no {NEMO_IM_START}/{NEMO_IM_END}: NeMo's NeVA model locates images "

@@ -140,7 +140,11 @@ class HuggingFaceTokenizer:
         config = _read_json(directory / "tokenizer_config.json")
         self.bos_id = self._special_id(config.get("bos_token"))
         self.eos_id = self._special_id(config.get("eos_token"))
-        self.control_ids = frozenset(self._tok.get_added_tokens_decoder())
+        unk = getattr(self._tok.model, "unk_token", None)
+        self._unk_id = self._tok.token_to_id(unk) if isinstance(unk, str) else None
+        # every added token (special or not) is matched anywhere in a string; the unknown token
+        # is what unknown text legitimately becomes, as in sentencepiece
+        self.control_ids = frozenset(self._tok.get_added_tokens_decoder()) - {self._unk_id}
         self._literal = None
 
     def _special_id(self, entry) -> int | None:
@@ -155,7 +159,7 @@ class HuggingFaceTokenizer:
 
     def encode_literal(self, text: str) -> Encoding:
         """The same pipeline without its added tokens, so none of them can match; a control id
-        the model itself still yields (a vocabulary that holds it) becomes the unknown id."""
+        the model itself still yields (a vocabulary whose merges reach it) becomes the unknown id."""
         if self._literal is None:
             from tokenizers import Tokenizer as RustTokenizer
 
@@ -166,11 +170,9 @@ class HuggingFaceTokenizer:
         ids = np.asarray(enc.ids, dtype=np.int64)
         control = np.isin(ids, np.fromiter(self.control_ids, dtype=np.int64, count=len(self.control_ids)))
         if control.any():
-            unk = self._literal.model.unk_token
-            unk_id = self._literal.token_to_id(unk) if isinstance(unk, str) else None
-            if unk_id is None or unk_id in self.control_ids:
-                raise ConfigError(f"--tokenizer_path {self.name}: its vocabulary spells text as added tokens")
-            ids[control] = unk_id
+            if self._unk_id is None:
+                raise ConfigError(f"--tokenizer_path {self.name}: its model spells text as added tokens and has no unknown token")
+            ids[control] = self._unk_id
         offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
         return Encoding(ids=ids, starts=offsets[:, 0], ends=offsets[:, 1])
 
