@@ -1,13 +1,14 @@
 """Record -> Sample: render the template, tokenize, expand image placeholders, label, load images.
 
-One sample's token ids, with NeMo's shift into tokens/labels::
+One sample's token ids (NeMo's v1, one tokenizer call), with NeMo's shift into tokens/labels::
 
-    ids     = [bos] USER: <im_start> 0 0 ... 0 <im_end> \\n What ? ASSISTANT: ▁It ▁is . </s>
-    trained =   .     .      .       . . ... .    .      .   .   .     .       x   x   x  x
+    ids     = ▁USER : ▁ <im_start> 0 0 ... 0 <im_end> \\n What ? ▁ASSISTANT : ▁It ▁is . </s>
+    trained =    .  . .     .      . . ... .    .      .   .   .     .       .  x   x   x  x
     tokens  = ids[:-1]
     labels  = ids[1:] where trained, else ignore_index (-1)
 
-The sample's length (what is packed) is len(tokens): text plus image positions.
+The sample's length (what is packed) is len(tokens): text plus image positions. Conversation
+text never yields a control id (see SampleBuilder._encode_chunk).
 """
 
 from __future__ import annotations

@@ -33,8 +33,8 @@ class Tokenization:
     """One line for ``--help`` and the README."""
     one_call: bool
     """Tokenize the whole prompt in one call, images and BOS/EOS written as the tokenizer's
-    special pieces (NeMo); False: tokenize the text between images and BOS/EOS chunk by
-    chunk, each chunk starting a new sentencepiece sentence (LLaVA's tokenizer_image_token)."""
+    special pieces (NeMo); False: one call per stretch of text between images, each starting a
+    new sentencepiece sentence (LLaVA's tokenizer_image_token; BOS/EOS do not start one)."""
     auto_image_delimiters: bool
     """Open/close image runs with the tokenizer's <extra_id_4>/<extra_id_5> when it has them."""
 
