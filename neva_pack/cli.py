@@ -13,6 +13,7 @@ from pathlib import Path
 
 from neva_pack.errors import ConfigError, NevaPackError
 from neva_pack.packing import ALGORITHMS, DEFAULT_ALGORITHM, RECOMMENDED_ALGORITHM
+from neva_pack.templates import DEFAULT_TOKENIZATION, TOKENIZATIONS
 
 NEMO_DEFAULTS = {
     "max_seq_length": 4096,
@@ -56,7 +57,9 @@ def _add_preprocess_flags(parser: argparse.ArgumentParser) -> None:
     )
     ours.add_argument("--patch_dim", type=int, help="override the encoder's patch size")
     ours.add_argument("--use_im_start_end", action="store_true", default=None, help="NeMo mm_cfg.use_im_start_end")
-    ours.add_argument("--image_patch_id", type=int, help="token id of image positions (default 0)")
+    ours.add_argument(
+        "--image_patch_id", type=int, help="token id of image positions (default 0, or <extra_id_3> where NeMo keeps it)"
+    )
     ours.add_argument("--image_start_id", type=int, help="token id opening an image (default <extra_id_4> if any)")
     ours.add_argument("--image_end_id", type=int, help="token id closing an image (default <extra_id_5> if any)")
     ours.add_argument("--ignore_index", type=int, help="label of untrained positions (default -1)")
@@ -64,7 +67,12 @@ def _add_preprocess_flags(parser: argparse.ArgumentParser) -> None:
     ours.add_argument(
         "--no_truncate", dest="truncate", action="store_false", default=None, help="skip over-long samples instead"
     )
-    ours.add_argument("--strict", action="store_true", default=None, help="exit 1 if any record was skipped")
+    ours.add_argument(
+        "--strict",
+        action="store_true",
+        default=None,
+        help="exit 1 if any record was skipped; fail at start when the NeMo convention lacks NeMo's image tokens",
+    )
     ours.add_argument(
         "--max_skip_fraction", type=float, help="abort when more than this fraction of records is skipped (default 0.5)"
     )
@@ -83,6 +91,13 @@ def _add_preprocess_flags(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--pad_id", type=int, help="token id of padding positions (default 0)")
     train.add_argument(
         "--balance_data_parallel", type=int, metavar="N", help="order packs so every N consecutive packs cost alike"
+    )
+    # tokenization conventions (issue 8)
+    ours.add_argument(
+        "--tokenization",
+        choices=list(TOKENIZATIONS),
+        help=f"token convention (default {DEFAULT_TOKENIZATION}): "
+        + "; ".join(f"{t.name}: {t.description}" for t in TOKENIZATIONS.values()),
     )
 
 

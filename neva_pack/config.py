@@ -55,8 +55,9 @@ class PreprocessConfig:
     """Override of the encoder's patch size (positions per image = (crop / patch)^2)."""
     crop_size: tuple[int, int] | None = None
     """Expected (H, W) from a NeMo config; must agree with the encoder's processor."""
-    image_patch_id: int = 0
-    """Token id of image-embedding positions (NeMo: 0)."""
+    image_patch_id: int | None = None
+    """Token id of image-embedding positions; default 0, or NeMo's <extra_id_3> id where NeMo's
+    template leaves it (plain, llama_3, nvgpt, yi_34b under --tokenization nemo)."""
     image_start_id: int | None = None
     """Token id opening an image run; default: the tokenizer's <extra_id_4> if any."""
     image_end_id: int | None = None
@@ -99,6 +100,10 @@ class PreprocessConfig:
     """Token id of padding positions (their label is ignore_index)."""
     balance_data_parallel: int | None = None
     """Order packs so every N consecutive packs (one micro-step on N data-parallel ranks) cost alike."""
+    # --- tokenization conventions (issue 8) ---
+    tokenization: str = "nemo"
+    """Convention the token ids follow, a name from templates.TOKENIZATIONS: nemo (NeMo NeVA's
+    preprocessing, the default since the command line is NeMo's) or llava (LLaVA-1.5's)."""
 
     def __post_init__(self):
         for name in ("data_path", "output_dir", "tokenizer_path", "image_folder"):
@@ -123,6 +128,10 @@ class PreprocessConfig:
             raise ConfigError(
                 f"--image_aspect_ratio {self.image_aspect_ratio!r}: choose one of {', '.join(IMAGE_ASPECT_RATIOS)}"
             )
+        from neva_pack.templates import TOKENIZATIONS
+
+        if self.tokenization not in TOKENIZATIONS:
+            raise ConfigError(f"--tokenization {self.tokenization!r}: choose one of {', '.join(TOKENIZATIONS)}")
         if self.num_workers < 0:
             raise ConfigError(f"--num_workers {self.num_workers}: must be >= 0")
         if not 0 <= self.max_skip_fraction <= 1:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +32,15 @@ from neva_pack.packing import RECOMMENDED_ALGORITHM, PackingPlan, pack
 from neva_pack.packing.alignment import aligned_capacity, padded_lengths
 from neva_pack.packing.balance import PackCosts, balance_order, reorder_plan, straggler_overhead
 from neva_pack.records import count_records
-from neva_pack.samples import SampleBuilder, SampleStream, Skipped, image_token_layout, passthrough, truncation
+from neva_pack.samples import (
+    SampleBuilder,
+    SampleStream,
+    Skipped,
+    image_token_layout,
+    missing_nemo_specials,
+    passthrough,
+    truncation,
+)
 from neva_pack.stats import arrays_from_plan, global_batch_size_advice, packing_stats, training_overrides
 from neva_pack.templates import load_template
 from neva_pack.tokenizer import load_tokenizer
@@ -58,7 +67,7 @@ class RunResult:
 def build_sample_builder(config: PreprocessConfig) -> SampleBuilder:
     """Load tokenizer, template, encoder settings and image source: every ConfigError surfaces here."""
     tokenizer = load_tokenizer(config.tokenizer_path)
-    template = load_template(config.conv_template)
+    template = load_template(config.conv_template, config.tokenization)
     encoder = resolve_encoder(config.hf_vision_encoder, config.patch_dim)
     if config.crop_size is not None and tuple(config.crop_size) != encoder.crop_size:
         raise ConfigError(
@@ -72,7 +81,14 @@ def build_sample_builder(config: PreprocessConfig) -> SampleBuilder:
         patch_id=config.image_patch_id,
         start_id=config.image_start_id,
         end_id=config.image_end_id,
+        tokenization=config.tokenization,
+        patch_token=template.image_patch_token,
     )
+    problem = missing_nemo_specials(tokenizer, config.tokenization, layout_)
+    if problem is not None:
+        if config.strict:
+            raise ConfigError(f"--strict: {problem}")
+        print(f"warning: {problem}", file=sys.stderr)
     return SampleBuilder(
         tokenizer=tokenizer,
         template=template,
@@ -83,6 +99,7 @@ def build_sample_builder(config: PreprocessConfig) -> SampleBuilder:
         truncate=config.truncate,
         ignore_index=config.ignore_index,
         system_prompt=config.system_prompt,
+        tokenization=config.tokenization,
     )
 
 
@@ -106,6 +123,7 @@ def sample_fingerprint(config: PreprocessConfig) -> dict:
         "patch_dim": config.patch_dim,
         "image_ids": [config.image_patch_id, config.image_start_id, config.image_end_id],
         "system_prompt": config.system_prompt,
+        "tokenization": config.tokenization,
         "neva_pack": __version__,
     }
 
@@ -391,6 +409,7 @@ def _meta(config: PreprocessConfig, builder: SampleBuilder, report: dict) -> dic
     return {
         "dataset": Path(config.data_path).name,
         "template": builder.template.name,
+        "tokenization": builder.tokenization.name,
         "tokenizer": str(config.tokenizer_path),
         "vocab_size": builder.tokenizer.vocab_size,
         "encoder": builder.preprocessor.encoder.name,

@@ -37,6 +37,7 @@ SKIP_REASONS = {
     "missing_image": "an image file is not in the image folder / archive",
     "unreadable_image": "an image file cannot be decoded",
     "too_long": "longer than max_seq_length while truncation is off",
+    "plain_record_shape": "the plain template takes one human turn and one answer (llava: with <image>)",
 }
 """Every reason a record can be skipped for, with what it means (shown in the summary)."""
 
@@ -70,6 +71,8 @@ class Conversation:
     """Starts with a user turn and alternates."""
     images: tuple[str, ...]
     """Image file names relative to the image folder, in placeholder order."""
+    system: str | None = None
+    """The record's own "system" prompt, if any (used by templates that read it: NeMo's nvgpt)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +180,10 @@ def parse_record(raw: RawRecord) -> Conversation:
         raise RecordError("placeholder_mismatch", f"{in_answers} <image> placeholder(s) in gpt turns")
     if placeholders != len(images):
         raise RecordError("placeholder_mismatch", f"{placeholders} <image> placeholder(s) for {len(images)} image(s)")
-    return Conversation(index=raw.index, record_id=record_id, turns=tuple(turns), images=images)
+    system = record.get("system")
+    if system is not None and not isinstance(system, str):
+        raise RecordError("malformed_record", f"'system' is a {type(system).__name__}, not a string")
+    return Conversation(index=raw.index, record_id=record_id, turns=tuple(turns), images=images, system=system)
 
 
 def _image_list(field) -> tuple[str, ...]:

@@ -1,13 +1,14 @@
 """Record -> Sample: render the template, tokenize, expand image placeholders, label, load images.
 
-One sample's token ids, with NeMo's shift into tokens/labels::
+One sample's token ids (NeMo's v1, one tokenizer call), with NeMo's shift into tokens/labels::
 
-    ids     = [bos] USER: <im_start> 0 0 ... 0 <im_end> \\n What ? ASSISTANT: ▁It ▁is . </s>
-    trained =   .     .      .       . . ... .    .      .   .   .     .       x   x   x  x
+    ids     = ▁USER : ▁ <im_start> 0 0 ... 0 <im_end> \\n What ? ▁ASSISTANT : ▁It ▁is . </s>
+    trained =    .  . .     .      . . ... .    .      .   .   .     .       .  x   x   x  x
     tokens  = ids[:-1]
     labels  = ids[1:] where trained, else ignore_index (-1)
 
-The sample's length (what is packed) is len(tokens): text plus image positions.
+The sample's length (what is packed) is len(tokens): text plus image positions. Conversation
+text never yields a control id (see SampleBuilder._encode_chunk).
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from neva_pack.errors import ConfigError
 from neva_pack.images import ImagePreprocessor, ImageSource, decode_image
-from neva_pack.records import RawRecord, RecordError, Turn, iter_raw_records, parse_record
-from neva_pack.templates import Piece, Template, render
+from neva_pack.records import Conversation, RawRecord, RecordError, Turn, iter_raw_records, parse_record
+from neva_pack.templates import DEFAULT_TOKENIZATION, TOKENIZATIONS, Piece, Template, Tokenization, render
 from neva_pack.tokenizer import Tokenizer
 
 NEMO_IM_START = "<extra_id_4>"
 NEMO_IM_END = "<extra_id_5>"
+NEMO_SPECIAL_TEXT = {"bos": "<extra_id_6>", "eos": "<extra_id_7>"}
+"""How NeMo's templates write BOS/EOS in the prompt text before mapping their ids to 1/2."""
 MAX_EXACT_FLOAT32_ID = 2**24
 """Token ids are stored as float32 in NeMo's packed format: exact only below 2**24."""
 
@@ -89,25 +92,49 @@ def image_token_layout(
     tokenizer: Tokenizer,
     encoder_tokens: int,
     use_im_start_end: bool = False,
-    patch_id: int = 0,
+    patch_id: int | None = None,
     start_id: int | None = None,
     end_id: int | None = None,
+    tokenization: str = DEFAULT_TOKENIZATION,
+    patch_token: str | None = None,
 ) -> ImageTokenLayout:
-    """NeMo's layout when the tokenizer has <extra_id_4>/<extra_id_5>, else the given ids.
+    """NeMo's layout when the convention is ``nemo`` and the tokenizer has <extra_id_4>/<extra_id_5>,
+    else the given ids (LLaVA: N patch ids).
 
     NeMo: start + patch x (N - 2) + end (N positions), or start + patch x N + end with
     use_im_start_end. Without those tokens: N patch ids, with optional explicit start/end.
+    The patch id is the given one, else ``patch_token``'s id under the NeMo layout (NeMo
+    leaves <extra_id_3> in some templates), else 0.
     """
-    if start_id is None and end_id is None:
+    nemo_layout = False
+    if start_id is None and end_id is None and TOKENIZATIONS[tokenization].auto_image_delimiters:
         start_id = tokenizer.token_to_id(NEMO_IM_START)
         end_id = tokenizer.token_to_id(NEMO_IM_END)
         if start_id is None or end_id is None:
             start_id = end_id = None
+        nemo_layout = start_id is not None
+    if patch_id is None:
+        token = tokenizer.token_to_id(patch_token) if patch_token is not None and nemo_layout else None
+        patch_id = 0 if token is None else token
     delimiters = (start_id is not None) + (end_id is not None)
     positions = encoder_tokens + delimiters if use_im_start_end or delimiters == 0 else encoder_tokens
     if positions - delimiters < 1:
         raise ConfigError(f"an image of {encoder_tokens} positions cannot hold its start/end tokens")
     return ImageTokenLayout(positions=positions, patch_id=patch_id, start_id=start_id, end_id=end_id)
+
+
+def missing_nemo_specials(tokenizer: Tokenizer, tokenization: str, layout: ImageTokenLayout) -> str | None:
+    """Why an output cannot be NeMo's, or None: under the NeMo convention with a tokenizer that
+    has no <extra_id_4>/<extra_id_5>, NeMo's model cannot find the images in the tokens."""
+    if not TOKENIZATIONS[tokenization].auto_image_delimiters or layout.start_id is not None or layout.end_id is not None:
+        return None
+    return (
+        f"tokenizer {tokenizer.name} has no {NEMO_IM_START}/{NEMO_IM_END}: NeMo's NeVA model locates images "
+        f"by those ids and cannot place the images of this output; images are written as "
+        f"{layout.positions} explicit patch ids ({layout.patch_id}). Use a tokenizer with NeMo's special "
+        f"pieces, or select explicit ids on purpose with --tokenization llava "
+        f"(or --image_start_id/--image_end_id)"
+    )
 
 
 def truncation(image_starts, run_length: int, max_seq_length: int) -> tuple[int, int]:
@@ -140,6 +167,7 @@ class SampleBuilder:
         truncate: bool = True,
         ignore_index: int = -1,
         system_prompt: str | None = None,
+        tokenization: str = DEFAULT_TOKENIZATION,
     ):
         self.tokenizer = tokenizer
         self.template = template
@@ -150,13 +178,16 @@ class SampleBuilder:
         self.truncate = truncate
         self.ignore_index = ignore_index
         self.system_prompt = system_prompt
+        self.tokenization: Tokenization = TOKENIZATIONS[tokenization]
         self._image_run = layout.run()
         self._special_ids = self._resolve_specials()
+        self._control = np.fromiter(sorted(tokenizer.control_ids), dtype=np.int64, count=len(tokenizer.control_ids))
+        self._markers = self._resolve_markers() if self.tokenization.one_call else {}
         if tokenizer.vocab_size > MAX_EXACT_FLOAT32_ID:
             raise ConfigError(f"vocabulary of {tokenizer.vocab_size} ids does not fit NeMo's float32 packed format")
 
     def _resolve_specials(self) -> dict[str, int]:
-        probe = render(self.template, _PROBE_TURNS)
+        probe = render(self.template, _PROBE_TURNS[:2] if self.template.one_round_only else _PROBE_TURNS)
         ids = {"bos": self.tokenizer.bos_id, "eos": self.tokenizer.eos_id}
         for piece in probe:
             if piece.kind == "special" and ids[piece.value] is None:
@@ -165,6 +196,22 @@ class SampleBuilder:
                     f"but {self.tokenizer.name} defines none"
                 )
         return ids
+
+    def _resolve_markers(self) -> dict[str, _Marker]:
+        """How images and BOS/EOS are written inside a one-call prompt (NeMo): as the tokenizer's
+        special pieces, which the tokenizer never merges with the text around them. A special
+        the tokenizer has no piece for splits the prompt there instead (as LLaVA)."""
+        markers = {}
+        candidates = {"eos": [NEMO_SPECIAL_TEXT["eos"]], "bos": [NEMO_SPECIAL_TEXT["bos"]]}
+        if self.layout.start_id is not None and self.layout.end_id is not None:
+            candidates["image"] = [NEMO_IM_START, NEMO_IM_END]
+        for name, texts in candidates.items():
+            ids = [self.tokenizer.token_to_id(text) for text in texts]
+            if all(i is not None and i in self.tokenizer.control_ids for i in ids):
+                markers[name] = _Marker(name=name, text="".join(texts), ids=np.asarray(ids, dtype=np.int64))
+        if "image" in markers and not np.array_equal(markers["image"].ids, [self.layout.start_id, self.layout.end_id]):
+            del markers["image"]  # explicit image ids other than NeMo's pieces
+        return markers
 
     def build(self, raw: RawRecord) -> Sample | Skipped:
         record_id = raw.value.get("id") if isinstance(raw.value, dict) else None
@@ -176,8 +223,7 @@ class SampleBuilder:
 
     def _build(self, raw: RawRecord) -> Sample:
         conversation = parse_record(raw)
-        pieces = render(self.template, conversation.turns, self.system_prompt)
-        ids, trained, image_starts = self._encode(pieces)
+        ids, trained, image_starts = self.encode(conversation)
         truncated = False
         if len(ids) > self.max_seq_length + 1:
             if not self.truncate:
@@ -200,60 +246,127 @@ class SampleBuilder:
             truncated=truncated,
         )
 
+    def encode(self, conversation: Conversation) -> tuple[np.ndarray, np.ndarray, list[int]]:
+        """The text side of a sample, before truncation: (ids, trained mask, start of each image
+        run). No pixels are read; the parity tests against NeMo's and LLaVA's goldens call this."""
+        system = self.system_prompt
+        if self.template.system_from_record and conversation.system is not None:
+            system = conversation.system
+        return self._encode(render(self.template, conversation.turns, system))
+
     def _encode(self, pieces: list[Piece]) -> tuple[np.ndarray, np.ndarray, list[int]]:
         """Pieces -> (ids, trained mask, start position of each image run).
 
-        Consecutive text pieces are tokenized as one string (as a model sees them); the
-        mask comes from the character offsets of the tokens actually emitted. Text is
-        split at images and special tokens, as LLaVA's tokenizer_image_token splits at <image>.
+        Text is tokenized in chunks: under ``nemo`` the whole prompt is one chunk, images and
+        BOS/EOS written inside it as special pieces (NeMo tokenizes its prompt in one call);
+        under ``llava`` a chunk ends at every image (LLaVA's tokenizer_image_token), so the text
+        after an image starts a new sentencepiece sentence (a leading "▁"), while text after
+        BOS/EOS goes on without one (LLaVA-1.5's slow tokenizer, legacy=False). The mask comes
+        from the character offsets of the tokens actually emitted.
         """
         id_parts: list[np.ndarray] = []
         mask_parts: list[np.ndarray] = []
         image_starts: list[int] = []
         position = 0
-        run: list[Piece] = []
+        chunk: list[_Part] = []
+
+        continues = False  # the chunk goes on after a BOS/EOS: no new leading "▁"
 
         def flush():
             nonlocal position
-            if run:
-                ids, mask = self._encode_text(run)
+            if chunk:
+                ids, mask, starts = self._encode_chunk(chunk, continues)
+                image_starts.extend(position + k for k in starts)
                 id_parts.append(ids)
                 mask_parts.append(mask)
                 position += len(ids)
-                run.clear()
+                chunk.clear()
 
         for piece in pieces:
-            if piece.kind == "text":
-                run.append(piece)
+            if piece.kind in ("text", "content"):
+                if piece.value:
+                    chunk.append(_Part(piece.value, piece.trained, piece.kind == "content", None, None))
+                continue
+            name = "image" if piece.kind == "image" else piece.value
+            ids = self._image_run if piece.kind == "image" else np.asarray([self._special_ids[name]], dtype=np.int64)
+            marker = self._markers.get(name)
+            if marker is not None:
+                chunk.append(_Part(marker.text, piece.trained, False, marker, ids))
                 continue
             flush()
+            # an image starts a new sentencepiece sentence under llava (tokenizer_image_token);
+            # NeMo's one call and LLaVA's slow tokenizer (legacy=False) go on after BOS/EOS
+            # a BOS that opens the sequence is the tokenizer's own: the text after it starts fresh
+            continues = (self.tokenization.one_call or piece.kind != "image") and position > 0
             if piece.kind == "image":
                 image_starts.append(position)
-                id_parts.append(self._image_run)
-                mask_parts.append(np.zeros(len(self._image_run), dtype=bool))
-                position += len(self._image_run)
-            else:
-                id_parts.append(np.asarray([self._special_ids[piece.value]], dtype=np.int64))
-                mask_parts.append(np.asarray([piece.trained]))
-                position += 1
+            id_parts.append(ids)
+            mask_parts.append(np.full(len(ids), piece.trained))
+            position += len(ids)
         flush()
         if not id_parts:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool), []
         return np.concatenate(id_parts), np.concatenate(mask_parts), image_starts
 
-    def _encode_text(self, run: list[Piece]) -> tuple[np.ndarray, np.ndarray]:
-        text = "".join(p.value for p in run)
-        trained_chars = np.concatenate([np.full(len(p.value), p.trained, dtype=bool) for p in run])
-        encoding = self.tokenizer.encode(text)
-        if len(encoding.ids) == 0:
-            return encoding.ids, np.zeros(0, dtype=bool)
-        cumulative = np.concatenate([[0], np.cumsum(trained_chars)])
-        overlaps = cumulative[encoding.ends] - cumulative[encoding.starts] > 0
-        zero_width = encoding.ends <= encoding.starts
-        if zero_width.any() and len(text):
-            at = np.minimum(encoding.starts[zero_width], len(text) - 1)
-            overlaps[zero_width] = trained_chars[at]
-        return encoding.ids, overlaps
+    def _encode_chunk(self, parts: list[_Part], continues: bool) -> tuple[np.ndarray, np.ndarray, list[int]]:
+        """One tokenizer call over the chunk's text, then two repairs, both by character span:
+        a marker's pieces become its ids (an image run, BOS, EOS); a control id whose text a
+        user typed (``</s>``, ``<extra_id_4>``, ``<|im_start|>``...) is spelled as ordinary
+        text instead; everything else is exactly what the tokenizer gave.
+
+        ``continues``: the text follows a BOS/EOS id (or, under ``nemo``, a special the tokenizer
+        has no piece for); it goes on without a new leading "▁", as in one call, and is spelled
+        without any control id."""
+        text = "".join(p.text for p in parts)
+        lengths = [len(p.text) for p in parts]
+        trained_chars = np.repeat([p.trained for p in parts], lengths)
+        content_chars = np.repeat([p.content for p in parts], lengths)
+        encoding = self.tokenizer.encode_literal(text) if continues else self.tokenizer.encode(text)
+        ids = encoding.ids
+        mask = _trained_tokens(encoding.starts, encoding.ends, trained_chars)
+        flagged = np.flatnonzero(np.isin(ids, self._control))
+        if not len(flagged):
+            return ids, mask, []
+        replace: dict[int, tuple[np.ndarray, np.ndarray, bool] | None] = {}
+        slots = {}
+        offset = 0
+        for part in parts:
+            if part.marker is not None:
+                slots[offset] = (offset + len(part.text), part)
+            offset += len(part.text)
+        for start, (end, part) in slots.items():
+            inside = (encoding.starts >= start) & (encoding.ends <= end) & (encoding.ends > encoding.starts)
+            straddle = (encoding.starts < end) & (encoding.ends > start) & ~inside
+            found = np.flatnonzero(inside)
+            if straddle.any() or not np.array_equal(ids[found], part.marker.ids):
+                raise RuntimeError(f"{self.tokenizer.name} did not keep {part.marker.text!r} as its own pieces")
+            replace[int(found[0])] = (part.ids, np.full(len(part.ids), part.trained), part.marker.name == "image")
+            replace.update({int(k): None for k in found[1:]})
+        for k in flagged:
+            k = int(k)
+            start, end = int(encoding.starts[k]), int(encoding.ends[k])
+            if k in replace or not content_chars[start:max(end, start + 1)].any():
+                continue  # a marker, or the template's own text (nvgpt's <extra_id_1>, a Llama-3 header)
+            literal = self.tokenizer.encode_literal(text[start:end])
+            replace[k] = (literal.ids, _trained_tokens(literal.starts, literal.ends, trained_chars[start:end]), False)
+        out_ids, out_mask, image_starts = [], [], []
+        position, previous = 0, 0
+        for k in sorted(replace):
+            out_ids.append(ids[previous:k])
+            out_mask.append(mask[previous:k])
+            position += k - previous
+            previous = k + 1
+            if replace[k] is None:
+                continue
+            new_ids, new_mask, is_image = replace[k]
+            if is_image:
+                image_starts.append(position)
+            out_ids.append(new_ids)
+            out_mask.append(new_mask)
+            position += len(new_ids)
+        out_ids.append(ids[previous:])
+        out_mask.append(mask[previous:])
+        return np.concatenate(out_ids), np.concatenate(out_mask), image_starts
 
     def _load(self, name: str) -> np.ndarray:
         return self.preprocessor.to_uint8(decode_image(self.image_source.read(name), name))
@@ -262,8 +375,46 @@ class SampleBuilder:
         return np.zeros((0, *self.preprocessor.shape), dtype=np.uint8)
 
 
-_PROBE_TURNS = (Turn("user", "q"), Turn("assistant", "a"))
-"""A minimal conversation, rendered once to find which special tokens a template uses."""
+_PROBE_TURNS = (Turn("user", "<image>q"), Turn("assistant", "a"), Turn("user", "q"), Turn("assistant", "a"))
+"""A small conversation, rendered once to find which special tokens a template uses."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Marker:
+    name: str
+    """"image", "bos" or "eos"."""
+    text: str
+    """The special pieces' text, written into a one-call prompt."""
+    ids: np.ndarray
+    """The ids the tokenizer gives that text."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Part:
+    text: str
+    """Text of the chunk (a marker's text for a marker)."""
+    trained: bool
+    """Whether its tokens are label targets."""
+    content: bool
+    """Conversation text: a control id inside it is spelled as text."""
+    marker: _Marker | None
+    """Set when this part stands for ``ids``."""
+    ids: np.ndarray | None
+    """What a marker becomes: an image run or a BOS/EOS id."""
+
+
+def _trained_tokens(starts: np.ndarray, ends: np.ndarray, trained_chars: np.ndarray) -> np.ndarray:
+    """A token is trained when its characters overlap trained text; a zero-width token (a
+    sentencepiece "▁" or byte piece) takes the flag of the character where it sits."""
+    if len(starts) == 0:
+        return np.zeros(0, dtype=bool)
+    cumulative = np.concatenate([[0], np.cumsum(trained_chars)])
+    overlaps = cumulative[ends] - cumulative[starts] > 0
+    zero_width = ends <= starts
+    if zero_width.any() and len(trained_chars):
+        at = np.minimum(starts[zero_width], len(trained_chars) - 1)
+        overlaps[zero_width] = trained_chars[at]
+    return overlaps
 
 
 class SampleStream(IterableDataset):

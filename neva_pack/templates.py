@@ -22,20 +22,59 @@ from typing import Literal
 import yaml
 
 from neva_pack.errors import ConfigError
-from neva_pack.records import IMAGE_PLACEHOLDER, Turn
+from neva_pack.records import IMAGE_PLACEHOLDER, RecordError, Turn
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Tokenization:
+    name: str
+    """Registry name (``--tokenization``)."""
+    description: str
+    """One line for ``--help`` and the README."""
+    one_call: bool
+    """Tokenize the whole prompt in one call, images and BOS/EOS written as the tokenizer's
+    special pieces (NeMo); False: one call per stretch of text between images, each starting a
+    new sentencepiece sentence (LLaVA's tokenizer_image_token; BOS/EOS do not start one)."""
+    auto_image_delimiters: bool
+    """Open/close image runs with the tokenizer's <extra_id_4>/<extra_id_5> when it has them."""
+
+
+TOKENIZATIONS = {
+    t.name: t
+    for t in (
+        Tokenization(
+            name="nemo",
+            description="token-identical to NeMo NeVA's preprocessing (one tokenizer call per prompt)",
+            one_call=True,
+            auto_image_delimiters=True,
+        ),
+        Tokenization(
+            name="llava",
+            description="token-identical to LLaVA-1.5's preprocessing (tokenizer_image_token, chunk by chunk)",
+            one_call=False,
+            auto_image_delimiters=False,
+        ),
+    )
+}
+"""The tokenization conventions; the CLI's choices come from here."""
+DEFAULT_TOKENIZATION = "nemo"
 
 _SPECIAL_REFERENCE = re.compile(r"\{(bos|eos)\}")
 _TEMPLATE_KEYS = {
     "name", "description", "bos", "system", "system_placement", "system_prefix", "system_suffix",
-    "user", "assistant", "user_content",
+    "system_when_empty", "system_from_record", "user", "assistant", "user_content", "first_user_prefix", "round_separator",
+    "strip_user_content", "strip_end", "one_round_only", "requires_image", "image_patch_token",
 }  # fmt: skip
-_ROLE_KEYS = {"prefix", "suffix"}
+_ROLE_KEYS = {"prefix", "lead", "suffix"}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RoleFormat:
     prefix: str = ""
     """Text before the turn's content (never trained)."""
+    lead: str = ""
+    """Assistant only: trained text between the prefix and the answer, the space a model writes
+    itself after ``ASSISTANT:`` at inference (NeMo and LLaVA train the "▁" it becomes)."""
     suffix: str = ""
     """Text after the content; for the assistant this is the end of turn and is trained."""
 
@@ -61,13 +100,35 @@ class Template:
     assistant: RoleFormat
     """Format of model turns."""
     user_content: Literal["text", "images_only"]
-    """``images_only`` keeps only the <image> placeholders of human turns (LLaVA ``plain``)."""
+    """``images_only``: a human turn with <image> keeps only its placeholders, one without keeps
+    its text (``plain``: NeMo captions a text-only record's answer after its question)."""
+    system_when_empty: bool = False
+    """Write the system block (prefix + suffix) even when the system prompt is empty."""
+    system_from_record: bool = False
+    """A record's own "system" field replaces the system prompt (NeMo's nvgpt reads it)."""
+    first_user_prefix: str | None = None
+    """Prefix of the first user turn when it differs from later ones (NeMo's Llama-2: no BOS)."""
+    round_separator: str = ""
+    """Untrained text between an assistant turn and the next user turn (NeMo's v1: a space)."""
+    strip_user_content: bool = False
+    """Strip whitespace around each user turn's text (NeMo's yi_34b)."""
+    strip_end: bool = False
+    """Drop trailing whitespace at the end of the rendering (NeMo's yi_34b strips its prompt)."""
+    one_round_only: bool = False
+    """Only one user turn and one answer are accepted (``plain``: NeMo and LLaVA refuse other
+    records); anything else is skipped as ``plain_record_shape``."""
+    requires_image: bool = False
+    """The user turn must hold an <image> (LLaVA's ``plain``), else ``plain_record_shape``."""
+    image_patch_token: str | None = None
+    """Token whose id fills image positions (NeMo leaves <extra_id_3> where its template has
+    no id remapping); None: the configured patch id (0)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Piece:
-    kind: Literal["text", "special", "image"]
-    """Text to tokenize, a special token named by ``value`` ("bos"/"eos"), or one image."""
+    kind: Literal["text", "content", "special", "image"]
+    """Template text, conversation text (never substituted, never a control id), a special
+    token named by ``value`` ("bos"/"eos"), or one image."""
     value: str
     """The text, or the special token's name; empty for an image."""
     trained: bool
@@ -78,8 +139,9 @@ def available_templates() -> list[str]:
     return sorted(p.name[: -len(".yaml")] for p in _template_dir().iterdir() if _is_template_file(p.name))
 
 
-def load_template(name_or_path: str) -> Template:
-    """A registry name (``v1``) or a path to a YAML file of the same schema."""
+def load_template(name_or_path: str, tokenization: str = DEFAULT_TOKENIZATION) -> Template:
+    """A registry name (``v1``) or a path to a YAML file of the same schema, with the
+    section of the given tokenization convention applied."""
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml") and path.is_file():
         text = path.read_text(encoding="utf-8")
@@ -91,38 +153,78 @@ def load_template(name_or_path: str) -> Template:
                 f"{', '.join(available_templates())} or give a .yaml file"
             )
         text = resource.read_text(encoding="utf-8")
-    return _parse_template(yaml.safe_load(text), source=str(name_or_path))
+    if tokenization not in TOKENIZATIONS:
+        raise ConfigError(f"--tokenization {tokenization!r}: choose one of {', '.join(TOKENIZATIONS)}")
+    data = yaml.safe_load(text)
+    if isinstance(data, dict):
+        sections = {name: data.pop(name, None) or {} for name in TOKENIZATIONS}
+        override = sections[tokenization]
+        if not isinstance(override, dict):
+            raise ConfigError(f"template {name_or_path}: section {tokenization!r} must be a mapping")
+        data = {**data, **override}
+    return _parse_template(data, source=str(name_or_path))
 
 
 def render(template: Template, turns: tuple[Turn, ...], system: str | None = None) -> list[Piece]:
     """Turns (starting with a user turn, alternating) -> pieces in sequence order."""
+    if template.one_round_only or template.requires_image:
+        _check_shape(template, turns)
     system_prompt = template.system if system is None else system
+    system_block = template.system_prefix + system_prompt + template.system_suffix
+    with_system = bool(system_prompt) or template.system_when_empty
     pieces: list[Piece] = []
     if template.bos:
         pieces.append(Piece("special", "bos", False))
-    if system_prompt and template.system_placement == "before_first_turn":
-        _add_text(pieces, template.system_prefix + system_prompt + template.system_suffix, trained=False)
+    if with_system and template.system_placement == "before_first_turn":
+        _add_text(pieces, system_block, trained=False)
     for position, turn in enumerate(turns):
         if turn.role == "user":
-            _add_text(pieces, template.user.prefix, trained=False)
-            if position == 0 and system_prompt and template.system_placement == "in_first_user":
-                _add_text(pieces, template.system_prefix + system_prompt + template.system_suffix, trained=False)
-            _add_content(pieces, turn.text, images_only=template.user_content == "images_only")
+            if position:
+                _add_text(pieces, template.round_separator, trained=False)
+            first = position == 0 and template.first_user_prefix is not None
+            _add_text(pieces, template.first_user_prefix if first else template.user.prefix, trained=False)
+            if position == 0 and with_system and template.system_placement == "in_first_user":
+                _add_text(pieces, system_block, trained=False)
+            text = turn.text.strip() if template.strip_user_content else turn.text
+            _add_content(pieces, text, images_only=template.user_content == "images_only")
             _add_text(pieces, template.user.suffix, trained=False)
         else:
             _add_text(pieces, template.assistant.prefix, trained=False)
-            _add_text(pieces, turn.text, trained=True)
+            _add_text(pieces, template.assistant.lead, trained=True)
+            if turn.text:
+                pieces.append(Piece("content", turn.text, True))
             _add_text(pieces, template.assistant.suffix, trained=True)
+    if template.strip_end:
+        _strip_end(pieces)
     return pieces
+
+
+def _check_shape(template: Template, turns: tuple[Turn, ...]) -> None:
+    if template.one_round_only and len(turns) != 2:
+        raise RecordError(
+            "plain_record_shape", f"{len(turns)} turns: template {template.name} takes one human turn and one answer"
+        )
+    if template.requires_image and not any(IMAGE_PLACEHOLDER in t.text for t in turns if t.role == "user"):
+        raise RecordError("plain_record_shape", f"no <image>: template {template.name} captions an image")
 
 
 def _add_content(pieces: list[Piece], text: str, images_only: bool) -> None:
     parts = text.split(IMAGE_PLACEHOLDER)
+    images_only = images_only and len(parts) > 1
     for k, part in enumerate(parts):
         if k:
             pieces.append(Piece("image", "", False))
-        if not images_only:
-            _add_text(pieces, part, trained=False)
+        if part and not images_only:
+            pieces.append(Piece("content", part, False))
+
+
+def _strip_end(pieces: list[Piece]) -> None:
+    while pieces and pieces[-1].kind in ("text", "content"):
+        last = pieces.pop()
+        value = last.value.rstrip()
+        if value:
+            pieces.append(Piece(last.kind, value, last.trained))
+            return
 
 
 def _add_text(pieces: list[Piece], text: str, trained: bool) -> None:
@@ -148,13 +250,15 @@ def _parse_template(data, source: str) -> Template:
         spec = data.get(role) or {}
         if not isinstance(spec, dict) or set(spec) - _ROLE_KEYS:
             raise ConfigError(f"template {source}: {role} must be a mapping with keys {sorted(_ROLE_KEYS)}")
-        roles[role] = RoleFormat(prefix=str(spec.get("prefix", "")), suffix=str(spec.get("suffix", "")))
+        roles[role] = RoleFormat(**{key: str(value) for key, value in spec.items()})
     placement = data.get("system_placement", "before_first_turn")
     if placement not in ("before_first_turn", "in_first_user"):
         raise ConfigError(f"template {source}: system_placement {placement!r} must be before_first_turn or in_first_user")
     user_content = data.get("user_content", "text")
     if user_content not in ("text", "images_only"):
         raise ConfigError(f"template {source}: user_content {user_content!r} must be text or images_only")
+    first_user_prefix = data.get("first_user_prefix")
+    patch_token = data.get("image_patch_token")
     return Template(
         name=str(data.get("name", Path(source).stem)),
         description=str(data.get("description", "")),
@@ -166,6 +270,15 @@ def _parse_template(data, source: str) -> Template:
         user=roles["user"],
         assistant=roles["assistant"],
         user_content=user_content,
+        system_when_empty=bool(data.get("system_when_empty", False)),
+        system_from_record=bool(data.get("system_from_record", False)),
+        first_user_prefix=None if first_user_prefix is None else str(first_user_prefix),
+        round_separator=str(data.get("round_separator", "")),
+        strip_user_content=bool(data.get("strip_user_content", False)),
+        strip_end=bool(data.get("strip_end", False)),
+        one_round_only=bool(data.get("one_round_only", False)),
+        requires_image=bool(data.get("requires_image", False)),
+        image_patch_token=None if patch_token is None else str(patch_token),
     )
 
 

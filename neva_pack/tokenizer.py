@@ -4,6 +4,10 @@ Offsets are what make label masks exact: a token is trained when the characters 
 covers overlap an assistant span of the rendered text, so the mask is computed from
 the ids actually emitted, never by re-tokenizing pieces and hoping lengths add up.
 
+Conversation text must never become a control token: each backend names its
+``control_ids`` (special and user-defined pieces, added tokens) and can spell any text
+without them (``encode_literal``), which the sample builder uses for text a user typed.
+
 Two backends, both loaded from files only (no hub):
 - a SentencePiece ``.model`` file, used through ``sentencepiece`` directly (HF's
   LLaMA-style wrappers drop or add ``▁`` around spaces in some versions);
@@ -37,9 +41,14 @@ class Tokenizer(Protocol):
     vocab_size: int
     bos_id: int | None
     eos_id: int | None
+    control_ids: frozenset[int]
+    """Ids ordinary text must not produce: control, user-defined and added tokens."""
 
     def encode(self, text: str) -> Encoding:
         """Ids of ``text`` without BOS/EOS, with character offsets."""
+
+    def encode_literal(self, text: str) -> Encoding:
+        """``text`` as it continues a sequence (no leading-space marker), never as a control id."""
 
     def token_to_id(self, token: str) -> int | None:
         """Id of a single token (special or not) by its string, or None if the vocabulary lacks it."""
@@ -58,12 +67,50 @@ class SentencePieceTokenizer:
         self.vocab_size = self._sp.GetPieceSize()
         self.bos_id = _none_if_negative(self._sp.bos_id())
         self.eos_id = _none_if_negative(self._sp.eos_id())
+        kinds = self._model_proto().pieces
+        self.control_ids = frozenset(i for i, p in enumerate(kinds) if p.type in (p.CONTROL, p.USER_DEFINED))
+        self._literal = None
 
     def encode(self, text: str) -> Encoding:
         pieces = self._sp.encode(text, out_type="proto").pieces
         table = np.array([(p.id, p.begin, p.end) for p in pieces], dtype=np.int64).reshape(-1, 3)
         char_of_byte = _char_index_of_bytes(text)  # sentencepiece's offsets are UTF-8 byte offsets
         return Encoding(ids=table[:, 0], starts=char_of_byte[table[:, 1]], ends=char_of_byte[table[:, 2]])
+
+    def encode_literal(self, text: str) -> Encoding:
+        """The same model without its dummy prefix and with user-defined pieces unused (the BPE
+        then spells them from ordinary pieces); any control id left is spelled as bytes."""
+        if self._literal is None:
+            self._literal = self._literal_processor()
+        pieces = self._literal.encode(text, out_type="proto").pieces
+        char_of_byte = _char_index_of_bytes(text)
+        rows = []
+        for p in pieces:
+            if p.id not in self.control_ids:
+                rows.append((p.id, p.begin, p.end))
+                continue
+            for byte in text.encode("utf-8")[p.begin : p.end] or p.piece.encode("utf-8"):
+                byte_id = self._sp.PieceToId(f"<0x{byte:02X}>")
+                rows.append((byte_id if self._sp.IsByte(byte_id) else self._sp.unk_id(), p.begin, p.end))
+        table = np.array(rows, dtype=np.int64).reshape(-1, 3)
+        return Encoding(ids=table[:, 0], starts=char_of_byte[table[:, 1]], ends=char_of_byte[table[:, 2]])
+
+    def _model_proto(self):
+        from sentencepiece import sentencepiece_model_pb2
+
+        proto = sentencepiece_model_pb2.ModelProto()
+        proto.ParseFromString(self._sp.serialized_model_proto())
+        return proto
+
+    def _literal_processor(self):
+        import sentencepiece
+
+        proto = self._model_proto()
+        for piece in proto.pieces:
+            if piece.type == piece.USER_DEFINED:
+                piece.type = piece.UNUSED
+        proto.normalizer_spec.add_dummy_prefix = False
+        return sentencepiece.SentencePieceProcessor(model_proto=proto.SerializeToString())
 
     def token_to_id(self, token: str) -> int | None:
         token_id = self._sp.PieceToId(token)
@@ -93,6 +140,12 @@ class HuggingFaceTokenizer:
         config = _read_json(directory / "tokenizer_config.json")
         self.bos_id = self._special_id(config.get("bos_token"))
         self.eos_id = self._special_id(config.get("eos_token"))
+        unk = getattr(self._tok.model, "unk_token", None)
+        self._unk_id = self._tok.token_to_id(unk) if isinstance(unk, str) else None
+        # every added token (special or not) is matched anywhere in a string; the unknown token
+        # is what unknown text legitimately becomes, as in sentencepiece
+        self.control_ids = frozenset(self._tok.get_added_tokens_decoder()) - {self._unk_id}
+        self._literal = None
 
     def _special_id(self, entry) -> int | None:
         if isinstance(entry, dict):
@@ -103,6 +156,25 @@ class HuggingFaceTokenizer:
         enc = self._tok.encode(text, add_special_tokens=False)
         offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
         return Encoding(ids=np.asarray(enc.ids, dtype=np.int64), starts=offsets[:, 0], ends=offsets[:, 1])
+
+    def encode_literal(self, text: str) -> Encoding:
+        """The same pipeline without its added tokens, so none of them can match; a control id
+        the model itself still yields (a vocabulary whose merges reach it) becomes the unknown id."""
+        if self._literal is None:
+            from tokenizers import Tokenizer as RustTokenizer
+
+            spec = json.loads(self._tok.to_str())
+            spec["added_tokens"] = []
+            self._literal = RustTokenizer.from_str(json.dumps(spec))
+        enc = self._literal.encode(text, add_special_tokens=False)
+        ids = np.asarray(enc.ids, dtype=np.int64)
+        control = np.isin(ids, np.fromiter(self.control_ids, dtype=np.int64, count=len(self.control_ids)))
+        if control.any():
+            if self._unk_id is None:
+                raise ConfigError(f"--tokenizer_path {self.name}: its model spells text as added tokens and has no unknown token")
+            ids[control] = self._unk_id
+        offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
+        return Encoding(ids=ids, starts=offsets[:, 0], ends=offsets[:, 1])
 
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)

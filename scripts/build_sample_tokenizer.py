@@ -21,12 +21,15 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 NEMO_SPECIAL_TOKENS = [f"<extra_id_{i}>" for i in range(10)]
 VOCAB_SIZE = 1000
+CORPUS_TEMPLATES = ("chatml", "llama_2", "llama_3", "mistral", "plain", "v1")
+"""The templates whose text the model was trained on; fixed, so that adding a template does not
+change the shipped model (tests/golden/ pins its sha256)."""
 
 
 def corpus_lines() -> list[str]:
     records = json.loads((ROOT / "sample_data" / "llava_sample.json").read_text(encoding="utf-8"))
     lines = [turn["value"].replace("<image>", "") for record in records for turn in record["conversations"]]
-    for template in sorted((ROOT / "templates").glob("*.yaml")):
+    for template in sorted(ROOT / "templates" / f"{name}.yaml" for name in CORPUS_TEMPLATES):
         data = yaml.safe_load(template.read_text(encoding="utf-8"))
         for key in ("system", "system_prefix", "system_suffix"):
             if isinstance(data.get(key), str):

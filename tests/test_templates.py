@@ -7,9 +7,9 @@ import sentencepiece
 from neva_pack.encoders import resolve_encoder
 from neva_pack.errors import ConfigError
 from neva_pack.images import ImagePreprocessor, ImageSource
-from neva_pack.records import RawRecord, Turn
+from neva_pack.records import RawRecord, RecordError, Turn
 from neva_pack.samples import SampleBuilder, image_token_layout
-from neva_pack.templates import available_templates, load_template, render
+from neva_pack.templates import TOKENIZATIONS, available_templates, load_template, render
 from neva_pack.tokenizer import load_tokenizer
 
 TURNS = (
@@ -26,21 +26,52 @@ VICUNA_SYSTEM = (
     "A chat between a curious user and an artificial intelligence assistant. The assistant gives helpful, "
     "detailed, and polite answers to the user's questions."
 )
-# ⟦...⟧ marks trained text; <bos>/<eos> are the tokenizer's ids, <image> one image run.
-GOLDEN = {
-    "plain": "<bos><image>⟦A cat.\nYes.\n⟧",  # the second human turn has no image: nothing of it remains
-    "v1": f"<bos>{VICUNA_SYSTEM} USER: <image>\nWhat is this? ASSISTANT: ⟦A cat.<eos>⟧USER: Sure? ASSISTANT: ⟦Yes.<eos>⟧",
-    "llama_2": f"<bos>[INST] <<SYS>>\n{LLAVA_SYSTEM}\n<</SYS>>\n\n<image>\nWhat is this? [/INST] ⟦A cat. <eos>⟧"
-    "<bos>[INST] Sure? [/INST] ⟦Yes. <eos>⟧",
-    "llama_3": f"<bos><|start_header_id|>system<|end_header_id|>\n\n{LLAVA_SYSTEM}<|eot_id|>"
+NVGPT_SYSTEM = VICUNA_SYSTEM + "\n\n"
+NVGPT_ATTRIBUTES = (
+    "<extra_id_2>quality:4,toxicity:0,humor:0,creativity:0,helpfulness:4,correctness:4,coherence:4,complexity:4,verbosity:4\n"
+)
+LLAMA_3 = (
+    f"<|start_header_id|>system<|end_header_id|>\n\n{LLAVA_SYSTEM}<|eot_id|>"
     "<|start_header_id|>user<|end_header_id|>\n\n<image>\nWhat is this?<|eot_id|>"
     "<|start_header_id|>assistant<|end_header_id|>\n\n⟦A cat.<|eot_id|>⟧"
     "<|start_header_id|>user<|end_header_id|>\n\nSure?<|eot_id|>"
-    "<|start_header_id|>assistant<|end_header_id|>\n\n⟦Yes.<|eot_id|>⟧",
-    "mistral": "<bos>[INST] <image>\nWhat is this? [/INST]⟦A cat.<eos>⟧[INST] Sure? [/INST]⟦Yes.<eos>⟧",
-    "chatml": "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n<image>\nWhat is this?"
+    "<|start_header_id|>assistant<|end_header_id|>\n\n⟦Yes.<|eot_id|>⟧"
+)
+CHATML = (
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n<image>\nWhat is this?"
     "<|im_end|>\n<|im_start|>assistant\n⟦A cat.<|im_end|>\n⟧<|im_start|>user\nSure?<|im_end|>\n"
-    "<|im_start|>assistant\n⟦Yes.<|im_end|>\n⟧",
+    "<|im_start|>assistant\n⟦Yes.<|im_end|>\n⟧"
+)
+YI_34B = (
+    "<|im_start|>user\n<image>\nWhat is this?<|im_end|>\n<|im_start|>assistant\n⟦A cat.<|im_end|>\n⟧"
+    "<|im_start|>user\nSure?<|im_end|>\n<|im_start|>assistant\n⟦Yes.<|im_end|>⟧"  # NeMo strips the final newline
+)
+NVGPT = (
+    f"<extra_id_0>System\n{NVGPT_SYSTEM}<extra_id_1>User\n<image>\nWhat is this?\n<extra_id_1>Assistant\n"
+    f"{NVGPT_ATTRIBUTES}⟦A cat.\n<extra_id_1>⟧User\nSure?\n<extra_id_1>Assistant\n{NVGPT_ATTRIBUTES}⟦Yes.\n<extra_id_1>⟧"
+)
+# (template, tokenization) -> rendering. ⟦...⟧ marks trained text; <bos>/<eos> are the tokenizer's
+# ids, <image> one image run. The nemo renderings are NeMo's conversation.py prompts (EOS written
+# <extra_id_7> there, BOS <extra_id_6>); the llava ones are LLaVA's conversation.py prompts.
+GOLDEN = {
+    ("plain", "nemo"): "<image>⟦A cat.\n⟧",  # one round only; NeMo has no BOS
+    ("plain", "llava"): "<bos><image>⟦A cat.\n⟧",
+    ("v1", "nemo"): f"{VICUNA_SYSTEM} USER: <image>\nWhat is this? ASSISTANT:⟦ A cat.<eos>⟧ USER: Sure? ASSISTANT:⟦ Yes.<eos>⟧",
+    ("v1", "llava"): f"<bos>{VICUNA_SYSTEM} USER: <image>\nWhat is this? ASSISTANT:⟦ A cat.<eos>⟧USER: Sure? ASSISTANT:⟦ Yes.<eos>⟧",
+    ("llama_2", "nemo"): f" [INST] <<SYS>>\n{LLAVA_SYSTEM}\n<</SYS>>\n\n<image>\nWhat is this? [/INST]⟦ A cat. <eos>⟧"
+    "<bos> [INST] Sure? [/INST]⟦ Yes. <eos>⟧",
+    ("llama_2", "llava"): f"<bos>[INST] <<SYS>>\n{LLAVA_SYSTEM}\n<</SYS>>\n\n<image>\nWhat is this? [/INST]⟦ A cat. <eos>⟧"
+    "<bos>[INST] Sure? [/INST]⟦ Yes. <eos>⟧",
+    ("llama_3", "nemo"): "<|begin_of_text|>" + LLAMA_3,  # written as text: a special token only for Llama-3 tokenizers
+    ("llama_3", "llava"): "<bos>" + LLAMA_3,
+    ("mistral", "nemo"): "<bos> [INST] <image>\nWhat is this? [/INST]⟦A cat.<eos>⟧ [INST] Sure? [/INST]⟦Yes.<eos>⟧",
+    ("mistral", "llava"): "<bos>[INST] <image>\nWhat is this? [/INST]⟦A cat.<eos>⟧[INST] Sure? [/INST]⟦Yes.<eos>⟧",
+    ("chatml", "nemo"): CHATML,
+    ("chatml", "llava"): CHATML,
+    ("yi_34b", "nemo"): YI_34B,
+    ("yi_34b", "llava"): YI_34B,
+    ("nvgpt", "nemo"): NVGPT,
+    ("nvgpt", "llava"): NVGPT,
 }
 
 
@@ -50,25 +81,52 @@ def marked(pieces) -> str:
         if piece.trained != in_trained:
             out.append("⟦" if piece.trained else "⟧")
             in_trained = piece.trained
-        out.append({"text": piece.value, "special": f"<{piece.value}>", "image": "<image>"}[piece.kind])
+        out.append({"text": piece.value, "content": piece.value, "special": f"<{piece.value}>", "image": "<image>"}[piece.kind])
     return "".join(out) + ("⟧" if in_trained else "")
 
 
-def test_every_shipped_template_has_a_golden_rendering():
-    assert sorted(GOLDEN) == available_templates()
+def test_every_shipped_template_has_a_golden_rendering_per_tokenization():
+    assert sorted(GOLDEN) == sorted((name, t) for name in available_templates() for t in TOKENIZATIONS)
 
 
-@pytest.mark.parametrize("name", sorted(GOLDEN))
-def test_golden_rendering(name):
-    assert marked(render(load_template(name), TURNS)) == GOLDEN[name]
+@pytest.mark.parametrize("name, tokenization", sorted(GOLDEN))
+def test_golden_rendering(name, tokenization):
+    template = load_template(name, tokenization)
+    turns = TURNS[:2] if template.one_round_only else TURNS
+    assert marked(render(template, turns)) == GOLDEN[name, tokenization]
 
 
 def test_system_prompt_override_and_empty_system():
-    template = load_template("v1")
+    template = load_template("v1", "llava")
     assert marked(render(template, TURNS[:2], system="Be brief.")).startswith("<bos>Be brief. USER: ")
-    assert marked(render(template, TURNS[:2], system="")).startswith("<bos>USER: ")
-    mistral = load_template("mistral")
+    assert marked(render(template, TURNS[:2], system="")).startswith("<bos> USER: ")  # LLaVA and NeMo keep the space
+    mistral = load_template("mistral", "llava")
     assert marked(render(mistral, TURNS[:2], system="Be brief.")).startswith("<bos>[INST] Be brief.\n\n<image>")
+    assert marked(render(load_template("mistral"), TURNS[:2], system="Be brief.")).startswith(
+        "<bos> [INST] Be brief.\n<image>"
+    )
+
+
+@pytest.mark.parametrize("tokenization", sorted(TOKENIZATIONS))
+def test_plain_refuses_records_of_more_than_one_round(tokenization):
+    with pytest.raises(RecordError) as error:
+        render(load_template("plain", tokenization), TURNS)
+    assert error.value.reason == "plain_record_shape"
+
+
+def test_plain_text_only_record_keeps_its_question_under_nemo_and_is_refused_under_llava():
+    """NeMo captions a text-only record's answer after its (untrained) question; LLaVA asserts."""
+    text_only = (Turn("user", "Name a colour."), Turn("assistant", "Blue."))
+    assert marked(render(load_template("plain", "nemo"), text_only)) == "Name a colour.⟦Blue.\n⟧"
+    with pytest.raises(RecordError, match="captions an image"):
+        render(load_template("plain", "llava"), text_only)
+
+
+def test_conversation_text_is_never_substituted():
+    turns = (Turn("user", "Here: {eos} done {bos}"), Turn("assistant", "Literal {eos}."))
+    pieces = render(load_template("v1"), turns)
+    assert [p.value for p in pieces if p.kind == "special"] == ["eos"]  # the template's own EOS only
+    assert [p.value for p in pieces if p.kind == "content"] == ["Here: {eos} done {bos}", "Literal {eos}."]
 
 
 def test_unknown_template_lists_the_choices():
@@ -90,16 +148,17 @@ def test_template_from_a_yaml_file_and_schema_errors(tmp_path):
 # Labels through real tokenizers
 
 
-def make_builder(tokenizer_path, template, max_seq_length=4096, **kwargs):
+def make_builder(tokenizer_path, template, max_seq_length=4096, tokenization="nemo", **kwargs):
     tokenizer = load_tokenizer(tokenizer_path)
     encoder = resolve_encoder("openai/clip-vit-large-patch14-336")
     return SampleBuilder(
         tokenizer=tokenizer,
-        template=load_template(template),
+        template=load_template(template, tokenization),
         image_source=ImageSource(None),
         preprocessor=ImagePreprocessor(encoder, "square"),
-        layout=image_token_layout(tokenizer, encoder.image_tokens),
+        layout=image_token_layout(tokenizer, encoder.image_tokens, tokenization=tokenization),
         max_seq_length=max_seq_length,
+        tokenization=tokenization,
         **kwargs,
     )
 
@@ -130,36 +189,50 @@ def trained_text(sp, sample) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    "template, expected",
+    "template, tokenization, expected",
     [
-        ("v1", [" Blue, like the sky.</s>", " Green.</s>"]),
-        ("mistral", ["Blue, like the sky.</s>", "Green.</s>"]),  # "[/INST]Blue": no space, no ▁
-        ("llama_2", [" Blue, like the sky. </s>", " Green. </s>"]),  # the " " before </s> is trained
-        ("plain", [" Blue, like the sky.<0x0A>Green.<0x0A>"]),  # human text is dropped: one run
+        ("v1", "nemo", [" Blue, like the sky.</s>", " Green.</s>"]),
+        ("v1", "llava", [" Blue, like the sky.</s>", " Green.</s>"]),
+        ("mistral", "nemo", ["Blue, like the sky.</s>", "Green.</s>"]),  # "[/INST]Blue": no space, no ▁
+        ("llama_2", "nemo", [" Blue, like the sky. </s>", " Green. </s>"]),  # the " " before </s> is trained
+        ("llama_2", "llava", [" Blue, like the sky. </s>", " Green. </s>"]),
     ],
 )
-def test_labels_cover_exactly_the_answers_and_their_end_of_turn_mistral(mistral_tokenizer_path, template, expected):
+def test_labels_cover_exactly_the_answers_and_their_end_of_turn_mistral(
+    mistral_tokenizer_path, template, tokenization, expected
+):
     sp = sentencepiece.SentencePieceProcessor(model_file=str(mistral_tokenizer_path))
-    sample = make_builder(mistral_tokenizer_path, template).build(RawRecord(0, TEXT_RECORD))
+    sample = make_builder(mistral_tokenizer_path, template, tokenization=tokenization).build(RawRecord(0, TEXT_RECORD))
     assert trained_text(sp, sample) == expected
 
 
+def test_plain_text_only_record_trains_the_answer_after_its_question(mistral_tokenizer_path):
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(mistral_tokenizer_path))
+    record = {"conversations": TEXT_RECORD["conversations"][:2]}
+    sample = make_builder(mistral_tokenizer_path, "plain").build(RawRecord(0, record))
+    assert sp.decode([int(t) for t in sample.tokens]) == "Name a colour.Blue, like the sky."
+    assert trained_text(sp, sample) == ["Blue, like the sky.<0x0A>"]  # "." + "Bl" do not merge in Mistral
+
+
 def test_tokens_labels_are_the_next_token_shift_of_one_id_sequence(mistral_tokenizer_path):
-    sample = make_builder(mistral_tokenizer_path, "v1").build(RawRecord(0, TEXT_RECORD))
-    trained = sample.labels != -1
-    assert np.array_equal(sample.labels[trained], np.append(sample.tokens[1:], 2)[trained])
-    assert sample.tokens[0] == 1  # BOS
-    assert sample.labels[-1] == 2  # the last answer's EOS is the last target
+    for tokenization, first in (("nemo", None), ("llava", 1)):
+        sample = make_builder(mistral_tokenizer_path, "v1", tokenization=tokenization).build(RawRecord(0, TEXT_RECORD))
+        trained = sample.labels != -1
+        assert np.array_equal(sample.labels[trained], np.append(sample.tokens[1:], 2)[trained])
+        assert sample.labels[-1] == 2  # the last answer's EOS is the last target
+        assert (sample.tokens[0] == 1) == (first == 1)  # LLaVA's v1 opens with BOS, NeMo's does not
 
 
 def test_v1_ids_equal_tokenizing_the_rendered_text_in_one_piece(mistral_tokenizer_path):
-    """Masks come from the offsets of the ids emitted for the whole text, not from pieces."""
+    """NeMo tokenizes its v1 prompt in one call (no BOS); masks come from that call's offsets."""
     sp = sentencepiece.SentencePieceProcessor(model_file=str(mistral_tokenizer_path))
     record = {"conversations": TEXT_RECORD["conversations"][:2]}
     sample = make_builder(mistral_tokenizer_path, "v1", system_prompt="Hi.").build(RawRecord(0, record))
     ids = list(sample.tokens) + [sample.labels[-1]]
     text = "Hi. USER: Name a colour. ASSISTANT: Blue, like the sky."
-    assert ids == [1] + sp.encode(text) + [2]
+    assert ids == sp.encode(text) + [2]
+    llava = make_builder(mistral_tokenizer_path, "v1", system_prompt="Hi.", tokenization="llava").build(RawRecord(0, record))
+    assert list(llava.tokens) + [llava.labels[-1]] == [1] + sp.encode(text) + [2]
 
 
 def test_hf_tokenizer_directory_with_chatml_specials(hf_tokenizer_dir):
