@@ -101,7 +101,7 @@ class ImageSource:
     def _confined(self, name: str) -> Path:
         """The file a name points at; outside_image_folder unless it stays inside the folder."""
         if self.allow_outside:
-            return self.root / name
+            return Path(os.path.normpath(self.root / name))
         if os.path.isabs(name) or os.path.normpath(name).split(os.sep)[0] == os.pardir:
             raise RecordError("outside_image_folder", f"{name}: not a relative path inside --image_folder {self.root}")
         resolved = (self._resolved_root / name).resolve()

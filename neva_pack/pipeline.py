@@ -261,21 +261,34 @@ def _encode_samples(config, builder, output_dir: Path, total: int, progress: boo
             worker_init_fn=_worker_init,
         )
         bar = tqdm(total=total, initial=start, desc="tokenize + images", unit="rec", disable=not progress)
-        for position, item in enumerate(loader, start=start):
-            if isinstance(item, Skipped):
-                writer.skip(item)
-                skipped += 1
-                bar.set_postfix(skipped=skipped, refresh=False)
-            else:
-                writer.append(item)
-            bar.update()
-            done = position + 1
-            if done % config.checkpoint_every == 0 and done < total:
-                writer.commit(done)
-            if done >= SKIP_CHECK_AFTER or done == total:
-                _check_skip_fraction(config, writer, skipped, done, output_dir)
+        items = iter(loader)
+        try:
+            for position, item in enumerate(items, start=start):
+                if isinstance(item, Skipped):
+                    writer.skip(item)
+                    skipped += 1
+                    bar.set_postfix(skipped=skipped, refresh=False)
+                else:
+                    writer.append(item)
+                bar.update()
+                done = position + 1
+                if done % config.checkpoint_every == 0 and done < total:
+                    writer.commit(done)
+                if done >= SKIP_CHECK_AFTER or done == total:
+                    _check_skip_fraction(config, writer, skipped, done, output_dir)
+        except BaseException:
+            _stop_workers(items)
+            raise
         bar.close()
     writer.finish(total)
+
+
+def _stop_workers(items) -> None:
+    """Kill the DataLoader's workers at once when the run stops early (Ctrl-C, SIGTERM, an error):
+    they hold nothing durable, and torch's own shutdown waits up to 5 s for each busy one."""
+    for worker in getattr(items, "_workers", ()):
+        if worker.is_alive():
+            worker.kill()
 
 
 def _worker_init(_worker_id: int) -> None:
