@@ -82,7 +82,7 @@ def _add_preprocess_flags(parser: argparse.ArgumentParser) -> None:
     )
     budgets.add_argument("--max_image_bytes", type=int, help="bytes of one image file (default 64 MiB)")
     budgets.add_argument(
-        "--max_image_pixels", type=int, help="pixels of one image as decoded, padded or resized (default 64,000,000)"
+        "--max_image_pixels", type=int, help="pixels of one image as decoded, padded or resized (default 36,000,000)"
     )
     budgets.add_argument(
         "--allow_outside_image_folder", action="store_true", default=None,

@@ -31,9 +31,11 @@ from neva_pack.records import RecordError
 ASPECT_RATIOS = ("square", "pad")
 DEFAULT_MAX_IMAGE_BYTES = 64 << 20
 """64 MiB per image file (a 24-megapixel JPEG is about 10 MB)."""
-DEFAULT_MAX_IMAGE_PIXELS = 64_000_000
-"""64 megapixels per image as decoded, padded to a square (pad) or resized (square): its RGB copy
-is 192 MB, and the peak of one worker stays under 1.5 GB (benchmarks/bench_hostile.py)."""
+DEFAULT_MAX_IMAGE_PIXELS = 36_000_000
+"""36 megapixels per image as decoded, padded to a square (pad) or resized (square): decoding,
+padding and the image processor need 12 to 15 bytes per pixel on top of a process's ~0.9 GB of
+libraries, so one image keeps a process under 1.5 GB (benchmarks/bench_hostile.py); a 6000 x 4000
+(24-megapixel) photo passes, padded too."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +156,7 @@ def decode_image(data: bytes, name: str, max_pixels: int = DEFAULT_MAX_IMAGE_PIX
             image.load()
             if image.mode in _WIDE_GRAY_MODES:
                 image = _gray_to_8_bits(image)
-            return image.convert("RGB")
+            return image if image.mode == "RGB" else image.convert("RGB")  # no second copy of a large image
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
         raise RecordError("unreadable_image", f"{name}: {exc.__class__.__name__}: {exc}") from None
 

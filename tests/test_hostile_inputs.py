@@ -181,7 +181,7 @@ def test_a_hostile_image_is_skipped_without_reading_it_whole(tmp_path, capsys, i
 def test_the_image_budget_names_the_limit_and_the_flag(tmp_path, capsys, images):
     run = run_with(tmp_path, capsys, images, image_record(wide_png(images)), "--image_aspect_ratio", "pad")
     detail = json.loads((run.out / "skipped.jsonl").read_text())["detail"]
-    assert detail == "wide.png: padded to 20000 x 20000 = 400,000,000 pixels > --max_image_pixels 64,000,000"
+    assert detail == "wide.png: padded to 20000 x 20000 = 400,000,000 pixels > --max_image_pixels 36,000,000"
 
 
 def test_json_list_scanner_gives_json_loads_values_at_any_chunk_boundary(tmp_path, monkeypatch):
@@ -555,7 +555,7 @@ def test_a_108_megapixel_jpeg_is_image_too_large_naming_the_limit_and_flag(tmp_p
     run = run_with(tmp_path, capsys, images, image_record("huge.jpg"))
     assert run.code == 0 and run.reasons == {HOSTILE_AT: "image_too_large"}
     detail = json.loads((run.out / "skipped.jsonl").read_text())["detail"]
-    assert detail == "huge.jpg: 12000 x 9000 = 108,000,000 pixels > --max_image_pixels 64,000,000"
+    assert detail == "huge.jpg: 12000 x 9000 = 108,000,000 pixels > --max_image_pixels 36,000,000"
     assert run.verified
 
 
