@@ -285,10 +285,16 @@ def _encode_samples(config, builder, output_dir: Path, total: int, progress: boo
 
 def _stop_workers(items) -> None:
     """Kill the DataLoader's workers at once when the run stops early (Ctrl-C, SIGTERM, an error):
-    they hold nothing durable, and torch's own shutdown waits up to 5 s for each busy one."""
-    for worker in getattr(items, "_workers", ()):
-        if worker.is_alive():
-            worker.kill()
+    they hold nothing durable, and torch's own shutdown waits up to 5 s for each busy one. They
+    are first taken off torch's SIGCHLD watch list, or their death would raise in the main process."""
+    workers = [worker for worker in getattr(items, "_workers", ()) if worker.is_alive()]
+    if getattr(items, "_worker_pids_set", False):
+        from torch.utils.data import _utils
+
+        _utils.signal_handling._remove_worker_pids(id(items))
+        items._worker_pids_set = False
+    for worker in workers:
+        worker.kill()
 
 
 def _worker_init(_worker_id: int) -> None:
