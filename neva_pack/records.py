@@ -180,26 +180,29 @@ _LINE_CHUNK = 1 << 20
 
 
 def _jsonl_lines(f: BinaryIO, limits: RecordLimits) -> Iterator[tuple[bytes | None, tuple[str, str] | None]]:
+    """Each non-blank line, read at most max_bytes + 1 at a time: a longer line is drained, not kept.
+    (Counting passes max_bytes 0: every line is drained, and blank lines are still told apart.)"""
     first = True
     while True:
         line = f.readline(limits.max_bytes + 1) if limits.max_bytes else f.readline(_LINE_CHUNK)
         if not line:
             return
-        size = len(line)
-        if not line.endswith(b"\n") and size > limits.max_bytes:  # over budget: drain the line, keep nothing
-            while rest := f.readline(_LINE_CHUNK):
-                size += len(rest)
-                line = rest
-                if rest.endswith(b"\n"):
-                    break
         if first and line.startswith(_UTF8_BOM):
             line = line[3:]
         first = False
+        size = len(line)
+        blank = not line.strip()
+        if not line.endswith(b"\n") and size > limits.max_bytes:  # over budget: drain the line, keep nothing
+            while rest := f.readline(_LINE_CHUNK):
+                size += len(rest)
+                blank = blank and not rest.strip()
+                if rest.endswith(b"\n"):
+                    break
+        if blank:
+            continue
         if size > limits.max_bytes:
-            if size == len(line) and not line.strip():
-                continue
             yield None, ("record_too_large", f"{size:,} bytes > --max_record_bytes {limits.max_bytes:,}")
-        elif line.strip():
+        else:
             yield line, None
 
 

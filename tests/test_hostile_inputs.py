@@ -195,6 +195,40 @@ def test_json_list_scanner_gives_json_loads_values_at_any_chunk_boundary(tmp_pat
         assert [raw.value for raw in iter_raw_records(path)] == values
 
 
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-(10**6), 10**6) | st.text(alphabet=st.sampled_from('ab"\\[]{},: \nü'), max_size=8),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=4), children, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(values=st.lists(JSON_VALUES, max_size=6), indent=st.sampled_from([None, 1]), chunk=st.integers(1, 40))
+def test_property_the_list_scanner_agrees_with_json_loads(tmp_path_factory, values, indent, chunk):
+    import neva_pack.records as records
+    from neva_pack.records import count_records
+
+    path = tmp_path_factory.mktemp("scan") / "data.json"
+    path.write_text(json.dumps(values, indent=indent, ensure_ascii=False), encoding="utf-8")
+    saved, records._CHUNK = records._CHUNK, chunk
+    try:
+        assert [raw.value for raw in iter_raw_records(path)] == values
+        assert count_records(path) == len(values)
+    finally:
+        records._CHUNK = saved
+
+
+def test_counting_and_reading_agree_on_blank_and_oversized_jsonl_lines(tmp_path):
+    from neva_pack.records import count_records
+
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"a": 1}\n' + b" " * 2_000_000 + b'\n\n{"b": 2}\n' + b"x" * 9_000_000 + b'\n{"c": 3}')
+    raws = list(iter_raw_records(path))
+    assert [(raw.value, raw.reason if raw.error else None) for raw in raws] == [
+        ({"a": 1}, None), ({"b": 2}, None), (None, "record_too_large"), ({"c": 3}, None)]  # fmt: skip
+    assert count_records(path) == len(raws)
+
+
 def test_new_skip_reasons_are_listed_with_their_meaning():
     for reason in ("record_too_large", "record_too_deep", "conversation_too_long", "invalid_unicode",
                    "outside_image_folder", "image_too_large", "no_supervised_tokens"):  # fmt: skip
