@@ -199,6 +199,12 @@ class SampleBuilder:
     def _build(self, raw: RawRecord) -> Sample:
         conversation = parse_record(raw, self.max_conversation_chars)
         pieces = render(self.template, conversation.turns, self.system_prompt)
+        rendered = sum(len(piece.value) for piece in pieces if piece.kind == "text")
+        if rendered > self.max_conversation_chars:  # many short turns: the template's text counts too
+            raise RecordError(
+                "conversation_too_long",
+                f"{rendered:,} characters once templated > --max_conversation_chars {self.max_conversation_chars:,}",
+            )
         ids, trained, image_starts = self._encode(pieces)
         truncated = False
         if len(ids) > self.max_seq_length + 1:

@@ -133,6 +133,8 @@ RECORD_CASES = {
                                 "record_too_large"),
     "over --max_conversation_chars": ({"conversations": conversation("x" * 5_000)}, ("--max_conversation_chars", "1000"),
                                       "conversation_too_long"),
+    "many empty turns (the template's text counts)": ({"conversations": conversation("", "") * 200},
+                                                      ("--max_conversation_chars", "1000"), "conversation_too_long"),
 }  # fmt: skip
 
 
