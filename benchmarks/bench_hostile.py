@@ -82,7 +82,7 @@ CASES = {
     "50 MB value, --max_record_bytes 64 MiB": record_case(
         {"id": "big", "conversations": turns("a " * 25_000_000)}, "--max_record_bytes", str(64 << 20)
     ),
-    "999,990-character conversation (tokenized)": record_case({"id": "edge", "conversations": turns("a " * 499_995)}),
+    "999,990-character question (tokenized, cut)": record_case({"id": "edge", "conversations": turns("a " * 499_995)}),
     "JSON list record nested 100,000 deep": record_case("[" * 100_000 + "]" * 100_000),
     "20000x1 PNG, square": image_case("wide.png", png(20_000, 1)),
     "20000x1 PNG, pad": image_case("wide.png", png(20_000, 1), "--image_aspect_ratio", "pad"),
