@@ -298,9 +298,11 @@ def _stop_workers(items) -> None:
 
 
 def _worker_init(_worker_id: int) -> None:
-    """A DataLoader worker leaves Ctrl-C to the main process (which shuts it down cleanly) and,
-    on Linux, is killed when the main process dies however it dies (even SIGKILL): no orphans."""
+    """A DataLoader worker leaves Ctrl-C to the main process (which shuts it down cleanly), dies
+    quietly on SIGTERM (not through the main process's handler, inherited by fork) and, on Linux,
+    is killed when the main process dies however it dies (even SIGKILL): no orphans."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if sys.platform.startswith("linux"):
         import ctypes
 

@@ -222,7 +222,7 @@ def _decode(index: int, data: bytes | None, problem: tuple[str, str] | None, lim
         return RawRecord(index, None, error=f"{depth} levels > --max_record_depth {limits.max_depth}",
                          reason="record_too_deep")  # fmt: skip
     if surrogate is not None:
-        return RawRecord(index, None, error=f"lone surrogate in {surrogate!r:.80}", reason="invalid_unicode")
+        return RawRecord(index, None, error=f'lone surrogate in "{surrogate:.80}"', reason="invalid_unicode")
     return RawRecord(index, value)
 
 
