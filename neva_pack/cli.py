@@ -99,6 +99,20 @@ def _add_preprocess_flags(parser: argparse.ArgumentParser) -> None:
         help=f"token convention (default {DEFAULT_TOKENIZATION}): "
         + "; ".join(f"{t.name}: {t.description}" for t in TOKENIZATIONS.values()),
     )
+    budgets = parser.add_argument_group("per-record budgets (a record over one is skipped, with its reason)")
+    budgets.add_argument("--max_record_bytes", type=int, help="bytes of one record's JSON text (default 8 MiB)")
+    budgets.add_argument("--max_record_depth", type=int, help="nesting levels of one record (default 64, at most 500)")
+    budgets.add_argument(
+        "--max_conversation_chars", type=int, help="characters of one conversation's text (default 1,000,000)"
+    )
+    budgets.add_argument("--max_image_bytes", type=int, help="bytes of one image file (default 64 MiB)")
+    budgets.add_argument(
+        "--max_image_pixels", type=int, help="pixels of one image as decoded, padded or resized (default 36,000,000)"
+    )
+    budgets.add_argument(
+        "--allow_outside_image_folder", action="store_true", default=None,
+        help="accept absolute image paths, '..' and symlinks that lead out of --image_folder",
+    )  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -213,11 +227,47 @@ def _run_plan(args) -> int:
 COMMANDS = {"preprocess": _run_preprocess, "stats": _run_stats, "plan": _run_plan, "verify": _run_verify}
 
 
+class Terminated(BaseException):
+    """SIGTERM, turned into an exception so that the run unwinds (workers shut down, lock released)."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
+
+
+def _interrupted(args, code: int) -> int:
+    what = "interrupted" if code == EXIT_INTERRUPTED else "terminated"
+    if args.command == "preprocess" and args.output_dir is not None:
+        print(
+            f"neva-pack: {what}; nothing was published, committed work is kept in {args.output_dir}: "
+            "run the same command with --resume to continue",
+            file=sys.stderr,
+        )
+    else:
+        print(f"neva-pack: {what}", file=sys.stderr)
+    return code
+
+
+EXIT_INTERRUPTED = 130
+"""128 + SIGINT, as shells report Ctrl-C."""
+EXIT_TERMINATED = 143
+"""128 + SIGTERM."""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    import signal
+    import threading
+
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) if in_main_thread else None
     try:
         return COMMANDS[args.command](args)
+    except KeyboardInterrupt:
+        return _interrupted(args, EXIT_INTERRUPTED)
+    except Terminated:
+        return _interrupted(args, EXIT_TERMINATED)
     except NevaPackError as error:
         if args.debug:
             raise
@@ -229,6 +279,9 @@ def main(argv: list[str] | None = None) -> int:
         where = f"{error.filename}: " if error.filename else ""
         print(f"neva-pack: error: {where}{error.strerror or error}", file=sys.stderr)
         return 2
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -15,12 +15,39 @@ from pathlib import Path
 import yaml
 
 from neva_pack.errors import ConfigError
+from neva_pack.images import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGE_PIXELS
+from neva_pack.records import (
+    DEFAULT_MAX_CONVERSATION_CHARS,
+    DEFAULT_MAX_RECORD_BYTES,
+    DEFAULT_MAX_RECORD_DEPTH,
+    MAX_RECORD_DEPTH_LIMIT,
+)
 
 IMAGE_ASPECT_RATIOS = ("square", "pad")
+MAX_SEQ_LENGTH = 2**24
+"""The largest pack NeMo's format can describe: cu_seqlens are stored as float32, exact only up to
+2**24 (16,777,216 positions, far beyond any model's context)."""
+MAX_SEED = 2**63 - 1
+"""Seeds are non-negative int64 (numpy's generators refuse negative seeds)."""
+MAX_EXACT_FLOAT32 = 2**24
+"""Every id and label is stored as float32: exact only up to 2**24 in magnitude."""
+
+
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 def _default_workers() -> int:
-    return min(8, os.cpu_count() or 1)
+    return min(8, _usable_cpus())
+
+
+def max_workers() -> int:
+    """More workers than this is refused: each holds a tokenizer, an image processor and a queue of
+    samples, and hundreds of them exhaust memory long before they add speed."""
+    return max(16, 4 * _usable_cpus())
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,6 +112,19 @@ class PreprocessConfig:
     checkpoint_every: int = 10_000
     """Records per committed store shard (and every tenth of that, packs per writer checkpoint):
     at most this much work is redone after a crash."""
+    # --- per-record budgets and confinement (issue 9): what one record may cost ---
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
+    """Bytes of one record's JSON text; a longer record is skipped unparsed (record_too_large)."""
+    max_record_depth: int = DEFAULT_MAX_RECORD_DEPTH
+    """Nesting levels of one record; a deeper record is skipped unparsed (record_too_deep)."""
+    max_conversation_chars: int = DEFAULT_MAX_CONVERSATION_CHARS
+    """Characters of one conversation's text; more is skipped before tokenizing (conversation_too_long)."""
+    max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES
+    """Bytes read from one image file; a larger file is skipped unread (image_too_large)."""
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+    """Pixels of one image as decoded, padded or resized, checked before each (image_too_large)."""
+    allow_outside_image_folder: bool = False
+    """Accept absolute image names, '..' and symlinks leading out of image_folder."""
 
     # --- training side (issue 11): THD alignment and data-parallel balance ---
     pad_to_multiple_of: int | None = None
@@ -106,6 +146,7 @@ class PreprocessConfig:
     preprocessing, the default since the command line is NeMo's) or llava (LLaVA-1.5's)."""
 
     def __post_init__(self):
+        _check_types(self)
         for name in ("data_path", "output_dir", "tokenizer_path", "image_folder"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, Path):
@@ -116,8 +157,23 @@ class PreprocessConfig:
             raise ConfigError(f"--tokenizer_path {self.tokenizer_path}: no such file or directory")
         if self.image_folder is not None and not self.image_folder.exists():
             raise ConfigError(f"--image_folder {self.image_folder}: no such directory or archive")
-        if self.max_seq_length < 2:
-            raise ConfigError(f"--max_seq_length {self.max_seq_length}: must be >= 2")
+        if not 2 <= self.max_seq_length <= MAX_SEQ_LENGTH:
+            raise ConfigError(
+                f"--max_seq_length {self.max_seq_length}: must be between 2 and {MAX_SEQ_LENGTH:,} (2**24: "
+                "NeMo's format stores cu_seqlens as float32, exact only up to there)"
+            )
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ConfigError(f"--seed {self.seed}: must be between 0 and 2**63 - 1")
+        if abs(self.ignore_index) > MAX_EXACT_FLOAT32:
+            raise ConfigError(f"--ignore_index {self.ignore_index}: labels are float32 on disk, exact only up to 2**24")
+        for name in ("max_record_bytes", "max_record_depth", "max_conversation_chars", "max_image_bytes",
+                     "max_image_pixels"):  # fmt: skip
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name} {getattr(self, name)}: must be >= 1")
+        if self.max_record_depth > MAX_RECORD_DEPTH_LIMIT:
+            raise ConfigError(
+                f"--max_record_depth {self.max_record_depth}: at most {MAX_RECORD_DEPTH_LIMIT} (the JSON parser recurses per level)"
+            )
         from neva_pack.packing import ALGORITHMS  # light: numba kernels compile on first call only
 
         if self.packing_algorithm not in ALGORITHMS:
@@ -132,8 +188,11 @@ class PreprocessConfig:
 
         if self.tokenization not in TOKENIZATIONS:
             raise ConfigError(f"--tokenization {self.tokenization!r}: choose one of {', '.join(TOKENIZATIONS)}")
-        if self.num_workers < 0:
-            raise ConfigError(f"--num_workers {self.num_workers}: must be >= 0")
+        if not 0 <= self.num_workers <= max_workers():
+            raise ConfigError(
+                f"--num_workers {self.num_workers}: must be between 0 and {max_workers()} "
+                f"(4 per CPU, at least 16; this machine has {_usable_cpus()} CPU(s))"
+            )
         if not 0 <= self.max_skip_fraction <= 1:
             raise ConfigError(f"--max_skip_fraction {self.max_skip_fraction}: must be between 0 and 1")
         if self.resume and self.overwrite:
@@ -147,8 +206,8 @@ class PreprocessConfig:
             object.__setattr__(self, "crop_size", tuple(int(v) for v in self.crop_size))
         if self.pack_sizes is not None:
             sizes = tuple(sorted({int(v) for v in self.pack_sizes}))
-            if not sizes or sizes[0] < 2:
-                raise ConfigError(f"--pack_sizes {list(self.pack_sizes)}: every size must be >= 2")
+            if not sizes or sizes[0] < 2 or sizes[-1] > MAX_SEQ_LENGTH:
+                raise ConfigError(f"--pack_sizes {list(self.pack_sizes)}: every size must be between 2 and {MAX_SEQ_LENGTH:,}")
             object.__setattr__(self, "pack_sizes", sizes)
             object.__setattr__(self, "max_seq_length", sizes[-1])
         if self.pad_id < 0:
@@ -176,6 +235,36 @@ class PreprocessConfig:
     @classmethod
     def field_names(cls) -> set[str]:
         return {f.name for f in fields(cls)}
+
+
+_EXPECTED = {
+    "Path": ("a path", lambda v: isinstance(v, (str, os.PathLike))),
+    "int": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    "float": ("a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)),
+    "bool": ("true or false", lambda v: isinstance(v, bool)),
+    "str": ("a string", lambda v: isinstance(v, str)),
+    "tuple[int, int]": (
+        "a list of 2 integers (height, width)",
+        lambda v: isinstance(v, (list, tuple)) and len(v) == 2 and all(_EXPECTED["int"][1](x) for x in v),
+    ),
+    "tuple[int, ...]": (
+        "a list of integers",
+        lambda v: isinstance(v, (list, tuple)) and all(_EXPECTED["int"][1](x) for x in v),
+    ),
+}
+"""Annotation of a field -> (what it must be, in words; the test). Values from a YAML hparams file or
+the Python API arrive untyped: a wrong type is refused here, naming the field, not deep in the run."""
+
+
+def _check_types(config: PreprocessConfig) -> None:
+    for spec in fields(config):
+        value = getattr(config, spec.name)
+        base = spec.type.removesuffix(" | None")
+        if value is None and base != spec.type:
+            continue
+        words, test = _EXPECTED[base]
+        if not test(value):
+            raise ConfigError(f"--{spec.name} {value!r:.60}: expected {words}, got {type(value).__name__}")
 
 
 HPARAMS_KEYS = {

@@ -15,3 +15,7 @@ class ConfigError(NevaPackError):
 
 class InputError(NevaPackError):
     """An input file that cannot be read at all (not one bad record: those are skipped)."""
+
+
+class OutputError(NevaPackError):
+    """The run's own output failed a check before publishing (a bug, not a bad input): nothing was published."""

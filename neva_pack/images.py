@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import os
+import stat
 import tarfile
 import warnings
 from dataclasses import dataclass
@@ -28,6 +29,13 @@ from neva_pack.errors import ConfigError
 from neva_pack.records import RecordError
 
 ASPECT_RATIOS = ("square", "pad")
+DEFAULT_MAX_IMAGE_BYTES = 64 << 20
+"""64 MiB per image file (a 24-megapixel JPEG is about 10 MB)."""
+DEFAULT_MAX_IMAGE_PIXELS = 36_000_000
+"""36 megapixels per image as decoded, padded to a square (pad) or resized (square): decoding,
+padding and the image processor need 12 to 15 bytes per pixel on top of a process's ~0.9 GB of
+libraries, so one image keeps a process under 1.5 GB (benchmarks/bench_hostile.py); a 6000 x 4000
+(24-megapixel) photo passes, padded too."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,38 +50,78 @@ class ImageSource:
     """Reads image bytes by relative name from a directory or an uncompressed .tar archive.
 
     A tar archive is indexed once (name -> data offset) and opened once per process;
-    reading an image is one seek and one read.
+    reading an image is one seek and one read. A name must stay inside the folder (after
+    normalisation and symlinks) unless ``allow_outside``; only regular files are opened (never a
+    device, FIFO or socket, which could block or never end), and at most ``max_bytes`` are read.
     """
 
-    def __init__(self, root: str | Path | None):
+    def __init__(self, root: str | Path | None, *, max_bytes: int = DEFAULT_MAX_IMAGE_BYTES, allow_outside: bool = False):
         self.root = None if root is None else Path(root)
+        self.max_bytes = max_bytes
+        self.allow_outside = allow_outside
         self._tar_index: dict[str, TarMember] | None = None
         self._tar_file = None
+        self._resolved_root = None
         if self.root is None:
             return
         if self.root.is_file() and tarfile.is_tarfile(self.root):
             self._tar_index = _index_tar(self.root)
+        elif self.root.is_file():
+            raise ConfigError(f"--image_folder {self.root}: {_not_a_tar(self.root)}")
         elif not self.root.is_dir():
             raise ConfigError(f"--image_folder {self.root}: not a directory or a .tar archive")
+        else:
+            self._resolved_root = self.root.resolve()
 
     def read(self, name: str) -> bytes:
         if self.root is None:
             raise RecordError("missing_image", f"{name}: the record has an image but no --image_folder was given")
         if self._tar_index is not None:
             return self._read_tar(name)
-        path = self.root / name
+        path = self._confined(name)
         try:
-            with open(path, "rb") as f:
-                return f.read()
+            info = os.stat(path)
+            if not stat.S_ISREG(info.st_mode):
+                raise RecordError("unreadable_image", f"{name}: not a regular file (a directory, device, FIFO or socket)")
+            self._check_bytes(name, info.st_size)
+            # O_NONBLOCK: a FIFO swapped in after the stat cannot block the open; fstat refuses it
+            descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
         except FileNotFoundError:
             raise RecordError("missing_image", f"{name}: not found in {self.root}") from None
-        except (IsADirectoryError, PermissionError, OSError) as exc:
+        except OSError as exc:
             raise RecordError("unreadable_image", f"{name}: {exc.__class__.__name__}: {exc.strerror or exc}") from None
+        with open(descriptor, "rb") as f:
+            try:
+                if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                    raise RecordError("unreadable_image", f"{name}: not a regular file")
+                data = f.read(self.max_bytes + 1)
+            except OSError as exc:
+                raise RecordError("unreadable_image", f"{name}: {exc.__class__.__name__}: {exc.strerror or exc}") from None
+        self._check_bytes(name, len(data))
+        return data
+
+    def _confined(self, name: str) -> Path:
+        """The file a name points at; outside_image_folder unless it stays inside the folder."""
+        if self.allow_outside:
+            return Path(os.path.normpath(self.root / name))
+        if os.path.isabs(name) or os.path.normpath(name).split(os.sep)[0] == os.pardir:
+            raise RecordError("outside_image_folder", f"{name}: not a relative path inside --image_folder {self.root}")
+        resolved = (self._resolved_root / name).resolve()
+        if not resolved.is_relative_to(self._resolved_root):
+            raise RecordError("outside_image_folder", f"{name}: resolves to {resolved}, outside --image_folder {self.root}")
+        return resolved
+
+    def _check_bytes(self, name: str, size: int) -> None:
+        if size > self.max_bytes:
+            raise RecordError(
+                "image_too_large", f"{name}: more than --max_image_bytes {self.max_bytes:,} bytes ({size:,}+)"
+            )
 
     def _read_tar(self, name: str) -> bytes:
         member = self._tar_index.get(_normalise_member_name(name))
         if member is None:
             raise RecordError("missing_image", f"{name}: not a member of {self.root}")
+        self._check_bytes(name, member.size)
         if self._tar_file is None:
             self._tar_file = open(self.root, "rb")
         self._tar_file.seek(member.offset)
@@ -81,34 +129,61 @@ class ImageSource:
 
     def __getstate__(self):
         # the index travels to DataLoader workers; each worker opens the archive once itself
-        return {"root": self.root, "_tar_index": self._tar_index}
+        return {key: getattr(self, key) for key in _SOURCE_STATE}
 
     def __setstate__(self, state):
-        self.root = state["root"]
-        self._tar_index = state["_tar_index"]
+        for key in _SOURCE_STATE:
+            setattr(self, key, state[key])
         self._tar_file = None
 
 
-def decode_image(data: bytes, name: str) -> Image.Image:
-    """Bytes -> RGB PIL image; anything PIL cannot decode is an ``unreadable_image`` skip."""
+_SOURCE_STATE = ("root", "max_bytes", "allow_outside", "_tar_index", "_resolved_root")
+
+
+def decode_image(data: bytes, name: str, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> Image.Image:
+    """Bytes -> RGB PIL image; anything PIL cannot decode is an ``unreadable_image`` skip.
+
+    The size is read from the header and checked against ``max_pixels`` before any pixel is
+    decoded. 16-bit grayscale (mode I;16, I) is scaled to 8 bits, not clipped (which whitens it).
+    """
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # our own budget is checked first
             image = Image.open(io.BytesIO(data))
+            width, height = image.size
+            if width * height > max_pixels:
+                raise RecordError("image_too_large", _too_many_pixels(name, f"{width} x {height}", width * height, max_pixels))
             image.load()
-            return image.convert("RGB")
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+            if image.mode in _WIDE_GRAY_MODES:
+                image = _gray_to_8_bits(image)
+            return image if image.mode == "RGB" else image.convert("RGB")  # no second copy of a large image
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
         raise RecordError("unreadable_image", f"{name}: {exc.__class__.__name__}: {exc}") from None
+
+
+_WIDE_GRAY_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
+
+
+def _gray_to_8_bits(image: Image.Image) -> Image.Image:
+    """16-bit grayscale (also PIL's 32-bit mode I, which PNG's 16-bit grayscale may open as) -> L,
+    keeping the top 8 of 16 bits."""
+    values = np.asarray(image).astype(np.int64)
+    return Image.fromarray((np.clip(values, 0, 65535) >> 8).astype(np.uint8), mode="L")
+
+
+def _too_many_pixels(name: str, what: str, pixels: int, max_pixels: int) -> str:
+    return f"{name}: {what} = {pixels:,} pixels > --max_image_pixels {max_pixels:,}"
 
 
 class ImagePreprocessor:
     """The encoder's image processor, applied in the two halves described above."""
 
-    def __init__(self, encoder: EncoderSpec, aspect_ratio: str):
+    def __init__(self, encoder: EncoderSpec, aspect_ratio: str, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS):
         if aspect_ratio not in ASPECT_RATIOS:
             raise ConfigError(f"--image_aspect_ratio {aspect_ratio!r}: choose one of {', '.join(ASPECT_RATIOS)}")
         self.encoder = encoder
         self.aspect_ratio = aspect_ratio
+        self.max_pixels = max_pixels
         self.shape = (3, *encoder.crop_size)
         mean = encoder.preprocessor_config.get("image_mean", _CLIP_MEAN if encoder.processor == "clip" else _HALF)
         self._pad_colour = tuple(int(channel * 255) for channel in mean)  # LLaVA's expand2square background
@@ -131,6 +206,24 @@ class ImagePreprocessor:
 
     def __setstate__(self, state):
         self.__dict__.update(state)
+
+    def check_size(self, size: tuple[int, int], name: str) -> None:
+        """image_too_large when padding (pad) or resizing would make more than ``max_pixels``,
+        checked before either runs: a 20000 x 1 image padded is 400 megapixels, and resized so its
+        shortest edge is 336 it is 336 x 6,720,000."""
+        width, height = size
+        if self.aspect_ratio == "pad" and width != height:
+            side = max(width, height)
+            if side * side > self.max_pixels:
+                raise RecordError("image_too_large", _too_many_pixels(name, f"padded to {side} x {side}", side * side, self.max_pixels))
+            width = height = side
+        shortest = self.encoder.preprocessor_config.get("size", {}).get("shortest_edge")
+        if shortest and min(width, height) > 0:
+            scale = shortest / min(width, height)
+            resized = (max(round(width * scale), shortest), max(round(height * scale), shortest))
+            if resized[0] * resized[1] > self.max_pixels:
+                what = f"resized to {resized[0]} x {resized[1]} (shortest edge {shortest})"
+                raise RecordError("image_too_large", _too_many_pixels(name, what, resized[0] * resized[1], self.max_pixels))
 
     def to_uint8(self, image: Image.Image) -> np.ndarray:
         """RGB image -> (3, H, W) uint8 after padding (if ``pad``), resize and crop."""
@@ -184,14 +277,35 @@ def _processor_class(kind: str):
     raise ConfigError(f"the installed transformers has no {names[-1]}")
 
 
+_COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd"}
+
+
+def _not_a_tar(path: Path) -> str:
+    """Why a file given as --image_folder is not an archive we can index, in one phrase."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+    for magic, kind in _COMPRESSED.items():
+        if head.startswith(magic):
+            return f"a {kind}-compressed file; compressed archives are not supported (decompress it to a .tar)"
+    return "not a directory or a .tar archive"
+
+
 def _index_tar(path: Path) -> dict[str, TarMember]:
+    size = path.stat().st_size
     try:
         with tarfile.open(path, "r:") as archive:
-            return {
-                _normalise_member_name(m.name): TarMember(m.offset_data, m.size) for m in archive if m.isfile()
-            }
+            index = {}
+            for member in archive:
+                if member.isfile():
+                    if member.offset_data + member.size > size:
+                        raise ConfigError(f"--image_folder {path}: truncated tar archive ({member.name} is cut short)")
+                    index[_normalise_member_name(member.name)] = TarMember(member.offset_data, member.size)
+            return index
     except (tarfile.TarError, OSError) as exc:
-        raise ConfigError(f"--image_folder {path}: unreadable tar archive ({exc}); compressed archives are not supported") from None
+        reason = _not_a_tar(path)
+        if reason.startswith("not a"):
+            reason = f"truncated or corrupt tar archive ({exc})"
+        raise ConfigError(f"--image_folder {path}: {reason}") from None
 
 
 def _normalise_member_name(name: str) -> str:

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -22,16 +24,17 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from neva_pack import __version__
+from neva_pack import __version__, invariants
 from neva_pack import store as layout
+from neva_pack import output_dir as ownership
 from neva_pack.config import PreprocessConfig
 from neva_pack.encoders import resolve_encoder
-from neva_pack.errors import ConfigError, InputError
+from neva_pack.errors import ConfigError, InputError, OutputError
 from neva_pack.images import ImagePreprocessor, ImageSource
 from neva_pack.packing import RECOMMENDED_ALGORITHM, PackingPlan, pack
 from neva_pack.packing.alignment import aligned_capacity, padded_lengths
 from neva_pack.packing.balance import PackCosts, balance_order, reorder_plan, straggler_overhead
-from neva_pack.records import count_records
+from neva_pack.records import RecordLimits, count_records
 from neva_pack.samples import (
     SampleBuilder,
     SampleStream,
@@ -73,7 +76,7 @@ def build_sample_builder(config: PreprocessConfig) -> SampleBuilder:
         raise ConfigError(
             f"crop_size {list(config.crop_size)} disagrees with {encoder.name}'s processor ({list(encoder.crop_size)})"
         )
-    preprocessor = ImagePreprocessor(encoder, config.image_aspect_ratio)
+    preprocessor = ImagePreprocessor(encoder, config.image_aspect_ratio, max_pixels=config.max_image_pixels)
     layout_ = image_token_layout(
         tokenizer,
         encoder.image_tokens,
@@ -89,10 +92,18 @@ def build_sample_builder(config: PreprocessConfig) -> SampleBuilder:
         if config.strict:
             raise ConfigError(f"--strict: {problem}")
         print(f"warning: {problem}", file=sys.stderr)
+    if len(config.sizes) > 1 and config.sizes[0] < layout_.positions + 2:
+        raise ConfigError(
+            f"--pack_sizes {list(config.sizes)}: every size must hold an image run ({layout_.positions} positions) "
+            "and a token more, or a sample cut for it could be left empty"
+        )
+    image_source = ImageSource(
+        config.image_folder, max_bytes=config.max_image_bytes, allow_outside=config.allow_outside_image_folder
+    )
     return SampleBuilder(
         tokenizer=tokenizer,
         template=template,
-        image_source=ImageSource(config.image_folder),
+        image_source=image_source,
         preprocessor=preprocessor,
         layout=layout_,
         max_seq_length=aligned_capacity(config.max_seq_length, config.alignment),
@@ -100,6 +111,22 @@ def build_sample_builder(config: PreprocessConfig) -> SampleBuilder:
         ignore_index=config.ignore_index,
         system_prompt=config.system_prompt,
         tokenization=config.tokenization,
+        record_limits=RecordLimits(max_bytes=config.max_record_bytes, max_depth=config.max_record_depth),
+        max_conversation_chars=config.max_conversation_chars,
+        max_image_pixels=config.max_image_pixels,
+    )
+
+
+def pack_spec(config: PreprocessConfig, builder: SampleBuilder, size: int) -> invariants.PackSpec:
+    """What every pack of this run must satisfy (checked before each is written)."""
+    return invariants.PackSpec(
+        max_seq_length=size,
+        ignore_index=config.ignore_index,
+        image_positions=builder.layout.positions,
+        patch_id=builder.layout.patch_id,
+        start_id=builder.layout.start_id,
+        end_id=builder.layout.end_id,
+        pad_id=config.pad_id,
     )
 
 
@@ -124,6 +151,8 @@ def sample_fingerprint(config: PreprocessConfig) -> dict:
         "image_ids": [config.image_patch_id, config.image_start_id, config.image_end_id],
         "system_prompt": config.system_prompt,
         "tokenization": config.tokenization,
+        "budgets": [config.max_record_bytes, config.max_record_depth, config.max_conversation_chars,
+                    config.max_image_bytes, config.max_image_pixels, config.allow_outside_image_folder],
         "neva_pack": __version__,
     }
 
@@ -131,7 +160,12 @@ def sample_fingerprint(config: PreprocessConfig) -> dict:
 def preprocess(config: PreprocessConfig, progress: bool = True) -> RunResult:
     started = time.perf_counter()
     builder = build_sample_builder(config)
-    output_dir = _prepare_output_dir(config)
+    with _prepare_output_dir(config) as lock:
+        return _run(config, builder, lock.path.parent, progress, started)
+
+
+def _run(config: PreprocessConfig, builder: SampleBuilder, output_dir: Path, progress: bool, started) -> RunResult:
+    """Every stage, while the output directory's lock is held."""
     total = count_records(config.data_path, progress=progress)
 
     _encode_samples(config, builder, output_dir, total, progress)
@@ -164,8 +198,13 @@ def _write_prefix(config, builder, store, total: int, size: int, output_dir: Pat
     plan, balance = _balance(config, plan, rows)
     writer = layout.PackedWriter(prefix, builder.preprocessor.shape, _plan_digest(plan, padded), resume=config.resume)
     padding = _Padding(lengths=padded, pad_id=config.pad_id, ignore_index=config.ignore_index)
-    _write_packs(store, plan, cuts, padding, builder.preprocessor, writer, max(1, config.checkpoint_every // 10), progress)
+    spec = pack_spec(config, builder, size)
+    every = max(1, config.checkpoint_every // 10)
+    _write_packs(store, plan, cuts, padding, builder.preprocessor, writer, every, progress, spec)
     report = _report(config, builder, store, rows, plan, padded, balance, total, prefix, time.perf_counter() - started)
+    problem = invariants.accounting_problem(total, report["records"]["packed"], report["records"]["skipped"])
+    if problem is not None:
+        raise OutputError(f"{prefix}: {problem}; nothing was published (run again with --overwrite)")
     layout.write_json_atomic(stats_file, report)
     packed = rows[plan.indices]
     writer.publish(
@@ -216,31 +255,38 @@ def _rows_at(store, size: int, run_length: int) -> tuple[np.ndarray, dict[int, t
     return rows, cuts
 
 
-def _prepare_output_dir(config: PreprocessConfig) -> Path:
-    """Refuse a non-empty directory unless --resume or --overwrite; touch nothing when refusing."""
+def _prepare_output_dir(config: PreprocessConfig) -> ownership.OutputLock:
+    """Lock the output directory for this run (returned, held) after checking what is in it:
+    a non-empty directory is refused (untouched) unless --resume or --overwrite, and these touch
+    only what neva-pack recognises as its own output (see ``neva_pack.output_dir``)."""
     output_dir = Path(config.output_dir)
     if output_dir.exists() and not output_dir.is_dir():
         raise ConfigError(f"--output_dir {output_dir}: exists and is not a directory")
-    entries = sorted(p.name for p in output_dir.iterdir()) if output_dir.is_dir() else []
-    if entries and not (config.resume or config.overwrite):
-        raise ConfigError(
-            f"--output_dir {output_dir}: not empty ({entries[0]}{', ...' if len(entries) > 1 else ''}); "
-            "pass --resume to continue an interrupted run or --overwrite to replace it"
-        )
-    if config.overwrite:
-        for path in layout.output_paths(output_dir):
-            if path.is_dir():
-                shutil.rmtree(path)
-            elif path.exists():
-                path.unlink()
+
+    def refuse_if_not_empty():
+        entries = ownership.entries(output_dir)
+        if entries and not (config.resume or config.overwrite):
+            raise ConfigError(
+                f"--output_dir {output_dir}: not empty ({entries[0]}{', ...' if len(entries) > 1 else ''}); "
+                "pass --resume to continue an interrupted run or --overwrite to replace it"
+            )
+
+    refuse_if_not_empty()
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
-        probe = output_dir / ".neva_pack_write_test"
-        probe.write_bytes(b"")
-        probe.unlink()
+        lock = ownership.OutputLock(output_dir).acquire()
     except OSError as exc:
         raise ConfigError(f"--output_dir {output_dir}: cannot write ({exc.strerror or exc})") from None
-    return output_dir
+    try:
+        refuse_if_not_empty()  # another run may have written here before this one got the lock
+        inputs = {"data_path": config.data_path, "image_folder": config.image_folder, "tokenizer_path": config.tokenizer_path}
+        owned = ownership.owned_outputs(output_dir, inputs if config.overwrite else {})
+        if config.overwrite:
+            ownership.remove(owned)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
 
 
 def _encode_samples(config, builder, output_dir: Path, total: int, progress: bool) -> None:
@@ -259,23 +305,61 @@ def _encode_samples(config, builder, output_dir: Path, total: int, progress: boo
             num_workers=config.num_workers,
             collate_fn=passthrough,
             prefetch_factor=8 if config.num_workers else None,
+            worker_init_fn=_worker_init,
         )
         bar = tqdm(total=total, initial=start, desc="tokenize + images", unit="rec", disable=not progress)
-        for position, item in enumerate(loader, start=start):
-            if isinstance(item, Skipped):
-                writer.skip(item)
-                skipped += 1
-                bar.set_postfix(skipped=skipped, refresh=False)
-            else:
-                writer.append(item)
-            bar.update()
-            done = position + 1
-            if done % config.checkpoint_every == 0 and done < total:
-                writer.commit(done)
-            if done >= SKIP_CHECK_AFTER or done == total:
-                _check_skip_fraction(config, writer, skipped, done, output_dir)
+        items = iter(loader)
+        try:
+            for position, item in enumerate(items, start=start):
+                if isinstance(item, Skipped):
+                    writer.skip(item)
+                    skipped += 1
+                    bar.set_postfix(skipped=skipped, refresh=False)
+                else:
+                    writer.append(item)
+                bar.update()
+                done = position + 1
+                if done % config.checkpoint_every == 0 and done < total:
+                    writer.commit(done)
+                if done >= SKIP_CHECK_AFTER or done == total:
+                    _check_skip_fraction(config, writer, skipped, done, output_dir)
+        except BaseException:
+            _stop_workers(items)
+            raise
         bar.close()
     writer.finish(total)
+
+
+def _stop_workers(items) -> None:
+    """Kill the DataLoader's workers at once when the run stops early (Ctrl-C, SIGTERM, an error):
+    they hold nothing durable, and torch's own shutdown waits up to 5 s for each busy one. They
+    are first taken off torch's SIGCHLD watch list, or their death would raise in the main process."""
+    workers = [worker for worker in getattr(items, "_workers", ()) if worker.is_alive()]
+    if getattr(items, "_worker_pids_set", False):
+        from torch.utils.data import _utils
+
+        _utils.signal_handling._remove_worker_pids(id(items))
+        items._worker_pids_set = False
+    for worker in workers:
+        worker.kill()
+
+
+def _worker_init(_worker_id: int) -> None:
+    """A DataLoader worker leaves Ctrl-C to the main process (which shuts it down cleanly), dies
+    quietly on SIGTERM (not through the main process's handler, inherited by fork) and, on Linux,
+    is killed when the main process dies however it dies (even SIGKILL): no orphans."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        parent = os.getppid()
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the main process died before prctl took effect
+            os._exit(1)
+
+
+_PR_SET_PDEATHSIG = 1
 
 
 def _check_skip_fraction(config, writer, skipped: int, done: int, output_dir: Path) -> None:
@@ -332,28 +416,31 @@ def _pad_sample(tokens: np.ndarray, labels: np.ndarray, padded_length: int, padd
 
 
 def _write_packs(
-    store, plan: PackingPlan, cuts: dict, padding: _Padding, preprocessor: ImagePreprocessor, writer, every: int, progress: bool
-) -> None:
+    store, plan: PackingPlan, cuts: dict, padding: _Padding, preprocessor: ImagePreprocessor, writer, every: int,
+    progress: bool, spec: invariants.PackSpec,
+) -> None:  # fmt: skip
     first = writer.num_packs
     bar = tqdm(total=plan.num_bins, initial=first, desc=f"write packs of {plan.capacity}", unit="pack", disable=not progress)
     for b in range(first, plan.num_bins):
-        tokens, labels, images = [], [], []
+        tokens, labels, images, real_lengths = [], [], [], []
         for i in plan.bin(b):
             sample_tokens, sample_labels = store.tokens_labels(int(i))
             sample_images = store.images(int(i))
             if int(i) in cuts:  # longer than this pack size: cut as the builder would have
                 keep, kept_images = cuts[int(i)]
                 sample_tokens, sample_labels, sample_images = sample_tokens[:keep], sample_labels[:keep], sample_images[:kept_images]
+            real_lengths.append(len(sample_tokens))
             sample_tokens, sample_labels = _pad_sample(sample_tokens, sample_labels, int(padding.lengths[i]), padding)
             tokens.append(sample_tokens)
             labels.append(sample_labels)
             images.append(sample_images)
-        writer.add_pack(
-            lengths=np.array([len(t) for t in tokens]),
-            tokens=np.concatenate(tokens),
-            labels=np.concatenate(labels),
-            images=preprocessor.normalize(np.concatenate(images)),
-        )
+        lengths = np.array([len(t) for t in tokens])
+        tokens, labels, images = np.concatenate(tokens), np.concatenate(labels), np.concatenate(images)
+        cu_seqlens = np.concatenate([[0], np.cumsum(lengths)])
+        problems = invariants.pack_problems(spec, cu_seqlens, tokens, labels, len(images), real_lengths=real_lengths)
+        if problems:
+            raise OutputError(f"pack {b} of {plan.capacity}: {problems[0]}; nothing was published (a bug: please report it)")
+        writer.add_pack(lengths=lengths, tokens=tokens, labels=labels, images=preprocessor.normalize(images))
         if (b + 1) % every == 0 and b + 1 < plan.num_bins:
             writer.checkpoint()
         bar.update()

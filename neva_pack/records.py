@@ -14,9 +14,10 @@ travels end to end.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Literal
+from typing import BinaryIO, Iterator, Literal
 
 from neva_pack.errors import InputError
 
@@ -38,6 +39,16 @@ SKIP_REASONS = {
     "unreadable_image": "an image file cannot be decoded",
     "too_long": "longer than max_seq_length while truncation is off",
     "plain_record_shape": "the plain template takes one human turn and one answer (llava: with <image>)",
+    # reliability budgets and checks (issue 9): each bounds what one record may cost
+    "record_too_large": "the record's JSON text is longer than --max_record_bytes (it is not parsed)",
+    "record_too_deep": "the record nests arrays/objects deeper than --max_record_depth (it is not parsed)",
+    "conversation_too_long": "the conversation's text has more characters than --max_conversation_chars",
+    "invalid_unicode": "a string holds a lone UTF-16 surrogate (an escape like \\ud800), which is not text",
+    "outside_image_folder": "an image name is absolute, climbs out with '..', or resolves (symlinks too) "
+    "outside --image_folder (see --allow_outside_image_folder)",
+    "image_too_large": "an image file is larger than --max_image_bytes, or its pixels (as decoded, padded "
+    "or resized) exceed --max_image_pixels (checked before decoding)",
+    "no_supervised_tokens": "no label is trained after templating and truncation (nothing to learn from)",
 }
 """Every reason a record can be skipped for, with what it means (shown in the summary)."""
 
@@ -85,61 +96,347 @@ class RawRecord:
     """The JSON decoding error of a malformed JSONL line."""
 
 
+DEFAULT_MAX_RECORD_BYTES = 8 << 20
+"""8 MiB of JSON text per record (a LLaVA record is about 1.5 KB)."""
+DEFAULT_MAX_RECORD_DEPTH = 64
+"""Nesting levels per record (a LLaVA record has 3: record, conversations, turn)."""
+MAX_RECORD_DEPTH_LIMIT = 500
+"""The most --max_record_depth may be: Python's json parser recurses once per level."""
+DEFAULT_MAX_CONVERSATION_CHARS = 1_000_000
+"""Characters of text per conversation (about 250,000 tokens: far beyond any max_seq_length)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecordLimits:
+    """What one record may cost before it is parsed: a record over a limit is skipped unparsed."""
+
+    max_bytes: int = DEFAULT_MAX_RECORD_BYTES
+    """Bytes of the record's JSON text (record_too_large)."""
+    max_depth: int = DEFAULT_MAX_RECORD_DEPTH
+    """Nesting depth of arrays/objects inside the record, the record itself being 1 (record_too_deep)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RawRecord:
+    index: int
+    """Position in the input file."""
+    value: object
+    """The decoded JSON value, or None when the record could not be decoded."""
+    error: str | None = None
+    """Why the record could not be decoded."""
+    reason: str = "malformed_json"
+    """The skip reason of ``error``: malformed_json, record_too_large, record_too_deep, invalid_unicode."""
+
+
+_UTF16_32_BOMS = (b"\xff\xfe", b"\xfe\xff")
+_UTF8_BOM = b"\xef\xbb\xbf"
+
+
 def input_format(path: Path) -> Literal["json", "jsonl"]:
-    """JSON list or JSONL, by content: a JSON list starts with '['."""
+    """JSON list or JSONL, by content: a JSON list starts with '['. UTF-16/32 text is refused (the
+    tool reads UTF-8, as JSON requires: RFC 8259), naming the encoding, instead of misreading it."""
     with open(path, "rb") as f:
-        head = f.read(4096).lstrip()
-    if head.startswith(b"\xef\xbb\xbf"):
+        head = f.read(4096)
+    if head.startswith(_UTF16_32_BOMS) or b"\x00" in head[:4]:
+        raise InputError(
+            f"--data_path {path}: the file is UTF-16 or UTF-32 text, not UTF-8; convert it first "
+            "(e.g. iconv -f UTF-16 -t UTF-8)"
+        )
+    head = head.lstrip()
+    if head.startswith(_UTF8_BOM):
         head = head[3:].lstrip()
     return "json" if head.startswith(b"[") else "jsonl"
 
 
-def iter_raw_records(path: Path) -> Iterator[RawRecord]:
-    """Yield every record of the file in order, streaming (the file is never loaded whole)."""
-    if input_format(path) == "json":
-        yield from _iter_json_list(path)
-    else:
-        yield from _iter_jsonl(path)
+def iter_raw_records(path: Path, limits: RecordLimits = RecordLimits()) -> Iterator[RawRecord]:
+    """Yield every record of the file in order, streaming (the file is never loaded whole).
+
+    No record can cost more than ``limits``: one that is too long or too deep is measured while
+    it is read and yielded as an error, unparsed; the rest of the file is read on.
+    """
+    for index, (data, problem) in enumerate(_record_texts(path, limits)):
+        yield _decode(index, data, problem, limits)
 
 
 def count_records(path: Path, progress: bool = False) -> int:
-    """Number of records, checking a JSON list's syntax: a broken list fails here, before any work."""
+    """Number of records, checking a JSON list's structure: a broken list fails here, before any work.
+    Records are only delimited, not parsed."""
     from tqdm import tqdm
 
     count = 0
-    for _ in tqdm(iter_raw_records(path), desc="read records", unit="rec", disable=not progress, mininterval=1):
+    texts = _record_texts(path, RecordLimits(max_bytes=0, max_depth=MAX_RECORD_DEPTH_LIMIT))
+    for _ in tqdm(texts, desc="read records", unit="rec", disable=not progress, mininterval=1):
         count += 1
     return count
 
 
-def _iter_json_list(path: Path) -> Iterator[RawRecord]:
-    import ijson
-
+def _record_texts(path: Path, limits: RecordLimits) -> Iterator[tuple[bytes | None, tuple[str, str] | None]]:
+    """Each record's JSON text, or None with (reason, detail) when it is over a limit."""
     with open(path, "rb") as f:
-        try:
-            for index, value in enumerate(ijson.items(f, "item", use_float=True)):
-                yield RawRecord(index, value)
-        except ijson.JSONError as exc:
-            raise InputError(f"--data_path {path}: invalid JSON list ({exc})") from None
+        if input_format(path) == "json":
+            yield from _ListScanner(f, path, limits).records()
+        else:
+            yield from _jsonl_lines(f, limits)
 
 
-def _iter_jsonl(path: Path) -> Iterator[RawRecord]:
-    index = 0
-    with open(path, "rb") as f:
-        for line in f:
-            if not line.strip():
+_LINE_CHUNK = 1 << 20
+
+
+def _jsonl_lines(f: BinaryIO, limits: RecordLimits) -> Iterator[tuple[bytes | None, tuple[str, str] | None]]:
+    """Each non-blank line, read at most max_bytes + 1 at a time: a longer line is drained, not kept.
+    (Counting passes max_bytes 0: every line is drained, and blank lines are still told apart.)"""
+    first = True
+    while True:
+        line = f.readline(limits.max_bytes + 1) if limits.max_bytes else f.readline(_LINE_CHUNK)
+        if not line:
+            return
+        if first and line.startswith(_UTF8_BOM):
+            line = line[3:]
+        first = False
+        size = len(line)
+        blank = not line.strip()
+        if not line.endswith(b"\n") and size > limits.max_bytes:  # over budget: drain the line, keep nothing
+            while rest := f.readline(_LINE_CHUNK):
+                size += len(rest)
+                blank = blank and not rest.strip()
+                if rest.endswith(b"\n"):
+                    break
+        if blank:
+            continue
+        if size > limits.max_bytes:
+            yield None, ("record_too_large", f"{size:,} bytes > --max_record_bytes {limits.max_bytes:,}")
+        else:
+            yield line, None
+
+
+def _decode(index: int, data: bytes | None, problem: tuple[str, str] | None, limits: RecordLimits) -> RawRecord:
+    if problem is not None:
+        reason, detail = problem
+        return RawRecord(index, None, error=detail, reason=reason)
+    try:
+        value = json.loads(data, parse_constant=_reject_constant)
+    except RecursionError:
+        return RawRecord(index, None, error=f"nested deeper than --max_record_depth {limits.max_depth}",
+                         reason="record_too_deep")  # fmt: skip
+    except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as exc:
+        return RawRecord(index, None, error=str(exc))
+    depth, surrogate = _depth_and_surrogates(value)
+    if depth > limits.max_depth:
+        return RawRecord(index, None, error=f"{depth} levels > --max_record_depth {limits.max_depth}",
+                         reason="record_too_deep")  # fmt: skip
+    if surrogate is not None:
+        return RawRecord(index, None, error=f'lone surrogate in "{surrogate:.80}"', reason="invalid_unicode")
+    return RawRecord(index, value)
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not JSON (RFC 8259 has no NaN or Infinity)")
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _depth_and_surrogates(value) -> tuple[int, str | None]:
+    """Nesting depth of a decoded value (a scalar is 0), and the first string holding a lone
+    surrogate (keys included), walking iteratively."""
+    deepest, surrogate = 0, None
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            deepest = max(deepest, depth)
+            for key, item in node.items():
+                if surrogate is None and _SURROGATE.search(key):
+                    surrogate = key.encode("utf-8", "backslashreplace").decode("ascii")
+                stack.append((item, depth + 1))
+        elif isinstance(node, list):
+            deepest = max(deepest, depth)
+            stack.extend((item, depth + 1) for item in node)
+        elif isinstance(node, str) and surrogate is None and _SURROGATE.search(node):
+            surrogate = node.encode("utf-8", "backslashreplace").decode("ascii")
+    return deepest, surrogate
+
+
+def _fast_record_pattern(levels: int) -> re.Pattern:
+    """A whole array, object or string nested at most ``levels`` deep, matched in one C call
+    (possessive, so it never backtracks): the fast path for ordinary records."""
+    string = rb'"(?:[^"\\]++|\\.)*+"'
+    inside = rb'(?:[^\[\]{}"]++|' + string + rb")*+"
+    for _ in range(levels - 1):
+        inside = rb'(?:[^\[\]{}"]++|' + string + rb"|\[" + inside + rb"\]|\{" + inside + rb"\})*+"
+    return re.compile(rb"\[" + inside + rb"\]|\{" + inside + rb"\}|" + string)
+
+
+_FAST_RECORD = _fast_record_pattern(8)
+_CHUNK = 1 << 20
+_STRUCTURAL = re.compile(rb'[\[\]{}"]')
+_SCALAR_END = re.compile(rb"[,\]\s]")
+_NOT_WHITESPACE = re.compile(rb"[^ \t\r\n]")
+
+
+class _ListScanner:
+    """Splits a top-level JSON list into its elements' byte ranges without parsing them.
+
+    Only brackets, braces and strings are followed (a depth counter and the string ends), so a
+    record costs its own bytes at most, and nothing once it is over ``limits``: it is then
+    scanned to its end and dropped. Each record's text is parsed later on its own, so a syntax
+    error inside one record skips that record; an error between records (the list's own
+    structure) is fatal, with its line.
+
+        [ {"id": 1, ...} , {"id": 2, ...} , 3 ]
+          ^-- record 0 --^   ^-- record 1 --^  ^ record 2 (json.loads says what is wrong)
+    """
+
+    def __init__(self, f: BinaryIO, path: Path, limits: RecordLimits):
+        self.f = f
+        self.path = path
+        self.limits = limits
+        self.buf = b""
+        self.pos = 0
+        self.mark = 0
+        """Start of the bytes that must be kept (the current record's, while within its budget)."""
+        self.offset = 0
+        """File offset of buf[0]."""
+        self.line = 1
+        """Line number of buf[0]."""
+        self.eof = False
+
+    def _fill(self) -> bool:
+        """Read one more chunk, dropping what lies before ``mark``; False at the end of the file."""
+        if self.eof:
+            return False
+        chunk = self.f.read(_CHUNK)
+        if not chunk:
+            self.eof = True
+            return False
+        self.line += self.buf.count(b"\n", 0, self.mark)
+        self.offset += self.mark
+        self.buf = self.buf[self.mark :] + chunk
+        self.pos -= self.mark
+        self.mark = 0
+        return True
+
+    def _fail(self, what: str):
+        line = self.line + self.buf.count(b"\n", 0, self.pos)
+        raise InputError(f"--data_path {self.path}: invalid JSON list: {what} at line {line} (byte {self.offset + self.pos})")
+
+    def _next_char(self) -> bytes | None:
+        """Skip whitespace; the next byte (not consumed), or None at the end of the file."""
+        while True:
+            match = _NOT_WHITESPACE.search(self.buf, self.pos)
+            if match is not None:
+                self.pos = match.start()
+                return self.buf[self.pos : self.pos + 1]
+            self.pos = self.mark = len(self.buf)
+            if not self._fill():
+                return None
+
+    def records(self) -> Iterator[tuple[bytes | None, tuple[str, str] | None]]:
+        char = self._next_char()
+        if char == _UTF8_BOM[:1] and self.buf.startswith(_UTF8_BOM, self.pos):
+            self.pos += 3
+            char = self._next_char()
+        if char != b"[":
+            self._fail("expected '['")
+        self.pos += 1
+        if self._next_char() == b"]":
+            self.pos += 1
+        else:
+            while True:
+                yield self._record()
+                char = self._next_char()
+                self.pos += 1
+                if char == b"]":
+                    break
+                if char != b",":
+                    self._fail("expected ',' or ']' after a record" if char else "unexpected end of file")
+                if self._next_char() == b"]":
+                    self._fail("trailing ',' before ']'")
+        if self._next_char() is not None:
+            self._fail("data after the closing ']'")
+
+    def _record(self) -> tuple[bytes | None, tuple[str, str] | None]:
+        first = self._next_char()
+        if first is None:
+            self._fail("unexpected end of file")
+        self.mark = start = self.pos
+        start_offset = self.offset + start
+        problem = None
+        fast = _FAST_RECORD.match(self.buf, start)
+        if fast is not None:  # the whole record is in the buffer and not deep: no byte-by-byte scan
+            self.pos = self.mark = fast.end()
+            if fast.end() - start > self.limits.max_bytes:
+                return None, ("record_too_large", f"more than --max_record_bytes {self.limits.max_bytes:,} bytes")
+            return fast.group(), None
+
+        def over_budget() -> bool:
+            nonlocal problem
+            if problem is None and self.offset + self.pos - start_offset > self.limits.max_bytes:
+                problem = ("record_too_large", f"more than --max_record_bytes {self.limits.max_bytes:,} bytes")
+            if problem is not None:
+                self.mark = self.pos  # keep nothing more of this record
+            return problem is not None
+
+        if first not in (b"[", b"{", b'"'):  # number, true, false, null: up to the next , ] or space
+            while (match := _SCALAR_END.search(self.buf, self.pos)) is None:
+                self.pos = len(self.buf)
+                over_budget()
+                if not self._fill():
+                    self._fail("unexpected end of file")
+            self.pos = match.start()
+        else:
+            depth = deepest = 0
+            while True:
+                match = _STRUCTURAL.search(self.buf, self.pos)
+                if match is None:
+                    self.pos = len(self.buf)
+                    over_budget()
+                    if not self._fill():
+                        self._fail("unexpected end of file inside a record")
+                    continue
+                self.pos = match.end()
+                char = match.group()
+                if char == b'"':
+                    self._skip_string(over_budget)
+                    if depth == 0:
+                        break
+                elif char in b"[{":
+                    depth += 1
+                    if depth > deepest:
+                        deepest = depth
+                        if depth > self.limits.max_depth and problem is None:
+                            problem = ("record_too_deep", f"more than --max_record_depth {self.limits.max_depth} levels")
+                else:
+                    depth -= 1
+                    if depth <= 0:
+                        break
+        if over_budget():
+            return None, problem
+        return self.buf[self.mark : self.pos], None
+
+    def _skip_string(self, over_budget) -> None:
+        """From just after an opening quote to just after its closing quote."""
+        while True:
+            end = self.buf.find(b'"', self.pos)
+            if end < 0:
+                backslashes = len(self.buf) - len(self.buf.rstrip(b"\\"))
+                self.pos = len(self.buf) - backslashes  # an escape cut by the chunk is looked at again
+                over_budget()
+                if not self._fill():
+                    self._fail("unexpected end of file inside a string")
                 continue
-            try:
-                yield RawRecord(index, json.loads(line))
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                yield RawRecord(index, None, error=str(exc))
-            index += 1
+            escapes = 0
+            while end - escapes - 1 >= 0 and self.buf[end - escapes - 1] == 0x5C:
+                escapes += 1
+            self.pos = end + 1
+            if escapes % 2 == 0:
+                return
 
 
-def parse_record(raw: RawRecord) -> Conversation:
+def parse_record(raw: RawRecord, max_conversation_chars: int = DEFAULT_MAX_CONVERSATION_CHARS) -> Conversation:
     """Validate one record's shape; raise RecordError for anything the pipeline cannot use."""
     if raw.error is not None:
-        raise RecordError("malformed_json", raw.error)
+        raise RecordError(raw.reason, raw.error)
     record = raw.value
     if not isinstance(record, dict):
         raise RecordError("malformed_record", f"expected an object, got {type(record).__name__}")
@@ -150,10 +447,13 @@ def parse_record(raw: RawRecord) -> Conversation:
     if not isinstance(conversations, list):
         raise RecordError("malformed_record", "'conversations' is missing or not a list")
     turns = []
+    characters = 0
     for position, turn in enumerate(conversations):
         if not isinstance(turn, dict):
             raise RecordError("malformed_record", f"turn {position} is not an object")
         speaker = turn.get("from")
+        if not isinstance(speaker, str):
+            raise RecordError("unknown_role", f"turn {position} has from={speaker!r:.80} (not a string)")
         if speaker in USER_ROLES:
             role = "user"
         elif speaker in ASSISTANT_ROLES:
@@ -163,6 +463,11 @@ def parse_record(raw: RawRecord) -> Conversation:
         value = turn.get("value")
         if not isinstance(value, str):
             raise RecordError("non_string_value", f"turn {position} has value of type {type(value).__name__}")
+        characters += len(value)
+        if characters > max_conversation_chars:
+            raise RecordError(
+                "conversation_too_long", f"more than --max_conversation_chars {max_conversation_chars:,} characters"
+            )
         turns.append(Turn(role, value))
     if turns and turns[0].role != "user":
         turns = turns[1:]  # a leading non-human turn is dropped, as LLaVA and NeMo do
@@ -190,7 +495,12 @@ def _image_list(field) -> tuple[str, ...]:
     if field is None:
         return ()
     if isinstance(field, str):
-        return (field,)
-    if isinstance(field, list) and all(isinstance(name, str) for name in field):
-        return tuple(field)
-    raise RecordError("malformed_record", f"'image' must be a string or a list of strings, got {field!r:.80}")
+        names = (field,)
+    elif isinstance(field, list) and all(isinstance(name, str) for name in field):
+        names = tuple(field)
+    else:
+        raise RecordError("malformed_record", f"'image' must be a string or a list of strings, got {field!r:.80}")
+    for name in names:
+        if "\x00" in name or not name.strip():  # a NUL cannot be in a file name (open() would raise)
+            raise RecordError("malformed_record", f"image name {name!r:.80} is empty or holds a NUL character")
+    return names

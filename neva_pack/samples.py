@@ -19,8 +19,17 @@ import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
 from neva_pack.errors import ConfigError
-from neva_pack.images import ImagePreprocessor, ImageSource, decode_image
-from neva_pack.records import Conversation, RawRecord, RecordError, Turn, iter_raw_records, parse_record
+from neva_pack.images import DEFAULT_MAX_IMAGE_PIXELS, ImagePreprocessor, ImageSource, decode_image
+from neva_pack.records import (
+    DEFAULT_MAX_CONVERSATION_CHARS,
+    Conversation,
+    RawRecord,
+    RecordError,
+    RecordLimits,
+    Turn,
+    iter_raw_records,
+    parse_record,
+)
 from neva_pack.templates import DEFAULT_TOKENIZATION, TOKENIZATIONS, Piece, Template, Tokenization, render
 from neva_pack.tokenizer import Tokenizer
 
@@ -140,15 +149,22 @@ def missing_nemo_specials(tokenizer: Tokenizer, tokenization: str, layout: Image
 def truncation(image_starts, run_length: int, max_seq_length: int) -> tuple[int, int]:
     """Where to cut a sample's ids to fit ``max_seq_length`` positions: (ids to keep, images to keep).
 
-    ids are cut to max_seq_length + 1 (tokens = ids[:-1]), or right before the first image run
-    that would not fit whole: an image run is never split.
+    ids are cut to max_seq_length + 1 (tokens = ids[:-1]), or so that the tokens end right before
+    the first image run that would not fit whole: an image run is never split. Both limits are
+    about the *tokens*, which hold one id less than the ids::
+
+        ids     t t t [A A A][B B B] t      max_seq_length 7: run A fits in the tokens, B does not:
+        tokens  t t t [A A A]               ids[:7] (up to B's first id, which only labels the
+        labels  . . . [. . .]               last token, and untrained), tokens = ids[:6], 1 image
+
+    (Cutting the ids at B's start would make tokens = ids[:5]: A's last position lost.)
     """
     cut = max_seq_length + 1
     kept = 0
-    while kept < len(image_starts) and image_starts[kept] + run_length <= cut:
+    while kept < len(image_starts) and image_starts[kept] + run_length <= max_seq_length:
         kept += 1
     if kept < len(image_starts):
-        cut = min(cut, int(image_starts[kept]))
+        cut = min(cut, int(image_starts[kept]) + 1)
     return cut, kept
 
 
@@ -168,6 +184,9 @@ class SampleBuilder:
         ignore_index: int = -1,
         system_prompt: str | None = None,
         tokenization: str = DEFAULT_TOKENIZATION,
+        record_limits: RecordLimits = RecordLimits(),
+        max_conversation_chars: int = DEFAULT_MAX_CONVERSATION_CHARS,
+        max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
     ):
         self.tokenizer = tokenizer
         self.template = template
@@ -179,12 +198,16 @@ class SampleBuilder:
         self.ignore_index = ignore_index
         self.system_prompt = system_prompt
         self.tokenization: Tokenization = TOKENIZATIONS[tokenization]
+        self.record_limits = record_limits
+        self.max_conversation_chars = max_conversation_chars
+        self.max_image_pixels = max_image_pixels
         self._image_run = layout.run()
         self._special_ids = self._resolve_specials()
         self._control = np.fromiter(sorted(tokenizer.control_ids), dtype=np.int64, count=len(tokenizer.control_ids))
         self._markers = self._resolve_markers() if self.tokenization.one_call else {}
         if tokenizer.vocab_size > MAX_EXACT_FLOAT32_ID:
             raise ConfigError(f"vocabulary of {tokenizer.vocab_size} ids does not fit NeMo's float32 packed format")
+        check_token_ids(layout, tokenizer.vocab_size)
 
     def _resolve_specials(self) -> dict[str, int]:
         probe = render(self.template, _PROBE_TURNS[:2] if self.template.one_round_only else _PROBE_TURNS)
@@ -222,7 +245,7 @@ class SampleBuilder:
             return Skipped(index=raw.index, record_id=record_id, reason=error.reason, detail=error.detail)
 
     def _build(self, raw: RawRecord) -> Sample:
-        conversation = parse_record(raw)
+        conversation = parse_record(raw, self.max_conversation_chars)
         ids, trained, image_starts = self.encode(conversation)
         truncated = False
         if len(ids) > self.max_seq_length + 1:
@@ -231,8 +254,11 @@ class SampleBuilder:
             cut, kept = truncation(image_starts, len(self._image_run), self.max_seq_length)
             ids, trained, image_starts = ids[:cut], trained[:cut], image_starts[:kept]
             truncated = True
-        if len(ids) < 2:
+        if len(ids) < 2 and not truncated:
             raise RecordError("empty_conversation", "the conversation renders to fewer than 2 tokens")
+        if not trained[1:].any():  # e.g. cut before its answer (or its image) by a short max_seq_length
+            where = f" after truncation to max_seq_length {self.max_seq_length}" if truncated else ""
+            raise RecordError("no_supervised_tokens", f"no trained label{where}")
         names = conversation.images[: len(image_starts)]
         images = np.stack([self._load(name) for name in names]) if names else self._no_images()
         labels = np.where(trained[1:], ids[1:], self.ignore_index)
@@ -252,7 +278,14 @@ class SampleBuilder:
         system = self.system_prompt
         if self.template.system_from_record and conversation.system is not None:
             system = conversation.system
-        return self._encode(render(self.template, conversation.turns, system))
+        pieces = render(self.template, conversation.turns, system)
+        rendered = sum(len(piece.value) for piece in pieces if piece.kind == "text")
+        if rendered > self.max_conversation_chars:  # many short turns: the template's text counts too
+            raise RecordError(
+                "conversation_too_long",
+                f"{rendered:,} characters once templated > --max_conversation_chars {self.max_conversation_chars:,}",
+            )
+        return self._encode(pieces)
 
     def _encode(self, pieces: list[Piece]) -> tuple[np.ndarray, np.ndarray, list[int]]:
         """Pieces -> (ids, trained mask, start position of each image run).
@@ -369,10 +402,21 @@ class SampleBuilder:
         return np.concatenate(out_ids), np.concatenate(out_mask), image_starts
 
     def _load(self, name: str) -> np.ndarray:
-        return self.preprocessor.to_uint8(decode_image(self.image_source.read(name), name))
+        image = decode_image(self.image_source.read(name), name, self.max_image_pixels)
+        self.preprocessor.check_size(image.size, name)
+        return self.preprocessor.to_uint8(image)
 
     def _no_images(self) -> np.ndarray:
         return np.zeros((0, *self.preprocessor.shape), dtype=np.uint8)
+
+
+def check_token_ids(layout: ImageTokenLayout, vocab_size: int) -> None:
+    """Image ids must be ids of the vocabulary (0 .. vocab_size - 1), hence exact in the float32
+    packed format: an id like 16777217 would be stored as 16777216."""
+    for name, value in (("image_patch_id", layout.patch_id), ("image_start_id", layout.start_id),
+                        ("image_end_id", layout.end_id)):  # fmt: skip
+        if value is not None and not 0 <= value < vocab_size:
+            raise ConfigError(f"--{name} {value}: not an id of the tokenizer's vocabulary (0 .. {vocab_size - 1})")
 
 
 _PROBE_TURNS = (Turn("user", "<image>q"), Turn("assistant", "a"), Turn("user", "q"), Turn("assistant", "a"))
@@ -433,7 +477,7 @@ class SampleStream(IterableDataset):
     def __iter__(self):
         info = get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
-        for raw in iter_raw_records(self.data_path):
+        for raw in iter_raw_records(self.data_path, self.builder.record_limits):
             if raw.index >= self.start and (raw.index - self.start) % workers == worker:
                 yield self.builder.build(raw)
 

@@ -3,12 +3,10 @@
 Checked, for every pack (DESIGN.md):
 - the checksum of every output file listed in the meta;
 - 4 items per pack with modes (0, 0, 0, 1); as many packs as the meta says;
-- cu_seqlens strictly increasing from 0 to len(tokens); len(tokens) == len(labels) <= max_seq_length;
-- the image item holds whole (3, H, W) images, one per image run in the tokens (runs are found
-  by the image start id, or as runs of patch ids); a pack without runs holds one zero image;
-- labels are the next token or the ignore value inside each sample, never across samples;
-- alignment padding (after each sample's real length, up to its cu_seqlens boundary) holds the pad id
-  with ignored labels;
+- every invariant of ``neva_pack.invariants`` (which the writer checked too, before writing):
+  cu_seqlens, lengths, labels, alignment padding (pad id, ignored labels), whole image runs, as many
+  runs as images;
+- the image item holds whole (3, H, W) images; a pack without runs holds one zero image;
 - the plan table agrees with cu_seqlens; with ``data_path``: every input record is packed
   exactly once or listed in skipped.jsonl, never both.
 """
@@ -22,6 +20,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from neva_pack import invariants
 from neva_pack import store as layout
 from neva_pack.errors import InputError
 
@@ -91,10 +90,7 @@ def _verify_checksums(prefix: Path, meta: dict, result: Verification) -> None:
 def _verify_packs(reader, meta: dict, plan: dict, result: Verification, progress: bool) -> None:
     ds = reader.dataset
     image_size = int(np.prod(reader.image_shape))
-    max_len = int(meta["max_seq_length"])
-    ignore = int(meta.get("ignore_index", -1))
-    ids = meta.get("image_token_ids", {})
-    positions = int(meta.get("image_positions", 0))
+    spec = pack_spec(meta)
     modes = reader.item_modes()
     lengths = ds.index.sequence_lengths
     offsets = plan["offsets"]
@@ -116,65 +112,36 @@ def _verify_packs(reader, meta: dict, plan: dict, result: Verification, progress
         cu = ds[first + layout.ITEM_CU_SEQLENS].astype(np.int64)
         tokens = ds[first + layout.ITEM_TOKENS].astype(np.int64)
         labels = ds[first + layout.ITEM_LABELS].astype(np.int64)
-        if len(tokens) != len(labels) or len(tokens) > max_len:
-            result.add(f"{where}: {len(tokens)} tokens, {len(labels)} labels, max_seq_length {max_len}")
-            continue
-        if len(cu) < 2 or cu[0] != 0 or cu[-1] != len(tokens) or np.any(np.diff(cu) <= 0):
-            result.add(f"{where}: cu_seqlens {cu[:8].tolist()}... not strictly increasing from 0 to {len(tokens)}")
-            continue
-        planned = plan.get("padded_length", plan["length"])[offsets[p] : offsets[p + 1]]
-        if not np.array_equal(np.diff(cu), planned):
-            result.add(f"{where}: sample lengths {np.diff(cu).tolist()} differ from the plan table {planned.tolist()}")
-            continue
-        samples += len(cu) - 1
-        real_ends = cu[:-1] + plan["length"][offsets[p] : offsets[p + 1]]
-        _check_labels(where, tokens, labels, real_ends, ignore, result)
-        _check_padding(where, tokens, labels, cu, real_ends, int(meta.get("pad_id", 0)), ignore, result)
         image_values = int(lengths[first + layout.ITEM_IMAGE])
-        runs = _image_runs(tokens, ids, positions)
         if image_values % image_size or image_values == 0:
             result.add(f"{where}: image item of {image_values} values is not whole (3, H, W) images")
-        elif runs == 0:
-            if image_values != image_size or np.any(ds[first + layout.ITEM_IMAGE]):
-                result.add(f"{where}: no image run, so one zero image was expected")
-        elif image_values // image_size != runs:
-            result.add(f"{where}: {image_values // image_size} images for {runs} image runs")
+        held = image_values // image_size
+        if held == 1 and invariants.image_runs(tokens, spec)[0] == 0 and not np.any(ds[first + layout.ITEM_IMAGE]):
+            held = 0  # the zero image a pack without images carries
+        planned = plan.get("padded_length", plan["length"])[offsets[p] : offsets[p + 1]]
+        real = plan["length"][offsets[p] : offsets[p + 1]]
+        if not np.array_equal(np.diff(cu), planned):
+            result.add(f"{where}: sample lengths {np.diff(cu).tolist()} differ from the plan table {planned.tolist()}")
+            real = None  # the plan cannot say where padding starts: check the pack on its own
+        for problem in invariants.pack_problems(spec, cu, tokens, labels, held, real_lengths=real):
+            result.add(f"{where}: {problem}")
+        samples += max(len(cu) - 1, 0)
     result.checked["packs"] = num_packs
     result.checked["samples"] = samples
 
 
-def _check_labels(where: str, tokens, labels, real_ends, ignore: int, result: Verification) -> None:
-    inner = np.ones(len(tokens), dtype=bool)
-    inner[real_ends - 1] = False  # a sample's last label is its next id, which no pack holds
-    following = np.append(tokens[1:], 0)
-    bad = inner & (labels != ignore) & (labels != following)
-    if bad.any():
-        at = int(np.flatnonzero(bad)[0])
-        result.add(f"{where}: label at position {at} is {labels[at]}, neither the next token nor {ignore}")
-
-
-def _check_padding(where: str, tokens, labels, cu, real_ends, pad_id: int, ignore: int, result: Verification) -> None:
-    """Alignment padding (real end to buffer boundary) holds the pad id with ignored labels."""
-    is_pad = np.zeros(len(tokens) + 1, dtype=np.int64)
-    np.add.at(is_pad, real_ends, 1)
-    np.add.at(is_pad, cu[1:], -1)
-    is_pad = np.cumsum(is_pad)[:-1] > 0
-    if np.any(tokens[is_pad] != pad_id) or np.any(labels[is_pad] != ignore):
-        at = int(np.flatnonzero(is_pad & ((tokens != pad_id) | (labels != ignore)))[0])
-        result.add(f"{where}: padding position {at} holds token {tokens[at]} / label {labels[at]}, not {pad_id} / {ignore}")
-
-
-def _image_runs(tokens: np.ndarray, ids: dict, positions: int) -> int:
-    start = ids.get("start")
-    if start is not None:
-        return int(np.count_nonzero(tokens == start))
-    if positions <= 0:
-        return 0
-    is_patch = np.concatenate([[False], tokens == ids.get("patch", 0), [False]])
-    edges = np.flatnonzero(np.diff(is_patch.astype(np.int8)))
-    run_lengths = edges[1::2] - edges[::2]
-    whole = run_lengths[run_lengths % positions == 0]
-    return int((whole // positions).sum())
+def pack_spec(meta: dict) -> invariants.PackSpec:
+    """What the meta says every pack satisfies."""
+    ids = meta.get("image_token_ids", {})
+    return invariants.PackSpec(
+        max_seq_length=int(meta["max_seq_length"]),
+        ignore_index=int(meta.get("ignore_index", -1)),
+        image_positions=int(meta.get("image_positions", 0)),
+        patch_id=int(ids.get("patch", 0)),
+        start_id=ids.get("start"),
+        end_id=ids.get("end"),
+        pad_id=int(meta.get("pad_id", 0)),
+    )
 
 
 def _verify_accounting(prefix: Path, plan: dict, data_path: Path, result: Verification) -> None:

@@ -224,7 +224,7 @@ def test_bad_records_are_skipped_reported_and_counted(sample_dataset, tmp_path, 
 
 
 def test_text_only_packs_carry_one_zero_image_and_long_samples_are_truncated(sample_dataset, tmp_path, capsys):
-    text = {"conversations": [{"from": "human", "value": "Tell me a long story. " * 40},
+    text = {"conversations": [{"from": "human", "value": "Tell me a long story. " * 10},
                               {"from": "gpt", "value": "Once upon a time. " * 60}]}  # fmt: skip
     short = {"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello"}]}
     data_path = sample_dataset["root"] / "text.json"
@@ -249,7 +249,7 @@ def test_text_only_packs_carry_one_zero_image_and_long_samples_are_truncated(sam
         (("--tokenizer_path", "/nonexistent.model"), "--tokenizer_path /nonexistent.model: no such file"),
         (("--conv_template", "vicuna"), "--conv_template 'vicuna': unknown template"),
         (("--hf_vision_encoder", "facebook/dino"), "--hf_vision_encoder 'facebook/dino': not a local directory"),
-        (("--max_seq_length", "1"), "--max_seq_length 1: must be >= 2"),
+        (("--max_seq_length", "1"), "--max_seq_length 1: must be between 2 and 16,777,216"),
         (("--image_folder", "/nonexistent"), "--image_folder /nonexistent: no such directory"),
         (("--tokenizer_path", "README.md"), "not a SentencePiece model"),
     ],

@@ -56,14 +56,28 @@ def test_image_sample_length_counts_image_positions(sample_tokenizer_path):
     assert np.all(sample.labels[: starts[-1] + 576] == -1)  # nothing of the prompt or images is trained
 
 
+def two_turn_record():
+    """The first answer is trained whatever happens to the images of the second turn."""
+    return {
+        "id": "img",
+        "image": ["coffee.jpg", "chelsea.jpg", "rocket.jpg"],
+        "conversations": [
+            {"from": "human", "value": "<image>\nWhat is shown?"},
+            {"from": "gpt", "value": "A cup."},
+            {"from": "human", "value": "<image>\n<image>\nAnd these?"},
+            {"from": "gpt", "value": "A cat and a rocket."},
+        ],
+    }
+
+
 def test_truncation_never_splits_an_image_run(sample_tokenizer_path):
     builder = builder_with_images(sample_tokenizer_path, max_seq_length=900)
-    full = builder_with_images(sample_tokenizer_path).build(RawRecord(0, image_record(3)))
+    full = builder_with_images(sample_tokenizer_path).build(RawRecord(0, two_turn_record()))
     second_run_start = int(np.flatnonzero(full.tokens == builder.layout.start_id)[1])
     assert second_run_start < 900 < second_run_start + 576  # a cut at 900 would split the 2nd image
-    cut = builder.build(RawRecord(0, image_record(3)))
+    cut = builder.build(RawRecord(0, two_turn_record()))
     assert cut.truncated and len(cut.images) == 1
-    assert cut.length == second_run_start - 1  # ids cut right before the run; tokens = ids[:-1]
+    assert cut.length == second_run_start  # the tokens end right before the run (tokens = ids[:-1])
     assert np.array_equal(cut.tokens, full.tokens[: cut.length])
     assert np.array_equal(cut.images[0], full.images[0])
 
@@ -76,7 +90,7 @@ def test_no_truncate_skips_too_long(sample_tokenizer_path):
 
 @pytest.mark.parametrize(
     "image, reason",
-    [("nope.jpg", "missing_image"), ("../build_records.py", "unreadable_image")],
+    [("nope.jpg", "missing_image"), ("../build_records.py", "outside_image_folder")],
 )
 def test_image_problems_become_skips(sample_tokenizer_path, image, reason):
     record = {**image_record(1), "image": image}

@@ -123,8 +123,20 @@ def test_several_pack_sizes_write_one_prefix_each_from_one_store(tmp_path, capsy
         assert main(["verify", "--quiet", str(prefix), "--data_path", str(SAMPLE_DATA / "llava_sample.json")]) == 0
         for pack in PackedSeqDataset(prefix):
             assert len(pack["tokens"]) <= size
-    # the cut samples of the small prefix are exactly what a run at 1024 gives
+    # the small prefix holds what a run at 1024 packs, plus the samples such a run skips because the
+    # cut at 1024 leaves them nothing to train on (README: a --pack_sizes run decides skips once, at
+    # the largest size); those train nothing: every label is ignored
     single = tmp_path / "single"
-    assert main(preprocess_args(single, "--max_seq_length", "1024", "--packing_algorithm", "near_optimal")) == 0
-    for suffix in (".bin", ".idx"):
-        assert (single / f"packed_seq_dataset{suffix}").read_bytes() == (out / f"packed_seq_dataset_1024{suffix}").read_bytes()
+    assert main(preprocess_args(single, "--max_seq_length", "1024", "--packing_algorithm", "near_optimal",
+                                "--max_skip_fraction", "1")) == 0  # fmt: skip
+    unsupervised = {json.loads(line)["index"] for line in (single / "skipped.jsonl").read_text().splitlines()
+                    if json.loads(line)["reason"] == "no_supervised_tokens"}  # fmt: skip
+    assert len(unsupervised) == 2  # the two 2-image records lose their second image and answer
+    multi_plan = np.load(out / "packed_seq_dataset_1024.plan.npz")
+    single_plan = np.load(single / "packed_seq_dataset.plan.npz")
+    assert set(multi_plan["record_index"].tolist()) - set(single_plan["record_index"].tolist()) == unsupervised
+    for pack_index, pack in enumerate(PackedSeqDataset(out / "packed_seq_dataset_1024")):
+        records = multi_plan["record_index"][multi_plan["offsets"][pack_index] : multi_plan["offsets"][pack_index + 1]]
+        cu, labels = np.asarray(pack["cu_seqlens"]), np.asarray(pack["labels"])
+        for record, start, end in zip(records.tolist(), cu[:-1], cu[1:]):
+            assert (record in unsupervised) == bool(np.all(labels[start:end] == -1))

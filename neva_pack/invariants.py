@@ -1,0 +1,128 @@
+"""What every pack must satisfy, as pure functions: ``verify`` checks published outputs with them,
+and the writer checks each pack with them before it is written, so a violation stops the run
+instead of being published.
+
+One pack (3 samples, one image run of N positions in the second)::
+
+    cu_seqlens  0        l1                     l1+l2        total
+    tokens      [ s1 .. ][ s2 .. <start> 0 .. 0 <end> .. ][ s3 .. ]
+    labels      next token or ignore inside a sample; never the first token of the next sample
+
+- cu_seqlens strictly increasing from 0 to len(tokens); len(tokens) == len(labels) <= capacity;
+- every image run whole (start, N - 2 patches, end; or N patches without delimiters), and as
+  many runs as images in the pack;
+- every label is the next token of its sample or the ignore value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PackSpec:
+    """What a run promises about its packs (from its config, or from an output's meta)."""
+
+    max_seq_length: int
+    """Pack capacity in positions."""
+    ignore_index: int
+    """Label of untrained positions."""
+    image_positions: int
+    """Positions of one image run, delimiters included."""
+    patch_id: int
+    """Id of every image-embedding position."""
+    start_id: int | None
+    """Id opening an image run, if any."""
+    end_id: int | None
+    """Id closing an image run, if any."""
+    pad_id: int = 0
+    """Token id of alignment padding (after a sample's real tokens, up to its cu_seqlens boundary)."""
+
+    def image_run(self) -> np.ndarray:
+        inner = self.image_positions - (self.start_id is not None) - (self.end_id is not None)
+        parts = ([self.start_id] if self.start_id is not None else []) + [self.patch_id] * inner
+        return np.asarray(parts + ([self.end_id] if self.end_id is not None else []), dtype=np.int64)
+
+
+def image_runs(tokens: np.ndarray, spec: PackSpec) -> tuple[int, list[int]]:
+    """(whole image runs, start positions of incomplete ones).
+
+    With a start id, every start must open a whole run. Without one, patch ids are counted in
+    runs of ``image_positions`` (a text token equal to the patch id next to a run is tolerated;
+    a cut run then shows as one run too few, which ``pack_problems`` reports as a count mismatch).
+    """
+    positions = spec.image_positions
+    if positions <= 0:
+        return 0, []
+    tokens = np.asarray(tokens, dtype=np.int64)
+    if spec.start_id is not None:
+        run = spec.image_run()
+        starts = np.flatnonzero(tokens == spec.start_id)
+        broken = [int(s) for s in starts if not np.array_equal(tokens[s : s + positions], run)]
+        return len(starts) - len(broken), broken
+    if spec.end_id is not None:
+        ends = np.flatnonzero(tokens == spec.end_id)
+        run = spec.image_run()
+        broken = [int(e) for e in ends if e + 1 < positions or not np.array_equal(tokens[e + 1 - positions : e + 1], run)]
+        return len(ends) - len(broken), broken
+    is_patch = np.concatenate([[False], tokens == spec.patch_id, [False]])
+    edges = np.flatnonzero(np.diff(is_patch.astype(np.int8)))
+    return int(((edges[1::2] - edges[::2]) // positions).sum()), []
+
+
+def pack_problems(spec: PackSpec, cu_seqlens, tokens, labels, num_images: int, real_lengths=None) -> list[str]:
+    """Everything wrong with one pack (empty when it is sound), one line each.
+
+    ``cu_seqlens`` are the buffer boundaries; ``real_lengths`` the samples' lengths before alignment
+    padding (None: no padding). Padding positions must hold the pad id with ignored labels.
+    """
+    cu = np.asarray(cu_seqlens, dtype=np.int64)
+    tokens = np.asarray(tokens, dtype=np.int64)
+    labels = np.asarray(labels, dtype=np.int64)
+    if len(tokens) != len(labels) or len(tokens) > spec.max_seq_length:
+        return [f"{len(tokens)} tokens, {len(labels)} labels, max_seq_length {spec.max_seq_length}"]
+    if len(cu) < 2 or cu[0] != 0 or cu[-1] != len(tokens) or np.any(np.diff(cu) <= 0):
+        return [f"cu_seqlens {cu[:8].tolist()}... not strictly increasing from 0 to {len(tokens)}"]
+    real = np.diff(cu) if real_lengths is None else np.asarray(real_lengths, dtype=np.int64)
+    if len(real) != len(cu) - 1 or np.any(real < 1) or np.any(real > np.diff(cu)):
+        return [f"real sample lengths {real[:8].tolist()}... do not fit the cu_seqlens segments {np.diff(cu)[:8].tolist()}"]
+    real_ends = cu[:-1] + real
+    problems = []
+    inner = np.ones(len(tokens), dtype=bool)
+    inner[real_ends - 1] = False  # a sample's last label is its next id, which no pack holds
+    padding = _padding_mask(len(tokens), real_ends, cu[1:])
+    inner &= ~padding
+    following = np.append(tokens[1:], 0)
+    bad = inner & (labels != spec.ignore_index) & (labels != following)
+    if bad.any():
+        at = int(np.flatnonzero(bad)[0])
+        problems.append(f"label at position {at} is {labels[at]}, neither the next token nor {spec.ignore_index}")
+    wrong_pad = padding & ((tokens != spec.pad_id) | (labels != spec.ignore_index))
+    if wrong_pad.any():
+        at = int(np.flatnonzero(wrong_pad)[0])
+        problems.append(
+            f"padding position {at} holds token {tokens[at]} / label {labels[at]}, not {spec.pad_id} / {spec.ignore_index}"
+        )
+    runs, broken = image_runs(tokens, spec)
+    if broken:
+        problems.append(f"{len(broken)} incomplete image run(s) (first at position {broken[0]})")
+    if runs != num_images:
+        problems.append(f"{num_images} images for {runs} image runs")
+    return problems
+
+
+def accounting_problem(records: int, packed: int, skipped: int) -> str | None:
+    """Every input record is packed or skipped: None when the counts add up."""
+    if packed + skipped != records:
+        return f"{packed} packed + {skipped} skipped != {records} records"
+    return None
+
+
+def _padding_mask(size: int, real_ends: np.ndarray, boundaries: np.ndarray) -> np.ndarray:
+    """True on the positions between each sample's real end and its buffer boundary."""
+    marks = np.zeros(size + 1, dtype=np.int64)
+    np.add.at(marks, real_ends, 1)
+    np.add.at(marks, boundaries, -1)
+    return np.cumsum(marks)[:-1] > 0

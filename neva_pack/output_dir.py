@@ -1,0 +1,179 @@
+"""Who may write an output directory, and what --overwrite may delete in it.
+
+- One run at a time: a run holds an OS lock (``flock``) on ``output_dir/.neva_pack.lock`` from
+  before it touches anything until it ends (a crash or a kill releases it). The file names the
+  holder (pid, host, start time) so that a second run can say who is in the way; it is removed
+  when the run ends. A killed run leaves it behind, harmlessly: the lock, not the file, is what
+  is held, and the kernel drops the lock with the process.
+- ``--overwrite`` (and ``--resume``, which deletes uncommitted shards) touch only paths this tool
+  writes *and* whose content it recognises as its own: the sample store by its progress.json
+  format (or shard file names), the meta by its format field, Megatron indexes by their magic,
+  the plan table as a zip, stats and skipped lines by their keys. Anything else under one of our
+  names (say, the user's image folder called ``packed_seq_dataset``) stops the run before a
+  byte is deleted, as does an input (data, images, tokenizer) lying inside what would be deleted.
+"""
+
+from __future__ import annotations
+
+import datetime
+import fcntl
+import json
+import os
+import re
+import shutil
+import socket
+from pathlib import Path
+
+from neva_pack import store as layout
+from neva_pack.errors import ConfigError
+
+LOCK_FILE = ".neva_pack.lock"
+"""Lives in output_dir; never counted as content and never removed."""
+
+_MEGATRON_INDEX_MAGIC = b"MMIDIDX\x00\x00"
+_ZIP_MAGIC = b"PK\x03\x04"
+_SHARD_FILE = re.compile(r"shard_\d+\.")
+
+
+class OutputLock:
+    """An exclusive, non-blocking flock on output_dir/.neva_pack.lock, held until ``release``."""
+
+    def __init__(self, output_dir: Path):
+        self.path = Path(output_dir) / LOCK_FILE
+        self._fd: int | None = None
+
+    def acquire(self) -> "OutputLock":
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 512, 0).decode("utf-8", "replace").strip() or "unknown"
+                os.close(fd)
+                raise ConfigError(
+                    f"--output_dir {self.path.parent}: in use by another neva-pack run ({holder}); "
+                    "wait for it to end or choose another directory"
+                ) from None
+            try:
+                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:  # else the file was replaced between open and lock: lock the new one
+                break
+            os.close(fd)
+        started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, started {started}\n".encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        """Remove the file, then unlock. A run that opened the old file meanwhile finds it unlinked
+        after locking it and starts over (see ``acquire``)."""
+        if self._fd is not None:
+            self.path.unlink(missing_ok=True)
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> "OutputLock":
+        return self if self._fd is not None else self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def entries(output_dir: Path) -> list[str]:
+    """The directory's content, the lock file aside."""
+    if not output_dir.is_dir():
+        return []
+    return sorted(p.name for p in output_dir.iterdir() if p.name != LOCK_FILE)
+
+
+def owned_outputs(output_dir: Path, inputs: dict[str, Path | None]) -> list[Path]:
+    """The existing paths among those a run writes, once each is recognised as this tool's own;
+    ConfigError (nothing deleted) for one that is not, or that holds one of ``inputs``."""
+    existing = [p for p in layout.output_paths(output_dir) if p.exists() or p.is_symlink()]
+    for path in existing:
+        problem = _not_ours(path)
+        if problem:
+            raise ConfigError(
+                f"--output_dir {output_dir}: {path.name} {problem}, so it was not written by neva-pack; "
+                "move it away (nothing was deleted)"
+            )
+    for flag, value in inputs.items():
+        if value is None:
+            continue
+        target = Path(value).resolve()
+        for path in existing:
+            if target == path.resolve() or target.is_relative_to(path.resolve()):
+                raise ConfigError(f"--{flag} {value} lies inside {path}, which --overwrite would delete; move it")
+    return existing
+
+
+def remove(paths: list[Path]) -> None:
+    for path in paths:
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+
+
+def _not_ours(path: Path) -> str | None:
+    """Why a path is not recognisably ours (None when it is)."""
+    if path.is_symlink():
+        return "is a symbolic link"
+    name = path.name
+    if path == layout.store_dir(path.parent):
+        if not path.is_dir():
+            return "is not a directory"
+        progress = path / layout.STORE_PROGRESS
+        if progress.is_file():
+            return None if _json_field(progress, "format") == layout.STORE_FORMAT else "has a progress.json of another format"
+        strangers = [p.name for p in path.iterdir() if not _SHARD_FILE.match(p.name) and not p.name.endswith(".tmp")]
+        return f"holds files a sample store does not ({strangers[0]})" if strangers else None
+    if not path.is_file():
+        return "is not a file"
+    if name.endswith(".tmp") or ".tmp." in name:
+        return None  # our temporary names
+    if name.endswith(layout.META_SUFFIX):
+        return None if _json_field(path, "format") == layout.PACKED_FORMAT else "has no neva_pack format field"
+    if name.endswith(".idx"):
+        return None if _starts_with(path, _MEGATRON_INDEX_MAGIC) else "is not a Megatron index"
+    if name.endswith(".bin"):
+        index = path.with_suffix(".idx")
+        return None if _starts_with(index, _MEGATRON_INDEX_MAGIC) else "has no Megatron index beside it"
+    if name.endswith(".npz"):
+        return None if _starts_with(path, _ZIP_MAGIC) else "is not a numpy archive"
+    if name == layout.SKIPPED_FILE:
+        with open(path, "rb") as f:
+            first = f.readline(1 << 16)
+        if not first.strip():
+            return None
+        try:
+            line = json.loads(first)
+        except ValueError:
+            return "is not a skipped-records list"
+        return None if isinstance(line, dict) and {"index", "reason"} <= line.keys() else "is not a skipped-records list"
+    if name.endswith(".json"):
+        try:
+            report = json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError):
+            return "is not a neva_pack report"
+        return None if isinstance(report, dict) and {"records", "packing"} <= report.keys() else "is not a neva_pack report"
+    return "is not a file neva_pack writes"
+
+
+def _json_field(path: Path, field: str):
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    return value.get(field) if isinstance(value, dict) else None
+
+
+def _starts_with(path: Path, magic: bytes) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(magic)) == magic
+    except OSError:
+        return False

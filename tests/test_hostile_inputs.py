@@ -1,0 +1,603 @@
+"""Hostile inputs (issue 9): no record can kill, hang, corrupt or escape a run; concurrent runs and
+--overwrite cannot lose data; every bad argument fails at once with one line.
+
+Each case is three good records with one hostile record among them (built here, in a tmp dir). A
+run must exit as stated, skip the hostile record with its reason (or refuse the run with one line),
+and leave an output that ``neva-pack verify OUT --data_path DATA`` accepts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from PIL import Image
+
+from neva_pack.cli import main
+from neva_pack.invariants import PackSpec, accounting_problem, pack_problems
+from neva_pack.output_dir import LOCK_FILE, OutputLock
+from neva_pack.records import SKIP_REASONS, iter_raw_records
+from neva_pack.samples import truncation
+from neva_pack.verify import verify
+from tests.conftest import SAMPLE_DATA
+
+TOKENIZER = SAMPLE_DATA / "tokenizer.model"
+
+
+def conversation(question="What is shown?", answer="A cat."):
+    return [{"from": "human", "value": question}, {"from": "gpt", "value": answer}]
+
+
+GOOD = [
+    {"id": "good0", "conversations": conversation("Hi there", "Hello!")},
+    {"id": "good1", "image": "chelsea.jpg", "conversations": conversation("<image>\nWhat is this?", "A cat.")},
+    {"id": "good2", "conversations": conversation("Name a colour.", "Blue.")},
+]
+HOSTILE_AT = 1
+"""The hostile record's index: records are read on after it."""
+
+
+@dataclass
+class Run:
+    code: int
+    out: Path
+    data: Path
+    err: str
+    reasons: dict[int, str]
+    """Skipped record index -> reason."""
+
+    @property
+    def verified(self) -> bool:
+        result = verify(self.out, data_path=self.data, progress=False)
+        assert result.ok, result.problems
+        return True
+
+
+@pytest.fixture()
+def images(tmp_path) -> Path:
+    folder = tmp_path / "images"
+    folder.mkdir()
+    shutil.copy(SAMPLE_DATA / "images" / "chelsea.jpg", folder)
+    return folder
+
+
+def text_of(record) -> str:
+    return record if isinstance(record, str) else json.dumps(record)
+
+
+def write_data(path: Path, records, fmt: str) -> Path:
+    texts = [text_of(r) for r in records]
+    path.write_text("\n".join(texts) + "\n" if fmt == "jsonl" else "[\n" + ",\n".join(texts) + "\n]\n", encoding="utf-8")
+    return path
+
+
+def run_with(tmp_path, capsys, images, hostile, *extra, fmt="jsonl") -> Run:
+    records = GOOD[:HOSTILE_AT] + [hostile] + GOOD[HOSTILE_AT:]
+    data = write_data(tmp_path / f"data.{fmt}", records, fmt)
+    return run_on(tmp_path, capsys, data, images, *extra)
+
+
+def run_on(tmp_path, capsys, data, images, *extra) -> Run:
+    out = tmp_path / "out"
+    code = main(["preprocess", "--quiet", "--data_path", str(data), "--image_folder", str(images),
+                 "--tokenizer_path", str(TOKENIZER), "--output_dir", str(out), "--conv_template", "v1",
+                 "--num_workers", "0", *extra])  # fmt: skip
+    err = capsys.readouterr().err
+    reasons = {}
+    if (out / "skipped.jsonl").is_file():
+        reasons = {line["index"]: line["reason"] for line in map(json.loads, (out / "skipped.jsonl").read_text().splitlines())}
+    return Run(code, out, data, err, reasons)
+
+
+def png_bytes(width: int, height: int, mode: str = "RGB", array=None) -> bytes:
+    image = Image.fromarray(array) if array is not None else Image.new(mode, (width, height))
+    buffer = io.BytesIO()
+    image.save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def image_record(name: str) -> dict:
+    return {"id": "hostile", "image": name, "conversations": conversation("<image>\nWhat is this?", "Nothing.")}
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. One record can neither kill nor hang the run: every per-record failure is a counted skip
+
+DEEP = "[" * 100_000 + "]" * 100_000
+SURROGATE_VALUE = '{"id": "s", "conversations": [{"from": "human", "value": "bad \\ud800"}, {"from": "gpt", "value": "x"}]}'
+SURROGATE_IMAGE = '{"id": "s", "image": "\\udc80.jpg", "conversations": [{"from": "human", "value": "<image>"}, {"from": "gpt", "value": "x"}]}'
+SURROGATE_ID = '{"id": "\\ud800", "conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "x"}]}'
+
+RECORD_CASES = {
+    "role is a list (unhashable)": ({"conversations": [{"from": ["human"], "value": "q"}, {"from": "gpt", "value": "a"}]},
+                                    (), "unknown_role"),
+    "NUL in an image name": (image_record("cat\x00.jpg"), (), "malformed_record"),
+    "lone surrogate in a value": (SURROGATE_VALUE, (), "invalid_unicode"),
+    "lone surrogate in an image name": (SURROGATE_IMAGE, (), "invalid_unicode"),
+    "lone surrogate in the id": (SURROGATE_ID, (), "invalid_unicode"),
+    "100,000 levels deep": (DEEP, (), "record_too_deep"),
+    "over --max_record_bytes": ({"conversations": conversation("x" * 20_000)}, ("--max_record_bytes", "10000"),
+                                "record_too_large"),
+    "over --max_conversation_chars": ({"conversations": conversation("x" * 5_000)}, ("--max_conversation_chars", "1000"),
+                                      "conversation_too_long"),
+    "many empty turns (the template's text counts)": ({"conversations": conversation("", "") * 200},
+                                                      ("--max_conversation_chars", "1000"), "conversation_too_long"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "json"])
+@pytest.mark.parametrize("case", sorted(RECORD_CASES))
+def test_a_pathological_record_is_skipped_and_the_rest_packed(tmp_path, capsys, images, case, fmt):
+    record, extra, reason = RECORD_CASES[case]
+    run = run_with(tmp_path, capsys, images, record, *extra, fmt=fmt)
+    assert run.code == 0, run.err
+    assert run.reasons == {HOSTILE_AT: reason}
+    assert run.verified
+
+
+def wide_png(folder: Path) -> str:
+    (folder / "wide.png").write_bytes(png_bytes(20_000, 1))  # ~100 bytes; 400 Mpx padded, 336 x 6.7M resized
+    return "wide.png"
+
+
+def fifo(folder: Path) -> str:
+    os.mkfifo(folder / "x.jpg")  # opening it for reading would block forever
+    return "x.jpg"
+
+
+IMAGE_CASES = {
+    "/dev/zero (outside the folder)": (lambda folder: "/dev/zero", (), "outside_image_folder"),
+    "/dev/zero allowed outside: not a regular file": (lambda folder: "/dev/zero", ("--allow_outside_image_folder",),
+                                                      "unreadable_image"),
+    "a FIFO named x.jpg": (fifo, (), "unreadable_image"),
+    "20000x1 PNG, square": (wide_png, (), "image_too_large"),
+    "20000x1 PNG, pad": (wide_png, ("--image_aspect_ratio", "pad"), "image_too_large"),
+    "over --max_image_bytes": (lambda folder: "chelsea.jpg", ("--max_image_bytes", "1000"), "image_too_large"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(IMAGE_CASES))
+def test_a_hostile_image_is_skipped_without_reading_it_whole(tmp_path, capsys, images, case):
+    make, extra, reason = IMAGE_CASES[case]
+    run = run_with(tmp_path, capsys, images, image_record(make(images)), *extra, "--max_skip_fraction", "1")
+    assert run.code == 0, run.err
+    skipped = set(run.reasons.values())
+    assert run.reasons.get(HOSTILE_AT) == reason
+    assert skipped == {reason}  # with --max_image_bytes 1000, the good image record is skipped too
+    assert run.verified
+
+
+def test_the_image_budget_names_the_limit_and_the_flag(tmp_path, capsys, images):
+    run = run_with(tmp_path, capsys, images, image_record(wide_png(images)), "--image_aspect_ratio", "pad")
+    detail = json.loads((run.out / "skipped.jsonl").read_text())["detail"]
+    assert detail == "wide.png: padded to 20000 x 20000 = 400,000,000 pixels > --max_image_pixels 36,000,000"
+
+
+def test_json_list_scanner_gives_json_loads_values_at_any_chunk_boundary(tmp_path, monkeypatch):
+    import neva_pack.records as records
+
+    values = [GOOD[1], [1, [2, "\\"]], 'a"b\\', 1.5, None, {"k": ']]]\\"[[', "ü": "日本"}, [], {}]
+    path = tmp_path / "data.json"
+    path.write_text(json.dumps(values, indent=1, ensure_ascii=False), encoding="utf-8")
+    for chunk in (1, 2, 3, 7, 64):
+        monkeypatch.setattr(records, "_CHUNK", chunk)
+        assert [raw.value for raw in iter_raw_records(path)] == values
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-(10**6), 10**6) | st.text(alphabet=st.sampled_from('ab"\\[]{},: \nü'), max_size=8),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=4), children, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(values=st.lists(JSON_VALUES, max_size=6), indent=st.sampled_from([None, 1]), chunk=st.integers(1, 40))
+def test_property_the_list_scanner_agrees_with_json_loads(tmp_path_factory, values, indent, chunk):
+    import neva_pack.records as records
+    from neva_pack.records import count_records
+
+    path = tmp_path_factory.mktemp("scan") / "data.json"
+    path.write_text(json.dumps(values, indent=indent, ensure_ascii=False), encoding="utf-8")
+    saved, records._CHUNK = records._CHUNK, chunk
+    try:
+        assert [raw.value for raw in iter_raw_records(path)] == values
+        assert count_records(path) == len(values)
+    finally:
+        records._CHUNK = saved
+
+
+def test_counting_and_reading_agree_on_blank_and_oversized_jsonl_lines(tmp_path):
+    from neva_pack.records import count_records
+
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"a": 1}\n' + b" " * 2_000_000 + b'\n\n{"b": 2}\n' + b"x" * 9_000_000 + b'\n{"c": 3}')
+    raws = list(iter_raw_records(path))
+    assert [(raw.value, raw.reason if raw.error else None) for raw in raws] == [
+        ({"a": 1}, None), ({"b": 2}, None), (None, "record_too_large"), ({"c": 3}, None)]  # fmt: skip
+    assert count_records(path) == len(raws)
+
+
+def test_new_skip_reasons_are_listed_with_their_meaning():
+    for reason in ("record_too_large", "record_too_deep", "conversation_too_long", "invalid_unicode",
+                   "outside_image_folder", "image_too_large", "no_supervised_tokens"):  # fmt: skip
+        assert SKIP_REASONS[reason]
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. Truncation never cuts inside an image run; ids are range-checked before any work
+
+RUN = 8  # image positions in the property test: start, 6 patches, end
+SPEC = PackSpec(max_seq_length=10**6, ignore_index=-1, image_positions=RUN, patch_id=0, start_id=7, end_id=8)
+
+
+def sample_ids(segments: list[int]) -> tuple[np.ndarray, list[int]]:
+    """Text segments (lengths; text ids 10+) with an image run after each but the last, which
+    has one token more (a conversation ends with its answer)."""
+    segments = [*segments[:-1], segments[-1] + 1]
+    ids, starts = [], []
+    for position, length in enumerate(segments):
+        ids += [10 + (k % 50) for k in range(length)]
+        if position < len(segments) - 1:
+            starts.append(len(ids))
+            ids += SPEC.image_run().tolist()
+    return np.asarray(ids), starts
+
+
+@settings(max_examples=300, deadline=None)
+@given(segments=st.lists(st.integers(0, 12), min_size=1, max_size=5), capacity=st.integers(2, 60))
+def test_property_truncated_samples_keep_whole_image_runs_only(segments, capacity):
+    ids, starts = sample_ids(segments)
+    if len(ids) < 2:
+        return
+    cut, kept = truncation(starts, RUN, capacity) if len(ids) > capacity + 1 else (len(ids), len(starts))
+    kept_ids = ids[:cut]
+    tokens, labels = kept_ids[:-1], kept_ids[1:]
+    assert len(tokens) <= capacity
+    if len(tokens) == 0:
+        return
+    spec = dataclasses.replace(SPEC, max_seq_length=capacity)
+    assert pack_problems(spec, [0, len(tokens)], tokens, labels, kept) == []
+
+
+@settings(max_examples=100, deadline=None)
+@given(samples=st.lists(st.lists(st.integers(0, 8), min_size=1, max_size=4), min_size=1, max_size=4),
+       capacity=st.integers(12, 40))  # fmt: skip
+def test_property_a_pack_of_truncated_samples_has_as_many_whole_runs_as_images(samples, capacity):
+    tokens, labels, lengths, images = [], [], [], 0
+    for segments in samples:
+        ids, starts = sample_ids(segments)
+        cut, kept = truncation(starts, RUN, capacity) if len(ids) > capacity + 1 else (len(ids), len(starts))
+        if cut < 2:
+            continue
+        tokens.append(ids[: cut - 1])
+        labels.append(np.where(ids[1:cut] >= 10, ids[1:cut], -1))
+        lengths.append(cut - 1)
+        images += kept
+    if not tokens:
+        return
+    spec = dataclasses.replace(SPEC, max_seq_length=capacity * len(tokens))
+    cu = np.concatenate([[0], np.cumsum(lengths)])
+    assert pack_problems(spec, cu, np.concatenate(tokens), np.concatenate(labels), images) == []
+
+
+def test_a_cut_run_is_an_invariant_violation():
+    ids, starts = sample_ids([3, 2])
+    tokens = ids[: starts[0] + RUN - 1]  # 7 of the run's 8 positions
+    problems = pack_problems(SPEC, [0, len(tokens)], tokens, np.full(len(tokens), -1), 1)
+    assert problems == ["1 incomplete image run(s) (first at position 3)", "1 images for 0 image runs"]
+
+
+def adjacent_images_record() -> dict:
+    return {"id": "two", "image": ["chelsea.jpg", "chelsea.jpg"],
+            "conversations": conversation("Hi", "Hello.") + conversation("<image><image>\nAnd these?", "Cats.")}  # fmt: skip
+
+
+def test_a_cut_landing_just_after_adjacent_image_runs_keeps_them_whole(tmp_path, capsys, images):
+    from neva_pack.config import PreprocessConfig
+    from neva_pack.pipeline import build_sample_builder
+    from neva_pack.records import RawRecord
+
+    config = PreprocessConfig(data_path=TOKENIZER, tokenizer_path=TOKENIZER, output_dir=tmp_path / "unused",
+                              image_folder=images, conv_template="v1")  # fmt: skip
+    builder = build_sample_builder(config)
+    first, second = builder.build(RawRecord(0, adjacent_images_record())).image_starts.tolist()
+    run_length = builder.layout.positions
+    assert second == first + run_length  # adjacent runs
+    for capacity in (first + run_length - 1, first + run_length, second + run_length - 1, second + run_length):
+        (tmp_path / str(capacity)).mkdir()
+        run = run_with(tmp_path / str(capacity), capsys, images, adjacent_images_record(),
+                       "--max_seq_length", str(capacity), "--max_skip_fraction", "1")  # fmt: skip
+        assert run.code == 0, run.err
+        assert run.verified
+
+
+def test_an_image_id_float32_cannot_hold_is_refused_before_any_work(tmp_path, capsys, images):
+    run = run_with(tmp_path, capsys, images, GOOD[0], "--image_patch_id", "16777217")
+    assert run.code == 2 and run.err.count("\n") == 1
+    assert "--image_patch_id 16777217: not an id of the tokenizer's vocabulary" in run.err
+    assert not run.out.exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. Images are confined to --image_folder
+
+
+def test_images_outside_the_folder_are_skipped_unless_allowed(tmp_path, capsys, images):
+    (tmp_path / "x.png").write_bytes(png_bytes(8, 8))
+    (images / "link.png").symlink_to(tmp_path / "x.png")
+    names = ["../x.png", str(tmp_path / "x.png"), "link.png", "sub/../../x.png"]
+    records = GOOD + [image_record(name) for name in names]
+    data = write_data(tmp_path / "data.jsonl", records, "jsonl")
+    run = run_on(tmp_path, capsys, data, images, "--max_skip_fraction", "1")
+    assert run.code == 0 and run.reasons == {3: "outside_image_folder", 4: "outside_image_folder",
+                                             5: "outside_image_folder", 6: "outside_image_folder"}  # fmt: skip
+    assert run.verified
+    shutil.rmtree(run.out)
+    allowed = run_on(tmp_path, capsys, data, images, "--allow_outside_image_folder")
+    assert allowed.code == 0 and allowed.reasons == {}
+    assert allowed.verified
+
+
+def test_a_relative_name_inside_the_folder_with_dots_is_fine(tmp_path, capsys, images):
+    (images / "sub").mkdir()
+    run = run_with(tmp_path, capsys, images, image_record("sub/../chelsea.jpg"))
+    assert run.code == 0 and run.reasons == {}
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. One run per output directory; --overwrite deletes only our own files; checks before publishing
+
+
+def test_a_second_run_on_a_locked_output_dir_exits_2_naming_the_holder(tmp_path, capsys, images):
+    out = tmp_path / "out"
+    out.mkdir()
+    with OutputLock(out):
+        run = run_with(tmp_path, capsys, images, GOOD[0], "--resume")
+    assert run.code == 2 and run.err.count("\n") == 1
+    assert f"in use by another neva-pack run (pid {os.getpid()} on " in run.err
+    assert not (out / "packed_seq_dataset").exists()
+    again = run_with(tmp_path, capsys, images, GOOD[0], "--resume")  # the lock is gone with its holder
+    assert again.code == 0 and not (out / LOCK_FILE).exists()
+    assert again.verified
+
+
+def test_overwrite_refuses_to_delete_an_input_or_a_stranger(tmp_path, capsys):
+    out = tmp_path / "out"
+    user_images = out / "packed_seq_dataset"  # the reported case: an image folder with our store's name
+    user_images.mkdir(parents=True)
+    shutil.copy(SAMPLE_DATA / "images" / "chelsea.jpg", user_images)
+    run = run_with(tmp_path, capsys, user_images, GOOD[0], "--overwrite")
+    assert run.code == 2 and run.err.count("\n") == 1 and "nothing was deleted" in run.err
+    assert (user_images / "chelsea.jpg").is_file()
+
+
+def test_overwrite_refuses_an_input_inside_what_it_would_delete(tmp_path, capsys, images):
+    first = run_with(tmp_path, capsys, images, GOOD[0])
+    assert first.code == 0
+    data = first.out / "packed_seq_dataset" / "mine.jsonl"  # a user's file inside our own store
+    shutil.copy(first.data, data)
+    run = run_on(tmp_path, capsys, data, images, "--overwrite")
+    assert run.code == 2 and "--data_path" in run.err and "which --overwrite would delete" in run.err
+    assert data.is_file()
+
+
+def test_overwrite_keeps_a_foreign_file_with_one_of_our_names(tmp_path, capsys, images):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "stats.json").write_text('{"my": "notes"}')
+    run = run_with(tmp_path, capsys, images, GOOD[0], "--overwrite")
+    assert run.code == 2 and "stats.json is not a neva_pack report" in run.err
+    assert (out / "stats.json").read_text() == '{"my": "notes"}'
+
+
+def test_a_pack_violating_an_invariant_is_never_published(tmp_path, capsys, images, monkeypatch):
+    import neva_pack.pipeline as pipeline
+
+    def buggy_truncation(image_starts, run_length, max_seq_length):  # the old off-by-one
+        cut, kept = max_seq_length + 1, 0
+        while kept < len(image_starts) and image_starts[kept] + run_length <= cut:
+            kept += 1
+        return (min(cut, int(image_starts[kept])) if kept < len(image_starts) else cut), kept
+
+    monkeypatch.setattr(pipeline, "truncation", buggy_truncation)
+    record = adjacent_images_record()
+    out = tmp_path / "multi"
+    data = write_data(tmp_path / "data.jsonl", [record, GOOD[0]], "jsonl")
+    code = main(["preprocess", "--quiet", "--data_path", str(data), "--image_folder", str(images), "--tokenizer_path",
+                 str(TOKENIZER), "--output_dir", str(out), "--conv_template", "v1", "--num_workers", "0",
+                 "--pack_sizes", "700", "4096"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "incomplete image run" in err and "nothing was published" in err
+    assert not list(out.glob("*.meta.json"))
+
+
+def test_accounting_must_add_up():
+    assert accounting_problem(records=4, packed=3, skipped=1) is None
+    assert accounting_problem(records=2112, packed=480, skipped=0) == "480 packed + 0 skipped != 2112 records"
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. Bad arguments fail before any work with one line; Ctrl-C / SIGTERM exit cleanly, no orphans
+
+
+def hparams(tmp_path, body: str) -> str:
+    path = tmp_path / "hparams.yaml"
+    path.write_text(body)
+    return str(path)
+
+
+BAD_ARGUMENTS = {
+    "scalar crop_size": (lambda t: ("--hparams_file", hparams(t, "model:\n  mm_cfg:\n    vision_encoder:\n      crop_size: 336\n")),
+                         "--crop_size 336: expected a list of 2 integers (height, width), got int"),
+    "list image_folder": (lambda t: ("--hparams_file", hparams(t, "model:\n  data:\n    image_folder: [a, b]\n")),
+                          "--image_folder ['a', 'b']: expected a path, got list"),
+    "string sequence length": (lambda t: ("--hparams_file", hparams(t, "model:\n  encoder_seq_length: '4096'\n")),
+                               "--max_seq_length '4096': expected an integer, got str"),
+    "negative seed": (lambda t: ("--seed=-1",), "--seed -1: must be between 0 and 2**63 - 1"),
+    "huge seed": (lambda t: ("--seed", str(2**64)), "--seed 18446744073709551616: must be between 0 and 2**63 - 1"),
+    "huge capacity": (lambda t: ("--max_seq_length=2147483648",), "--max_seq_length 2147483648: must be between 2 and 16,777,216"),
+    "a thousand workers": (lambda t: ("--num_workers", "1000"), "--num_workers 1000: must be between 0 and"),
+    "depth beyond the parser": (lambda t: ("--max_record_depth", "100000"), "--max_record_depth 100000: at most 500"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(BAD_ARGUMENTS))
+def test_a_bad_argument_fails_before_any_work_with_one_line(tmp_path, capsys, images, case):
+    make, message = BAD_ARGUMENTS[case]
+    data = write_data(tmp_path / "data.jsonl", GOOD, "jsonl")
+    out = tmp_path / "out"
+    code = main(["preprocess", "--quiet", "--data_path", str(data), "--tokenizer_path", str(TOKENIZER),
+                 "--output_dir", str(out), *make(tmp_path)])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and message in err
+    assert not out.exists()
+
+
+def test_a_list_data_path_in_hparams_fails_with_one_line(tmp_path, capsys):
+    path = hparams(tmp_path, "model:\n  data:\n    data_path: [a.json, b.json]\n")
+    code = main(["preprocess", "--hparams_file", path, "--tokenizer_path", str(TOKENIZER), "--output_dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and err == "neva-pack: error: --data_path ['a.json', 'b.json']: expected a path, got list\n"
+
+
+def children_of(pid: int) -> set[int]:
+    try:
+        return {int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
+    except FileNotFoundError:
+        return set()
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
+@pytest.mark.parametrize(
+    "signum, code, word",
+    [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated"), (signal.SIGKILL, -signal.SIGKILL, None)],
+)
+def test_a_signal_exits_with_one_line_resume_advice_and_no_orphans(tmp_path, signum, code, word):
+    slow = {"id": "slow", "image": ["chelsea.jpg"] * 4,
+            "conversations": conversation("<image>" * 4 + "\nWhat?", "Cats.")}  # fmt: skip
+    data = write_data(tmp_path / "data.jsonl", [slow] * 400, "jsonl")
+    out = tmp_path / "out"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "neva_pack.cli", "preprocess", "--quiet", "--data_path", str(data), "--image_folder",
+         str(SAMPLE_DATA / "images"), "--tokenizer_path", str(TOKENIZER), "--output_dir", str(out), "--num_workers", "2"],
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    workers: set[int] = set()
+    while len(workers) < 2 or not (out / "packed_seq_dataset").exists():
+        assert process.poll() is None and time.monotonic() < deadline
+        workers |= children_of(process.pid)
+        time.sleep(0.05)
+    process.send_signal(signum)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == code
+    if word is not None:  # SIGKILL leaves no word; the workers die with the main process all the same
+        assert err.count("\n") == 1 and f"neva-pack: {word};" in err and "--resume" in err and "Traceback" not in err
+    deadline = time.monotonic() + 10
+    while any(alive(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [w for w in workers if alive(w)]
+
+
+# ---------------------------------------------------------------------------------------------
+# 7. The minor list
+
+
+def test_a_json_list_with_a_utf8_bom_is_read(tmp_path, capsys, images):
+    data = write_data(tmp_path / "data.json", GOOD, "json")
+    data.write_bytes(b"\xef\xbb\xbf" + data.read_bytes())
+    run = run_on(tmp_path, capsys, data, images)
+    assert run.code == 0 and run.reasons == {}
+    assert run.verified
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "json"])
+def test_nan_is_malformed_json_in_both_formats(tmp_path, capsys, images, fmt):
+    run = run_with(tmp_path, capsys, images, '{"id": NaN, "conversations": []}', fmt=fmt)
+    assert run.code == 0 and run.reasons == {HOSTILE_AT: "malformed_json"}
+    assert run.verified
+
+
+def test_a_broken_json_list_is_one_line_with_its_line_number(tmp_path, capsys, images):
+    data = tmp_path / "data.json"
+    data.write_text("[\n" + json.dumps(GOOD[0]) + "\n" + json.dumps(GOOD[2]) + "\n]")  # a missing comma
+    run = run_on(tmp_path, capsys, data, images)
+    assert run.code == 2 and run.err.count("\n") == 1
+    assert "invalid JSON list: expected ',' or ']' after a record at line 3" in run.err
+
+
+def test_a_utf16_file_is_refused_with_one_line(tmp_path, capsys, images):
+    data = tmp_path / "data.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in GOOD), encoding="utf-16")
+    run = run_on(tmp_path, capsys, data, images)
+    assert run.code == 2 and run.err.count("\n") == 1 and "UTF-16 or UTF-32 text, not UTF-8" in run.err
+
+
+def test_a_truncated_tar_is_reported_as_truncated(tmp_path, capsys):
+    import tarfile
+
+    archive = tmp_path / "images.tar"
+    with tarfile.open(archive, "w") as tar:
+        tar.add(SAMPLE_DATA / "images" / "chelsea.jpg", arcname="chelsea.jpg")
+        tar.add(SAMPLE_DATA / "images" / "coffee.jpg", arcname="coffee.jpg")
+    archive.write_bytes(archive.read_bytes()[:40_000])  # cut inside coffee.jpg
+    run = run_with(tmp_path, capsys, archive, GOOD[0])
+    assert run.code == 2 and "truncated" in run.err and "compressed" not in run.err
+
+
+def test_a_16_bit_grayscale_png_is_scaled_not_whitened():
+    from neva_pack.images import decode_image
+
+    ramp = (np.arange(64 * 64, dtype=np.uint16).reshape(64, 64) * 16).astype(np.uint16)
+    image = decode_image(png_bytes(64, 64, array=ramp), "ramp.png")
+    pixels = np.asarray(image)
+    assert image.mode == "RGB" and np.array_equal(pixels[..., 0], (ramp >> 8).astype(np.uint8))
+
+
+def huge_jpeg_header(width: int, height: int) -> bytes:
+    """A small JPEG whose header claims width x height (PIL reads the size from the header)."""
+    buffer = io.BytesIO()
+    Image.new("RGB", (16, 16)).save(buffer, "JPEG")
+    data = bytearray(buffer.getvalue())
+    sof = data.index(b"\xff\xc0")
+    data[sof + 5 : sof + 9] = height.to_bytes(2, "big") + width.to_bytes(2, "big")
+    return bytes(data)
+
+
+def test_a_108_megapixel_jpeg_is_image_too_large_naming_the_limit_and_flag(tmp_path, capsys, images):
+    (images / "huge.jpg").write_bytes(huge_jpeg_header(12_000, 9_000))
+    run = run_with(tmp_path, capsys, images, image_record("huge.jpg"))
+    assert run.code == 0 and run.reasons == {HOSTILE_AT: "image_too_large"}
+    detail = json.loads((run.out / "skipped.jsonl").read_text())["detail"]
+    assert detail == "huge.jpg: 12000 x 9000 = 108,000,000 pixels > --max_image_pixels 36,000,000"
+    assert run.verified
+
+
+def test_a_sample_cut_before_its_answer_is_no_supervised_tokens(tmp_path, capsys, images):
+    long_question = {"id": "long", "conversations": conversation("Tell me everything. " * 40, "No.")}
+    run = run_with(tmp_path, capsys, images, long_question, "--max_seq_length", "100")
+    # the image record cannot keep its 576 image positions either: cut before its image, nothing trained
+    assert run.code == 0 and run.reasons == {HOSTILE_AT: "no_supervised_tokens", 2: "no_supervised_tokens"}
+    assert run.verified
