@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from neva_pack.store import PackedReader
+from neva_pack.formats.nemo import PackedReader
 
 
 class PackedSeqDataset(Dataset):

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from neva_pack import store as layout
+from neva_pack.formats import nemo, sample_store
 from neva_pack.errors import InputError
 from neva_pack.packing import pack
 from neva_pack.stats import global_batch_size_advice
@@ -51,7 +52,7 @@ def load_lengths(path: Path) -> SampleLengths:
     path = Path(path)
     for directory in (layout.store_dir(path), path):
         if (directory / layout.STORE_PROGRESS).is_file():
-            store = layout.SampleStore(directory)
+            store = sample_store.SampleStore(directory)
             return SampleLengths(
                 lengths=store.lengths,
                 truncated=int(store.rows["truncated"].sum()),
@@ -60,8 +61,8 @@ def load_lengths(path: Path) -> SampleLengths:
             )
     prefix = layout.packed_prefix(path) if path.is_dir() else path
     if layout.plan_path(prefix).is_file():
-        meta = layout.read_packed_meta(prefix)
-        table = layout.read_plan_table(prefix)
+        meta = nemo.read_packed_meta(prefix)
+        table = nemo.read_plan_table(prefix)
         return SampleLengths(
             lengths=table["length"].astype(np.int64),
             truncated=int(meta.get("counts", {}).get("truncated", 0)),

@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from neva_pack import __version__
 from neva_pack import store as layout
+from neva_pack.formats import nemo, sample_store
 from neva_pack.config import PreprocessConfig
 from neva_pack.encoders import resolve_encoder
 from neva_pack.errors import ConfigError, InputError
@@ -115,7 +116,7 @@ def preprocess(config: PreprocessConfig, progress: bool = True) -> RunResult:
     total = count_records(config.data_path, progress=progress)
 
     _encode_samples(config, builder, output_dir, total, progress)
-    store = layout.SampleStore(layout.store_dir(output_dir))
+    store = sample_store.SampleStore(layout.store_dir(output_dir))
     _write_skipped(store.skipped_files(), output_dir)
     if len(store) == 0:
         raise InputError(
@@ -140,7 +141,7 @@ def _write_prefix(config, builder, store, total: int, size: int, output_dir: Pat
     plan = pack(
         lengths, size, algorithm=config.packing_algorithm, seed=config.seed, max_samples_per_pack=config.max_samples_per_pack
     )
-    writer = layout.PackedWriter(prefix, builder.preprocessor.shape, _plan_digest(plan), resume=config.resume)
+    writer = nemo.PackedWriter(prefix, builder.preprocessor.shape, _plan_digest(plan), resume=config.resume)
     _write_packs(store, plan, cuts, builder.preprocessor, writer, max(1, config.checkpoint_every // 10), progress)
     report = _report(config, builder, store, rows, plan, total, prefix, time.perf_counter() - started)
     layout.write_json_atomic(stats_file, report)
@@ -201,7 +202,7 @@ def _encode_samples(config, builder, output_dir: Path, total: int, progress: boo
     """Stream samples from the DataLoader into the store, committing a shard every checkpoint."""
     from torch.utils.data import DataLoader
 
-    writer = layout.SampleStoreWriter(
+    writer = sample_store.SampleStoreWriter(
         layout.store_dir(output_dir), builder.preprocessor.shape, sample_fingerprint(config), resume=config.resume
     )
     start = writer.next_record

@@ -231,6 +231,7 @@ def load_output(path: Path, crop_size=None, max_seq_length: int | None = None) -
     NeMo's layout (no meta) from its .idx and cu_seqlens, given ``crop_size``.
     """
     from neva_pack import store as layout
+    from neva_pack.formats import nemo
     from neva_pack.errors import InputError
 
     path = Path(path)
@@ -238,8 +239,8 @@ def load_output(path: Path, crop_size=None, max_seq_length: int | None = None) -
     if not layout.bin_path(prefix).is_file():
         raise InputError(f"{path}: no {prefix.name}.bin/.idx here")
     if layout.meta_path(prefix).is_file():
-        meta = layout.read_packed_meta(prefix)
-        table = layout.read_plan_table(prefix)
+        meta = nemo.read_packed_meta(prefix)
+        table = nemo.read_plan_table(prefix)
         num_images = table["num_images"].astype(np.int64)
         offsets = table["offsets"].astype(np.int64)
         arrays = PackingArrays(
@@ -266,7 +267,7 @@ def load_output(path: Path, crop_size=None, max_seq_length: int | None = None) -
         if crop_size is None:
             raise InputError(f"{prefix}: no {prefix.name}{layout.META_SUFFIX}; pass --crop_size H W to read it")
         crop = list(crop_size)
-        table = layout.read_packs_from_index(prefix, 3 * crop[0] * crop[1])
+        table = nemo.read_packs_from_index(prefix, 3 * crop[0] * crop[1])
         loads = per_pack_sum(table["length"], table["offsets"])
         arrays = PackingArrays(
             capacity=int(max_seq_length or loads.max(initial=1)),

@@ -21,6 +21,7 @@ import numpy as np
 from tqdm import tqdm
 
 from neva_pack import store as layout
+from neva_pack.formats import nemo
 from neva_pack.errors import InputError
 
 MAX_REPORTED = 20
@@ -58,12 +59,12 @@ def resolve_prefix(path: Path) -> Path:
 
 def verify(path: Path, data_path: Path | None = None, progress: bool = True) -> Verification:
     prefix = resolve_prefix(path)
-    meta = layout.read_packed_meta(prefix)
+    meta = nemo.read_packed_meta(prefix)
     result = Verification()
     _verify_checksums(prefix, meta, result)
     try:
-        reader = layout.PackedReader(prefix)
-        plan = layout.read_plan_table(prefix)
+        reader = nemo.PackedReader(prefix)
+        plan = nemo.read_plan_table(prefix)
     except Exception as exc:  # a corrupt index makes Megatron/numpy fail in many ways: report, don't crash
         result.add(f"cannot read the packed dataset: {exc.__class__.__name__}: {exc}")
         return result
@@ -106,14 +107,14 @@ def _verify_packs(reader, meta: dict, plan: dict, result: Verification, progress
     for p in tqdm(range(num_packs), desc="verify packs", unit="pack", disable=not progress):
         first, last = reader.items_of(p)
         where = f"pack {p}"
-        if last - first != layout.ITEMS_PER_PACK:
-            result.add(f"{where}: {last - first} items, expected {layout.ITEMS_PER_PACK}")
+        if last - first != nemo.ITEMS_PER_PACK:
+            result.add(f"{where}: {last - first} items, expected {nemo.ITEMS_PER_PACK}")
             continue
-        if tuple(int(m) for m in modes[first:last]) != layout.PACK_MODES:
-            result.add(f"{where}: item modes {list(modes[first:last])}, expected {list(layout.PACK_MODES)}")
-        cu = ds[first + layout.ITEM_CU_SEQLENS].astype(np.int64)
-        tokens = ds[first + layout.ITEM_TOKENS].astype(np.int64)
-        labels = ds[first + layout.ITEM_LABELS].astype(np.int64)
+        if tuple(int(m) for m in modes[first:last]) != nemo.PACK_MODES:
+            result.add(f"{where}: item modes {list(modes[first:last])}, expected {list(nemo.PACK_MODES)}")
+        cu = ds[first + nemo.ITEM_CU_SEQLENS].astype(np.int64)
+        tokens = ds[first + nemo.ITEM_TOKENS].astype(np.int64)
+        labels = ds[first + nemo.ITEM_LABELS].astype(np.int64)
         if len(tokens) != len(labels) or len(tokens) > max_len:
             result.add(f"{where}: {len(tokens)} tokens, {len(labels)} labels, max_seq_length {max_len}")
             continue
@@ -125,12 +126,12 @@ def _verify_packs(reader, meta: dict, plan: dict, result: Verification, progress
             result.add(f"{where}: sample lengths {np.diff(cu).tolist()} differ from the plan table {planned.tolist()}")
         samples += len(cu) - 1
         _check_labels(where, tokens, labels, cu, ignore, result)
-        image_values = int(lengths[first + layout.ITEM_IMAGE])
+        image_values = int(lengths[first + nemo.ITEM_IMAGE])
         runs = _image_runs(tokens, ids, positions)
         if image_values % image_size or image_values == 0:
             result.add(f"{where}: image item of {image_values} values is not whole (3, H, W) images")
         elif runs == 0:
-            if image_values != image_size or np.any(ds[first + layout.ITEM_IMAGE]):
+            if image_values != image_size or np.any(ds[first + nemo.ITEM_IMAGE]):
                 result.add(f"{where}: no image run, so one zero image was expected")
         elif image_values // image_size != runs:
             result.add(f"{where}: {image_values // image_size} images for {runs} image runs")

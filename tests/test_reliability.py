@@ -170,12 +170,13 @@ def test_verify_checks_invariants_beyond_checksums(uninterrupted, tmp_path, caps
     import numpy as np
 
     from neva_pack import store as layout
+    from neva_pack.formats import nemo
 
     out = tmp_path / "copy"
     shutil.copytree(uninterrupted, out)
-    reader = layout.PackedReader(out / "packed_seq_dataset")
+    reader = nemo.PackedReader(out / "packed_seq_dataset")
     first, _ = reader.items_of(0)
-    label_offset = int(reader.dataset.index.sequence_pointers[first + layout.ITEM_LABELS])
+    label_offset = int(reader.dataset.index.sequence_pointers[first + nemo.ITEM_LABELS])
     tokens = reader[0].tokens
     del reader
     data = bytearray((out / "packed_seq_dataset.bin").read_bytes())
