@@ -1,11 +1,16 @@
-"""Training side: read a packed prefix as NeMo's NevaPackedSeqDatatset does, plus a collate.
+"""Training side: read a packed output of any format as NeMo's NevaPackedSeqDatatset does, plus a collate.
 
-``PackedSeqDataset(prefix)[p]`` gives, for pack p::
+``PackedSeqDataset(path)[p]`` gives, for pack p, the same tensors whatever the output's format
+(bit-identical between a ``compact`` and a ``nemo`` output of the same run)::
 
-    cu_seqlens  int32 (n + 1,)   [0, l1, l1+l2, ..., L]
-    tokens      int64 (L,)
-    labels      int64 (L,)       ignore value outside trained positions
-    image       float32 (N, 3, H, W), H and W read from the output's meta (never guessed)
+    cu_seqlens           int32 (n + 1,)  [0, p1, p1+p2, ..., L]   sample boundaries in the buffer (padded lengths)
+    cu_seqlens_unpadded  int32 (n + 1,)  [0, l1, l1+l2, ...]      cumulative real lengths (= cu_seqlens without padding)
+    tokens               int64 (L,)      pad id on padding positions
+    labels               int64 (L,)      ignore value outside trained positions and on padding
+    image                (N, 3, H, W)    normalised; float32 unless a dtype is given; one zero image if the pack has none
+
+A compact output stores uint8 pixels: they are normalised here (a 3 x 256 table built with the
+processor's float ops), on the CPU or, given ``device``, after the uint8 pixels moved there.
 
 ``collate`` adds what a packed (THD) attention needs: position ids that restart at 0 for
 every sample, and the loss mask::
@@ -22,26 +27,42 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from neva_pack.formats.nemo import PackedReader
+from neva_pack.formats import open_packed
 
 
 class PackedSeqDataset(Dataset):
-    def __init__(self, prefix: str | Path):
-        self._reader = PackedReader(Path(prefix))
+    """Packs of an output directory or prefix (``pack_size`` picks one size of a --pack_sizes output)."""
+
+    def __init__(self, path: str | Path, *, device=None, dtype: torch.dtype | None = None, pack_size: int | None = None):
+        self._reader = open_packed(Path(path), pack_size=pack_size)
         self.meta = self._reader.meta
-        self.crop_size = tuple(self.meta["crop_size"])
-        self.ignore_index = int(self.meta.get("ignore_index", -1))
+        self.prefix = self._reader.prefix
+        self.crop_size = tuple(self.meta.crop_size)
+        self.ignore_index = int(self.meta.ignore_index)
+        self.device = device
+        self.dtype = dtype
 
     def __len__(self) -> int:
         return len(self._reader)
 
     def __getitem__(self, p: int) -> dict[str, torch.Tensor]:
-        pack = self._reader[p]
+        if not 0 <= p < len(self):
+            raise IndexError(f"pack {p} of {len(self)}")
+        pack = self._reader.pack(p)
+        if pack.pixels is None:
+            image = torch.from_numpy(pack.images)
+            if self.device is not None or self.dtype is not None:
+                image = image.to(device=self.device, dtype=self.dtype)
+        elif len(pack.pixels) == 0:  # an image-less pack carries one zero image (as NeMo's layout stores it)
+            image = torch.zeros((1, 3, *self.crop_size), dtype=self.dtype or torch.float32, device=self.device)
+        else:
+            image = self.meta.normalisation.apply_torch(pack.pixels, device=self.device, dtype=self.dtype)
         return {
             "cu_seqlens": torch.from_numpy(pack.cu_seqlens.astype(np.int32)),
+            "cu_seqlens_unpadded": torch.from_numpy(pack.cu_seqlens_unpadded.astype(np.int32)),
             "tokens": torch.from_numpy(pack.tokens),
             "labels": torch.from_numpy(pack.labels),
-            "image": torch.from_numpy(pack.images),
+            "image": image,
         }
 
 

@@ -1,8 +1,9 @@
 """preprocess(config): the stages wired together, each with a progress bar.
 
     records --DataLoader workers--> Sample | Skipped --> sample store shards (committed at checkpoints)
-    store lengths --pack()--> PackingPlan --writer (checkpointed)--> packed_seq_dataset.{bin,idx}
-    --> plan table, stats.json, skipped.jsonl --> meta.json with checksums, last
+    store lengths --pack()--> PackingPlan --assemble--> typed packs --format writer (checkpointed)-->
+    packed_seq_dataset.* (nemo: .bin/.idx/.plan.npz; compact: .tokens/.labels/.index.bin + the store's pool)
+    --> stats.json, skipped.jsonl --> meta.json with checksums, last
 
 A run killed at any point resumes with --resume: committed shards are kept, packing is
 recomputed (it is a pure function of the lengths), and the writer continues after its last
@@ -23,13 +24,17 @@ from tqdm import tqdm
 
 from neva_pack import __version__
 from neva_pack import store as layout
-from neva_pack.formats import nemo, sample_store
+from neva_pack.assemble import assemble_packs, plan_table
+from neva_pack.formats import format_module, sample_store
+from neva_pack.formats.base import WriteSpec
+from neva_pack.formats.meta import META_VERSION, Counts, ImageTokenIds, PackedMeta
 from neva_pack.config import PreprocessConfig
 from neva_pack.encoders import resolve_encoder
 from neva_pack.errors import ConfigError, InputError
 from neva_pack.images import ImagePreprocessor, ImageSource
 from neva_pack.packing import RECOMMENDED_ALGORITHM, PackingPlan, pack
 from neva_pack.records import count_records
+from neva_pack.report import RecordCounts, RunReport
 from neva_pack.samples import SampleBuilder, SampleStream, Skipped, image_token_layout, passthrough, truncation
 from neva_pack.stats import arrays_from_plan, global_batch_size_advice, packing_stats, training_overrides
 from neva_pack.templates import load_template
@@ -43,13 +48,13 @@ SUGGEST_WHEN_SAVING = 0.01
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunResult:
-    reports: dict[int, dict]
+    reports: dict[int, RunReport]
     """Pack size -> everything its stats file holds: counts, skips by reason, packing figures, overrides."""
     exit_code: int
     """0, or 1 when --strict and a record was skipped."""
 
     @property
-    def report(self) -> dict:
+    def report(self) -> RunReport:
         """The report of the largest pack size (the only one, unless --pack_sizes)."""
         return self.reports[max(self.reports)]
 
@@ -125,38 +130,60 @@ def preprocess(config: PreprocessConfig, progress: bool = True) -> RunResult:
     reports = {}
     for size in config.sizes:
         reports[size] = _write_prefix(config, builder, store, total, size, output_dir, progress, started)
-    strict_failure = config.strict and reports[max(reports)]["records"]["skipped"] > 0
+    if config.drop_store:
+        _drop_store(output_dir, [layout.packed_prefix(output_dir, size if len(config.sizes) > 1 else None) for size in config.sizes])
+    strict_failure = config.strict and reports[max(reports)].records.skipped > 0
     return RunResult(reports=reports, exit_code=1 if strict_failure else 0)
 
 
-def _write_prefix(config, builder, store, total: int, size: int, output_dir: Path, progress: bool, started) -> dict:
+PAD_TO_MULTIPLE_OF = 1
+"""Samples are not padded yet (the padding contract's M = 1); formats and assembly support M > 1."""
+PAD_ID = 0
+"""Token id of padding positions."""
+
+
+def _write_prefix(config, builder, store, total: int, size: int, output_dir: Path, progress: bool, started) -> RunReport:
     """Pack the store for one pack size and publish its prefix (skipped when --resume finds it complete)."""
     named_size = size if len(config.sizes) > 1 else None
     prefix = layout.packed_prefix(output_dir, named_size)
     stats_file = layout.stats_path(output_dir, named_size)
     if config.resume and layout.meta_path(prefix).is_file() and stats_file.is_file():
-        return json.loads(stats_file.read_text(encoding="utf-8"))  # published before the interruption
+        return RunReport.from_json(json.loads(stats_file.read_text(encoding="utf-8")))  # published before the interruption
     rows, cuts = _rows_at(store, size, builder.layout.positions)
     lengths = rows["length"].astype(np.int64)
     plan = pack(
         lengths, size, algorithm=config.packing_algorithm, seed=config.seed, max_samples_per_pack=config.max_samples_per_pack
     )
-    writer = nemo.PackedWriter(prefix, builder.preprocessor.shape, _plan_digest(plan), resume=config.resume)
-    _write_packs(store, plan, cuts, builder.preprocessor, writer, max(1, config.checkpoint_every // 10), progress)
+    fmt = format_module(config.output_format)
+    spec = WriteSpec(
+        image_shape=tuple(builder.preprocessor.shape),
+        normalisation=builder.preprocessor.normalisation(),
+        pad_id=PAD_ID,
+        ignore_index=config.ignore_index,
+        pool=tuple(store.pool_parts),
+        plan_digest=_plan_digest(plan),
+    )
+    writer = fmt.Writer(prefix, spec, resume=config.resume)
+    _write_packs(store, plan, cuts, fmt.NEEDS_PIXELS, writer, max(1, config.checkpoint_every // 10), progress)
     report = _report(config, builder, store, rows, plan, total, prefix, time.perf_counter() - started)
-    layout.write_json_atomic(stats_file, report)
-    packed = rows[plan.indices]
+    layout.write_json_atomic(stats_file, report.to_json())
     writer.publish(
-        plan_table={
-            "offsets": plan.offsets,
-            "record_index": packed["record_index"],
-            "length": packed["length"],
-            "num_images": packed["num_images"],
-        },
+        plan_table(rows, plan, PAD_TO_MULTIPLE_OF),
         extra_files=[stats_file, output_dir / layout.SKIPPED_FILE],
-        meta=_meta(config, builder, report),
+        meta=_meta(config, builder, spec, report),
     )
     return report
+
+
+def _drop_store(output_dir: Path, prefixes: list[Path]) -> None:
+    """--drop_store: remove the sample store once every prefix verifies (what remains stands alone)."""
+    from neva_pack.verify import verify
+
+    for prefix in prefixes:
+        result = verify(prefix, progress=False)
+        if not result.ok:
+            raise InputError(f"{prefix}: the output did not verify ({result.problems[0]}); the sample store is kept")
+    shutil.rmtree(layout.store_dir(output_dir))
 
 
 def _rows_at(store, size: int, run_length: int) -> tuple[np.ndarray, dict[int, tuple[int, int]]]:
@@ -262,26 +289,12 @@ def _plan_digest(plan: PackingPlan) -> str:
     return digest.hexdigest()
 
 
-def _write_packs(store, plan: PackingPlan, cuts: dict, preprocessor: ImagePreprocessor, writer, every: int, progress: bool) -> None:
+def _write_packs(store, plan: PackingPlan, cuts: dict, with_pixels: bool, writer, every: int, progress: bool) -> None:
     first = writer.num_packs
     bar = tqdm(total=plan.num_bins, initial=first, desc=f"write packs of {plan.capacity}", unit="pack", disable=not progress)
-    for b in range(first, plan.num_bins):
-        tokens, labels, images = [], [], []
-        for i in plan.bin(b):
-            sample_tokens, sample_labels = store.tokens_labels(int(i))
-            sample_images = store.images(int(i))
-            if int(i) in cuts:  # longer than this pack size: cut as the builder would have
-                keep, kept_images = cuts[int(i)]
-                sample_tokens, sample_labels, sample_images = sample_tokens[:keep], sample_labels[:keep], sample_images[:kept_images]
-            tokens.append(sample_tokens)
-            labels.append(sample_labels)
-            images.append(sample_images)
-        writer.add_pack(
-            lengths=np.array([len(t) for t in tokens]),
-            tokens=np.concatenate(tokens),
-            labels=np.concatenate(labels),
-            images=preprocessor.normalize(np.concatenate(images)),
-        )
+    packs = assemble_packs(store, plan, cuts, pad_to_multiple_of=PAD_TO_MULTIPLE_OF, start=first, with_pixels=with_pixels)
+    for b, assembled in enumerate(packs, start=first):
+        writer.add(assembled)
         if (b + 1) % every == 0 and b + 1 < plan.num_bins:
             writer.checkpoint()
         bar.update()
@@ -304,59 +317,64 @@ def _better_algorithm(config: PreprocessConfig, lengths: np.ndarray, plan: Packi
     }
 
 
-def _report(config, builder, store, rows, plan, total: int, prefix: Path, seconds: float) -> dict:
+def _report(config, builder, store, rows, plan, total: int, prefix: Path, seconds: float) -> RunReport:
     stats = packing_stats(arrays_from_plan(plan, rows, builder.layout.positions))
     gbs = global_batch_size_advice(config.global_batch_size, stats["samples_per_pack"]["mean"])
     skipped_by_reason = store.skipped_by_reason
-    return {
-        "dataset": Path(config.data_path).name,
-        "records": {
-            "total": total,
-            "packed": int(len(rows)),
-            "skipped": sum(skipped_by_reason.values()),
-            "truncated": int(rows["truncated"].sum()),
-            "skipped_by_reason": skipped_by_reason,
-        },
-        "packing": stats,
-        "algorithm": config.packing_algorithm,
-        "seed": config.seed,
-        "suggestion": _better_algorithm(config, rows["length"].astype(np.int64), plan),
-        "max_seq_length": plan.capacity,
-        "image_positions": builder.layout.positions,
-        "data_prefix": str(prefix),
-        "crop_size": list(builder.preprocessor.shape[1:]),
-        "global_batch_size": config.global_batch_size,
-        "packed_global_batch_size": gbs,
-        "training_overrides": training_overrides(str(prefix), builder.preprocessor.shape[1:], gbs),
-        "seconds": round(seconds, 3),
-    }
+    return RunReport(
+        dataset=Path(config.data_path).name,
+        records=RecordCounts(
+            total=total,
+            packed=int(len(rows)),
+            skipped=sum(skipped_by_reason.values()),
+            truncated=int(rows["truncated"].sum()),
+            skipped_by_reason=skipped_by_reason,
+        ),
+        packing=stats,
+        algorithm=config.packing_algorithm,
+        seed=config.seed,
+        suggestion=_better_algorithm(config, rows["length"].astype(np.int64), plan),
+        max_seq_length=plan.capacity,
+        image_positions=builder.layout.positions,
+        output_format=config.output_format,
+        data_prefix=str(prefix),
+        crop_size=list(builder.preprocessor.shape[1:]),
+        global_batch_size=config.global_batch_size,
+        packed_global_batch_size=gbs,
+        training_overrides=training_overrides(str(prefix), builder.preprocessor.shape[1:], gbs),
+        seconds=round(seconds, 3),
+    )
 
 
-def _meta(config: PreprocessConfig, builder: SampleBuilder, report: dict) -> dict:
-    return {
-        "dataset": Path(config.data_path).name,
-        "template": builder.template.name,
-        "tokenizer": str(config.tokenizer_path),
-        "vocab_size": builder.tokenizer.vocab_size,
-        "encoder": builder.preprocessor.encoder.name,
-        "image_aspect_ratio": config.image_aspect_ratio,
-        "image_positions": builder.layout.positions,
-        "image_token_ids": {
-            "patch": builder.layout.patch_id,
-            "start": builder.layout.start_id,
-            "end": builder.layout.end_id,
-        },
-        "ignore_index": config.ignore_index,
-        "max_seq_length": report["max_seq_length"],
-        "algorithm": config.packing_algorithm,
-        "seed": config.seed,
-        "max_samples_per_pack": config.max_samples_per_pack,
-        "counts": {
-            "records": report["records"]["total"],
-            "samples": report["records"]["packed"],
-            "skipped": report["records"]["skipped"],
-            "truncated": report["records"]["truncated"],
-            "packs": report["packing"]["packs"],
-            "images": report["packing"]["images"],
-        },
-    }
+def _meta(config: PreprocessConfig, builder: SampleBuilder, spec: WriteSpec, report: RunReport) -> PackedMeta:
+    """Everything a reader needs; the writer fills in format, pack count, layout and checksums."""
+    return PackedMeta(
+        format=config.output_format,
+        version=META_VERSION,
+        num_packs=report.packing["packs"],
+        image_shape=spec.image_shape,
+        normalisation=spec.normalisation,
+        dataset=Path(config.data_path).name,
+        template=builder.template.name,
+        tokenizer=str(config.tokenizer_path),
+        vocab_size=builder.tokenizer.vocab_size,
+        encoder=builder.preprocessor.encoder.name,
+        image_aspect_ratio=config.image_aspect_ratio,
+        image_positions=builder.layout.positions,
+        image_token_ids=ImageTokenIds(patch=builder.layout.patch_id, start=builder.layout.start_id, end=builder.layout.end_id),
+        ignore_index=config.ignore_index,
+        pad_id=spec.pad_id,
+        pad_to_multiple_of=PAD_TO_MULTIPLE_OF,
+        max_seq_length=report.max_seq_length,
+        algorithm=config.packing_algorithm,
+        seed=config.seed,
+        max_samples_per_pack=config.max_samples_per_pack,
+        counts=Counts(
+            records=report.records.total,
+            samples=report.records.packed,
+            skipped=report.records.skipped,
+            truncated=report.records.truncated,
+            packs=report.packing["packs"],
+            images=report.packing["images"],
+        ),
+    )

@@ -30,6 +30,9 @@ SKIPPED_FILE = "skipped.jsonl"
 STATS_FILE = "stats.json"
 CHECKSUM = "xxh3_128"
 _READ_CHUNK = 16 << 20
+COMPACT_SUFFIXES = (".tokens.bin", ".labels.bin", ".index.bin")
+"""Files of a compact prefix beside its meta (formats/compact.py says what is inside)."""
+
 
 def packed_prefix(output_dir: Path, pack_size: int | None = None) -> Path:
     """output_dir/packed_seq_dataset, or output_dir/packed_seq_dataset_<size> in a multi-size run."""
@@ -65,6 +68,31 @@ def tmp_prefix(prefix: Path) -> Path:
     return Path(str(prefix) + ".tmp")
 
 
+def prefix_file(prefix: Path, suffix: str) -> Path:
+    """prefix + one of COMPACT_SUFFIXES (or another suffix a format owns)."""
+    return Path(str(prefix) + suffix)
+
+
+def pack_size_of(prefix: Path) -> int | None:
+    """The size in packed_seq_dataset_<size>, or None for the plain prefix."""
+    match = re.fullmatch(rf"{PACKED_NAME}_(\d+)", Path(prefix).name)
+    return int(match.group(1)) if match else None
+
+
+def stats_path_of(prefix: Path) -> Path:
+    """The stats file of a prefix (stats_<size>.json beside packed_seq_dataset_<size>)."""
+    return stats_path(Path(prefix).parent, pack_size_of(prefix))
+
+
+def packed_prefixes(output_dir: Path) -> list[Path]:
+    """Every complete prefix (one with a meta) in output_dir, the plain one first, then by size."""
+    output_dir = Path(output_dir)
+    found = [packed_prefix(output_dir)] if meta_path(packed_prefix(output_dir)).is_file() else []
+    sizes = sorted(int(m.group(1)) for p in output_dir.glob(f"{PACKED_NAME}_*{META_SUFFIX}")
+                   if (m := re.fullmatch(rf"{PACKED_NAME}_(\d+){re.escape(META_SUFFIX)}", p.name)))  # fmt: skip
+    return found + [packed_prefix(output_dir, size) for size in sizes]
+
+
 def output_paths(output_dir: Path) -> list[Path]:
     """Every path a run may create in output_dir (what --overwrite removes, and only that)."""
     output_dir = Path(output_dir)
@@ -77,6 +105,7 @@ def output_paths(output_dir: Path) -> list[Path]:
         paths += [meta_path(prefix), bin_path(prefix), idx_path(prefix), plan_path(prefix), bin_path(tmp),
                   idx_path(tmp), Path(str(tmp) + CHECKPOINT_SUFFIX), Path(str(tmp) + PLAN_SUFFIX), stats,
                   stats.with_name(stats.name + ".tmp")]  # fmt: skip
+        paths += [prefix_file(p, suffix) for p in (prefix, tmp) for suffix in COMPACT_SUFFIXES]
     return paths
 
 
@@ -104,13 +133,33 @@ def write_json_atomic(path: Path, data) -> None:
     os.replace(tmp, path)
 
 
-def _fsync_close(file) -> None:
-    file.flush()
-    os.fsync(file.fileno())
-    file.close()
-
-
-
 def shard_skipped_path(directory: Path, shard_name: str) -> Path:
     return Path(directory) / f"{shard_name}.skipped.jsonl"
 
+
+
+def shard_rows_path(directory: Path, shard_name: str) -> Path:
+    return Path(directory) / f"{shard_name}.rows"
+
+
+def shard_text_prefix(directory: Path, shard_name: str) -> Path:
+    return Path(directory) / f"{shard_name}_text"
+
+
+def shard_image_refs_path(directory: Path, shard_name: str) -> Path:
+    """16-byte content key of every image instance of the shard's samples, in sample order."""
+    return Path(directory) / f"{shard_name}.image_refs"
+
+
+def pool_images_path(directory: Path, part_name: str) -> Path:
+    """Raw uint8 images of one image pool part (formats/image_pool.py)."""
+    return Path(directory) / f"{part_name}.images"
+
+
+def pool_keys_path(directory: Path, part_name: str) -> Path:
+    return Path(directory) / f"{part_name}.image_keys"
+
+
+def relative_name(output_dir: Path, path: Path) -> str:
+    """How a meta names a file: relative to the output directory, with forward slashes."""
+    return Path(path).relative_to(output_dir).as_posix()

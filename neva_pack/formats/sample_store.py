@@ -9,9 +9,13 @@ Written in shards so that a killed run resumes::
       shard_00000.skipped.jsonl     the shard's skipped records
       shard_00000_text.bin/.idx     IndexedDataset int32, document i = sample i:
                                     [tokens, labels, image_starts (where each image run begins)]
-      shard_00000_images.bin/.idx   IndexedDataset uint8, document i = sample i: one item per image,
-                                    (3, H, W) after resize/crop/pad, before rescale/normalise
-                                    (absent when the shard has no image)
+      shard_00000.image_refs        16-byte content key of every image of the shard's samples, in order
+      shard_00000.images            the image pool part of the shard: each image not seen in an earlier
+      shard_00000.image_keys        shard or earlier in this one, uint8 (3, H, W) after resize/crop/pad,
+                                    before rescale/normalise (formats/image_pool.py); absent if none
+
+The pool parts are also the compact format's image pool: re-packing at another size or with
+another algorithm reads them, re-encodes nothing, and a compact output adds no pixel of its own.
 """
 
 from __future__ import annotations
@@ -28,10 +32,18 @@ from neva_pack.formats.common import fsync_close as _fsync_close
 from neva_pack.formats.common import megatron as _megatron
 from neva_pack.formats.common import read_versioned as _read_versioned
 from neva_pack.formats.common import torch_view as _torch_view
-from neva_pack.store import STORE_PROGRESS, shard_skipped_path, write_json_atomic
+from neva_pack.formats.image_pool import KEY_BYTES, ImagePool, PoolPart, PoolWriter, load_keys, pool_part
+from neva_pack.store import (
+    STORE_PROGRESS,
+    shard_image_refs_path,
+    shard_rows_path,
+    shard_skipped_path,
+    shard_text_prefix,
+    write_json_atomic,
+)
 
 STORE_FORMAT = "neva_pack.sample_store"
-STORE_FORMAT_VERSION = 3
+STORE_FORMAT_VERSION = 4
 STORE_TEXT_DTYPE = np.int32
 _TEXT_ITEMS = 3  # tokens, labels, image_starts
 STORE_IMAGE_DTYPE = np.uint8
@@ -58,7 +70,9 @@ class ShardInfo:
     samples: int
     """Samples stored in the shard."""
     images: int
-    """Images stored in the shard."""
+    """Image instances of the shard's samples."""
+    pool_images: int
+    """Distinct images the shard added to the pool (its .images part)."""
     truncated: int
     """Truncated samples in the shard."""
     skipped_by_reason: dict
@@ -86,7 +100,11 @@ class SampleStoreWriter:
             self.complete = False
         self.directory.mkdir(parents=True, exist_ok=True)
         self._remove_uncommitted()
+        self._known = load_keys(self.pool_parts())
         self._open = None
+
+    def pool_parts(self) -> list[PoolPart]:
+        return [pool_part(self.directory, s.name, s.pool_images) for s in self.shards]
 
     @property
     def next_record(self) -> int:
@@ -102,7 +120,8 @@ class SampleStoreWriter:
     def _shard(self) -> "_OpenShard":
         if self._open is None:
             name = f"shard_{len(self.shards):05d}"
-            self._open = _OpenShard(self.directory, name, self.next_record, self.image_shape)
+            pool = PoolWriter(pool_part(self.directory, name, 0), self._known, sum(s.pool_images for s in self.shards))
+            self._open = _OpenShard(self.directory, name, self.next_record, self.image_shape, pool)
         return self._open
 
     def append(self, sample) -> None:
@@ -147,14 +166,15 @@ class SampleStoreWriter:
 class _OpenShard:
     """The shard being written: builders are created on first use (Megatron cannot map an empty .bin)."""
 
-    def __init__(self, directory: Path, name: str, first_record: int, image_shape):
+    def __init__(self, directory: Path, name: str, first_record: int, image_shape, pool: PoolWriter):
         self.directory = directory
         self.name = name
         self.first_record = first_record
         self.image_shape = image_shape
         self._text = None
-        self._images = None
-        self._rows = open(directory / f"{name}.rows", "wb")
+        self._pool = pool
+        self._refs = open(shard_image_refs_path(directory, name), "wb")
+        self._rows = open(shard_rows_path(directory, name), "wb")
         self._skipped = open(shard_skipped_path(directory, name), "w", encoding="utf-8")
         self.samples = 0
         self.images = 0
@@ -166,19 +186,13 @@ class _OpenShard:
             raise ValueError(f"image shape {sample.images.shape[1:]} != store's {self.image_shape}")
         mi = _megatron()
         if self._text is None:
-            self._text = mi.IndexedDatasetBuilder(str(self.directory / f"{self.name}_text.bin"), dtype=STORE_TEXT_DTYPE)
+            self._text = mi.IndexedDatasetBuilder(str(shard_text_prefix(self.directory, self.name)) + ".bin", dtype=STORE_TEXT_DTYPE)
         for item in (sample.tokens, sample.labels, sample.image_starts):
             self._text.add_item(_torch_view(item))
         self._text.end_document()
-        if len(sample.images) and self._images is None:
-            path = str(self.directory / f"{self.name}_images.bin")
-            self._images = mi.IndexedDatasetBuilder(path, dtype=STORE_IMAGE_DTYPE)
-            for _ in range(self.samples):  # earlier samples of the shard had no image
-                self._images.end_document()
-        if self._images is not None:
-            for image in sample.images:
-                self._images.add_item(_torch_view(image.reshape(-1)))
-            self._images.end_document()
+        for image in sample.images:
+            key, _ = self._pool.add(image)
+            self._refs.write(key)
         row = np.array([(sample.index, sample.length, len(sample.images), sample.truncated)], dtype=SAMPLE_ROW)
         self._rows.write(row.tobytes())
         self.samples += 1
@@ -191,11 +205,12 @@ class _OpenShard:
         self.skipped_by_reason[skipped.reason] = self.skipped_by_reason.get(skipped.reason, 0) + 1
 
     def close(self, end_record: int) -> ShardInfo:
-        for builder, kind in ((self._text, "text"), (self._images, "images")):
-            if builder is not None:
-                builder.data_file.flush()
-                os.fsync(builder.data_file.fileno())
-                builder.finalize(str(self.directory / f"{self.name}_{kind}.idx"))
+        if self._text is not None:
+            self._text.data_file.flush()
+            os.fsync(self._text.data_file.fileno())
+            self._text.finalize(str(shard_text_prefix(self.directory, self.name)) + ".idx")
+        pool_images = self._pool.close()
+        _fsync_close(self._refs)
         _fsync_close(self._rows)
         _fsync_close(self._skipped)
         return ShardInfo(
@@ -204,6 +219,7 @@ class _OpenShard:
             end_record=end_record,
             samples=self.samples,
             images=self.images,
+            pool_images=pool_images,
             truncated=self.truncated,
             skipped_by_reason=dict(self.skipped_by_reason),
         )
@@ -226,11 +242,16 @@ class SampleStore:
         self.fingerprint = progress["fingerprint"]
         self.image_shape = tuple(progress["image_shape"])
         self.shards = [ShardInfo(**shard) for shard in progress["shards"]]
-        rows = [np.fromfile(self.directory / f"{s.name}.rows", dtype=SAMPLE_ROW) for s in self.shards]
+        rows = [np.fromfile(shard_rows_path(self.directory, s.name), dtype=SAMPLE_ROW) for s in self.shards]
         self.rows = np.concatenate(rows) if rows else np.zeros(0, dtype=SAMPLE_ROW)
         self._first_sample = np.cumsum([0] + [s.samples for s in self.shards])
+        self._first_image = np.cumsum([0] + [s.images for s in self.shards])
+        self._sample_first_image = np.concatenate([[0], np.cumsum(self.rows["num_images"].astype(np.int64))])
+        self.pool_parts = [pool_part(self.directory, s.name, s.pool_images) for s in self.shards]
+        self.pool = ImagePool(self.pool_parts, self.image_shape, mmap=False)
+        self._known = None
         self._text = {}
-        self._images = {}
+        self._refs = {}
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -256,7 +277,7 @@ class SampleStore:
 
     def _dataset(self, cache: dict, shard: int, kind: str):
         if shard not in cache:
-            prefix = self.directory / f"{self.shards[shard].name}_{kind}"
+            prefix = shard_text_prefix(self.directory, self.shards[shard].name)
             cache[shard] = _megatron().IndexedDataset(str(prefix), mmap=False)
         return cache[shard]
 
@@ -269,13 +290,23 @@ class SampleStore:
         shard, local = self._locate(i)
         return self._dataset(self._text, shard, "text")[_TEXT_ITEMS * local + 2]
 
+    def image_indices(self, i: int) -> np.ndarray:
+        """Pool index of each image of sample i, in placeholder order."""
+        count = int(self.rows["num_images"][i])
+        if count == 0:
+            return np.zeros(0, dtype=np.int64)
+        shard, _ = self._locate(i)
+        if shard not in self._refs:
+            self._refs[shard] = shard_image_refs_path(self.directory, self.shards[shard].name).read_bytes()
+        if self._known is None:
+            self._known = load_keys(self.pool_parts)
+        first = int(self._sample_first_image[i] - self._first_image[shard])
+        refs = self._refs[shard]
+        return np.array([self._known[refs[k * KEY_BYTES : (k + 1) * KEY_BYTES]] for k in range(first, first + count)])
+
     def images(self, i: int) -> np.ndarray:
-        shard, local = self._locate(i)
-        if self.rows["num_images"][i] == 0:
-            return np.zeros((0, *self.image_shape), dtype=STORE_IMAGE_DTYPE)
-        images = self._dataset(self._images, shard, "images")
-        first, last = images.document_indices[local], images.document_indices[local + 1]
-        return np.stack([images[k] for k in range(first, last)]).reshape(-1, *self.image_shape)
+        """uint8 (num_images, 3, H, W) of sample i."""
+        return self.pool.read(self.image_indices(i))
 
 
 def _read_progress(directory: Path) -> dict:
