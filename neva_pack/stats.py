@@ -158,7 +158,11 @@ def format_summary(report: dict) -> str:
     if packing.get("text_positions"):
         lines.append("  text         " + _format_percentiles(packing["text_positions"]))
         lines.append("  image        " + _format_percentiles(packing["image_positions_per_sample"]))
-    lines.append(f"output         {report['data_prefix']}.{{bin,idx}}")
+    if report.get("output_format", "nemo") == "nemo":
+        lines.append(f"output         {report['data_prefix']}.{{bin,idx}}")
+    else:
+        lines.append(f"output         {report['data_prefix']} ({report['output_format']}: read it with "
+                     "neva_pack.dataset.PackedSeqDataset; for NeMo: neva-pack convert OUT DEST --to nemo)")  # fmt: skip
     suggestion = report.get("suggestion")
     if suggestion:
         lines.append(

@@ -78,7 +78,11 @@ class _Labelled:
 
 def _verify_prefix(prefix: Path, data_path, progress: bool, result: Verification, label: str) -> None:
     out = _Labelled(result, label)
-    raw = read_meta_json(layout.meta_path(prefix))
+    try:
+        raw = read_meta_json(layout.meta_path(prefix))
+    except InputError as exc:
+        out.add(str(exc))
+        return
     if not meta_checksum_ok(raw):
         out.add(f"{layout.meta_path(prefix).name}: its own checksum does not match (the meta was changed or corrupted)")
     try:
