@@ -38,6 +38,8 @@ class AssembledPack:
     """int64 images of each sample."""
     image_indices: np.ndarray
     """int64 image-pool index of each image, in placeholder order: the images' content keys."""
+    image_starts: np.ndarray
+    """int64 position in ``tokens`` where each image's run of positions starts."""
     pixels: np.ndarray | None
     """uint8 (N, 3, H, W) of the images, or None when the writer did not ask for pixels."""
 
@@ -67,14 +69,18 @@ def assemble_packs(
     """Packs ``start``.. of the plan. ``cuts``: sample -> (tokens kept, images kept) for samples
     longer than this pack size, cut as the sample builder would have cut them."""
     for b in range(start, plan.num_bins):
-        tokens, labels, indices, records, images_per_sample = [], [], [], [], []
+        tokens, labels, indices, records, images_per_sample, starts = [], [], [], [], [], []
+        position = 0
         for i in plan.bin(b):
             i = int(i)
             sample_tokens, sample_labels = store.tokens_labels(i)
             sample_images = store.image_indices(i)
+            sample_starts = store.image_starts(i)
             if i in cuts:
                 keep, kept_images = cuts[i]
                 sample_tokens, sample_labels, sample_images = sample_tokens[:keep], sample_labels[:keep], sample_images[:kept_images]
+            starts.append(position + np.asarray(sample_starts[: len(sample_images)], dtype=np.int64))
+            position += len(sample_tokens)
             tokens.append(sample_tokens)
             labels.append(sample_labels)
             indices.append(sample_images)
@@ -90,5 +96,6 @@ def assemble_packs(
             record_indices=np.array(records, dtype=np.int64),
             num_images=np.array(images_per_sample, dtype=np.int64),
             image_indices=image_indices,
+            image_starts=np.concatenate(starts),
             pixels=store.pool.read(image_indices) if with_pixels else None,
         )

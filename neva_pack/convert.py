@@ -66,6 +66,7 @@ def convert(source: Path, dest: Path, to: str, progress: bool = True) -> list[Pa
             ignore_index=meta.ignore_index,
             pool=tuple(parts),
             plan_digest=f"convert:{meta.checksums}",
+            image_run=tuple(int(v) for v in meta.image_token_ids.run(meta.image_positions)),
         )
         writer = target.Writer(out, spec)
         for pack in packs:
@@ -78,6 +79,8 @@ def convert(source: Path, dest: Path, to: str, progress: bool = True) -> list[Pa
 
 def _packs(reader, plan, pool, progress: bool, description: str):
     """The source's packs as assembled packs: padding stripped, images as uint8 (and pool indices)."""
+    meta = reader.meta
+    run = meta.image_token_ids.run(meta.image_positions)
     for p in tqdm(range(len(reader)), desc=description, unit="pack", disable=not progress):
         pack = reader.pack(p)
         first, last = plan.offsets[p], plan.offsets[p + 1]
@@ -85,6 +88,7 @@ def _packs(reader, plan, pool, progress: bool, description: str):
         starts = pack.cu_seqlens[:-1]
         real = np.concatenate([np.arange(start, start + length) for start, length in zip(starts, lengths)])
         pixels = pack.pixels if pack.pixels is not None else reader.meta.normalisation.invert(pack.images[: pack.num_images])
+        tokens = pack.tokens[real]
         if pool is not None:
             indices = np.array([pool.add(image)[1] for image in pixels], dtype=np.int64)
         else:
@@ -92,13 +96,34 @@ def _packs(reader, plan, pool, progress: bool, description: str):
         yield AssembledPack(
             lengths=lengths.astype(np.int64),
             padded_lengths=plan.padded_length[first:last].astype(np.int64),
-            tokens=pack.tokens[real].astype(np.int32),
+            tokens=tokens.astype(np.int32),
             labels=pack.labels[real].astype(np.int32),
             record_indices=plan.record_index[first:last],
             num_images=plan.num_images[first:last],
             image_indices=indices,
+            image_starts=find_image_starts(tokens, run, len(pixels)),
             pixels=pixels if pool is None else None,
         )
+
+
+def find_image_starts(tokens: np.ndarray, run: np.ndarray, count: int) -> np.ndarray:
+    """Where each of the ``count`` image runs starts in ``tokens`` (left to right, runs never overlap).
+
+    A run is recognised by its first len(run) - 1 ids: a sample cut right before an image that
+    follows another one ends with that run's last id in its labels, not its tokens.
+    """
+    starts, position = [], 0
+    head = run[:-1] if len(run) > 1 else run
+    candidates = np.flatnonzero(tokens == run[0])
+    for start in candidates.tolist():
+        if start >= position and np.array_equal(tokens[start : start + len(head)], head):
+            starts.append(start)
+            position = start + len(run)
+    if len(starts) < count:
+        from neva_pack.errors import InputError
+
+        raise InputError(f"a pack holds {count} images but only {len(starts)} image runs")
+    return np.asarray(starts[:count], dtype=np.int64)
 
 
 def _copy_extras(prefix: Path, out: Path) -> list[Path]:

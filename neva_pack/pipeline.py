@@ -162,6 +162,7 @@ def _write_prefix(config, builder, store, total: int, size: int, output_dir: Pat
         ignore_index=config.ignore_index,
         pool=tuple(store.pool_parts),
         plan_digest=_plan_digest(plan),
+        image_run=tuple(int(v) for v in builder.layout.run()),
     )
     writer = fmt.Writer(prefix, spec, resume=config.resume)
     _write_packs(store, plan, cuts, fmt.NEEDS_PIXELS, writer, max(1, config.checkpoint_every // 10), progress)

@@ -39,6 +39,7 @@ def tiny_packs(pool) -> list[AssembledPack]:
 def pack(tokens, labels, images, records, multiple) -> AssembledPack:
     lengths = np.array([len(t) for t in tokens], dtype=np.int64)
     indices = np.array([i for sample in images for i in sample], dtype=np.int64)
+    flat = np.concatenate(tokens)
     return AssembledPack(
         lengths=lengths,
         padded_lengths=padded(lengths, multiple),
@@ -47,6 +48,7 @@ def pack(tokens, labels, images, records, multiple) -> AssembledPack:
         record_indices=np.array(records, dtype=np.int64),
         num_images=np.array([len(sample) for sample in images], dtype=np.int64),
         image_indices=indices,
+        image_starts=np.flatnonzero(flat == START),
         pixels=np.stack([[RED, BLUE][i] for i in indices]) if len(indices) else np.zeros((0, *SHAPE), np.uint8),
     )
 
@@ -70,7 +72,7 @@ def write_tiny(directory, name: str, stop_after: int | None = None, resume: bool
     pool = PoolWriter(pool_part(store, "shard_00000", 0), known, 0)
     packs = tiny_packs(pool)
     spec = WriteSpec(image_shape=SHAPE, normalisation=CLIP, pad_id=0, ignore_index=-1,
-                     pool=(pool_part(store, "shard_00000", pool.close()),), plan_digest="tiny")  # fmt: skip
+                     pool=(pool_part(store, "shard_00000", pool.close()),), plan_digest="tiny", image_run=(START, PATCH))  # fmt: skip
     fmt = FORMATS[name]
     writer = fmt.Writer(layout.packed_prefix(directory), spec, resume=resume)
     for p in range(writer.num_packs, len(packs)):
@@ -114,18 +116,22 @@ def test_round_trip_through_writer_and_reader(tmp_path, name):
 
 
 def test_compact_golden_bytes_inline(tmp_path):
-    """The compact layout, spelled out: int32 ids, the index arrays back to back, the pool."""
+    """The compact layout, spelled out: int32 ids (an image run's first positions implied), the index
+    arrays back to back, the pool."""
     write_tiny(tmp_path, "compact")
     prefix = layout.packed_prefix(tmp_path)
     assert (tmp_path / "packed_seq_dataset.tokens.bin").read_bytes() == np.array(
-        [5, 7, 0, 9, 2, 7, 0, 11, 4, 5, 6, 7, 0, 8, 9, 10], "<i4").tobytes()  # fmt: skip
+        [5, 0, 9, 2, 0, 11, 4, 5, 6, 0, 8, 9, 10], "<i4").tobytes()  # fmt: skip
+    assert (tmp_path / "packed_seq_dataset.labels.bin").read_bytes() == np.array(
+        [-1, -1, 2, -1, -1, 12, 5, 6, -1, 8, -1, 10, -1], "<i4").tobytes()  # fmt: skip
     arrays = read_meta(layout.meta_path(prefix)).layout["arrays"]
     index = (tmp_path / "packed_seq_dataset.index.bin").read_bytes()
     expected = {
-        "pack_offsets": np.array([0, 2, 3, 5], "<i8"), "token_offsets": np.array([0, 8, 11, 16], "<i8"),
+        "pack_offsets": np.array([0, 2, 3, 5], "<i8"), "token_offsets": np.array([0, 6, 9, 13], "<i8"),
         "image_offsets": np.array([0, 2, 2, 3], "<i8"), "length": np.array([5, 3, 3, 3, 2], "<i4"),
         "padded_length": np.array([5, 3, 3, 4, 4], "<i4"), "record_index": np.array([3, 0, 1, 2, 4], "<i8"),
         "num_images": np.array([1, 1, 0, 1, 0], "<i4"), "image_indices": np.array([0, 0, 1], "<i8"),
+        "image_starts": np.array([1, 5, 0], "<i8"),
     }  # fmt: skip
     assert index == b"".join(values.tobytes() for values in expected.values())
     assert list(arrays) == list(expected)

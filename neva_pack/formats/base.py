@@ -35,6 +35,8 @@ class WriteSpec:
     """The image pool the packs' image indices refer to (the sample store's parts)."""
     plan_digest: str
     """Identifies the plan: a checkpoint of another plan is not resumed."""
+    image_run: tuple[int, ...]
+    """The token ids of one image's run of positions (formats may store it once instead of per image)."""
 
 
 class Checkpoint:

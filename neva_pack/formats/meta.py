@@ -113,6 +113,12 @@ class ImageTokenIds:
     end: int | None
     """Id closing an image run, or None."""
 
+    def run(self, positions: int) -> np.ndarray:
+        """The ids of one image's run of ``positions`` positions: [start] patch ... patch [end]."""
+        inner = positions - (self.start is not None) - (self.end is not None)
+        ids = ([self.start] if self.start is not None else []) + [self.patch] * inner
+        return np.asarray(ids + ([self.end] if self.end is not None else []), dtype=np.int64)
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Counts:
