@@ -174,7 +174,11 @@ class Reader:
         self.arrays = {}
         index = prefix_file(self.prefix, INDEX)
         for name, dtype in ARRAYS.items():
-            spec = layout["arrays"][name]
+            spec = layout.get("arrays", {}).get(name)
+            if spec is None:
+                from neva_pack.errors import InputError
+
+                raise InputError(f"{meta_path(self.prefix)}: no array {name} in the layout (not this compact format)")
             if spec["dtype"] != dtype:
                 raise ValueError(f"{index.name}: array {name} of dtype {spec['dtype']}, expected {dtype}")
             self.arrays[name] = np.fromfile(index, dtype=dtype, count=int(spec["count"]), offset=int(spec["offset"]))

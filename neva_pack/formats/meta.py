@@ -11,8 +11,9 @@ image processors (``rescale`` in float64 then float32, ``normalize`` in float32)
     r = float32(float64(v) * rescale_factor)
     x = (r - float32(mean[c])) / float32(std[c])          # float32 subtraction, float32 division
 
-Only 256 values per channel exist, so the reader computes these 3 x 256 values once with exactly
-those ops and looks pixels up (``Normalisation.lut``): bit-identical to the processor by construction.
+The CPU reader runs exactly these ops in a numba kernel (formats/kernels.py); on an accelerator
+the 3 x 256 values are computed once with them (``Normalisation.lut``) and pixels are looked up.
+Either way the result is bit-identical to the processor's (tested on every uint8 value).
 """
 
 from __future__ import annotations
@@ -51,9 +52,10 @@ class Normalisation:
         """uint8 (N, 3, H, W) -> float32 (N, 3, H, W)."""
         out = np.empty(pixels.shape, dtype=np.float32)
         if pixels.size:
-            from neva_pack.formats.kernels import lookup
+            from neva_pack.formats.kernels import normalise
 
-            lookup(np.ascontiguousarray(pixels), self.lut(), out)
+            mean, std = np.asarray(self.mean, dtype=np.float32), np.asarray(self.std, dtype=np.float32)
+            normalise(np.ascontiguousarray(pixels), np.float64(self.rescale_factor), mean, std, out)
         return out
 
     def apply_torch(self, pixels, device=None, dtype=None):
