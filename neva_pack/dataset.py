@@ -48,15 +48,8 @@ class PackedSeqDataset(Dataset):
     def __getitem__(self, p: int) -> dict[str, torch.Tensor]:
         if not 0 <= p < len(self):
             raise IndexError(f"pack {p} of {len(self)}")
-        pack = self._reader.pack(p)
-        if pack.pixels is None:
-            image = torch.from_numpy(pack.images)
-            if self.device is not None or self.dtype is not None:
-                image = image.to(device=self.device, dtype=self.dtype)
-        elif len(pack.pixels) == 0:  # an image-less pack carries one zero image (as NeMo's layout stores it)
-            image = torch.zeros((1, 3, *self.crop_size), dtype=self.dtype or torch.float32, device=self.device)
-        else:
-            image = self.meta.normalisation.apply_torch(pack.pixels, device=self.device, dtype=self.dtype)
+        pack = self._reader.pack(p, images=False)
+        image = self._reader.images(p, device=self.device, dtype=self.dtype)  # the format decides how
         return {
             "cu_seqlens": torch.from_numpy(pack.cu_seqlens.astype(np.int32)),
             "cu_seqlens_unpadded": torch.from_numpy(pack.cu_seqlens_unpadded.astype(np.int32)),

@@ -231,6 +231,20 @@ class Reader:
             num_images=i1 - i0,
         )
 
+    def images(self, p: int, device=None, dtype=None):
+        """The pack's images as the model's input tensor: normalised here (NeMo stores them so)."""
+        import torch
+
+        a = self.arrays
+        indices = a["image_indices"][int(a["image_offsets"][p]) : int(a["image_offsets"][p + 1])]
+        if len(indices) == 0:  # as NeMo's layout: one zero image, never an empty tensor
+            return torch.zeros((1, *self.image_shape), dtype=dtype or torch.float32, device=device)
+        normalisation = self.meta.normalisation
+        if device is None or torch.device(device).type == "cpu":
+            values = torch.from_numpy(normalisation.apply_views(self.pool.views(indices)))
+            return values if dtype is None or dtype == torch.float32 else values.to(dtype)
+        return normalisation.apply_torch(self.pool.read(indices), device=device, dtype=dtype)
+
     def close(self) -> None:
         self.pool.close()
         self.tokens = self.labels = None

@@ -125,6 +125,14 @@ class ImagePool:
                 out[k] = np.frombuffer(data, dtype=np.uint8).reshape(self.image_shape)
         return out
 
+    def views(self, indices) -> list[np.ndarray]:
+        """Read-only (1, 3, H, W) views into the memory-mapped parts, one per index (no copy)."""
+        indices = np.asarray(indices, dtype=np.int64)
+        if len(indices) and (indices.min() < 0 or indices.max() >= len(self)):
+            raise IndexError(f"image index outside the pool of {len(self)} images")
+        parts = np.searchsorted(self.starts, indices, side="right") - 1
+        return [self._map(part)[index - int(self.starts[part]) :][:1] for index, part in zip(indices.tolist(), parts.tolist())]
+
     def _map(self, part: int) -> np.ndarray:
         if part not in self._maps:
             shape = (self.parts[part].count, *self.image_shape)

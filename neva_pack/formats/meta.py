@@ -58,6 +58,16 @@ class Normalisation:
             normalise(np.ascontiguousarray(pixels), np.float64(self.rescale_factor), mean, std, out)
         return out
 
+    def apply_views(self, views: list[np.ndarray]) -> np.ndarray:
+        """Like ``apply`` on the stacked (1, 3, H, W) views, without copying the uint8 pixels first."""
+        from neva_pack.formats.kernels import normalise
+
+        out = np.empty((len(views), *views[0].shape[1:]), dtype=np.float32)
+        mean, std = np.asarray(self.mean, dtype=np.float32), np.asarray(self.std, dtype=np.float32)
+        for k, view in enumerate(views):
+            normalise(view, np.float64(self.rescale_factor), mean, std, out[k : k + 1])
+        return out
+
     def apply_torch(self, pixels, device=None, dtype=None):
         """uint8 tensor or array (N, 3, H, W) -> normalised tensor on ``device`` in ``dtype``.
 
@@ -70,7 +80,7 @@ class Normalisation:
             values = torch.from_numpy(self.apply(np.asarray(pixels)))
             return values if dtype is None or dtype == torch.float32 else values.to(dtype)
         pixels = torch.as_tensor(pixels).to(device, non_blocking=True)
-        table = torch.from_numpy(self.lut()).to(device)
+        table = torch.tensor(self.lut(), device=device)
         channel = (torch.arange(3, device=device) * 256).view(1, 3, 1, 1)
         values = torch.take(table, pixels.long() + channel)
         return values if dtype is None or dtype == torch.float32 else values.to(dtype)

@@ -178,6 +178,14 @@ class Reader:
             num_images=stored if real or stored != 1 else 0,
         )
 
+    def images(self, p: int, device=None, dtype=None):
+        """The pack's image item as a (N, 3, H, W) tensor (stored normalised, float32)."""
+        import torch
+
+        start = int(self.dataset.document_indices[p])
+        values = torch.from_numpy(self.dataset[start + ITEM_IMAGE].astype(np.float32).reshape(-1, *self.image_shape))
+        return values if device is None and dtype is None else values.to(device=device, dtype=dtype)
+
     def close(self) -> None:
         self.dataset = self._multimodal = None
 
