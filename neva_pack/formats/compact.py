@@ -191,6 +191,12 @@ class Reader:
         self.ignore_index = self.meta.ignore_index
         self.run = self.meta.image_token_ids.run(self.meta.image_positions)
 
+    def __getstate__(self):  # DataLoader workers (spawn) reopen the files instead of pickling the maps
+        return {"prefix": self.prefix, "meta": self.meta}
+
+    def __setstate__(self, state):
+        self.__init__(state["prefix"], state["meta"])
+
     def __len__(self) -> int:
         return len(self.arrays["pack_offsets"]) - 1
 
