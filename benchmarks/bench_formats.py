@@ -8,7 +8,8 @@ Each fixture is packed in both formats with the same settings; then:
 - bytes per image instance: the final files (nemo: .bin/.idx/.plan.npz/meta; compact: its files
   + the image pool) and everything the run leaves on disk (the output directory), / instances;
 - reader throughput: ``PackedSeqDataset`` over every pack (images normalised on the CPU for
-  compact), warm page cache, as packs/s and MB/s of tensors delivered.
+  compact), warm page cache, as packs/s and MB/s of tensors delivered; the two formats are read
+  alternately twice and the best of each is kept (the figures of a shared machine are noisy).
 
 Usage: python benchmarks/bench_formats.py [--records 160] [--seconds 3]
 """
@@ -118,15 +119,20 @@ def main() -> None:
             run(warm, tmp / "warm" / output_format, output_format)
         for fixture in ("distinct", "repeated"):
             data = build_fixture(tmp / fixture, args.records, repeated=fixture == "repeated")
-            results = {}
+            results, seconds = {}, {}
+            for output_format in ("nemo", "compact"):
+                seconds[output_format] = run(data, tmp / fixture / output_format, output_format)
+            speeds = {"nemo": (0.0, 0.0), "compact": (0.0, 0.0)}
+            for _ in range(2):  # alternate, keep the best of two: the machine is shared and noisy
+                for output_format in ("nemo", "compact"):
+                    speeds[output_format] = max(speeds[output_format], read_throughput(tmp / fixture / output_format, args.seconds))
             for output_format in ("nemo", "compact"):
                 out = tmp / fixture / output_format
-                seconds = run(data, out, output_format)
                 final, everything, instances = disk(out)
-                speed = read_throughput(out, args.seconds)
+                speed = speeds[output_format]
                 results[output_format] = (final, everything)
                 print(f"{fixture:<10}{output_format:<9}{instances:>10,}{final / 1e6:>10.2f}{final / instances / 1e6:>10.3f}MB"
-                      f"{everything / 1e6:>12.2f}{everything / instances / 1e6:>9.3f}MB{seconds:>8.1f}"
+                      f"{everything / 1e6:>12.2f}{everything / instances / 1e6:>9.3f}MB{seconds[output_format]:>8.1f}"
                       f"{speed[0]:>10.1f}{speed[1]:>9.0f}")  # fmt: skip
             (nf, ne), (cf, ce) = results["nemo"], results["compact"]
             print(f"{'':<10}compact / nemo final: final {cf / nf:.4f}, everything on disk {ce / nf:.4f}"
