@@ -48,15 +48,13 @@ def open_packed(path: Path, pack_size: int | None = None):
     the largest by default (as the run's summary reports it).
     """
     prefixes = resolve_prefixes(path)
-    if pack_size is not None:
-        chosen = [p for p in prefixes if pack_size_of(p) == pack_size or (len(prefixes) == 1 and p == prefixes[0])]
-        if not chosen:
-            sizes = ", ".join(str(pack_size_of(p)) for p in prefixes)
-            raise InputError(f"{path}: no prefix of pack size {pack_size} (sizes: {sizes})")
-        prefix = chosen[0]
-    else:
-        prefix = max(prefixes, key=lambda p: pack_size_of(p) or 0)
-    return open_prefix(prefix)
+    if pack_size is None or len(prefixes) == 1:  # a single prefix is what was asked for, whatever its name
+        return open_prefix(max(prefixes, key=lambda p: pack_size_of(p) or 0))
+    chosen = [p for p in prefixes if pack_size_of(p) == pack_size]
+    if not chosen:
+        sizes = ", ".join(str(pack_size_of(p)) for p in prefixes)
+        raise InputError(f"{path}: no prefix of pack size {pack_size} (sizes: {sizes})")
+    return open_prefix(chosen[0])
 
 
 def open_prefix(prefix: Path, meta: PackedMeta | None = None):

@@ -284,16 +284,15 @@ def check(reader: Reader, result) -> None:
         if len(a[name]) != samples:
             result.add(f"index: {name} has {len(a[name])} values for {samples} samples")
             return
-    sums = np.add.reduceat if samples else None
     if samples and packs:
         starts = a["pack_offsets"][:-1]
         if np.any(np.diff(a["pack_offsets"]) == 0):
             result.add("index: a pack without samples")
             return
         hidden = (len(reader.run) - 1) * np.diff(a["image_offsets"])
-        if not np.array_equal(sums(a["length"].astype(np.int64), starts) - hidden, np.diff(a["token_offsets"])):
+        if not np.array_equal(np.add.reduceat(a["length"].astype(np.int64), starts) - hidden, np.diff(a["token_offsets"])):
             result.add("index: token_offsets disagree with the samples' lengths")
-        if not np.array_equal(sums(a["num_images"].astype(np.int64), starts), np.diff(a["image_offsets"])):
+        if not np.array_equal(np.add.reduceat(a["num_images"].astype(np.int64), starts), np.diff(a["image_offsets"])):
             result.add("index: image_offsets disagree with the samples' image counts")
     if np.any(a["padded_length"] < a["length"]):
         result.add("index: a padded length shorter than its length")

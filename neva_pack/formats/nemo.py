@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from neva_pack.formats.base import Checkpoint, WriteSpec, publish
+from neva_pack.formats.base import Checkpoint, WriteSpec, publish, reopen_at
 from neva_pack.formats.common import megatron as _megatron
 from neva_pack.formats.common import torch_view as _torch_view
 from neva_pack.formats.meta import PackedMeta, PlanTable, ReadPack, read_meta
@@ -78,8 +78,6 @@ class Writer:
         else:
             # Megatron's builder opens its file with "wb": build it on /dev/null, then hand it
             # the partial file cut back to the last checkpoint, and its index lists
-            from neva_pack.formats.base import reopen_at
-
             self._builder = mi.IndexedDatasetBuilder(os.devnull, dtype=PACKED_DTYPE, multimodal=True)
             self._builder.data_file.close()
             self._builder.data_file = reopen_at(bin_path(self._tmp), int(state["bytes"][0]))

@@ -47,6 +47,7 @@ STORE_FORMAT_VERSION = 4
 STORE_TEXT_DTYPE = np.int32
 _TEXT_ITEMS = 3  # tokens, labels, image_starts
 STORE_IMAGE_DTYPE = np.uint8
+"""Images are stored after resize/crop/pad, before rescale/normalise (formats/image_pool.py)."""
 SAMPLE_ROW = np.dtype(
     [
         ("record_index", "<i8"),  # position of the source record in the input file
