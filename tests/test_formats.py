@@ -7,6 +7,8 @@ against transformers' processors value by value.
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from neva_pack import store as layout
 from neva_pack.assemble import AssembledPack, padded
@@ -203,3 +205,68 @@ def test_resolve_prefixes_of_a_multi_size_directory(tmp_path):
         layout.meta_path(prefix).write_text("{}")
     assert [p.name for p in resolve_prefixes(tmp_path)] == ["packed_seq_dataset_8", "packed_seq_dataset_16"]
     assert layout.stats_path_of(layout.packed_prefix(tmp_path, 8)).name == "stats_8.json"
+
+
+@st.composite
+def random_packs(draw):
+    """Packs of samples made of text ids (>= 10) and image runs [START, PATCH, PATCH, 9] (4 positions)."""
+    run = [START, PATCH, PATCH, 9]
+    packs = []
+    for _ in range(draw(st.integers(1, 4))):
+        tokens, labels, starts, lengths = [], [], [], []
+        for _ in range(draw(st.integers(1, 3))):
+            sample, sample_labels = [], []
+            for part in draw(st.lists(st.sampled_from(["text", "image"]), min_size=1, max_size=5)):
+                if part == "image":
+                    starts.append(len(tokens) + len(sample))
+                    sample += run
+                    sample_labels += [-1, -1, -1, draw(st.sampled_from([-1, 42]))]  # the run's last label may be trained
+                else:
+                    ids = draw(st.lists(st.integers(10, 99), min_size=1, max_size=4))
+                    sample += ids
+                    sample_labels += [draw(st.sampled_from([-1, i])) for i in ids]
+            tokens += sample
+            labels += sample_labels
+            lengths.append(len(sample))
+        lengths = np.array(lengths)
+        packs.append(AssembledPack(
+            lengths=lengths, padded_lengths=padded(lengths, draw(st.sampled_from([1, 4]))),
+            tokens=np.array(tokens, np.int32), labels=np.array(labels, np.int32), record_indices=np.arange(len(lengths)),
+            num_images=np.zeros(len(lengths), np.int64), image_indices=np.zeros(len(starts), np.int64),
+            image_starts=np.array(starts, np.int64), pixels=None,
+        ))  # fmt: skip
+    return packs
+
+
+@settings(max_examples=30, deadline=None)
+@given(packs=random_packs())
+def test_compact_stores_image_runs_once_and_reads_back_every_position(tmp_path_factory, packs):
+    """Property: whatever the mix of text, image runs (trained last label or not) and padding, the compact
+    reader returns exactly the positions written, padded as the contract says."""
+    from neva_pack.formats import compact
+
+    directory = tmp_path_factory.mktemp("prop")
+    store = layout.store_dir(directory)
+    store.mkdir()
+    pool = PoolWriter(pool_part(store, "shard_00000", 0), {}, 0)
+    pool.add(RED)
+    spec = WriteSpec(image_shape=SHAPE, normalisation=CLIP, pad_id=0, ignore_index=-1, plan_digest="p",
+                     pool=(pool_part(store, "shard_00000", pool.close()),), image_run=(START, PATCH, PATCH, 9))  # fmt: skip
+    writer = compact.Writer(layout.packed_prefix(directory), spec)
+    for p in packs:
+        writer.add(p)
+    meta = tiny_meta(len(packs)).replace(image_positions=4, image_token_ids=ImageTokenIds(patch=PATCH, start=START, end=9))
+    writer.publish(None, [], meta)
+    reader = open_packed(directory)
+    stored = 0
+    for k, p in enumerate(packs):
+        got = reader.pack(k)
+        starts = np.concatenate([[0], np.cumsum(p.padded_lengths)[:-1]])
+        real = np.concatenate([np.arange(s, s + n) for s, n in zip(starts, p.lengths)])
+        assert got.tokens[real].tolist() == p.tokens.tolist() and got.labels[real].tolist() == p.labels.tolist()
+        pad = np.setdiff1d(np.arange(len(got.tokens)), real)
+        assert np.all(got.tokens[pad] == 0) and np.all(got.labels[pad] == -1)
+        assert got.cu_seqlens.tolist() == [0, *np.cumsum(p.padded_lengths).tolist()]
+        stored += len(p.tokens) - 3 * len(p.image_starts)
+    assert (directory / "packed_seq_dataset.tokens.bin").stat().st_size == 4 * stored
+    reader.close()
