@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from neva_pack.errors import ConfigError, NevaPackError
+from neva_pack.formats import DEFAULT_FORMAT, FORMATS
 from neva_pack.packing import ALGORITHMS, DEFAULT_ALGORITHM, RECOMMENDED_ALGORITHM
 from neva_pack.templates import DEFAULT_TOKENIZATION, TOKENIZATIONS
 
@@ -113,6 +114,15 @@ def _add_preprocess_flags(parser: argparse.ArgumentParser) -> None:
         "--allow_outside_image_folder", action="store_true", default=None,
         help="accept absolute image paths, '..' and symlinks that lead out of --image_folder",
     )  # fmt: skip
+    # output format (issue 10)
+    ours.add_argument(
+        "--output_format", choices=sorted(FORMATS),
+        help=f"{DEFAULT_FORMAT} (default): NeMo's float32 packed_seq_dataset; compact: uint8 images stored once, normalised on read",
+    )  # fmt: skip
+    ours.add_argument(
+        "--drop_store", action="store_true", default=None,
+        help="nemo: remove the sample store after a verified publish (re-packing then needs a new run)",
+    )  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -143,6 +153,11 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("output", type=Path, help="output directory (or packed_seq_dataset prefix)")
     check.add_argument("--data_path", type=Path, help="also check that every input record is packed once or skipped")
     check.add_argument("--quiet", action="store_true", help="no progress bar")
+    convert = sub.add_parser("convert", help="rewrite an output in another format (e.g. compact -> nemo where you train)")
+    convert.add_argument("source", type=Path, help="output directory (or prefix) to convert")
+    convert.add_argument("dest", type=Path, help="directory to write the converted output to (new or empty)")
+    convert.add_argument("--to", required=True, choices=sorted(FORMATS), help="target format")
+    convert.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
 
 
@@ -171,9 +186,9 @@ def _run_preprocess(args) -> int:
     for size, report in result.reports.items():
         if len(result.reports) > 1:
             print(f"== pack size {size}")
-        print(format_summary(report))
+        print(format_summary(report.to_json()))
     if result.exit_code:
-        skipped = result.report["records"]["skipped"]
+        skipped = result.report.records.skipped
         report_file = Path(config.output_dir) / SKIPPED_FILE
         print(f"error: --strict: {skipped} record(s) skipped; see {report_file}", file=sys.stderr)
     return result.exit_code
@@ -193,19 +208,29 @@ def _run_verify(args) -> int:
 
 
 def _run_stats(args) -> int:
+    """One report per prefix: a --pack_sizes output prints each size (JSON: a list), plots get _<size>."""
     import json
 
-    from neva_pack.stats import format_summary, load_output, plot, with_batch_size
+    from neva_pack.stats import format_summary, load_outputs, plot, with_batch_size
 
-    report, arrays = load_output(args.output, crop_size=args.crop_size, max_seq_length=args.max_seq_length)
-    report = with_batch_size(report, args.global_batch_size)
-    print(json.dumps(report, indent=2) if args.json else format_summary(report))
-    if args.plot:
-        dataset = report.get("dataset") or Path(report["data_prefix"]).parent.name
-        title = f"{dataset}: {report.get('algorithm') or 'unknown algorithm'}, max_seq_length {arrays.capacity:,}"
-        plot(arrays, args.plot, title)
+    outputs = load_outputs(args.output, crop_size=args.crop_size, max_seq_length=args.max_seq_length)
+    reports = []
+    for n, (report, arrays) in enumerate(outputs):
+        report = with_batch_size(report, args.global_batch_size)
+        reports.append(report)
         if not args.json:
-            print(f"plot           {args.plot}")
+            if len(outputs) > 1:
+                print(f"{'' if n == 0 else chr(10)}== pack size {arrays.capacity}")
+            print(format_summary(report))
+        if args.plot:
+            target = args.plot if len(outputs) == 1 else args.plot.with_name(f"{args.plot.stem}_{arrays.capacity}{args.plot.suffix}")
+            dataset = report.get("dataset") or Path(report["data_prefix"]).parent.name
+            title = f"{dataset}: {report.get('algorithm') or 'unknown algorithm'}, max_seq_length {arrays.capacity:,}"
+            plot(arrays, target, title)
+            if not args.json:
+                print(f"plot           {target}")
+    if args.json:
+        print(json.dumps(reports[0] if len(reports) == 1 else reports, indent=2))
     return 0
 
 
@@ -224,7 +249,16 @@ def _run_plan(args) -> int:
     return 0
 
 
-COMMANDS = {"preprocess": _run_preprocess, "stats": _run_stats, "plan": _run_plan, "verify": _run_verify}
+def _run_convert(args) -> int:
+    from neva_pack.convert import convert
+
+    for prefix in convert(args.source, args.dest, args.to, progress=not args.quiet):
+        print(f"wrote {prefix} ({args.to})")
+    return 0
+
+
+COMMANDS = {"preprocess": _run_preprocess, "stats": _run_stats, "plan": _run_plan, "verify": _run_verify,
+            "convert": _run_convert}  # fmt: skip
 
 
 class Terminated(BaseException):

@@ -144,6 +144,13 @@ class PreprocessConfig:
     tokenization: str = "nemo"
     """Convention the token ids follow, a name from templates.TOKENIZATIONS: nemo (NeMo NeVA's
     preprocessing, the default since the command line is NeMo's) or llava (LLaVA-1.5's)."""
+    # --- output format (issue 10: formats layer) ---
+    output_format: str = "nemo"
+    """nemo: NeMo's float32 packed_seq_dataset (what data_prefix reads); compact: int32 ids and uint8
+    images stored once (the sample store's pool), normalised when read (neva_pack.dataset)."""
+    drop_store: bool = False
+    """nemo only: remove the sample store once every prefix is published and verified (plan/stats
+    then read the plan tables; re-packing needs a new run)."""
 
     def __post_init__(self):
         _check_types(self)
@@ -202,6 +209,12 @@ class PreprocessConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"--{name} {value}: must be >= 1")
+        from neva_pack.formats import FORMATS
+
+        if self.output_format not in FORMATS:
+            raise ConfigError(f"--output_format {self.output_format!r}: choose one of {', '.join(sorted(FORMATS))}")
+        if self.drop_store and self.output_format == "compact":
+            raise ConfigError("--drop_store: the compact output's images ARE the sample store's pool; nothing to drop")
         if self.crop_size is not None:
             object.__setattr__(self, "crop_size", tuple(int(v) for v in self.crop_size))
         if self.pack_sizes is not None:

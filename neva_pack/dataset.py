@@ -1,14 +1,17 @@
-"""Training side: read a packed prefix as NeMo's NevaPackedSeqDatatset does, plus a collate.
+"""Training side: read a packed output of any format as NeMo's NevaPackedSeqDatatset does, plus a collate.
 
-``PackedSeqDataset(prefix)[p]`` gives, for pack p::
+``PackedSeqDataset(path)[p]`` gives, for pack p, the same tensors whatever the output's format
+(bit-identical between a ``compact`` and a ``nemo`` output of the same run)::
 
-    cu_seqlens           int32 (n + 1,)   [0, p1, p1+p2, ..., L]  buffer boundaries (padded lengths)
-    cu_seqlens_unpadded  int32 (n + 1,)   [0, l1, l1+l2, ...]     real lengths, cumulated
-    tokens               int64 (L,)
-    labels               int64 (L,)       ignore value outside trained positions (and on padding)
-    image                float32 (N, 3, H, W), H and W read from the output's meta (never guessed)
-    num_images           int32 (n,)       images of each sample (the zero image of an image-less
-                                          pack is not counted)
+    cu_seqlens           int32 (n + 1,)  [0, p1, p1+p2, ..., L]   sample boundaries in the buffer (padded lengths)
+    cu_seqlens_unpadded  int32 (n + 1,)  [0, l1, l1+l2, ...]      cumulative real lengths (= cu_seqlens without padding)
+    tokens               int64 (L,)      pad id on padding positions
+    labels               int64 (L,)      ignore value outside trained positions and on padding
+    image                (N, 3, H, W)    normalised; float32 unless a dtype is given; one zero image if the pack has none
+
+A compact output stores uint8 pixels: they are normalised here (a 3 x 256 table built with the
+processor's float ops), on the CPU or, given ``device``, after the uint8 pixels moved there.
+    num_images           int32 (n,)      images of each sample (the zero image of an image-less pack is not counted)
 
 Without --pad_to_multiple_of (or CP/TP alignment) p_i == l_i and both cu_seqlens agree. With it,
 sample i occupies p_i positions: its l_i tokens, then p_i - l_i pad positions (see
@@ -30,36 +33,41 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from neva_pack.store import PackedReader, read_plan_table
+from neva_pack.formats import open_packed
 
 
 class PackedSeqDataset(Dataset):
-    def __init__(self, prefix: str | Path):
-        self._reader = PackedReader(Path(prefix))
+    """Packs of an output directory or prefix (``pack_size`` picks one size of a --pack_sizes output)."""
+
+    def __init__(self, path: str | Path, *, device=None, dtype: torch.dtype | None = None, pack_size: int | None = None):
+        self._reader = open_packed(Path(path), pack_size=pack_size)
         self.meta = self._reader.meta
-        self.crop_size = tuple(self.meta["crop_size"])
-        self.ignore_index = int(self.meta.get("ignore_index", -1))
-        self.pad_id = int(self.meta.get("pad_id", 0))
-        self.pad_to_multiple_of = int(self.meta.get("pad_to_multiple_of", 1))
-        table = read_plan_table(Path(prefix))  # per-sample real lengths and image counts, in pack order
-        self._offsets = table["offsets"].astype(np.int64)
-        self._lengths = table["length"].astype(np.int32)
-        self._num_images = table["num_images"].astype(np.int32)
+        self.prefix = self._reader.prefix
+        self.crop_size = tuple(self.meta.crop_size)
+        self.ignore_index = int(self.meta.ignore_index)
+        self.device = device
+        self.dtype = dtype
+        self.pad_id = int(self.meta.pad_id)
+        self.pad_to_multiple_of = int(self.meta.pad_to_multiple_of)
+        table = self._reader.plan_table()  # per-sample image counts, in pack order
+        self._offsets = table.offsets
+        self._num_images = table.num_images.astype(np.int32)
 
     def __len__(self) -> int:
         return len(self._reader)
 
     def __getitem__(self, p: int) -> dict[str, torch.Tensor]:
-        pack = self._reader[p]
-        first, last = self._offsets[p], self._offsets[p + 1]
-        unpadded = np.concatenate([[0], np.cumsum(self._lengths[first:last])]).astype(np.int32)
+        if not 0 <= p < len(self):
+            raise IndexError(f"pack {p} of {len(self)}")
+        pack = self._reader.pack(p, images=False)
+        image = self._reader.images(p, device=self.device, dtype=self.dtype)  # the format decides how
         return {
             "cu_seqlens": torch.from_numpy(pack.cu_seqlens.astype(np.int32)),
-            "cu_seqlens_unpadded": torch.from_numpy(unpadded),
-            "num_images": torch.from_numpy(self._num_images[first:last].copy()),
+            "cu_seqlens_unpadded": torch.from_numpy(pack.cu_seqlens_unpadded.astype(np.int32)),
+            "num_images": torch.from_numpy(self._num_images[self._offsets[p] : self._offsets[p + 1]].copy()),
             "tokens": torch.from_numpy(pack.tokens),
             "labels": torch.from_numpy(pack.labels),
-            "image": torch.from_numpy(pack.images),
+            "image": image,
         }
 
 

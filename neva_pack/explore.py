@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from neva_pack import store as layout
+from neva_pack.formats import sample_store
 from neva_pack.errors import InputError
 from neva_pack.packing import pack
 from neva_pack.stats import global_batch_size_advice
@@ -47,26 +48,31 @@ class Candidate:
 
 
 def load_lengths(path: Path) -> SampleLengths:
-    """From an output directory's sample store, a store directory, or else an output's plan table."""
+    """From an output directory's sample store, a store directory, or else an output's plan table (any format)."""
     path = Path(path)
     for directory in (layout.store_dir(path), path):
         if (directory / layout.STORE_PROGRESS).is_file():
-            store = layout.SampleStore(directory)
+            store = sample_store.SampleStore(directory)
             return SampleLengths(
                 lengths=store.lengths,
                 truncated=int(store.rows["truncated"].sum()),
                 cut_at=store.fingerprint.get("max_seq_length"),
                 source=str(directory),
             )
-    prefix = layout.packed_prefix(path) if path.is_dir() else path
-    if layout.plan_path(prefix).is_file():
-        meta = layout.read_packed_meta(prefix)
-        table = layout.read_plan_table(prefix)
+    from neva_pack.formats import open_packed
+
+    try:
+        reader = open_packed(path)
+    except InputError:
+        reader = None
+    if reader is not None:
+        table, meta = reader.plan_table(), reader.meta
+        reader.close()
         return SampleLengths(
-            lengths=table["length"].astype(np.int64),
-            truncated=int(meta.get("counts", {}).get("truncated", 0)),
-            cut_at=int(meta["max_seq_length"]),
-            source=str(layout.plan_path(prefix)),
+            lengths=table.length.astype(np.int64),
+            truncated=int(meta.counts.truncated),
+            cut_at=int(meta.max_seq_length),
+            source=str(reader.prefix),
         )
     raise InputError(f"{path}: no sample store ({layout.STORE_DIR}/{layout.STORE_PROGRESS}) nor plan table here")
 

@@ -235,6 +235,16 @@ class ImagePreprocessor:
             raise RuntimeError(f"image processor returned shape {pixels.shape}, expected {self.shape}")
         return pixels.astype(np.uint8, copy=False)
 
+    def normalisation(self):
+        """The rescale factor, mean and std the processor applies (what a packed output's meta records)."""
+        from neva_pack.formats.meta import Normalisation
+
+        _, values = self._built()
+        scale = float(values.rescale_factor) if values.do_rescale else 1.0
+        mean = tuple(float(v) for v in values.image_mean) if values.do_normalize else (0.0, 0.0, 0.0)
+        std = tuple(float(v) for v in values.image_std) if values.do_normalize else (1.0, 1.0, 1.0)
+        return Normalisation(rescale_factor=scale, mean=mean, std=std)
+
     def normalize(self, pixels: np.ndarray) -> np.ndarray:
         """(N, 3, H, W) uint8 -> (N, 3, H, W) float32, rescaled and normalised by the processor."""
         if len(pixels) == 0:

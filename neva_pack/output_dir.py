@@ -26,13 +26,15 @@ from pathlib import Path
 
 from neva_pack import store as layout
 from neva_pack.errors import ConfigError
+from neva_pack.formats import FORMATS
+from neva_pack.formats.sample_store import STORE_FORMAT
 
 LOCK_FILE = ".neva_pack.lock"
 """Lives in output_dir; never counted as content and never removed."""
 
 _MEGATRON_INDEX_MAGIC = b"MMIDIDX\x00\x00"
 _ZIP_MAGIC = b"PK\x03\x04"
-_SHARD_FILE = re.compile(r"shard_\d+\.")
+_SHARD_FILE = re.compile(r"shard_\d+[._]")
 
 
 class OutputLock:
@@ -128,7 +130,7 @@ def _not_ours(path: Path) -> str | None:
             return "is not a directory"
         progress = path / layout.STORE_PROGRESS
         if progress.is_file():
-            return None if _json_field(progress, "format") == layout.STORE_FORMAT else "has a progress.json of another format"
+            return None if _json_field(progress, "format") == STORE_FORMAT else "has a progress.json of another format"
         strangers = [p.name for p in path.iterdir() if not _SHARD_FILE.match(p.name) and not p.name.endswith(".tmp")]
         return f"holds files a sample store does not ({strangers[0]})" if strangers else None
     if not path.is_file():
@@ -136,7 +138,11 @@ def _not_ours(path: Path) -> str | None:
     if name.endswith(".tmp") or ".tmp." in name:
         return None  # our temporary names
     if name.endswith(layout.META_SUFFIX):
-        return None if _json_field(path, "format") == layout.PACKED_FORMAT else "has no neva_pack format field"
+        return None if _json_field(path, "format") in FORMATS else "has no neva_pack format field"
+    compact_suffix = next((s for s in layout.COMPACT_SUFFIXES if name.endswith(s)), None)
+    if compact_suffix is not None:
+        meta = layout.meta_path(path.with_name(name[: -len(compact_suffix)]))
+        return None if _json_field(meta, "format") == "compact" else "has no compact meta beside it"
     if name.endswith(".idx"):
         return None if _starts_with(path, _MEGATRON_INDEX_MAGIC) else "is not a Megatron index"
     if name.endswith(".bin"):

@@ -1,8 +1,9 @@
 """preprocess(config): the stages wired together, each with a progress bar.
 
     records --DataLoader workers--> Sample | Skipped --> sample store shards (committed at checkpoints)
-    store lengths --pack()--> PackingPlan --writer (checkpointed)--> packed_seq_dataset.{bin,idx}
-    --> plan table, stats.json, skipped.jsonl --> meta.json with checksums, last
+    store lengths --pack()--> PackingPlan --assemble--> typed packs --format writer (checkpointed)-->
+    packed_seq_dataset.* (nemo: .bin/.idx/.plan.npz; compact: .tokens/.labels/.index.bin + the store's pool)
+    --> stats.json, skipped.jsonl --> meta.json with checksums, last
 
 A run killed at any point resumes with --resume: committed shards are kept, packing is
 recomputed (it is a pure function of the lengths), and the writer continues after its last
@@ -27,6 +28,10 @@ from tqdm import tqdm
 from neva_pack import __version__, invariants
 from neva_pack import store as layout
 from neva_pack import output_dir as ownership
+from neva_pack.assemble import assemble_packs, plan_table, with_padding
+from neva_pack.formats import format_module, sample_store
+from neva_pack.formats.base import WriteSpec
+from neva_pack.formats.meta import META_VERSION, Counts, ImageTokenIds, PackedMeta
 from neva_pack.config import PreprocessConfig
 from neva_pack.encoders import resolve_encoder
 from neva_pack.errors import ConfigError, InputError, OutputError
@@ -44,6 +49,7 @@ from neva_pack.samples import (
     passthrough,
     truncation,
 )
+from neva_pack.report import RecordCounts, RunReport
 from neva_pack.stats import arrays_from_plan, global_batch_size_advice, packing_stats, training_overrides
 from neva_pack.templates import load_template
 from neva_pack.tokenizer import load_tokenizer
@@ -56,13 +62,13 @@ SUGGEST_WHEN_SAVING = 0.01
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunResult:
-    reports: dict[int, dict]
+    reports: dict[int, RunReport]
     """Pack size -> everything its stats file holds: counts, skips by reason, packing figures, overrides."""
     exit_code: int
     """0, or 1 when --strict and a record was skipped."""
 
     @property
-    def report(self) -> dict:
+    def report(self) -> RunReport:
         """The report of the largest pack size (the only one, unless --pack_sizes)."""
         return self.reports[max(self.reports)]
 
@@ -169,7 +175,7 @@ def _run(config: PreprocessConfig, builder: SampleBuilder, output_dir: Path, pro
     total = count_records(config.data_path, progress=progress)
 
     _encode_samples(config, builder, output_dir, total, progress)
-    store = layout.SampleStore(layout.store_dir(output_dir))
+    store = sample_store.SampleStore(layout.store_dir(output_dir))
     _write_skipped(store.skipped_files(), output_dir)
     if len(store) == 0:
         raise InputError(
@@ -178,17 +184,19 @@ def _run(config: PreprocessConfig, builder: SampleBuilder, output_dir: Path, pro
     reports = {}
     for size in config.sizes:
         reports[size] = _write_prefix(config, builder, store, total, size, output_dir, progress, started)
-    strict_failure = config.strict and reports[max(reports)]["records"]["skipped"] > 0
+    if config.drop_store:
+        _drop_store(output_dir, [layout.packed_prefix(output_dir, size if len(config.sizes) > 1 else None) for size in config.sizes])
+    strict_failure = config.strict and reports[max(reports)].records.skipped > 0
     return RunResult(reports=reports, exit_code=1 if strict_failure else 0)
 
 
-def _write_prefix(config, builder, store, total: int, size: int, output_dir: Path, progress: bool, started) -> dict:
+def _write_prefix(config, builder, store, total: int, size: int, output_dir: Path, progress: bool, started) -> RunReport:
     """Pack the store for one pack size and publish its prefix (skipped when --resume finds it complete)."""
     named_size = size if len(config.sizes) > 1 else None
     prefix = layout.packed_prefix(output_dir, named_size)
     stats_file = layout.stats_path(output_dir, named_size)
     if config.resume and layout.meta_path(prefix).is_file() and stats_file.is_file():
-        return json.loads(stats_file.read_text(encoding="utf-8"))  # published before the interruption
+        return RunReport.from_json(json.loads(stats_file.read_text(encoding="utf-8")))  # published before the interruption
     multiple = config.alignment
     rows, cuts = _rows_at(store, aligned_capacity(size, multiple), builder.layout.positions)
     padded = padded_lengths(rows["length"], multiple)  # what is packed (== length when multiple is 1)
@@ -196,27 +204,29 @@ def _write_prefix(config, builder, store, total: int, size: int, output_dir: Pat
         padded, size, algorithm=config.packing_algorithm, seed=config.seed, max_samples_per_pack=config.max_samples_per_pack
     )
     plan, balance = _balance(config, plan, rows)
-    writer = layout.PackedWriter(prefix, builder.preprocessor.shape, _plan_digest(plan, padded), resume=config.resume)
-    padding = _Padding(lengths=padded, pad_id=config.pad_id, ignore_index=config.ignore_index)
-    spec = pack_spec(config, builder, size)
+    fmt = format_module(config.output_format)
+    spec = WriteSpec(
+        image_shape=tuple(builder.preprocessor.shape),
+        normalisation=builder.preprocessor.normalisation(),
+        pad_id=config.pad_id,
+        ignore_index=config.ignore_index,
+        pool=tuple(store.pool_parts),
+        plan_digest=_plan_digest(plan, padded),
+        image_run=tuple(int(v) for v in builder.layout.run()),
+    )
+    writer = fmt.Writer(prefix, spec, resume=config.resume)
+    checks = pack_spec(config, builder, size)
     every = max(1, config.checkpoint_every // 10)
-    _write_packs(store, plan, cuts, padding, builder.preprocessor, writer, every, progress, spec)
+    _write_packs(store, plan, cuts, multiple, fmt.NEEDS_PIXELS, writer, every, progress, checks)
     report = _report(config, builder, store, rows, plan, padded, balance, total, prefix, time.perf_counter() - started)
-    problem = invariants.accounting_problem(total, report["records"]["packed"], report["records"]["skipped"])
+    problem = invariants.accounting_problem(total, report.records.packed, report.records.skipped)
     if problem is not None:
         raise OutputError(f"{prefix}: {problem}; nothing was published (run again with --overwrite)")
-    layout.write_json_atomic(stats_file, report)
-    packed = rows[plan.indices]
+    layout.write_json_atomic(stats_file, report.to_json())
     writer.publish(
-        plan_table={
-            "offsets": plan.offsets,
-            "record_index": packed["record_index"],
-            "length": packed["length"],
-            "padded_length": padded[plan.indices],
-            "num_images": packed["num_images"],
-        },
+        plan_table(rows, plan, multiple),
         extra_files=[stats_file, output_dir / layout.SKIPPED_FILE],
-        meta=_meta(config, builder, report),
+        meta=_meta(config, builder, spec, report),
     )
     return report
 
@@ -240,6 +250,17 @@ def _balance(config: PreprocessConfig, plan: PackingPlan, rows: np.ndarray) -> t
         for when, arrangement in (("before", None), ("after", order))
     }
     return reorder_plan(plan, order), {"data_parallel": group, **overheads}
+
+
+def _drop_store(output_dir: Path, prefixes: list[Path]) -> None:
+    """--drop_store: remove the sample store once every prefix verifies (what remains stands alone)."""
+    from neva_pack.verify import verify
+
+    for prefix in prefixes:
+        result = verify(prefix, progress=False)
+        if not result.ok:
+            raise InputError(f"{prefix}: the output did not verify ({result.problems[0]}); the sample store is kept")
+    shutil.rmtree(layout.store_dir(output_dir))
 
 
 def _rows_at(store, size: int, run_length: int) -> tuple[np.ndarray, dict[int, tuple[int, int]]]:
@@ -293,7 +314,7 @@ def _encode_samples(config, builder, output_dir: Path, total: int, progress: boo
     """Stream samples from the DataLoader into the store, committing a shard every checkpoint."""
     from torch.utils.data import DataLoader
 
-    writer = layout.SampleStoreWriter(
+    writer = sample_store.SampleStoreWriter(
         layout.store_dir(output_dir), builder.preprocessor.shape, sample_fingerprint(config), resume=config.resume
     )
     start = writer.next_record
@@ -392,55 +413,23 @@ def _plan_digest(plan: PackingPlan, padded: np.ndarray) -> str:
     return digest.hexdigest()
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _Padding:
-    """What follows each sample in its pack (the padding contract: neva_pack.packing.alignment)."""
-
-    lengths: np.ndarray
-    """int64 padded length of every sample of the store (== its length when nothing is padded)."""
-    pad_id: int
-    """Token id of the padding positions."""
-    ignore_index: int
-    """Label of the padding positions."""
-
-
-def _pad_sample(tokens: np.ndarray, labels: np.ndarray, padded_length: int, padding: _Padding):
-    """Append (padded_length - len(tokens)) pad positions: pad id, ignored label."""
-    extra = padded_length - len(tokens)
-    if extra == 0:
-        return tokens, labels
-    return (
-        np.concatenate([tokens, np.full(extra, padding.pad_id, dtype=tokens.dtype)]),
-        np.concatenate([labels, np.full(extra, padding.ignore_index, dtype=labels.dtype)]),
-    )
-
-
 def _write_packs(
-    store, plan: PackingPlan, cuts: dict, padding: _Padding, preprocessor: ImagePreprocessor, writer, every: int,
-    progress: bool, spec: invariants.PackSpec,
+    store, plan: PackingPlan, cuts: dict, multiple: int, with_pixels: bool, writer, every: int, progress: bool,
+    checks: invariants.PackSpec,
 ) -> None:  # fmt: skip
     first = writer.num_packs
     bar = tqdm(total=plan.num_bins, initial=first, desc=f"write packs of {plan.capacity}", unit="pack", disable=not progress)
-    for b in range(first, plan.num_bins):
-        tokens, labels, images, real_lengths = [], [], [], []
-        for i in plan.bin(b):
-            sample_tokens, sample_labels = store.tokens_labels(int(i))
-            sample_images = store.images(int(i))
-            if int(i) in cuts:  # longer than this pack size: cut as the builder would have
-                keep, kept_images = cuts[int(i)]
-                sample_tokens, sample_labels, sample_images = sample_tokens[:keep], sample_labels[:keep], sample_images[:kept_images]
-            real_lengths.append(len(sample_tokens))
-            sample_tokens, sample_labels = _pad_sample(sample_tokens, sample_labels, int(padding.lengths[i]), padding)
-            tokens.append(sample_tokens)
-            labels.append(sample_labels)
-            images.append(sample_images)
-        lengths = np.array([len(t) for t in tokens])
-        tokens, labels, images = np.concatenate(tokens), np.concatenate(labels), np.concatenate(images)
-        cu_seqlens = np.concatenate([[0], np.cumsum(lengths)])
-        problems = invariants.pack_problems(spec, cu_seqlens, tokens, labels, len(images), real_lengths=real_lengths)
+    packs = assemble_packs(store, plan, cuts, pad_to_multiple_of=multiple, start=first, with_pixels=with_pixels)
+    for b, assembled in enumerate(packs, start=first):
+        tokens = with_padding(assembled.tokens, assembled.lengths, assembled.padded_lengths, checks.pad_id)
+        labels = with_padding(assembled.labels, assembled.lengths, assembled.padded_lengths, checks.ignore_index)
+        cu_seqlens = np.concatenate([[0], np.cumsum(assembled.padded_lengths)])
+        problems = invariants.pack_problems(
+            checks, cu_seqlens, tokens, labels, len(assembled.image_indices), real_lengths=assembled.lengths
+        )
         if problems:
             raise OutputError(f"pack {b} of {plan.capacity}: {problems[0]}; nothing was published (a bug: please report it)")
-        writer.add_pack(lengths=lengths, tokens=tokens, labels=labels, images=preprocessor.normalize(images))
+        writer.add(assembled)
         if (b + 1) % every == 0 and b + 1 < plan.num_bins:
             writer.checkpoint()
         bar.update()
@@ -463,64 +452,67 @@ def _better_algorithm(config: PreprocessConfig, lengths: np.ndarray, plan: Packi
     }
 
 
-def _report(config, builder, store, rows, plan, padded, balance, total: int, prefix: Path, seconds: float) -> dict:
+def _report(config, builder, store, rows, plan, padded, balance, total: int, prefix: Path, seconds: float) -> RunReport:
     stats = packing_stats(arrays_from_plan(plan, rows, builder.layout.positions, padded, config.alignment))
     gbs = global_batch_size_advice(config.global_batch_size, stats["samples_per_pack"]["mean"])
     skipped_by_reason = store.skipped_by_reason
-    return {
-        "dataset": Path(config.data_path).name,
-        "records": {
-            "total": total,
-            "packed": int(len(rows)),
-            "skipped": sum(skipped_by_reason.values()),
-            "truncated": int(rows["truncated"].sum()),
-            "skipped_by_reason": skipped_by_reason,
-        },
-        "packing": stats,
-        "algorithm": config.packing_algorithm,
-        "seed": config.seed,
-        "suggestion": _better_algorithm(config, padded, plan),
-        "balance": balance,
-        "max_seq_length": plan.capacity,
-        "image_positions": builder.layout.positions,
-        "data_prefix": str(prefix),
-        "crop_size": list(builder.preprocessor.shape[1:]),
-        "global_batch_size": config.global_batch_size,
-        "packed_global_batch_size": gbs,
-        "training_overrides": training_overrides(str(prefix), builder.preprocessor.shape[1:], gbs),
-        "seconds": round(seconds, 3),
-    }
+    return RunReport(
+        dataset=Path(config.data_path).name,
+        records=RecordCounts(
+            total=total,
+            packed=int(len(rows)),
+            skipped=sum(skipped_by_reason.values()),
+            truncated=int(rows["truncated"].sum()),
+            skipped_by_reason=skipped_by_reason,
+        ),
+        packing=stats,
+        algorithm=config.packing_algorithm,
+        seed=config.seed,
+        suggestion=_better_algorithm(config, padded, plan),
+        balance=balance,
+        max_seq_length=plan.capacity,
+        image_positions=builder.layout.positions,
+        output_format=config.output_format,
+        data_prefix=str(prefix),
+        crop_size=list(builder.preprocessor.shape[1:]),
+        global_batch_size=config.global_batch_size,
+        packed_global_batch_size=gbs,
+        training_overrides=training_overrides(str(prefix), builder.preprocessor.shape[1:], gbs),
+        seconds=round(seconds, 3),
+    )
 
 
-def _meta(config: PreprocessConfig, builder: SampleBuilder, report: dict) -> dict:
-    return {
-        "dataset": Path(config.data_path).name,
-        "template": builder.template.name,
-        "tokenization": builder.tokenization.name,
-        "tokenizer": str(config.tokenizer_path),
-        "vocab_size": builder.tokenizer.vocab_size,
-        "encoder": builder.preprocessor.encoder.name,
-        "image_aspect_ratio": config.image_aspect_ratio,
-        "image_positions": builder.layout.positions,
-        "image_token_ids": {
-            "patch": builder.layout.patch_id,
-            "start": builder.layout.start_id,
-            "end": builder.layout.end_id,
-        },
-        "ignore_index": config.ignore_index,
-        "pad_to_multiple_of": config.alignment,
-        "pad_id": config.pad_id,
-        "balance_data_parallel": config.balance_data_parallel,
-        "max_seq_length": report["max_seq_length"],
-        "algorithm": config.packing_algorithm,
-        "seed": config.seed,
-        "max_samples_per_pack": config.max_samples_per_pack,
-        "counts": {
-            "records": report["records"]["total"],
-            "samples": report["records"]["packed"],
-            "skipped": report["records"]["skipped"],
-            "truncated": report["records"]["truncated"],
-            "packs": report["packing"]["packs"],
-            "images": report["packing"]["images"],
-        },
-    }
+def _meta(config: PreprocessConfig, builder: SampleBuilder, spec: WriteSpec, report: RunReport) -> PackedMeta:
+    """Everything a reader needs; the writer fills in format, pack count, layout and checksums."""
+    return PackedMeta(
+        format=config.output_format,
+        version=META_VERSION,
+        num_packs=report.packing["packs"],
+        image_shape=spec.image_shape,
+        normalisation=spec.normalisation,
+        dataset=Path(config.data_path).name,
+        template=builder.template.name,
+        tokenization=builder.tokenization.name,
+        tokenizer=str(config.tokenizer_path),
+        vocab_size=builder.tokenizer.vocab_size,
+        encoder=builder.preprocessor.encoder.name,
+        image_aspect_ratio=config.image_aspect_ratio,
+        image_positions=builder.layout.positions,
+        image_token_ids=ImageTokenIds(patch=builder.layout.patch_id, start=builder.layout.start_id, end=builder.layout.end_id),
+        ignore_index=config.ignore_index,
+        pad_id=spec.pad_id,
+        pad_to_multiple_of=config.alignment,
+        balance_data_parallel=config.balance_data_parallel,
+        max_seq_length=report.max_seq_length,
+        algorithm=config.packing_algorithm,
+        seed=config.seed,
+        max_samples_per_pack=config.max_samples_per_pack,
+        counts=Counts(
+            records=report.records.total,
+            samples=report.records.packed,
+            skipped=report.records.skipped,
+            truncated=report.records.truncated,
+            packs=report.packing["packs"],
+            images=report.packing["images"],
+        ),
+    )

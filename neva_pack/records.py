@@ -86,16 +86,6 @@ class Conversation:
     """The record's own "system" prompt, if any (used by templates that read it: NeMo's nvgpt)."""
 
 
-@dataclass(frozen=True, slots=True)
-class RawRecord:
-    index: int
-    """Position in the input file."""
-    value: object
-    """The decoded JSON value, or None when the line was not valid JSON."""
-    error: str | None = None
-    """The JSON decoding error of a malformed JSONL line."""
-
-
 DEFAULT_MAX_RECORD_BYTES = 8 << 20
 """8 MiB of JSON text per record (a LLaVA record is about 1.5 KB)."""
 DEFAULT_MAX_RECORD_DEPTH = 64

@@ -187,7 +187,11 @@ def format_summary(report: dict) -> str:
             f", tokens {100 * balance['tokens_overhead_before']:.2f}% -> {100 * balance['tokens_overhead_after']:.2f}%"
             f", images {100 * balance['images_overhead_before']:.2f}% -> {100 * balance['images_overhead_after']:.2f}%"
         )
-    lines.append(f"output         {report['data_prefix']}.{{bin,idx}}")
+    if report.get("output_format", "nemo") == "nemo":
+        lines.append(f"output         {report['data_prefix']}.{{bin,idx}}")
+    else:
+        lines.append(f"output         {report['data_prefix']} ({report['output_format']}: read it with "
+                     "neva_pack.dataset.PackedSeqDataset; for NeMo: neva-pack convert OUT DEST --to nemo)")  # fmt: skip
     suggestion = report.get("suggestion")
     if suggestion:
         lines.append(
@@ -253,80 +257,98 @@ def _percentiles(values: np.ndarray) -> dict:
     return out | {"min": float(values.min()), "max": float(values.max()), "mean": float(values.mean())}
 
 
-def load_output(path: Path, crop_size=None, max_seq_length: int | None = None) -> tuple[dict, PackingArrays]:
-    """Report and arrays of an output directory or prefix.
+def load_outputs(path: Path, crop_size=None, max_seq_length: int | None = None) -> list[tuple[dict, PackingArrays]]:
+    """Report and arrays of every prefix of an output directory (one per --pack_sizes size), or of a prefix.
 
-    A neva_pack output gives them from its meta, stats.json and plan table; any other prefix in
-    NeMo's layout (no meta) from its .idx and cu_seqlens, given ``crop_size``.
+    A neva_pack output (any format) gives them from its meta, stats file and plan table; any other
+    prefix in NeMo's layout (no meta) from its .idx and cu_seqlens, given ``crop_size``.
     """
     from neva_pack import store as layout
     from neva_pack.errors import InputError
+    from neva_pack.formats import resolve_prefixes
 
     path = Path(path)
-    prefix = path if layout.bin_path(path).is_file() else layout.packed_prefix(path)
-    if not layout.bin_path(prefix).is_file():
-        raise InputError(f"{path}: no {prefix.name}.bin/.idx here")
-    if layout.meta_path(prefix).is_file():
-        meta = layout.read_packed_meta(prefix)
-        table = layout.read_plan_table(prefix)
-        num_images = table["num_images"].astype(np.int64)
-        offsets = table["offsets"].astype(np.int64)
-        multiple = int(meta.get("pad_to_multiple_of", 1))
-        arrays = PackingArrays(
-            padded_lengths=table["padded_length"].astype(np.int64) if multiple > 1 else None,
-            pad_to_multiple_of=multiple,
-            capacity=int(meta["max_seq_length"]),
-            offsets=offsets,
-            lengths=table["length"].astype(np.int64),
-            num_images=num_images,
-            image_positions=int(meta["image_positions"]),
-            pack_images=per_pack_sum(num_images, offsets),
-        )
-        stats_file = prefix.parent / layout.STATS_FILE
-        if stats_file.is_file():
-            import json
+    try:
+        prefixes = resolve_prefixes(path)
+    except InputError:
+        prefix = path if layout.bin_path(path).is_file() else layout.packed_prefix(path)
+        if not layout.bin_path(prefix).is_file():
+            raise InputError(f"{path}: no {prefix.name}.bin/.idx nor {prefix.name}{layout.META_SUFFIX} here") from None
+        return [_load_foreign(prefix, crop_size, max_seq_length)]
+    return [_load_prefix(prefix) for prefix in prefixes]
 
-            return json.loads(stats_file.read_text(encoding="utf-8")), arrays
-        crop = meta["crop_size"]
-        report = {
-            "dataset": meta.get("dataset"),
-            "records": _records_from_meta(meta),
-            "algorithm": meta.get("algorithm"),
-            "seed": meta.get("seed"),
-        }
-    else:
-        if crop_size is None:
-            raise InputError(f"{prefix}: no {prefix.name}{layout.META_SUFFIX}; pass --crop_size H W to read it")
-        crop = list(crop_size)
-        table = layout.read_packs_from_index(prefix, 3 * crop[0] * crop[1])
-        loads = per_pack_sum(table["length"], table["offsets"])
-        arrays = PackingArrays(
-            capacity=int(max_seq_length or loads.max(initial=1)),
-            offsets=table["offsets"],
-            lengths=table["length"],
-            num_images=None,
-            image_positions=None,
-            pack_images=table["pack_images"],
-        )
-        report = {"records": None, "algorithm": None, "seed": None}
-    stats = packing_stats(arrays)
-    report |= {
-        "packing": stats,
+
+def load_output(path: Path, crop_size=None, max_seq_length: int | None = None) -> tuple[dict, PackingArrays]:
+    """Report and arrays of an output directory or prefix (the largest pack size of a --pack_sizes output)."""
+    return max(load_outputs(path, crop_size, max_seq_length), key=lambda item: item[1].capacity)
+
+
+def _load_prefix(prefix: Path) -> tuple[dict, PackingArrays]:
+    import json
+
+    from neva_pack import store as layout
+    from neva_pack.formats import open_prefix
+
+    reader = open_prefix(prefix)
+    meta, table = reader.meta, reader.plan_table()
+    reader.close()
+    multiple = int(meta.pad_to_multiple_of)
+    arrays = PackingArrays(
+        padded_lengths=table.padded_length if multiple > 1 else None,
+        pad_to_multiple_of=multiple,
+        capacity=int(meta.max_seq_length),
+        offsets=table.offsets,
+        lengths=table.length,
+        num_images=table.num_images,
+        image_positions=int(meta.image_positions),
+        pack_images=per_pack_sum(table.num_images, table.offsets),
+    )
+    stats_file = layout.stats_path_of(prefix)
+    if stats_file.is_file():
+        return json.loads(stats_file.read_text(encoding="utf-8")), arrays
+    report = {
+        "dataset": meta.dataset,
+        "records": _records_from_meta(meta),
+        "algorithm": meta.algorithm,
+        "seed": meta.seed,
+        "output_format": meta.format,
+    }
+    return _complete(report, arrays, prefix, list(meta.crop_size)), arrays
+
+
+def _load_foreign(prefix: Path, crop_size, max_seq_length) -> tuple[dict, PackingArrays]:
+    from neva_pack import store as layout
+    from neva_pack.errors import InputError
+    from neva_pack.formats import nemo
+
+    if crop_size is None:
+        raise InputError(f"{prefix}: no {prefix.name}{layout.META_SUFFIX}; pass --crop_size H W to read it")
+    crop = list(crop_size)
+    table = nemo.read_packs_from_index(prefix, 3 * crop[0] * crop[1])
+    loads = per_pack_sum(table["length"], table["offsets"])
+    arrays = PackingArrays(
+        capacity=int(max_seq_length or loads.max(initial=1)),
+        offsets=table["offsets"],
+        lengths=table["length"],
+        num_images=None,
+        image_positions=None,
+        pack_images=table["pack_images"],
+    )
+    return _complete({"records": None, "algorithm": None, "seed": None}, arrays, prefix, crop), arrays
+
+
+def _complete(report: dict, arrays: PackingArrays, prefix: Path, crop) -> dict:
+    return report | {
+        "packing": packing_stats(arrays),
         "data_prefix": str(prefix),
         "crop_size": list(crop),
         "max_seq_length": arrays.capacity,
         "suggestion": None,
         "training_overrides": training_overrides(str(prefix), crop, None),
     }
-    return report, arrays
 
 
-def _records_from_meta(meta: dict) -> dict:
-    counts = meta.get("counts", {})
-    return {
-        "total": counts.get("records", 0),
-        "packed": counts.get("samples", 0),
-        "skipped": counts.get("skipped", 0),
-        "truncated": counts.get("truncated", 0),
-        "skipped_by_reason": {},
-    }
+def _records_from_meta(meta) -> dict:
+    counts = meta.counts
+    return {"total": counts.records, "packed": counts.samples, "skipped": counts.skipped, "truncated": counts.truncated,
+            "skipped_by_reason": {}}  # fmt: skip

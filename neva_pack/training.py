@@ -160,9 +160,9 @@ def thd_collate(dataset, fixed_length: bool = False, with_packed_seq_params: boo
     return functools.partial(
         thd_batch,
         fixed_length=fixed_length,
-        max_seq_length=int(meta["max_seq_length"]),
-        max_samples_per_pack=meta.get("max_samples_per_pack"),
-        ignore_index=int(meta.get("ignore_index", -1)),
-        pad_id=int(meta.get("pad_id", 0)),
+        max_seq_length=int(meta.max_seq_length),
+        max_samples_per_pack=meta.max_samples_per_pack,
+        ignore_index=int(meta.ignore_index),
+        pad_id=int(meta.pad_id),
         with_packed_seq_params=with_packed_seq_params,
     )

@@ -1,12 +1,12 @@
 """verify: recompute checksums and check every invariant of a packed output.
 
-Checked, for every pack (DESIGN.md):
-- the checksum of every output file listed in the meta;
-- 4 items per pack with modes (0, 0, 0, 1); as many packs as the meta says;
+Checked, for every prefix of the output (each --pack_sizes size) and every pack (DESIGN.md):
+- the meta's own checksum, and the checksum of every output file it lists;
+- the format's own structure (its module's ``check``: NeMo's 4 items with modes (0, 0, 0, 1),
+  the compact index against its files and pool); as many packs as the meta says;
 - every invariant of ``neva_pack.invariants`` (which the writer checked too, before writing):
   cu_seqlens, lengths, labels, alignment padding (pad id, ignored labels), whole image runs, as many
   runs as images;
-- the image item holds whole (3, H, W) images; a pack without runs holds one zero image;
 - the plan table agrees with cu_seqlens; with ``data_path``: every input record is packed
   exactly once or listed in skipped.jsonl, never both.
 """
@@ -23,6 +23,8 @@ from tqdm import tqdm
 from neva_pack import invariants
 from neva_pack import store as layout
 from neva_pack.errors import InputError
+from neva_pack.formats import format_module, resolve_prefixes
+from neva_pack.formats.meta import PackedMeta, meta_checksum_ok, read_meta_json
 
 MAX_REPORTED = 20
 """Problems listed one by one; beyond this only their number is kept."""
@@ -48,34 +50,68 @@ class Verification:
 
 
 def resolve_prefix(path: Path) -> Path:
-    """An output directory or a prefix -> the prefix."""
-    path = Path(path)
-    if path.is_dir() and layout.meta_path(layout.packed_prefix(path)).is_file():
-        return layout.packed_prefix(path)
-    if layout.meta_path(path).is_file():
-        return path
-    raise InputError(f"{path}: no {layout.PACKED_NAME}{layout.META_SUFFIX} here (not a complete neva_pack output)")
+    """An output directory or a prefix -> the prefix (the largest size of a --pack_sizes output)."""
+    return max(resolve_prefixes(path), key=lambda p: layout.pack_size_of(p) or 0)
 
 
 def verify(path: Path, data_path: Path | None = None, progress: bool = True) -> Verification:
-    prefix = resolve_prefix(path)
-    meta = layout.read_packed_meta(prefix)
+    """Every prefix of an output directory (each --pack_sizes size), or one prefix."""
+    prefixes = resolve_prefixes(path)
     result = Verification()
-    _verify_checksums(prefix, meta, result)
-    try:
-        reader = layout.PackedReader(prefix)
-        plan = layout.read_plan_table(prefix)
-    except Exception as exc:  # a corrupt index makes Megatron/numpy fail in many ways: report, don't crash
-        result.add(f"cannot read the packed dataset: {exc.__class__.__name__}: {exc}")
-        return result
-    _verify_packs(reader, meta, plan, result, progress)
-    if data_path is not None:
-        _verify_accounting(prefix, plan, Path(data_path), result)
+    for prefix in prefixes:
+        label = f"{prefix.name}: " if len(prefixes) > 1 else ""
+        _verify_prefix(prefix, data_path, progress, result, label)
+    if len(prefixes) > 1:
+        result.checked["prefixes"] = len(prefixes)
     return result
 
 
-def _verify_checksums(prefix: Path, meta: dict, result: Verification) -> None:
-    files = meta.get("checksums", {}).get("files", {})
+class _Labelled:
+    """Prefixes the problems of one prefix of a multi-size output with its name."""
+
+    def __init__(self, result: Verification, label: str):
+        self.result, self.label, self.checked = result, label, result.checked
+
+    def add(self, problem: str) -> None:
+        self.result.add(self.label + problem)
+
+
+def _verify_prefix(prefix: Path, data_path, progress: bool, result: Verification, label: str) -> None:
+    out = _Labelled(result, label)
+    try:
+        raw = read_meta_json(layout.meta_path(prefix))
+    except InputError as exc:
+        out.add(str(exc))
+        return
+    if not meta_checksum_ok(raw):
+        out.add(f"{layout.meta_path(prefix).name}: its own checksum does not match (the meta was changed or corrupted)")
+    try:
+        meta = PackedMeta.from_json(raw, where=layout.meta_path(prefix).name)
+        fmt = format_module(meta.format)
+    except InputError as exc:
+        out.add(str(exc))
+        return
+    _verify_checksums(prefix, meta, out)
+    try:
+        reader = fmt.Reader(prefix, meta)
+        plan = reader.plan_table()
+    except Exception as exc:  # a corrupt file makes Megatron/numpy fail in many ways: report, don't crash
+        out.add(f"cannot read the packed dataset: {exc.__class__.__name__}: {exc}")
+        return
+    try:
+        fmt.check(reader, out)
+        _verify_packs(reader, meta, plan, out, progress)
+    except Exception as exc:  # noqa: BLE001 - same reason: a corrupt output must give a report
+        out.add(f"cannot read the packed dataset: {exc.__class__.__name__}: {exc}")
+        return
+    finally:
+        reader.close()
+    if data_path is not None:
+        _verify_accounting(prefix, plan, Path(data_path), out)
+
+
+def _verify_checksums(prefix: Path, meta: PackedMeta, result) -> None:
+    files = meta.checksums
     if not files:
         result.add("the meta lists no checksums")
     for name, expected in files.items():
@@ -84,71 +120,57 @@ def _verify_checksums(prefix: Path, meta: dict, result: Verification) -> None:
             result.add(f"{name}: missing")
         elif layout.file_checksum(path) != expected:
             result.add(f"{name}: checksum mismatch (the file was changed or corrupted)")
-    result.checked["files"] = sorted(files)
+    result.checked["files"] = sorted(set(result.checked.get("files", [])) | set(files))
 
 
-def _verify_packs(reader, meta: dict, plan: dict, result: Verification, progress: bool) -> None:
-    ds = reader.dataset
-    image_size = int(np.prod(reader.image_shape))
+def _verify_packs(reader, meta: PackedMeta, plan, result, progress: bool) -> None:
     spec = pack_spec(meta)
-    modes = reader.item_modes()
-    lengths = ds.index.sequence_lengths
-    offsets = plan["offsets"]
+    offsets = plan.offsets
     num_packs = len(reader)
-    if num_packs != meta["num_packs"]:
-        result.add(f"{num_packs} packs in the index, the meta says {meta['num_packs']}")
+    if num_packs != meta.num_packs:
+        result.add(f"{num_packs} packs in the output, the meta says {meta.num_packs}")
     if len(offsets) != num_packs + 1:
-        result.add(f"the plan table has {len(offsets) - 1} packs, the index {num_packs}")
+        result.add(f"the plan table has {len(offsets) - 1} packs, the output {num_packs}")
         return
     samples = 0
     for p in tqdm(range(num_packs), desc="verify packs", unit="pack", disable=not progress):
-        first, last = reader.items_of(p)
         where = f"pack {p}"
-        if last - first != layout.ITEMS_PER_PACK:
-            result.add(f"{where}: {last - first} items, expected {layout.ITEMS_PER_PACK}")
-            continue
-        if tuple(int(m) for m in modes[first:last]) != layout.PACK_MODES:
-            result.add(f"{where}: item modes {list(modes[first:last])}, expected {list(layout.PACK_MODES)}")
-        cu = ds[first + layout.ITEM_CU_SEQLENS].astype(np.int64)
-        tokens = ds[first + layout.ITEM_TOKENS].astype(np.int64)
-        labels = ds[first + layout.ITEM_LABELS].astype(np.int64)
-        image_values = int(lengths[first + layout.ITEM_IMAGE])
-        if image_values % image_size or image_values == 0:
-            result.add(f"{where}: image item of {image_values} values is not whole (3, H, W) images")
-        held = image_values // image_size
-        if held == 1 and invariants.image_runs(tokens, spec)[0] == 0 and not np.any(ds[first + layout.ITEM_IMAGE]):
-            held = 0  # the zero image a pack without images carries
-        planned = plan.get("padded_length", plan["length"])[offsets[p] : offsets[p + 1]]
-        real = plan["length"][offsets[p] : offsets[p + 1]]
-        if not np.array_equal(np.diff(cu), planned):
+        pack = reader.pack(p, images=False)
+        cu, tokens, labels = pack.cu_seqlens, pack.tokens, pack.labels
+        planned = plan.padded_length[offsets[p] : offsets[p + 1]]
+        real = plan.length[offsets[p] : offsets[p + 1]]
+        if not np.array_equal(np.diff(cu), planned) or not np.array_equal(np.diff(pack.cu_seqlens_unpadded), real):
             result.add(f"{where}: sample lengths {np.diff(cu).tolist()} differ from the plan table {planned.tolist()}")
             real = None  # the plan cannot say where padding starts: check the pack on its own
-        for problem in invariants.pack_problems(spec, cu, tokens, labels, held, real_lengths=real):
+        for problem in invariants.pack_problems(spec, cu, tokens, labels, pack.num_images, real_lengths=real):
             result.add(f"{where}: {problem}")
+        expected = int(plan.num_images[offsets[p] : offsets[p + 1]].sum())
+        if pack.num_images != expected:
+            result.add(f"{where}: {pack.num_images} images, the plan table says {expected}")
         samples += max(len(cu) - 1, 0)
-    result.checked["packs"] = num_packs
-    result.checked["samples"] = samples
+    result.checked["packs"] = result.checked.get("packs", 0) + num_packs
+    result.checked["samples"] = result.checked.get("samples", 0) + samples
 
 
-def pack_spec(meta: dict) -> invariants.PackSpec:
+def pack_spec(meta: PackedMeta) -> invariants.PackSpec:
     """What the meta says every pack satisfies."""
-    ids = meta.get("image_token_ids", {})
+    ids = meta.image_token_ids
     return invariants.PackSpec(
-        max_seq_length=int(meta["max_seq_length"]),
-        ignore_index=int(meta.get("ignore_index", -1)),
-        image_positions=int(meta.get("image_positions", 0)),
-        patch_id=int(ids.get("patch", 0)),
-        start_id=ids.get("start"),
-        end_id=ids.get("end"),
-        pad_id=int(meta.get("pad_id", 0)),
+        max_seq_length=int(meta.max_seq_length),
+        ignore_index=int(meta.ignore_index),
+        image_positions=int(meta.image_positions),
+        patch_id=int(ids.patch),
+        start_id=ids.start,
+        end_id=ids.end,
+        pad_id=int(meta.pad_id),
     )
 
 
-def _verify_accounting(prefix: Path, plan: dict, data_path: Path, result: Verification) -> None:
+def _verify_accounting(prefix: Path, plan, data_path: Path, result) -> None:
     from neva_pack.records import count_records
 
     total = count_records(data_path)
-    packed = plan["record_index"].astype(np.int64)
+    packed = plan.record_index.astype(np.int64)
     skipped_path = prefix.parent / layout.SKIPPED_FILE
     skipped = []
     if skipped_path.is_file():

@@ -12,15 +12,13 @@ positions not reset, a label crossing into the next sample) must fail the same c
 
 from __future__ import annotations
 
-import argparse
-
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 from neva_pack.cli import build_parser, config_from_args, main
 from neva_pack.dataset import PackedSeqDataset
+from neva_pack.formats import FORMATS
 from neva_pack.pipeline import build_sample_builder
 from neva_pack.records import iter_raw_records
 from neva_pack.training import thd_batch
@@ -31,15 +29,9 @@ WRONG = 1e-6
 """A wrong collate must move some loss or gradient by more than this."""
 
 
-def output_formats() -> list[str | None]:
-    """The --output_format choices of ``neva-pack preprocess`` (None: the flag does not exist yet,
-    the one format is NeMo's). Read from the parser so that a new format is tested without edits."""
-    parser = build_parser()
-    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    for action in commands.choices["preprocess"]._actions:
-        if action.dest == "output_format":
-            return sorted(action.choices)
-    return [None]
+def output_formats() -> list[str]:
+    """Every registered output format: a new format is tested without edits."""
+    return sorted(FORMATS)
 
 
 def preprocess_args(output_dir, output_format, multiple):
@@ -50,7 +42,7 @@ def preprocess_args(output_dir, output_format, multiple):
         "--hf_vision_encoder", "openai/clip-vit-base-patch32",  # 49 positions per image: small and fast
         "--max_seq_length", "512", "--seed", "3", "--pad_to_multiple_of", str(multiple),
     ]  # fmt: skip
-    return args + ([] if output_format is None else ["--output_format", output_format])
+    return args + ["--output_format", output_format]
 
 
 class TinyVLM(torch.nn.Module):
@@ -146,7 +138,7 @@ def max_differences(model, batch, reference) -> tuple[float, float]:
     return loss_diff, grad_diff
 
 
-@pytest.fixture(scope="module", params=[(f, m) for f in output_formats() for m in (1, 8)], ids=lambda p: f"{p[0] or 'nemo'}-M{p[1]}")
+@pytest.fixture(scope="module", params=[(f, m) for f in output_formats() for m in (1, 8)], ids=lambda p: f"{p[0]}-M{p[1]}")
 def case(request, tmp_path_factory):
     """A real pipeline output, its THD batch of all packs, and every sample as the builder made it."""
     output_format, multiple = request.param
@@ -169,10 +161,10 @@ def case(request, tmp_path_factory):
         samples += [reference[tuple(item["tokens"][s : s + n].tolist())] for s, n in zip(starts.tolist(), real.tolist())]
     mixed = [item for item in packs if (item["num_images"] >= 2).any() and (item["num_images"] == 0).any()]
     assert mixed, "the fixture must hold a pack with a multi-image sample beside a text-only one"
-    ids = dataset.meta["image_token_ids"]
+    ids = dataset.meta.image_token_ids
     with torch.random.fork_rng():
         torch.manual_seed(0)
-        model = TinyVLM(dataset.meta["vocab_size"], dataset.meta["image_positions"], ids["start"], 8192).double()
+        model = TinyVLM(dataset.meta.vocab_size, dataset.meta.image_positions, ids.start, 8192).double()
     reference = unpacked(model, samples)  # computed once: the model is never updated
     return {"packs": packs, "samples": samples, "model": model, "multiple": multiple, "reference": reference}
 

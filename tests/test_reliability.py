@@ -170,20 +170,22 @@ def test_verify_checks_invariants_beyond_checksums(uninterrupted, tmp_path, caps
     import numpy as np
 
     from neva_pack import store as layout
+    from neva_pack.formats import nemo
+    from neva_pack.formats.meta import read_meta
 
     out = tmp_path / "copy"
     shutil.copytree(uninterrupted, out)
-    reader = layout.PackedReader(out / "packed_seq_dataset")
+    reader = nemo.Reader(out / "packed_seq_dataset")
     first, _ = reader.items_of(0)
-    label_offset = int(reader.dataset.index.sequence_pointers[first + layout.ITEM_LABELS])
-    tokens = reader[0].tokens
-    del reader
+    label_offset = int(reader.dataset.index.sequence_pointers[first + nemo.ITEM_LABELS])
+    tokens = reader.pack(0).tokens
+    reader.close()
     data = bytearray((out / "packed_seq_dataset.bin").read_bytes())
     data[label_offset : label_offset + 4] = np.float32(tokens[0] + 1).tobytes()  # label 0 := not the next token
     (out / "packed_seq_dataset.bin").write_bytes(bytes(data))
-    meta = json.loads((out / "packed_seq_dataset.meta.json").read_text())
-    meta["checksums"]["files"]["packed_seq_dataset.bin"] = layout.file_checksum(out / "packed_seq_dataset.bin")
-    (out / "packed_seq_dataset.meta.json").write_text(json.dumps(meta))
+    meta = read_meta(out / "packed_seq_dataset.meta.json")
+    checksums = {**meta.checksums, "packed_seq_dataset.bin": layout.file_checksum(out / "packed_seq_dataset.bin")}
+    layout.write_json_atomic(out / "packed_seq_dataset.meta.json", meta.replace(checksums=checksums).to_json())
     code, report = verify(capsys, out)
     assert code == 1 and "pack 0: label at position 0" in report
 

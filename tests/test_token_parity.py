@@ -29,7 +29,6 @@ Run: ``python -m pytest tests/test_token_parity.py -q`` (the README's parity cla
 from __future__ import annotations
 
 import json
-import re
 from collections import Counter
 from functools import lru_cache
 from pathlib import Path

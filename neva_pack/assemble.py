@@ -1,0 +1,113 @@
+"""Pack assembly, in one place: plan + sample store -> typed packs that any format writes.
+
+Which samples share a pack, where a sample is cut for a smaller pack size, which images it
+keeps and in which order are decided here once. What the bytes look like (dtype, normalisation,
+padding, the zero image of an image-less pack, deduplication) is each format's decision::
+
+    plan bin b = [s7, s2]           s7: 5 positions (1 image), s2: 3 positions, pad_to_multiple_of 4
+    lengths        = [5, 3]
+    padded_lengths = [8, 4]         the format writes 3 + 1 pad positions after the samples' tokens
+    tokens         = [t7 t7 t7 t7 t7 | t2 t2 t2]          real tokens only, int32
+    image_indices  = [pool index of s7's image]           pixels = uint8 (1, 3, H, W) if asked for
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from neva_pack.formats.meta import PlanTable
+from neva_pack.packing import PackingPlan
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AssembledPack:
+    lengths: np.ndarray
+    """int64 real positions of each sample, in pack order."""
+    padded_lengths: np.ndarray
+    """int64 positions each sample occupies (lengths rounded up to pad_to_multiple_of)."""
+    tokens: np.ndarray
+    """int32 real token ids of the samples, concatenated (no padding)."""
+    labels: np.ndarray
+    """int32 labels of the samples, concatenated (ignore value outside trained positions)."""
+    record_indices: np.ndarray
+    """int64 input record of each sample."""
+    num_images: np.ndarray
+    """int64 images of each sample."""
+    image_indices: np.ndarray
+    """int64 image-pool index of each image, in placeholder order: the images' content keys."""
+    image_starts: np.ndarray
+    """int64 position in ``tokens`` where each image's run of positions starts."""
+    pixels: np.ndarray | None
+    """uint8 (N, 3, H, W) of the images, or None when the writer did not ask for pixels."""
+
+
+def padded(lengths: np.ndarray, multiple: int) -> np.ndarray:
+    """Lengths rounded up to a multiple (the padding contract; multiple 1 changes nothing)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    return -(-lengths // multiple) * multiple
+
+
+def with_padding(values: np.ndarray, lengths: np.ndarray, padded_lengths: np.ndarray, fill: int) -> np.ndarray:
+    """Concatenated per-sample values with (padded - length) ``fill`` values after each sample."""
+    if np.array_equal(lengths, padded_lengths):
+        return values
+    out = np.full(int(padded_lengths.sum()), fill, dtype=values.dtype)
+    starts = np.concatenate([[0], np.cumsum(padded_lengths)[:-1]])
+    ends = np.cumsum(lengths)
+    for start, length, end in zip(starts, lengths, ends):
+        out[start : start + length] = values[end - length : end]
+    return out
+
+
+def plan_table(rows: np.ndarray, plan: PackingPlan, pad_to_multiple_of: int = 1) -> PlanTable:
+    """The plan over the store's rows (as cut for this pack size), in pack order."""
+    packed = rows[plan.indices]
+    return PlanTable(
+        offsets=np.asarray(plan.offsets, dtype=np.int64),
+        record_index=packed["record_index"].astype(np.int64),
+        length=packed["length"].astype(np.int64),
+        padded_length=padded(packed["length"], pad_to_multiple_of),
+        num_images=packed["num_images"].astype(np.int64),
+    )
+
+
+def assemble_packs(
+    store, plan: PackingPlan, cuts: dict[int, tuple[int, int]], *, pad_to_multiple_of: int = 1, start: int = 0,
+    with_pixels: bool = True,
+) -> Iterator[AssembledPack]:  # fmt: skip
+    """Packs ``start``.. of the plan. ``cuts``: sample -> (tokens kept, images kept) for samples
+    longer than this pack size, cut as the sample builder would have cut them."""
+    for b in range(start, plan.num_bins):
+        tokens, labels, indices, records, images_per_sample, starts = [], [], [], [], [], []
+        position = 0
+        for i in plan.bin(b):
+            i = int(i)
+            sample_tokens, sample_labels = store.tokens_labels(i)
+            sample_images = store.image_indices(i)
+            sample_starts = store.image_starts(i)
+            if i in cuts:
+                keep, kept_images = cuts[i]
+                sample_tokens, sample_labels, sample_images = sample_tokens[:keep], sample_labels[:keep], sample_images[:kept_images]
+            starts.append(position + np.asarray(sample_starts[: len(sample_images)], dtype=np.int64))
+            position += len(sample_tokens)
+            tokens.append(sample_tokens)
+            labels.append(sample_labels)
+            indices.append(sample_images)
+            records.append(int(store.rows["record_index"][i]))
+            images_per_sample.append(len(sample_images))
+        lengths = np.array([len(t) for t in tokens], dtype=np.int64)
+        image_indices = np.concatenate(indices).astype(np.int64)
+        yield AssembledPack(
+            lengths=lengths,
+            padded_lengths=padded(lengths, pad_to_multiple_of),
+            tokens=np.concatenate(tokens).astype(np.int32, copy=False),
+            labels=np.concatenate(labels).astype(np.int32, copy=False),
+            record_indices=np.array(records, dtype=np.int64),
+            num_images=np.array(images_per_sample, dtype=np.int64),
+            image_indices=image_indices,
+            image_starts=np.concatenate(starts),
+            pixels=store.pool.read(image_indices) if with_pixels else None,
+        )

@@ -1,0 +1,144 @@
+"""``neva-pack convert SRC DEST --to FORMAT``: rewrite a packed output in another format.
+
+Packs are read through the source's reader and written by the target's writer, so a
+``compact -> nemo`` conversion gives .bin/.idx byte-identical to a direct ``--output_format nemo``
+run of the same inputs and settings: keep the small compact output, and pay NeMo's float32
+bytes only on the machine that trains. ``nemo -> compact`` recovers the exact uint8 pixels
+(the normalisation is a one-to-one map of the 256 values) and stores each distinct image once.
+
+    SRC/packed_seq_dataset[_<size>].*  --reader--> packs --writer--> DEST/packed_seq_dataset[_<size>].*
+    (compact targets: DEST/packed_seq_dataset/pool_<k>.images, one pool part per prefix, shared keys)
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from neva_pack import store as layout
+from neva_pack.assemble import AssembledPack
+from neva_pack.errors import ConfigError
+from neva_pack.formats import format_module, open_prefix, resolve_prefixes
+from neva_pack.formats.base import WriteSpec
+from neva_pack.formats.image_pool import PoolWriter, pool_part
+from neva_pack.report import RunReport
+from neva_pack.stats import training_overrides
+
+
+def convert(source: Path, dest: Path, to: str, progress: bool = True) -> list[Path]:
+    """Convert every prefix of ``source`` into ``dest`` (new or empty); returns the prefixes written."""
+    source, dest = Path(source), Path(dest)
+    target = format_module(to)
+    prefixes = resolve_prefixes(source)
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise ConfigError(f"{dest}: exists and is not an empty directory")
+    if dest.resolve() == prefixes[0].parent.resolve():
+        raise ConfigError(f"{dest}: the source's own directory; convert into another one")
+    dest.mkdir(parents=True, exist_ok=True)
+    known: dict[bytes, int] = {}
+    parts = []
+    written = []
+    for k, prefix in enumerate(prefixes):
+        reader = open_prefix(prefix)
+        meta = reader.meta
+        if meta.format == to:
+            raise ConfigError(f"{prefix}: already in the {to} format")
+        out = dest / prefix.name
+        pool = None
+        if not target.NEEDS_PIXELS:
+            directory = layout.store_dir(dest)
+            directory.mkdir(exist_ok=True)
+            pool = PoolWriter(pool_part(directory, f"pool_{k:05d}", 0), known, sum(p.count for p in parts))
+        extra = _copy_extras(prefix, out)
+        plan = reader.plan_table()
+        packs = _packs(reader, plan, pool, progress, f"convert {prefix.name} to {to}")
+        if pool is not None:
+            packs = list(packs)  # text only (the pixels went to the pool): the part is complete before publish
+            parts.append(pool_part(pool.part.images_file.parent, f"pool_{k:05d}", pool.close()))
+        spec = WriteSpec(
+            image_shape=tuple(meta.image_shape),
+            normalisation=meta.normalisation,
+            pad_id=meta.pad_id,
+            ignore_index=meta.ignore_index,
+            pool=tuple(parts),
+            plan_digest=f"convert:{meta.checksums}",
+            image_run=tuple(int(v) for v in meta.image_token_ids.run(meta.image_positions)),
+        )
+        writer = target.Writer(out, spec)
+        for pack in packs:
+            writer.add(pack)
+        writer.publish(plan, extra, meta)
+        reader.close()
+        written.append(out)
+    return written
+
+
+def _packs(reader, plan, pool, progress: bool, description: str):
+    """The source's packs as assembled packs: padding stripped, images as uint8 (and pool indices)."""
+    meta = reader.meta
+    run = meta.image_token_ids.run(meta.image_positions)
+    for p in tqdm(range(len(reader)), desc=description, unit="pack", disable=not progress):
+        pack = reader.pack(p)
+        first, last = plan.offsets[p], plan.offsets[p + 1]
+        lengths = plan.length[first:last]
+        starts = pack.cu_seqlens[:-1]
+        real = np.concatenate([np.arange(start, start + length) for start, length in zip(starts, lengths)])
+        pixels = pack.pixels if pack.pixels is not None else reader.meta.normalisation.invert(pack.images[: pack.num_images])
+        tokens = pack.tokens[real]
+        if pool is not None:
+            indices = np.array([pool.add(image)[1] for image in pixels], dtype=np.int64)
+        else:
+            indices = np.full(len(pixels), -1, dtype=np.int64)
+        yield AssembledPack(
+            lengths=lengths.astype(np.int64),
+            padded_lengths=plan.padded_length[first:last].astype(np.int64),
+            tokens=tokens.astype(np.int32),
+            labels=pack.labels[real].astype(np.int32),
+            record_indices=plan.record_index[first:last],
+            num_images=plan.num_images[first:last],
+            image_indices=indices,
+            image_starts=find_image_starts(tokens, run, len(pixels)),
+            pixels=pixels if pool is None else None,
+        )
+
+
+def find_image_starts(tokens: np.ndarray, run: np.ndarray, count: int) -> np.ndarray:
+    """Where each of the ``count`` image runs starts in ``tokens`` (left to right, runs never overlap).
+
+    A run is recognised by its first len(run) - 1 ids: a sample cut right before an image that
+    follows another one ends with that run's last id in its labels, not its tokens.
+    """
+    starts, position = [], 0
+    head = run[:-1] if len(run) > 1 else run
+    candidates = np.flatnonzero(tokens == run[0])
+    for start in candidates.tolist():
+        if start >= position and np.array_equal(tokens[start : start + len(head)], head):
+            starts.append(start)
+            position = start + len(run)
+    if len(starts) < count:
+        from neva_pack.errors import InputError
+
+        raise InputError(f"a pack holds {count} images but only {len(starts)} image runs")
+    return np.asarray(starts[:count], dtype=np.int64)
+
+
+def _copy_extras(prefix: Path, out: Path) -> list[Path]:
+    """skipped.jsonl as is; the stats file with the new prefix in it."""
+    source_dir, dest_dir = prefix.parent, out.parent
+    extras = []
+    skipped = source_dir / layout.SKIPPED_FILE
+    if skipped.is_file():
+        shutil.copyfile(skipped, dest_dir / layout.SKIPPED_FILE)
+        extras.append(dest_dir / layout.SKIPPED_FILE)
+    stats = layout.stats_path_of(prefix)
+    if stats.is_file():
+        report = RunReport.from_json(json.loads(stats.read_text(encoding="utf-8")))
+        overrides = training_overrides(str(out), report.crop_size, report.packed_global_batch_size)
+        target = dest_dir / stats.name
+        layout.write_json_atomic(target, report.replace(data_prefix=str(out), training_overrides=overrides).to_json())
+        extras.append(target)
+    return extras

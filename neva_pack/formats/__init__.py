@@ -1,0 +1,62 @@
+"""On-disk formats: one module per format, each a matched writer, reader and ``check``.
+
+    FORMATS["nemo"]      formats/nemo.py      float32, NeMo's NevaPackedSeqDatatset layout (default)
+    FORMATS["compact"]   formats/compact.py   int32 ids, uint8 images stored once, normalised on read
+    sample_store.py      the intermediate store the packs are assembled from (not a packed format)
+
+A third format is one module with NAME, NEEDS_PIXELS, Writer, Reader and check, added here.
+``open_packed`` picks the reader from the meta's ``format`` field.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from neva_pack.errors import InputError
+from neva_pack.formats import compact, nemo
+from neva_pack.formats.meta import PackedMeta, read_meta
+from neva_pack.store import META_SUFFIX, PACKED_NAME, meta_path, pack_size_of, packed_prefixes
+
+FORMATS = {module.NAME: module for module in (nemo, compact)}
+"""Registry: meta "format" -> format module."""
+DEFAULT_FORMAT = nemo.NAME
+
+
+def format_module(name: str):
+    try:
+        return FORMATS[name]
+    except KeyError:
+        raise InputError(f"format {name!r} is not one this neva_pack reads ({', '.join(sorted(FORMATS))})") from None
+
+
+def resolve_prefixes(path: Path) -> list[Path]:
+    """An output directory (one prefix, or one per --pack_sizes size) or a prefix -> its complete prefixes."""
+    path = Path(path)
+    if meta_path(path).is_file():
+        return [path]
+    if path.is_dir():
+        found = packed_prefixes(path)
+        if found:
+            return found
+    raise InputError(f"{path}: no {PACKED_NAME}{META_SUFFIX} here (not a complete neva_pack output)")
+
+
+def open_packed(path: Path, pack_size: int | None = None):
+    """The reader of an output directory or prefix, whatever its format.
+
+    A directory written with --pack_sizes holds one prefix per size: ``pack_size`` picks one,
+    the largest by default (as the run's summary reports it).
+    """
+    prefixes = resolve_prefixes(path)
+    if pack_size is None or len(prefixes) == 1:  # a single prefix is what was asked for, whatever its name
+        return open_prefix(max(prefixes, key=lambda p: pack_size_of(p) or 0))
+    chosen = [p for p in prefixes if pack_size_of(p) == pack_size]
+    if not chosen:
+        sizes = ", ".join(str(pack_size_of(p)) for p in prefixes)
+        raise InputError(f"{path}: no prefix of pack size {pack_size} (sizes: {sizes})")
+    return open_prefix(chosen[0])
+
+
+def open_prefix(prefix: Path, meta: PackedMeta | None = None):
+    meta = meta if meta is not None else read_meta(meta_path(prefix))
+    return format_module(meta.format).Reader(Path(prefix), meta)

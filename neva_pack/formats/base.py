@@ -1,0 +1,97 @@
+"""What every format module provides, and the steps all of them share (checkpoint, publish).
+
+A format module defines ``NAME``, a writer class, a reader class and ``check(reader, result)``
+(the format's own structural checks, run by ``verify`` before the invariants every pack must
+hold, which verify checks through the reader). ``formats.FORMATS`` maps the meta's ``format``
+field to the module.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from neva_pack.formats.image_pool import PoolPart
+from neva_pack.formats.meta import Normalisation, PackedMeta
+from neva_pack.store import CHECKPOINT_SUFFIX, file_checksum, meta_path, relative_name, tmp_prefix, write_json_atomic
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WriteSpec:
+    """What a writer needs to know before the first pack."""
+
+    image_shape: tuple[int, int, int]
+    """(3, H, W) of every image."""
+    normalisation: Normalisation
+    """How uint8 pixels become the model's float input (formats storing floats apply it)."""
+    pad_id: int
+    """Token id written on padding positions."""
+    ignore_index: int
+    """Label written on padding positions."""
+    pool: tuple[PoolPart, ...]
+    """The image pool the packs' image indices refer to (the sample store's parts)."""
+    plan_digest: str
+    """Identifies the plan: a checkpoint of another plan is not resumed."""
+    image_run: tuple[int, ...]
+    """The token ids of one image's run of positions (formats may store it once instead of per image)."""
+
+
+class Checkpoint:
+    """The writer's checkpoint file: durable state arrays next to the temporary prefix."""
+
+    def __init__(self, prefix: Path, plan_digest: str):
+        self.tmp = tmp_prefix(prefix)
+        self.path = Path(str(self.tmp) + CHECKPOINT_SUFFIX)
+        self.plan_digest = plan_digest
+
+    def load(self, files: list[Path]) -> dict | None:
+        """The saved state, if it belongs to this plan and every file is at least as long as saved."""
+        if not self.path.is_file() or not all(f.is_file() for f in files):
+            return None
+        with np.load(self.path) as state:
+            if str(state["plan_digest"]) != self.plan_digest:
+                return None
+            data = {key: state[key] for key in state.files}
+        for k, f in enumerate(files):
+            if f.stat().st_size < int(data["bytes"][k]):
+                return None
+        return data
+
+    def save(self, open_files: list, **arrays) -> None:
+        sizes = []
+        for f in open_files:
+            f.flush()
+            os.fsync(f.fileno())
+            sizes.append(f.tell())
+        tmp = Path(str(self.path) + ".tmp.npz")
+        np.savez(tmp, bytes=np.asarray(sizes, dtype=np.int64), plan_digest=np.str_(self.plan_digest), **arrays)
+        os.replace(tmp, self.path)
+
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+def reopen_at(path: Path, size: int):
+    """Open a partial file for appending after cutting it back to ``size`` bytes."""
+    f = open(path, "r+b")
+    f.truncate(size)
+    f.seek(size)
+    return f
+
+
+def publish(prefix: Path, renames: dict[Path, Path], checksummed: list[Path], meta: PackedMeta) -> PackedMeta:
+    """Checksum, rename the temporary files into place, write the meta last. Returns the meta written.
+
+    ``renames``: final path -> temporary path; ``checksummed``: other files the output consists of.
+    """
+    output_dir = Path(prefix).parent
+    checksums = {relative_name(output_dir, final): file_checksum(tmp) for final, tmp in renames.items()}
+    checksums.update({relative_name(output_dir, path): file_checksum(path) for path in checksummed})
+    for final, tmp in renames.items():
+        os.replace(tmp, final)
+    meta = meta.replace(checksums=checksums)
+    write_json_atomic(meta_path(prefix), meta.to_json())
+    return meta

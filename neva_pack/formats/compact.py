@@ -1,0 +1,316 @@
+"""The compact format: int32 ids, uint8 images stored once, normalised when read.
+
+    output_dir/packed_seq_dataset.tokens.bin    int32 token ids of every pack, back to back: no padding, and of
+                                                each image run only its last position (see below)
+    output_dir/packed_seq_dataset.labels.bin    int32 labels, aligned with the tokens
+    output_dir/packed_seq_dataset.index.bin     the arrays below, back to back (names, dtypes, offsets in the meta)
+    output_dir/packed_seq_dataset.meta.json     format "compact": the normalisation, the pool's parts, checksums
+    output_dir/packed_seq_dataset/shard_*.images  the image pool = the sample store's images (formats/image_pool.py)
+
+    index arrays                       pack p
+      pack_offsets   int64 (P + 1)     samples pack_offsets[p]:pack_offsets[p + 1] of the per-sample arrays
+      token_offsets  int64 (P + 1)     tokens token_offsets[p]:token_offsets[p + 1]
+      image_offsets  int64 (P + 1)     images image_offsets[p]:image_offsets[p + 1] of image_indices
+      length         int32 (S)         real positions of each sample
+      padded_length  int32 (S)         positions it takes in the pack (pad ids / ignore labels after it)
+      record_index   int64 (S)         its input record
+      num_images     int32 (S)         its images
+      image_indices  int64 (I)         pool index of each image instance, in placeholder order
+      image_starts   int64 (I)         where its run starts in the pack's (unpadded) positions
+
+An image run is the same ids every time ([start] patch x N [end], from the meta) and its labels are
+the ignore value except at its last position (the next token may be trained: the plain template's
+caption). So the first N - 1 positions of each run are not stored: 576 positions of an image cost
+8 bytes here instead of 4,608 (as for the float32 pixels, the ids are a function of what is kept)::
+
+    sample  [5 | S P P E | 9 2]       (run of 4 at position 1)   stored: [5 E 9 2], image_starts = [1]
+
+An image used by several samples (the same path, or the same pixels under another name) is one
+pool entry referenced several times. Reading pack p gives exactly what the nemo format's reader
+gives for the same run: padding is re-created from the lengths, images are normalised with the
+meta's normalisation (bit-identical to the processor), an image-less pack gets one zero image.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from neva_pack.formats.base import Checkpoint, WriteSpec, publish, reopen_at
+from neva_pack.formats.image_pool import ImagePool, PoolPart
+from neva_pack.formats.meta import PackedMeta, PlanTable, ReadPack, read_meta
+from neva_pack.store import meta_path, prefix_file, relative_name
+
+NAME = "compact"
+ID_DTYPE = np.dtype("<i4")
+NEEDS_PIXELS = False
+"""Packs reference the pool by index: assembly never reads a pixel, so re-packing takes seconds."""
+TOKENS, LABELS, INDEX = ".tokens.bin", ".labels.bin", ".index.bin"
+ARRAYS = {
+    "pack_offsets": "<i8",
+    "token_offsets": "<i8",
+    "image_offsets": "<i8",
+    "length": "<i4",
+    "padded_length": "<i4",
+    "record_index": "<i8",
+    "num_images": "<i4",
+    "image_indices": "<i8",
+    "image_starts": "<i8",
+}
+_PER_PACK = ("samples", "tokens", "images")
+_PER_SAMPLE = ("length", "padded_length", "record_index", "num_images")
+
+
+class Writer:
+    """Appends packs to the tokens/labels files; the index arrays are written at publish.
+
+    Checkpoints save the file sizes and the arrays so far; ``resume=True`` continues after the
+    last one: the result is byte-identical to an uninterrupted run.
+    """
+
+    def __init__(self, prefix: Path, spec: WriteSpec, resume: bool = False):
+        self.prefix = Path(prefix)
+        self.spec = spec
+        self._checkpoint = Checkpoint(self.prefix, spec.plan_digest)
+        tmp = self._checkpoint.tmp
+        self._paths = [prefix_file(tmp, TOKENS), prefix_file(tmp, LABELS)]
+        state = self._checkpoint.load(self._paths) if resume else None
+        self._lists: dict[str, list] = {name: [] for name in (*_PER_PACK, *_PER_SAMPLE, "image_indices", "image_starts")}
+        self._run = np.asarray(spec.image_run, dtype=np.int64)
+        if state is None:
+            self._checkpoint.remove()
+            self._files = [open(path, "wb") for path in self._paths]
+            self.num_packs = 0
+        else:
+            self._files = [reopen_at(path, int(size)) for path, size in zip(self._paths, state["bytes"])]
+            for name in self._lists:
+                self._lists[name] = state[name].tolist()
+            self.num_packs = int(state["packs"])
+
+    def add(self, pack) -> None:
+        keep = _stored_positions(len(pack.tokens), pack.image_starts, len(self._run))
+        dropped = ~keep
+        runs = np.tile(self._run[:-1], len(pack.image_starts))
+        if not (np.array_equal(pack.tokens[dropped], runs) and np.all(pack.labels[dropped] == self.spec.ignore_index)):
+            raise ValueError("an image run of the pack is not the layout's ids with ignored labels")
+        tokens, labels = pack.tokens[keep], pack.labels[keep]
+        self._files[0].write(np.ascontiguousarray(tokens, dtype=ID_DTYPE).data)
+        self._files[1].write(np.ascontiguousarray(labels, dtype=ID_DTYPE).data)
+        lists = self._lists
+        lists["samples"].append(len(pack.lengths))
+        lists["tokens"].append(len(tokens))
+        lists["image_starts"] += pack.image_starts.tolist()
+        lists["images"].append(len(pack.image_indices))
+        lists["length"] += pack.lengths.tolist()
+        lists["padded_length"] += pack.padded_lengths.tolist()
+        lists["record_index"] += pack.record_indices.tolist()
+        lists["num_images"] += pack.num_images.tolist()
+        lists["image_indices"] += pack.image_indices.tolist()
+        self.num_packs += 1
+
+    def checkpoint(self) -> None:
+        self._checkpoint.save(self._files, packs=np.int64(self.num_packs),
+                              **{name: np.asarray(values, dtype=np.int64) for name, values in self._lists.items()})  # fmt: skip
+
+    def _arrays(self) -> dict[str, np.ndarray]:
+        lists = self._lists
+        offsets = {name: np.concatenate([[0], np.cumsum(lists[name], dtype=np.int64)]) for name in _PER_PACK}
+        values = {
+            "pack_offsets": offsets["samples"],
+            "token_offsets": offsets["tokens"],
+            "image_offsets": offsets["images"],
+            **{name: lists[name] for name in (*_PER_SAMPLE, "image_indices", "image_starts")},
+        }
+        return {name: np.asarray(values[name], dtype=dtype) for name, dtype in ARRAYS.items()}
+
+    def publish(self, plan: PlanTable, extra_files: list[Path], meta: PackedMeta) -> PackedMeta:
+        """Write the index; rename the files into place; write the meta (with the pool's parts) last."""
+        del plan  # the index holds the plan table (pack_offsets, record_index, length, ...)
+        for f in self._files:
+            f.flush()
+            os.fsync(f.fileno())
+            f.close()
+        tmp = self._checkpoint.tmp
+        arrays, offset = {}, 0
+        with open(prefix_file(tmp, INDEX), "wb") as f:
+            for name, values in self._arrays().items():
+                f.write(values.data)
+                arrays[name] = {"dtype": ARRAYS[name], "offset": offset, "count": len(values)}
+                offset += values.nbytes
+            f.flush()
+            os.fsync(f.fileno())
+        output_dir = self.prefix.parent
+        parts = [part for part in self.spec.pool if part.count]
+        layout = {
+            "arrays": arrays,
+            "pool": [
+                {"images": relative_name(output_dir, p.images_file), "keys": relative_name(output_dir, p.keys_file),
+                 "count": p.count} for p in parts
+            ],  # fmt: skip
+        }
+        renames = {prefix_file(self.prefix, suffix): prefix_file(tmp, suffix) for suffix in (TOKENS, LABELS, INDEX)}
+        pool_files = [path for p in parts for path in (p.images_file, p.keys_file)]
+        meta = meta.replace(format=NAME, num_packs=self.num_packs, layout=layout)
+        meta = publish(self.prefix, renames, [*pool_files, *extra_files], meta)
+        self._checkpoint.remove()
+        return meta
+
+
+class Reader:
+    """Memory-maps the tokens, labels and pool; pack p costs a few slices and the pool reads."""
+
+    stores_pixels = True
+
+    def __init__(self, prefix: Path, meta: PackedMeta | None = None):
+        self.prefix = Path(prefix)
+        self.meta = meta if meta is not None else read_meta(meta_path(self.prefix))
+        self.image_shape = tuple(self.meta.image_shape)
+        output_dir = self.prefix.parent
+        layout = self.meta.layout
+        self.tokens = _map(prefix_file(self.prefix, TOKENS), ID_DTYPE)
+        self.labels = _map(prefix_file(self.prefix, LABELS), ID_DTYPE)
+        self.arrays = {}
+        index = prefix_file(self.prefix, INDEX)
+        for name, dtype in ARRAYS.items():
+            spec = layout.get("arrays", {}).get(name)
+            if spec is None:
+                from neva_pack.errors import InputError
+
+                raise InputError(f"{meta_path(self.prefix)}: no array {name} in the layout (not this compact format)")
+            if spec["dtype"] != dtype:
+                raise ValueError(f"{index.name}: array {name} of dtype {spec['dtype']}, expected {dtype}")
+            self.arrays[name] = np.fromfile(index, dtype=dtype, count=int(spec["count"]), offset=int(spec["offset"]))
+            if len(self.arrays[name]) != int(spec["count"]):
+                raise ValueError(f"{index.name}: array {name} is cut short")
+        parts = [PoolPart(images_file=output_dir / part["images"], keys_file=output_dir / part["keys"], count=int(part["count"]))
+                 for part in layout["pool"]]  # fmt: skip
+        self.pool = ImagePool(parts, self.image_shape, mmap=True)
+        self.pad_id = self.meta.pad_id
+        self.ignore_index = self.meta.ignore_index
+        self.run = self.meta.image_token_ids.run(self.meta.image_positions)
+
+    def __getstate__(self):  # DataLoader workers (spawn) reopen the files instead of pickling the maps
+        return {"prefix": self.prefix, "meta": self.meta}
+
+    def __setstate__(self, state):
+        self.__init__(state["prefix"], state["meta"])
+
+    def __len__(self) -> int:
+        return len(self.arrays["pack_offsets"]) - 1
+
+    def plan_table(self) -> PlanTable:
+        a = self.arrays
+        return PlanTable.from_arrays({"offsets": a["pack_offsets"], "record_index": a["record_index"], "length": a["length"],
+                                      "padded_length": a["padded_length"], "num_images": a["num_images"]})  # fmt: skip
+
+    def pack(self, p: int, images: bool = True) -> ReadPack:
+        a = self.arrays
+        first, last = int(a["pack_offsets"][p]), int(a["pack_offsets"][p + 1])
+        t0, t1 = int(a["token_offsets"][p]), int(a["token_offsets"][p + 1])
+        i0, i1 = int(a["image_offsets"][p]), int(a["image_offsets"][p + 1])
+        lengths = a["length"][first:last].astype(np.int64)
+        padded = a["padded_length"][first:last].astype(np.int64)
+        starts = a["image_starts"][i0:i1]
+        tokens = np.empty(int(lengths.sum()), dtype=np.int64)
+        labels = np.empty(len(tokens), dtype=np.int64)
+        keep = _stored_positions(len(tokens), starts, len(self.run))
+        tokens[keep] = self.tokens[t0:t1]
+        labels[keep] = self.labels[t0:t1]
+        if len(starts):
+            dropped = ~keep
+            tokens[dropped] = np.tile(self.run[:-1], len(starts))
+            labels[dropped] = self.ignore_index
+        if not np.array_equal(lengths, padded):
+            from neva_pack.assemble import with_padding
+
+            tokens = with_padding(tokens, lengths, padded, self.pad_id)
+            labels = with_padding(labels, lengths, padded, self.ignore_index)
+        return ReadPack(
+            cu_seqlens=np.concatenate([[0], np.cumsum(padded)]),
+            cu_seqlens_unpadded=np.concatenate([[0], np.cumsum(lengths)]),
+            tokens=tokens,
+            labels=labels,
+            pixels=self.pool.read(a["image_indices"][i0:i1]) if images else None,
+            images=None,
+            num_images=i1 - i0,
+        )
+
+    def images(self, p: int, device=None, dtype=None):
+        """The pack's images as the model's input tensor: normalised here (NeMo stores them so)."""
+        import torch
+
+        a = self.arrays
+        indices = a["image_indices"][int(a["image_offsets"][p]) : int(a["image_offsets"][p + 1])]
+        if len(indices) == 0:  # as NeMo's layout: one zero image, never an empty tensor
+            return torch.zeros((1, *self.image_shape), dtype=dtype or torch.float32, device=device)
+        normalisation = self.meta.normalisation
+        if device is None or torch.device(device).type == "cpu":
+            values = torch.from_numpy(normalisation.apply_views(self.pool.views(indices)))
+            return values if dtype is None or dtype == torch.float32 else values.to(dtype)
+        return normalisation.apply_torch(self.pool.read(indices), device=device, dtype=dtype)
+
+    def close(self) -> None:
+        self.pool.close()
+        self.tokens = self.labels = None
+
+
+def _stored_positions(length: int, image_starts: np.ndarray, run: int) -> np.ndarray:
+    """Mask of the positions stored: all but the first run - 1 positions of each image run."""
+    keep = np.ones(length, dtype=bool)
+    if len(image_starts) and run > 1:
+        keep[(np.asarray(image_starts, dtype=np.int64)[:, None] + np.arange(run - 1)).ravel()] = False
+    return keep
+
+
+def _map(path: Path, dtype) -> np.ndarray:
+    if path.stat().st_size == 0:
+        return np.zeros(0, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r")
+
+
+def check(reader: Reader, result) -> None:
+    """The index is consistent with itself, the token files and the pool."""
+    a = reader.arrays
+    packs = len(reader)
+    for name in ("pack_offsets", "token_offsets", "image_offsets"):
+        offsets = a[name]
+        if len(offsets) != packs + 1 or offsets[0] != 0 or np.any(np.diff(offsets) < 0):
+            result.add(f"index: {name} is not {packs + 1} non-decreasing offsets from 0")
+            return
+    samples = int(a["pack_offsets"][-1])
+    for name in ("length", "padded_length", "record_index", "num_images"):
+        if len(a[name]) != samples:
+            result.add(f"index: {name} has {len(a[name])} values for {samples} samples")
+            return
+    if samples and packs:
+        starts = a["pack_offsets"][:-1]
+        if np.any(np.diff(a["pack_offsets"]) == 0):
+            result.add("index: a pack without samples")
+            return
+        hidden = (len(reader.run) - 1) * np.diff(a["image_offsets"])
+        if not np.array_equal(np.add.reduceat(a["length"].astype(np.int64), starts) - hidden, np.diff(a["token_offsets"])):
+            result.add("index: token_offsets disagree with the samples' lengths")
+        if not np.array_equal(np.add.reduceat(a["num_images"].astype(np.int64), starts), np.diff(a["image_offsets"])):
+            result.add("index: image_offsets disagree with the samples' image counts")
+    if np.any(a["padded_length"] < a["length"]):
+        result.add("index: a padded length shorter than its length")
+    if len(reader.tokens) != a["token_offsets"][-1] or len(reader.labels) != a["token_offsets"][-1]:
+        result.add(f"tokens/labels files hold {len(reader.tokens)}/{len(reader.labels)} ids, the index {a['token_offsets'][-1]}")
+    if len(a["image_indices"]) != a["image_offsets"][-1] or len(a["image_starts"]) != a["image_offsets"][-1]:
+        result.add("index: image_indices/image_starts disagree with image_offsets")
+        return
+    for p in range(packs):
+        i0, i1 = a["image_offsets"][p], a["image_offsets"][p + 1]
+        starts, total = a["image_starts"][i0:i1], int(a["length"][a["pack_offsets"][p] : a["pack_offsets"][p + 1]].sum())
+        if len(starts) and (starts[0] < 0 or np.any(np.diff(starts) < len(reader.run)) or starts[-1] + len(reader.run) > total):
+            result.add(f"index: image runs of pack {p} overlap or leave the pack ({starts.tolist()})")
+            return
+    indices = a["image_indices"]
+    if len(indices) and (indices.min() < 0 or indices.max() >= len(reader.pool)):
+        result.add(f"index: image indices outside the pool of {len(reader.pool)} images")
+    for part in reader.pool.parts:
+        expected = part.count * reader.pool.image_bytes
+        if not part.images_file.is_file() or part.images_file.stat().st_size != expected:
+            result.add(f"{part.images_file.name}: not {part.count} images of {reader.pool.image_bytes} bytes")

@@ -1,0 +1,348 @@
+"""What every packed output says about itself: the typed meta, the plan table, a read pack.
+
+The meta (``<prefix>.meta.json``) is written last and marks a complete output. It records
+everything a reader needs, the processor's normalisation included, so that no reader ever
+imports transformers. Its ``format`` field picks the reader (``formats.FORMATS``); a format
+that has more to say keeps it in ``layout`` (parsed by that format only).
+
+Normalisation of a uint8 pixel ``v`` of channel ``c``, with the float ops of transformers'
+image processors (``rescale`` in float64 then float32, ``normalize`` in float32)::
+
+    r = float32(float64(v) * rescale_factor)
+    x = (r - float32(mean[c])) / float32(std[c])          # float32 subtraction, float32 division
+
+The CPU reader runs exactly these ops in a numba kernel (formats/kernels.py); on an accelerator
+the 3 x 256 values are computed once with them (``Normalisation.lut``) and pixels are looked up.
+Either way the result is bit-identical to the processor's (tested on every uint8 value).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from neva_pack.errors import InputError
+
+META_VERSION = 2
+"""Version of the meta schema below (1: untyped dict, before formats/; refused)."""
+CHECKSUM_ALGORITHM = "xxh3_128"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Normalisation:
+    """The processor's rescale + normalise, as the numbers a reader needs."""
+
+    rescale_factor: float
+    """Multiplier applied to the uint8 values in float64 (1/255 for CLIP and SigLIP; 1.0 when off)."""
+    mean: tuple[float, float, float]
+    """Per-channel mean subtracted after rescaling (0.0 when normalising is off)."""
+    std: tuple[float, float, float]
+    """Per-channel standard deviation divided by (1.0 when normalising is off)."""
+
+    def lut(self) -> np.ndarray:
+        """float32 (3, 256): the normalised value of every uint8 value of every channel."""
+        return _lut(self.rescale_factor, tuple(self.mean), tuple(self.std))
+
+    def apply(self, pixels: np.ndarray) -> np.ndarray:
+        """uint8 (N, 3, H, W) -> float32 (N, 3, H, W)."""
+        out = np.empty(pixels.shape, dtype=np.float32)
+        if pixels.size:
+            from neva_pack.formats.kernels import normalise
+
+            mean, std = np.asarray(self.mean, dtype=np.float32), np.asarray(self.std, dtype=np.float32)
+            normalise(np.ascontiguousarray(pixels), np.float64(self.rescale_factor), mean, std, out)
+        return out
+
+    def apply_views(self, views: list[np.ndarray]) -> np.ndarray:
+        """Like ``apply`` on the stacked (1, 3, H, W) views, without copying the uint8 pixels first."""
+        from neva_pack.formats.kernels import normalise
+
+        out = np.empty((len(views), *views[0].shape[1:]), dtype=np.float32)
+        mean, std = np.asarray(self.mean, dtype=np.float32), np.asarray(self.std, dtype=np.float32)
+        for k, view in enumerate(views):
+            normalise(view, np.float64(self.rescale_factor), mean, std, out[k : k + 1])
+        return out
+
+    def apply_torch(self, pixels, device=None, dtype=None):
+        """uint8 tensor or array (N, 3, H, W) -> normalised tensor on ``device`` in ``dtype``.
+
+        On an accelerator the uint8 pixels travel (a quarter of float32's bytes) and the lookup
+        happens there; either way each value is the float32 value above, then cast to ``dtype``.
+        """
+        import torch
+
+        if device is None or torch.device(device).type == "cpu":
+            values = torch.from_numpy(self.apply(np.asarray(pixels)))
+            return values if dtype is None or dtype == torch.float32 else values.to(dtype)
+        pixels = torch.as_tensor(pixels).to(device, non_blocking=True)
+        table = torch.tensor(self.lut(), device=device)
+        channel = (torch.arange(3, device=device) * 256).view(1, 3, 1, 1)
+        values = torch.take(table, pixels.long() + channel)
+        return values if dtype is None or dtype == torch.float32 else values.to(dtype)
+
+    def invert(self, values: np.ndarray) -> np.ndarray:
+        """float32 (N, 3, H, W) normalised -> uint8, exactly; InputError if a value is not one of the 256."""
+        table = self.lut()
+        out = np.empty(values.shape, dtype=np.uint8)
+        for c in range(3):
+            order = np.argsort(table[c])
+            where = np.searchsorted(table[c][order], values[:, c])
+            where = np.minimum(where, 255)
+            found = order[where]
+            if not np.array_equal(table[c][found], values[:, c]):
+                raise InputError("image values that this normalisation does not produce (not written by neva_pack?)")
+            out[:, c] = found
+        return out
+
+    def to_json(self) -> dict:
+        return {"rescale_factor": self.rescale_factor, "mean": list(self.mean), "std": list(self.std)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Normalisation":
+        return cls(rescale_factor=float(data["rescale_factor"]), mean=tuple(map(float, data["mean"])),
+                   std=tuple(map(float, data["std"])))  # fmt: skip
+
+
+@functools.cache
+def _lut(rescale_factor: float, mean: tuple, std: tuple) -> np.ndarray:
+    rescaled = (np.arange(256, dtype=np.float64) * rescale_factor).astype(np.float32)
+    table = (rescaled[None, :] - np.asarray(mean, dtype=np.float32)[:, None]) / np.asarray(std, dtype=np.float32)[:, None]
+    table.setflags(write=False)
+    return table
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ImageTokenIds:
+    patch: int
+    """Id of every image-embedding position."""
+    start: int | None
+    """Id opening an image run, or None."""
+    end: int | None
+    """Id closing an image run, or None."""
+
+    def run(self, positions: int) -> np.ndarray:
+        """The ids of one image's run of ``positions`` positions: [start] patch ... patch [end]."""
+        inner = positions - (self.start is not None) - (self.end is not None)
+        ids = ([self.start] if self.start is not None else []) + [self.patch] * inner
+        return np.asarray(ids + ([self.end] if self.end is not None else []), dtype=np.int64)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Counts:
+    records: int
+    """Input records read."""
+    samples: int
+    """Samples packed (records not skipped)."""
+    skipped: int
+    """Records skipped (listed in skipped.jsonl)."""
+    truncated: int
+    """Samples cut to max_seq_length."""
+    packs: int
+    """Packs written."""
+    images: int
+    """Image instances in the packs (an image used by two samples counts twice)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PackedMeta:
+    """The contents of ``<prefix>.meta.json``."""
+
+    format: str
+    """Registry key of the on-disk format (``formats.FORMATS``): picks the reader."""
+    version: int
+    """META_VERSION when written; a reader refuses a newer one."""
+    num_packs: int
+    """Packs in the output."""
+    image_shape: tuple[int, int, int]
+    """(3, H, W) of every image."""
+    normalisation: Normalisation
+    """The processor's rescale/mean/std: how uint8 pixels become the model's float input."""
+    dataset: str
+    """File name of the input records."""
+    template: str
+    """Conversation template name."""
+    tokenization: str
+    """Token convention (templates.TOKENIZATIONS): nemo or llava."""
+    tokenizer: str
+    """Tokenizer path given to the run."""
+    vocab_size: int
+    """Tokenizer vocabulary size."""
+    encoder: str
+    """Vision encoder name (its processor settings)."""
+    image_aspect_ratio: str
+    """square or pad."""
+    image_positions: int
+    """Sequence positions one image occupies."""
+    image_token_ids: ImageTokenIds
+    """How an image run is spelled in the tokens."""
+    ignore_index: int
+    """Label of untrained positions (and of padding)."""
+    pad_id: int
+    """Token id of padding positions."""
+    pad_to_multiple_of: int
+    """Each sample's positions are rounded up to a multiple of this (1: no padding)."""
+    max_seq_length: int
+    """Pack capacity in positions."""
+    algorithm: str
+    """Packing algorithm."""
+    seed: int
+    """Packing seed."""
+    max_samples_per_pack: int | None
+    """Cap on samples per pack, if any."""
+    balance_data_parallel: int | None
+    """Packs ordered so every N consecutive packs cost alike (--balance_data_parallel), if asked."""
+    counts: Counts
+    """What the run read, packed and skipped."""
+    layout: dict = field(default_factory=dict)
+    """Format-specific description of the files (parsed by that format's reader only)."""
+    checksums: dict[str, str] = field(default_factory=dict)
+    """Output-dir-relative file name -> xxh3-128 of every file the output consists of."""
+
+    @property
+    def crop_size(self) -> tuple[int, int]:
+        return tuple(self.image_shape[1:])
+
+    def replace(self, **changes) -> "PackedMeta":
+        return dataclasses.replace(self, **changes)
+
+    def to_json(self) -> dict:
+        data = {
+            "format": self.format,
+            "version": self.version,
+            "num_packs": self.num_packs,
+            "image_shape": list(self.image_shape),
+            "crop_size": list(self.crop_size),
+            "normalisation": self.normalisation.to_json(),
+        }
+        for name in _PLAIN_FIELDS:
+            data[name] = getattr(self, name)
+        data["image_token_ids"] = dataclasses.asdict(self.image_token_ids)
+        data["counts"] = dataclasses.asdict(self.counts)
+        data["layout"] = self.layout
+        data["checksums"] = {"algorithm": CHECKSUM_ALGORITHM, "files": dict(self.checksums)}
+        data["meta_checksum"] = _self_checksum(data)
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict, where: str = "meta") -> "PackedMeta":
+        """Parse and check; InputError on anything this version does not understand."""
+        if not isinstance(data, dict) or not isinstance(data.get("version"), int):
+            raise InputError(f"{where}: not a neva_pack meta")
+        if data["version"] > META_VERSION:
+            raise InputError(f"{where}: version {data['version']} is newer than this neva_pack reads ({META_VERSION})")
+        if data["version"] < META_VERSION:
+            raise InputError(f"{where}: written by an older neva_pack (meta version {data['version']}); "
+                             "run it again with --overwrite")  # fmt: skip
+        known = {"crop_size", "meta_checksum", *(f.name for f in dataclasses.fields(cls))}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise InputError(f"{where}: unknown field(s) {', '.join(unknown)}")
+        try:
+            checksums = data["checksums"]
+            if checksums.get("algorithm") != CHECKSUM_ALGORITHM:
+                raise InputError(f"{where}: checksum algorithm {checksums.get('algorithm')!r}, expected {CHECKSUM_ALGORITHM}")
+            meta = cls(
+                format=str(data["format"]),
+                version=data["version"],
+                num_packs=int(data["num_packs"]),
+                image_shape=tuple(int(v) for v in data["image_shape"]),
+                normalisation=Normalisation.from_json(data["normalisation"]),
+                image_token_ids=ImageTokenIds(**data["image_token_ids"]),
+                counts=Counts(**data["counts"]),
+                layout=dict(data["layout"]),
+                checksums=dict(checksums["files"]),
+                **{name: data[name] for name in _PLAIN_FIELDS},
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise InputError(f"{where}: malformed ({exc.__class__.__name__}: {exc})") from None
+        if list(meta.crop_size) != list(data.get("crop_size", meta.crop_size)) or len(meta.image_shape) != 3:
+            raise InputError(f"{where}: crop_size {data.get('crop_size')} disagrees with image_shape {list(meta.image_shape)}")
+        return meta
+
+
+_PLAIN_FIELDS = (
+    "dataset", "template", "tokenization", "tokenizer", "vocab_size", "encoder", "image_aspect_ratio", "image_positions",
+    "ignore_index", "pad_id", "pad_to_multiple_of", "max_seq_length", "algorithm", "seed", "max_samples_per_pack",
+    "balance_data_parallel",
+)  # fmt: skip
+
+
+def _self_checksum(data: dict) -> str:
+    import xxhash
+
+    body = {key: value for key, value in data.items() if key != "meta_checksum"}
+    return xxhash.xxh3_128_hexdigest(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
+
+
+def meta_checksum_ok(data: dict) -> bool:
+    """Whether the meta's own checksum matches its content (what verify checks of the meta file)."""
+    return data.get("meta_checksum") == _self_checksum(data)
+
+
+def read_meta_json(path: Path) -> dict:
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"{path}: missing (the output is incomplete or not a neva_pack output)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"{path}: unreadable ({exc})") from None
+
+
+def read_meta(path: Path) -> PackedMeta:
+    return PackedMeta.from_json(read_meta_json(path), where=str(path))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanTable:
+    """Which input records each pack holds, in pack order (what verify and stats trace back)."""
+
+    offsets: np.ndarray
+    """int64 (packs + 1): pack p holds rows offsets[p]:offsets[p + 1]."""
+    record_index: np.ndarray
+    """int64: input record of each sample."""
+    length: np.ndarray
+    """int64: real positions of each sample."""
+    padded_length: np.ndarray
+    """int64: positions the sample occupies in its pack (length rounded up to pad_to_multiple_of)."""
+    num_images: np.ndarray
+    """int64: images of each sample."""
+
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_arrays(cls, arrays: dict) -> "PlanTable":
+        length = np.asarray(arrays["length"], dtype=np.int64)
+        padded = arrays.get("padded_length")
+        return cls(
+            offsets=np.asarray(arrays["offsets"], dtype=np.int64),
+            record_index=np.asarray(arrays["record_index"], dtype=np.int64),
+            length=length,
+            padded_length=length if padded is None else np.asarray(padded, dtype=np.int64),
+            num_images=np.asarray(arrays["num_images"], dtype=np.int64),
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReadPack:
+    """One pack as a reader returns it, before images are normalised (or after, for float formats)."""
+
+    cu_seqlens: np.ndarray
+    """int64 (n + 1): boundaries of the samples in the pack's buffer (padded lengths)."""
+    cu_seqlens_unpadded: np.ndarray
+    """int64 (n + 1): cumulative real lengths."""
+    tokens: np.ndarray
+    """int64 (cu_seqlens[-1],): padding positions hold pad_id."""
+    labels: np.ndarray
+    """int64: ignore_index on untrained and padding positions."""
+    pixels: np.ndarray | None
+    """uint8 (N, 3, H, W) when the format stores pixels (then ``images`` is None)."""
+    images: np.ndarray | None
+    """float32 (N, 3, H, W) when the format stores normalised values (then ``pixels`` is None)."""
+    num_images: int
+    """Real images of the pack (a zero image standing in for none is not counted)."""

@@ -1,0 +1,224 @@
+"""NeMo's packed layout (NevaPackedSeqDatatset reads it as is)::
+
+    output_dir/packed_seq_dataset.bin/.idx      Megatron-Core IndexedDataset, float32, multimodal
+      document p (one per pack), 4 items:
+        +0 cu_seqlens  [0, l1, l1+l2, ..., total]             mode 0
+        +1 tokens      concatenated sample tokens             mode 0
+        +2 labels      concatenated sample labels             mode 0
+        +3 image       (num_images * 3 * H * W) normalised    mode 1  (one zero image if the pack has none)
+    output_dir/packed_seq_dataset.plan.npz      which input records each pack holds (offsets,
+                                                record_index, length, padded_length, num_images)
+    output_dir/packed_seq_dataset.meta.json     written last: the mark of a complete output, with
+                                                the checksum (xxh3-128) of every other output file
+
+    pack with samples of length 5 and 3 (8 positions), one image in the first sample:
+      cu_seqlens = [0, 5, 8]   tokens = [a a a a a | b b b]   image = [img_a]
+
+Images are stored normalised, float32: 4 bytes per value, every instance of an image again.
+With padding (pad_to_multiple_of 4 above) the samples take [0, 8, 12]: each sample's tokens
+are followed by pad ids (labels: the ignore value) and cu_seqlens holds the padded boundaries.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from neva_pack.assemble import with_padding
+from neva_pack.formats.base import Checkpoint, WriteSpec, publish, reopen_at
+from neva_pack.formats.common import megatron as _megatron
+from neva_pack.formats.common import torch_view as _torch_view
+from neva_pack.formats.meta import PackedMeta, PlanTable, ReadPack, read_meta
+from neva_pack.store import bin_path, idx_path, meta_path, plan_path
+
+NAME = "nemo"
+PACKED_DTYPE = np.float32
+"""NeMo's builder dtype for every item, ids included (exact below 2**24)."""
+ITEMS_PER_PACK = 4
+ITEM_CU_SEQLENS, ITEM_TOKENS, ITEM_LABELS, ITEM_IMAGE = range(ITEMS_PER_PACK)
+IMAGE_MODE = 1
+"""Megatron-Core multimodal mode of the image item (text items are mode 0)."""
+PACK_MODES = (0, 0, 0, IMAGE_MODE)
+NEEDS_PIXELS = True
+"""The writer stores every image instance's values: assembly must read the pixels."""
+
+
+class Writer:
+    """Writes packs in NeMo's layout under temporary names; ``publish`` renames them into place.
+
+    ``checkpoint()`` makes the packs written so far durable; a writer created with
+    ``resume=True`` for the same plan continues after the last checkpoint, appending to the
+    same file, so the result is byte-identical to an uninterrupted run.
+    """
+
+    def __init__(self, prefix: Path, spec: WriteSpec, resume: bool = False):
+        mi = _megatron()
+        self.prefix = Path(prefix)
+        self.spec = spec
+        self._checkpoint = Checkpoint(self.prefix, spec.plan_digest)
+        self._tmp = self._checkpoint.tmp
+        state = self._checkpoint.load([bin_path(self._tmp)]) if resume else None
+        if state is None:
+            self._checkpoint.remove()
+            self._builder = mi.IndexedDatasetBuilder(str(bin_path(self._tmp)), dtype=PACKED_DTYPE, multimodal=True)
+            self.num_packs = 0
+        else:
+            # Megatron's builder opens its file with "wb": build it on /dev/null, then hand it
+            # the partial file cut back to the last checkpoint, and its index lists
+            self._builder = mi.IndexedDatasetBuilder(os.devnull, dtype=PACKED_DTYPE, multimodal=True)
+            self._builder.data_file.close()
+            self._builder.data_file = reopen_at(bin_path(self._tmp), int(state["bytes"][0]))
+            self._builder.sequence_lengths = state["sequence_lengths"].tolist()
+            self._builder.sequence_modes = state["sequence_modes"].tolist()
+            self._builder.document_indices = state["document_indices"].tolist()
+            self.num_packs = int(state["packs"])
+
+    def add(self, pack) -> None:
+        """One assembled pack: padded tokens/labels, padded cu_seqlens, normalised float32 images."""
+        spec = self.spec
+        tokens = with_padding(pack.tokens, pack.lengths, pack.padded_lengths, spec.pad_id)
+        labels = with_padding(pack.labels, pack.lengths, pack.padded_lengths, spec.ignore_index)
+        if len(pack.pixels) == 0:
+            images = np.zeros((1, *spec.image_shape), dtype=PACKED_DTYPE)
+        else:
+            images = spec.normalisation.apply(pack.pixels)
+        items = (np.concatenate([[0], np.cumsum(pack.padded_lengths)]), tokens, labels, images.reshape(-1))
+        for item, mode in zip(items, PACK_MODES):
+            self._builder.add_item(_torch_view(np.asarray(item, dtype=PACKED_DTYPE)), mode)
+        self._builder.end_document()
+        self.num_packs += 1
+
+    def checkpoint(self) -> None:
+        self._checkpoint.save(
+            [self._builder.data_file],
+            packs=np.int64(self.num_packs),
+            sequence_lengths=np.asarray(self._builder.sequence_lengths, dtype=np.int64),
+            sequence_modes=np.asarray(self._builder.sequence_modes, dtype=np.int64),
+            document_indices=np.asarray(self._builder.document_indices, dtype=np.int64),
+        )
+
+    def publish(self, plan: PlanTable, extra_files: list[Path], meta: PackedMeta) -> PackedMeta:
+        """Finalize; write the plan table; rename .bin/.idx into place; write the meta last."""
+        self._builder.data_file.flush()
+        os.fsync(self._builder.data_file.fileno())
+        self._builder.finalize(str(idx_path(self._tmp)))
+        tmp_plan = plan_path(self._tmp)
+        np.savez(tmp_plan, **plan.to_arrays())
+        renames = {
+            plan_path(self.prefix): tmp_plan,
+            bin_path(self.prefix): bin_path(self._tmp),
+            idx_path(self.prefix): idx_path(self._tmp),
+        }
+        meta = publish(self.prefix, renames, extra_files, meta.replace(format=NAME, num_packs=self.num_packs, layout={}))
+        self._checkpoint.remove()
+        return meta
+
+
+class Reader:
+    """Reads a packed prefix through Megatron-Core's IndexedDataset, as NeMo's training does."""
+
+    stores_pixels = False
+
+    def __init__(self, prefix: Path, meta: PackedMeta | None = None):
+        self.prefix = Path(prefix)
+        self.meta = meta if meta is not None else read_meta(meta_path(self.prefix))
+        self.image_shape = tuple(self.meta.image_shape)
+        self.dataset = _megatron().IndexedDataset(str(self.prefix))
+        self._plan = None
+        self._multimodal = None
+
+    def plan_table(self) -> PlanTable:
+        if self._plan is None:
+            with np.load(plan_path(self.prefix)) as table:
+                self._plan = PlanTable.from_arrays({key: table[key] for key in table.files})
+        return self._plan
+
+    def item_modes(self) -> np.ndarray:
+        """The multimodal mode of every item (NeMo's reader ignores them; verify checks them)."""
+        if self._multimodal is None:  # kept open: its memory map backs the returned array
+            self._multimodal = _megatron().IndexedDataset(str(self.prefix), multimodal=True)
+        return self._multimodal.index.sequence_modes
+
+    def __len__(self) -> int:
+        return len(self.dataset.document_indices) - 1
+
+    def items_of(self, p: int) -> tuple[int, int]:
+        """(first item, one past the last item) of pack p."""
+        return int(self.dataset.document_indices[p]), int(self.dataset.document_indices[p + 1])
+
+    def pack(self, p: int, images: bool = True) -> ReadPack:
+        start = int(self.dataset.document_indices[p])
+        plan = self.plan_table()
+        first, last = plan.offsets[p], plan.offsets[p + 1]
+        values = int(self.dataset.index.sequence_lengths[start + ITEM_IMAGE])
+        stored = values // int(np.prod(self.image_shape))
+        real = int(plan.num_images[first:last].sum())
+        return ReadPack(
+            cu_seqlens=self.dataset[start + ITEM_CU_SEQLENS].astype(np.int64),
+            cu_seqlens_unpadded=np.concatenate([[0], np.cumsum(plan.length[first:last])]).astype(np.int64),
+            tokens=self.dataset[start + ITEM_TOKENS].astype(np.int64),
+            labels=self.dataset[start + ITEM_LABELS].astype(np.int64),
+            pixels=None,
+            images=self.dataset[start + ITEM_IMAGE].astype(np.float32).reshape(-1, *self.image_shape) if images else None,
+            num_images=stored if real or stored != 1 else 0,
+        )
+
+    def images(self, p: int, device=None, dtype=None):
+        """The pack's image item as a (N, 3, H, W) tensor (stored normalised, float32)."""
+        import torch
+
+        start = int(self.dataset.document_indices[p])
+        values = torch.from_numpy(self.dataset[start + ITEM_IMAGE].astype(np.float32).reshape(-1, *self.image_shape))
+        return values if device is None and dtype is None else values.to(device=device, dtype=dtype)
+
+    def close(self) -> None:
+        self.dataset = self._multimodal = None
+
+
+def check(reader: Reader, result) -> None:
+    """NeMo's layout: 4 items with modes (0, 0, 0, 1) per pack, whole images, the zero image of an image-less pack."""
+    image_size = int(np.prod(reader.image_shape))
+    modes = reader.item_modes()
+    sizes = reader.dataset.index.sequence_lengths
+    plan = reader.plan_table()
+    for p in range(len(reader)):
+        first, last = reader.items_of(p)
+        if last - first != ITEMS_PER_PACK:
+            result.add(f"pack {p}: {last - first} items, expected {ITEMS_PER_PACK}")
+            continue
+        if tuple(int(m) for m in modes[first:last]) != PACK_MODES:
+            result.add(f"pack {p}: item modes {list(modes[first:last])}, expected {list(PACK_MODES)}")
+        values = int(sizes[first + ITEM_IMAGE])
+        if values % image_size or values == 0:
+            result.add(f"pack {p}: image item of {values} values is not whole (3, H, W) images")
+        elif p + 1 < len(plan.offsets) and plan.num_images[plan.offsets[p] : plan.offsets[p + 1]].sum() == 0:
+            if values != image_size or np.any(reader.dataset[first + ITEM_IMAGE]):
+                result.add(f"pack {p}: no image, so one zero image was expected")
+
+
+def read_packs_from_index(prefix: Path, image_values: int) -> dict:
+    """Per-pack sample lengths and image counts of any NeMo-layout prefix, meta or not.
+
+    Reads only the small cu_seqlens items (and the image item of packs that carry exactly one
+    image, to tell the zero image of an image-less pack from a real one).
+    """
+    dataset = _megatron().IndexedDataset(str(prefix))
+    documents = dataset.document_indices
+    sizes = dataset.index.sequence_lengths
+    offsets, lengths, pack_images = [0], [], []
+    for p in range(len(documents) - 1):
+        first = int(documents[p])
+        cu = dataset[first + ITEM_CU_SEQLENS].astype(np.int64)
+        lengths.append(np.diff(cu))
+        offsets.append(offsets[-1] + len(cu) - 1)
+        images = int(sizes[first + ITEM_IMAGE]) // image_values
+        if images == 1 and not np.any(dataset[first + ITEM_IMAGE]):
+            images = 0
+        pack_images.append(images)
+    return {
+        "offsets": np.asarray(offsets, dtype=np.int64),
+        "length": np.concatenate(lengths) if lengths else np.zeros(0, np.int64),
+        "pack_images": np.asarray(pack_images, dtype=np.int64),
+    }

@@ -1,0 +1,333 @@
+"""The sample store: the intermediate, sharded, resumable store of encoded samples.
+
+Written in shards so that a killed run resumes::
+
+    output_dir/packed_seq_dataset/
+      progress.json                 committed shards (record range, counts), settings fingerprint,
+                                    "complete" once every record is in; rewritten atomically
+      shard_00000.rows              raw little-endian SAMPLE_ROW records, one per sample
+      shard_00000.skipped.jsonl     the shard's skipped records
+      shard_00000_text.bin/.idx     IndexedDataset int32, document i = sample i:
+                                    [tokens, labels, image_starts (where each image run begins)]
+      shard_00000.image_refs        16-byte content key of every image of the shard's samples, in order
+      shard_00000.images            the image pool part of the shard: each image not seen in an earlier
+      shard_00000.image_keys        shard or earlier in this one, uint8 (3, H, W) after resize/crop/pad,
+                                    before rescale/normalise (formats/image_pool.py); absent if none
+
+The pool parts are also the compact format's image pool: re-packing at another size or with
+another algorithm reads them, re-encodes nothing, and a compact output adds no pixel of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from neva_pack.formats.common import fsync_close as _fsync_close
+from neva_pack.formats.common import megatron as _megatron
+from neva_pack.formats.common import read_versioned as _read_versioned
+from neva_pack.formats.common import torch_view as _torch_view
+from neva_pack.formats.image_pool import KEY_BYTES, ImagePool, PoolPart, PoolWriter, load_keys, pool_part
+from neva_pack.store import (
+    STORE_PROGRESS,
+    shard_image_refs_path,
+    shard_rows_path,
+    shard_skipped_path,
+    shard_text_prefix,
+    write_json_atomic,
+)
+
+STORE_FORMAT = "neva_pack.sample_store"
+STORE_FORMAT_VERSION = 4
+STORE_TEXT_DTYPE = np.int32
+_TEXT_ITEMS = 3  # tokens, labels, image_starts
+STORE_IMAGE_DTYPE = np.uint8
+"""Images are stored after resize/crop/pad, before rescale/normalise (formats/image_pool.py)."""
+SAMPLE_ROW = np.dtype(
+    [
+        ("record_index", "<i8"),  # position of the source record in the input file
+        ("length", "<i4"),  # len(tokens): text + image positions; what is packed
+        ("num_images", "<i4"),  # images of the sample in the image store
+        ("truncated", "u1"),  # 1 when the sample was cut to max_seq_length
+    ]
+)
+
+
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShardInfo:
+    name: str
+    """File stem of the shard (shard_00000)."""
+    first_record: int
+    """Index of the first input record the shard covers."""
+    end_record: int
+    """One past the last input record the shard covers."""
+    samples: int
+    """Samples stored in the shard."""
+    images: int
+    """Image instances of the shard's samples."""
+    pool_images: int
+    """Distinct images the shard added to the pool (its .images part)."""
+    truncated: int
+    """Truncated samples in the shard."""
+    skipped_by_reason: dict
+    """Skipped records of the shard, by reason."""
+
+
+class SampleStoreWriter:
+    """Appends samples as they stream in, committing a shard at each checkpoint.
+
+    Nothing accumulates in memory beyond one shard's index. After a kill, ``resume=True``
+    drops whatever was not committed and continues at ``next_record``.
+    """
+
+    def __init__(self, directory: Path, image_shape, fingerprint: dict, resume: bool = False):
+        self.directory = Path(directory)
+        self.image_shape = tuple(image_shape)
+        self.fingerprint = fingerprint
+        self.shards: list[ShardInfo] = []
+        if resume and (self.directory / STORE_PROGRESS).is_file():
+            progress = _read_progress(self.directory)
+            _check_fingerprint(progress["fingerprint"], fingerprint)
+            self.shards = [ShardInfo(**shard) for shard in progress["shards"]]
+            self.complete = bool(progress["complete"])
+        else:
+            self.complete = False
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._remove_uncommitted()
+        self._known = load_keys(self.pool_parts())
+        self._open = None
+
+    def pool_parts(self) -> list[PoolPart]:
+        return [pool_part(self.directory, s.name, s.pool_images) for s in self.shards]
+
+    @property
+    def next_record(self) -> int:
+        return self.shards[-1].end_record if self.shards else 0
+
+    def _remove_uncommitted(self) -> None:
+        keep = {shard.name for shard in self.shards}
+        for path in self.directory.iterdir():
+            shard = re.match(r"shard_\d+", path.name)
+            if shard and shard.group() not in keep:
+                path.unlink()
+
+    def _shard(self) -> "_OpenShard":
+        if self._open is None:
+            name = f"shard_{len(self.shards):05d}"
+            pool = PoolWriter(pool_part(self.directory, name, 0), self._known, sum(s.pool_images for s in self.shards))
+            self._open = _OpenShard(self.directory, name, self.next_record, self.image_shape, pool)
+        return self._open
+
+    def append(self, sample) -> None:
+        self._shard().append(sample)
+
+    def skip(self, skipped) -> None:
+        self._shard().skip(skipped)
+
+    def commit(self, end_record: int) -> None:
+        """Make every record before ``end_record`` durable (a resume starts there)."""
+        shard = self._shard()
+        self.shards.append(shard.close(end_record))
+        self._open = None
+        self._write_progress(complete=False)
+
+    def skipped_files(self) -> list[Path]:
+        """The skipped-record files of the committed shards, in record order."""
+        return [shard_skipped_path(self.directory, s.name) for s in self.shards]
+
+    def finish(self, total_records: int) -> None:
+        if self._open is not None or self.next_record < total_records:
+            self.commit(total_records)
+        self.complete = True
+        self._write_progress(complete=True)
+
+    def _write_progress(self, complete: bool) -> None:
+        write_json_atomic(
+            self.directory / STORE_PROGRESS,
+            {
+                "format": STORE_FORMAT,
+                "version": STORE_FORMAT_VERSION,
+                "image_shape": list(self.image_shape),
+                "fingerprint": self.fingerprint,
+                "complete": complete,
+                "shards": [
+                    {field: getattr(shard, field) for field in ShardInfo.__dataclass_fields__} for shard in self.shards
+                ],
+            },
+        )
+
+
+class _OpenShard:
+    """The shard being written: builders are created on first use (Megatron cannot map an empty .bin)."""
+
+    def __init__(self, directory: Path, name: str, first_record: int, image_shape, pool: PoolWriter):
+        self.directory = directory
+        self.name = name
+        self.first_record = first_record
+        self.image_shape = image_shape
+        self._text = None
+        self._pool = pool
+        self._refs = open(shard_image_refs_path(directory, name), "wb")
+        self._rows = open(shard_rows_path(directory, name), "wb")
+        self._skipped = open(shard_skipped_path(directory, name), "w", encoding="utf-8")
+        self.samples = 0
+        self.images = 0
+        self.truncated = 0
+        self.skipped_by_reason: dict[str, int] = {}
+
+    def append(self, sample) -> None:
+        if sample.images.shape[1:] != self.image_shape:
+            raise ValueError(f"image shape {sample.images.shape[1:]} != store's {self.image_shape}")
+        mi = _megatron()
+        if self._text is None:
+            self._text = mi.IndexedDatasetBuilder(str(shard_text_prefix(self.directory, self.name)) + ".bin", dtype=STORE_TEXT_DTYPE)
+        for item in (sample.tokens, sample.labels, sample.image_starts):
+            self._text.add_item(_torch_view(item))
+        self._text.end_document()
+        for image in sample.images:
+            key, _ = self._pool.add(image)
+            self._refs.write(key)
+        row = np.array([(sample.index, sample.length, len(sample.images), sample.truncated)], dtype=SAMPLE_ROW)
+        self._rows.write(row.tobytes())
+        self.samples += 1
+        self.images += len(sample.images)
+        self.truncated += int(sample.truncated)
+
+    def skip(self, skipped) -> None:
+        line = {"index": skipped.index, "id": skipped.record_id, "reason": skipped.reason, "detail": skipped.detail}
+        self._skipped.write(json.dumps(line, ensure_ascii=False) + "\n")
+        self.skipped_by_reason[skipped.reason] = self.skipped_by_reason.get(skipped.reason, 0) + 1
+
+    def close(self, end_record: int) -> ShardInfo:
+        if self._text is not None:
+            self._text.data_file.flush()
+            os.fsync(self._text.data_file.fileno())
+            self._text.finalize(str(shard_text_prefix(self.directory, self.name)) + ".idx")
+        pool_images = self._pool.close()
+        _fsync_close(self._refs)
+        _fsync_close(self._rows)
+        _fsync_close(self._skipped)
+        return ShardInfo(
+            name=self.name,
+            first_record=self.first_record,
+            end_record=end_record,
+            samples=self.samples,
+            images=self.images,
+            pool_images=pool_images,
+            truncated=self.truncated,
+            skipped_by_reason=dict(self.skipped_by_reason),
+        )
+
+
+class SampleStore:
+    """Read side of the sample store: lengths for the packer, samples by index for the writer.
+
+    Samples are read with file reads, not memory maps, so reading a large store does not grow
+    the process's resident memory.
+    """
+
+    def __init__(self, directory: Path):
+        self.directory = Path(directory)
+        progress = _read_progress(self.directory)
+        if not progress["complete"]:
+            from neva_pack.errors import InputError
+
+            raise InputError(f"{self.directory}: the sample store is incomplete (resume the run with --resume)")
+        self.fingerprint = progress["fingerprint"]
+        self.image_shape = tuple(progress["image_shape"])
+        self.shards = [ShardInfo(**shard) for shard in progress["shards"]]
+        rows = [np.fromfile(shard_rows_path(self.directory, s.name), dtype=SAMPLE_ROW) for s in self.shards]
+        self.rows = np.concatenate(rows) if rows else np.zeros(0, dtype=SAMPLE_ROW)
+        self._first_sample = np.cumsum([0] + [s.samples for s in self.shards])
+        self._first_image = np.cumsum([0] + [s.images for s in self.shards])
+        self._sample_first_image = np.concatenate([[0], np.cumsum(self.rows["num_images"].astype(np.int64))])
+        self.pool_parts = [pool_part(self.directory, s.name, s.pool_images) for s in self.shards]
+        self.pool = ImagePool(self.pool_parts, self.image_shape, mmap=False)
+        self._known = None
+        self._text = {}
+        self._refs = {}
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return self.rows["length"].astype(np.int64)
+
+    @property
+    def skipped_by_reason(self) -> dict:
+        total: dict[str, int] = {}
+        for shard in self.shards:
+            for reason, count in shard.skipped_by_reason.items():
+                total[reason] = total.get(reason, 0) + count
+        return total
+
+    def skipped_files(self) -> list[Path]:
+        return [shard_skipped_path(self.directory, s.name) for s in self.shards]
+
+    def _locate(self, i: int) -> tuple[int, int]:
+        shard = int(np.searchsorted(self._first_sample, i, side="right")) - 1
+        return shard, i - int(self._first_sample[shard])
+
+    def _dataset(self, cache: dict, shard: int, kind: str):
+        if shard not in cache:
+            prefix = shard_text_prefix(self.directory, self.shards[shard].name)
+            cache[shard] = _megatron().IndexedDataset(str(prefix), mmap=False)
+        return cache[shard]
+
+    def tokens_labels(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        shard, local = self._locate(i)
+        text = self._dataset(self._text, shard, "text")
+        return text[_TEXT_ITEMS * local], text[_TEXT_ITEMS * local + 1]
+
+    def image_starts(self, i: int) -> np.ndarray:
+        shard, local = self._locate(i)
+        return self._dataset(self._text, shard, "text")[_TEXT_ITEMS * local + 2]
+
+    def image_indices(self, i: int) -> np.ndarray:
+        """Pool index of each image of sample i, in placeholder order."""
+        count = int(self.rows["num_images"][i])
+        if count == 0:
+            return np.zeros(0, dtype=np.int64)
+        shard, _ = self._locate(i)
+        if shard not in self._refs:
+            self._refs[shard] = shard_image_refs_path(self.directory, self.shards[shard].name).read_bytes()
+        if self._known is None:
+            self._known = load_keys(self.pool_parts)
+        first = int(self._sample_first_image[i] - self._first_image[shard])
+        refs = self._refs[shard]
+        return np.array([self._known[refs[k * KEY_BYTES : (k + 1) * KEY_BYTES]] for k in range(first, first + count)])
+
+    def images(self, i: int) -> np.ndarray:
+        """uint8 (num_images, 3, H, W) of sample i."""
+        return self.pool.read(self.image_indices(i))
+
+
+def _read_progress(directory: Path) -> dict:
+    progress = _read_versioned(Path(directory) / STORE_PROGRESS, STORE_FORMAT, STORE_FORMAT_VERSION)
+    if progress["version"] != STORE_FORMAT_VERSION:
+        from neva_pack.errors import InputError
+
+        raise InputError(f"{directory}: a sample store of version {progress['version']}; this neva_pack needs "
+                         f"{STORE_FORMAT_VERSION} (run again with --overwrite)")  # fmt: skip
+    return progress
+
+
+def _check_fingerprint(stored: dict, current: dict) -> None:
+    from neva_pack.errors import ConfigError
+
+    for key in sorted(set(stored) | set(current)):
+        if stored.get(key) != current.get(key):
+            raise ConfigError(
+                f"--resume: the output was started with {key}={stored.get(key)!r}, this run has "
+                f"{current.get(key)!r}; run with the same settings, or --overwrite to start again"
+            )
+
+
