@@ -238,12 +238,21 @@ def test_token_parity_with_the_reference(name, tokenizer_paths):
 
 
 DELIBERATE = {
-    "image_field_without_placeholder": "refused", "roles_user_assistant": "refused", "empty_final_answer": "empty_answer",
-    "first_turn_from_gpt": "leading_gpt_turn", "multi_image_two_same_turn": "plain_multi_image",
-    "multi_image_two_mid_turn": "plain_multi_image", "long_three_images_over_context": "plain_multi_image",
-}  # fmt: skip
+    "image_field_without_placeholder": "refused",
+    "roles_user_assistant": "refused",
+    "empty_final_answer": "empty_answer",
+    "first_turn_from_gpt": "leading_gpt_turn",
+    "multi_image_two_same_turn": "plain_multi_image",
+    "multi_image_two_mid_turn": "plain_multi_image",
+    "long_three_images_over_context": "plain_multi_image",
+}
 """The ordinary (non-adversarial) records where we differ from NeMo on purpose, and why."""
-NEMO_EXACT = [f"nemo/{t}__{k}.jsonl" for t in ("plain", "v1", "llama_2", "mistral", "nvgpt", "yi_34b") for k in ("sample", "mistral_nemo")]  # fmt: skip
+NEMO_EXACT = [
+    f"nemo/{template}__{tokenizer}.jsonl"
+    for template in ("plain", "v1", "llama_2", "mistral", "nvgpt", "yi_34b")
+    for tokenizer in ("sample", "mistral_nemo")
+]
+"""NeMo's masks are exact with LLaMA-like tokenizers for these (llama_3: see the '><' test)."""
 
 
 @pytest.mark.parametrize("name", [*NEMO_EXACT, "nemo/llama_3__sample.jsonl"])
@@ -289,6 +298,38 @@ def test_nemo_llama_3_masks_are_late_by_one_token_per_merged_round_boundary(toke
     multi_round = {i for i, r in RECORDS.items() if sum(t["from"] == "gpt" for t in r["conversations"]) > 1}
     assert set(late) == multi_round - set(DELIBERATE) - {i for i in multi_round if i.startswith("adversarial_")}
     assert len(late) == 6
+
+
+
+def test_llava_v1_multi_round_masks_hinge_on_its_legacy_correction(tokenizer_paths):
+    """LLaVA's preprocess_v1 (legacy=False) subtracts 1 per round after the first: it assumes "USER"
+    opening a round has one piece more alone ("▁US", "ER") than after "</s>" ("USER"). True for
+    Mistral; the sample tokenizer splits both alike, so there LLaVA's multi-round masks come out a token
+    early per round and its own check discards them (all labels ignored), except past model_max_length
+    where it does not check."""
+    extra = {}
+    for name in ("sample", "mistral"):
+        tokenizer = load_tokenizer(tokenizer_paths[name])
+        extra[name] = len(tokenizer.encode("USER").ids) - len(tokenizer.encode_literal("USER").ids)
+    assert extra == {"sample": 0, "mistral": 1}
+    multi_round = {i for i, r in RECORDS.items() if sum(t["from"] == "gpt" for t in r["conversations"]) > 1}
+    def ordinary_moved(name: str) -> list[str]:
+        moved = parity(name, tokenizer_paths).get("reference_miscount", [])
+        return [i for i in moved if not i.startswith("adversarial_")]
+
+    assert not ordinary_moved("llava/v1__mistral.jsonl")
+    moved = ordinary_moved("llava/v1__sample.jsonl")
+    assert set(moved) <= multi_round and len(moved) == 5
+    builder = make_builder(tokenizer_paths["sample"], "v1", "llava")
+    for line in golden_lines("llava/v1__sample.jsonl"):
+        if line["id"] in moved:
+            labels = expand_llava_images(line, builder.layout.patch_id)["labels"]
+            if "reference_printed" in line:  # "tokenization mismatch": everything ignored
+                assert set(labels) == {-1}
+            else:  # past model_max_length: no check, round k's mask k tokens early
+                assert len(line["tokens"]) > 2048
+                mine = trained_runs(ours(builder, RECORDS[line["id"]])["labels"])
+                assert trained_runs(labels) == [(a - k, b - k) for k, (a, b) in enumerate(mine)]
 
 
 # ---------------------------------------------------------------------------------------------
