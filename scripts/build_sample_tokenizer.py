@@ -8,13 +8,16 @@ the sample conversations and the conversation templates. Deterministic (one thre
 
 The normaliser and splitting rules are those of the LLaMA-2 / Mistral models (their
 tokenizer.model's normalizer_spec and trainer_spec): the "identity" rule, no whitespace
-collapsing, the dummy "▁" prefix, digits split one by one, whitespace-only pieces allowed, and
-newlines never seen in training (corpus split into lines), so "\n" is the byte piece <0x0A>.
-SentencePiece's default (nmt_nfkc with remove_extra_whitespaces) would turn newlines into spaces
-and drop trailing whitespace; the references' mask arithmetic (NeMo and LLaVA re-tokenize pieces
-of the prompt and add up their lengths) is only exact for tokenizers that keep text as it is, so
-the golden files made with this model would document the sample tokenizer's quirks instead of the
-references' conventions.
+collapsing, the dummy "▁" prefix, digits split one by one, whitespace-only pieces allowed, and no
+newline piece (the corpus is split into lines, so a newline is the byte piece <0x0A>, as in those
+vocabularies). SentencePiece's default (nmt_nfkc with remove_extra_whitespaces) turns newlines into
+spaces and drops trailing whitespace, which no real LLaMA tokenizer does; NeMo and LLaVA compute
+their label masks by re-tokenizing pieces of the prompt and adding up lengths, which is exact only
+for tokenizers that keep text as it is, so golden files made with such a model would document its
+quirks instead of the references' conventions. The text of every template is in the corpus, so
+nvgpt's "User" opening a round splits into as many pieces with the dummy prefix as without, as in
+LLaMA's large vocabulary (NeMo's nvgpt arithmetic relies on it; trained without nvgpt's text this
+model split "▁", "U", "s", "er" against "U", "s", "er" and NeMo's masks drifted a token per round).
 
     python scripts/build_sample_tokenizer.py
 """
@@ -47,7 +50,7 @@ def corpus_lines() -> list[str]:
         for role in ("user", "assistant"):
             for part in (data.get(role) or {}).values():
                 lines.append(str(part))
-    # one sentence per text line, as the LLaMA models were trained: "\n" stays out of the vocabulary
+    # one sentence per line: no newline piece, a newline is the byte <0x0A> (as in LLaMA-2/Mistral)
     return [part.strip() for line in lines for part in line.splitlines() if part.strip()]
 
 
