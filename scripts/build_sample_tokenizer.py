@@ -6,6 +6,19 @@ LLaMA-style (BPE, byte fallback, unk 0, bos 1, eos 2, no pad), with NeMo's speci
 (<extra_id_4> patch... <extra_id_5>) applies. Trained only on text this project owns:
 the sample conversations and the conversation templates. Deterministic (one thread).
 
+The normaliser and splitting rules are those of the LLaMA-2 / Mistral models (their
+tokenizer.model's normalizer_spec and trainer_spec): the "identity" rule, no whitespace
+collapsing, the dummy "▁" prefix, digits split one by one, whitespace-only pieces allowed, and no
+newline piece (the corpus is split into lines, so a newline is the byte piece <0x0A>, as in those
+vocabularies). SentencePiece's default (nmt_nfkc with remove_extra_whitespaces) turns newlines into
+spaces and drops trailing whitespace, which no real LLaMA tokenizer does; NeMo and LLaVA compute
+their label masks by re-tokenizing pieces of the prompt and adding up lengths, which is exact only
+for tokenizers that keep text as it is, so golden files made with such a model would document its
+quirks instead of the references' conventions. The text of every template is in the corpus, so
+nvgpt's "User" opening a round splits into as many pieces with the dummy prefix as without, as in
+LLaMA's large vocabulary (NeMo's nvgpt arithmetic relies on it; trained without nvgpt's text this
+model split "▁", "U", "s", "er" against "U", "s", "er" and NeMo's masks drifted a token per round).
+
     python scripts/build_sample_tokenizer.py
 """
 
@@ -21,7 +34,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 NEMO_SPECIAL_TOKENS = [f"<extra_id_{i}>" for i in range(10)]
 VOCAB_SIZE = 1000
-CORPUS_TEMPLATES = ("chatml", "llama_2", "llama_3", "mistral", "plain", "v1")
+CORPUS_TEMPLATES = ("chatml", "llama_2", "llama_3", "mistral", "nvgpt", "plain", "v1", "yi_34b")
 """The templates whose text the model was trained on; fixed, so that adding a template does not
 change the shipped model (tests/golden/ pins its sha256)."""
 
@@ -37,7 +50,8 @@ def corpus_lines() -> list[str]:
         for role in ("user", "assistant"):
             for part in (data.get(role) or {}).values():
                 lines.append(str(part))
-    return [line.strip() for line in lines if line and line.strip()]
+    # one sentence per line: no newline piece, a newline is the byte <0x0A> (as in LLaMA-2/Mistral)
+    return [part.strip() for line in lines for part in line.splitlines() if part.strip()]
 
 
 def main() -> None:
@@ -50,6 +64,12 @@ def main() -> None:
         hard_vocab_limit=False,
         byte_fallback=True,
         character_coverage=1.0,
+        normalization_rule_name="identity",  # LLaMA-2 / Mistral: no NFKC, text kept as it is
+        remove_extra_whitespaces=False,
+        add_dummy_prefix=True,
+        split_digits=True,
+        allow_whitespace_only_pieces=True,
+        max_sentencepiece_length=16,
         user_defined_symbols=NEMO_SPECIAL_TOKENS,
         unk_id=0,
         bos_id=1,
