@@ -24,9 +24,10 @@ from tests.conftest import SAMPLE_DATA
 NEMO_GOLDEN = {
     # sample_data, v1, pad, 2048, first_fit_shuffle, seed 42: .bin/.idx as the writer before the formats layer
     # wrote them for the same samples (re-taken when issue 8 changed the default tokenization; the pre-formats
-    # writer and this one were run side by side at that merge and gave these same bytes)
-    "packed_seq_dataset.bin": "2edf7b4345a3d4d6d48aca2641f377bd0b903bcc83e642db4d7cedf402ecb05a",
-    "packed_seq_dataset.idx": "f4b3060fce2aa419a1f81c836a85030001502b7ad699503bf2d2144f5d9536bd",
+    # writer and this one were run side by side at that merge and gave these same bytes; re-taken again when
+    # the sample tokenizer was rebuilt LLaMA-like, the pre-formats writer again giving the same bytes)
+    "packed_seq_dataset.bin": "0d286fb1b8fbed285108b841a60b3527616786da634ecf235a2bcf7ae2629dcf",
+    "packed_seq_dataset.idx": "f68cd44da609b58e250ec03d235c4f8f7c1a15aaf1b37740887405d62a711f18",
 }
 
 
