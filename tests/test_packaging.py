@@ -1,0 +1,17 @@
+"""The installed package is the whole package: a subpackage missing from pyproject.toml works in an
+editable checkout and vanishes from `pip install .` (the README's first command)."""
+
+from __future__ import annotations
+
+import tomllib
+
+from tests.conftest import ROOT
+
+
+def test_every_subpackage_is_declared_for_a_regular_install():
+    declared = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    on_disk = {
+        ".".join(init.parent.relative_to(ROOT).parts) for init in (ROOT / "neva_pack").rglob("__init__.py")
+        if "__pycache__" not in init.parts
+    }  # fmt: skip
+    assert on_disk <= declared, sorted(on_disk - declared)
