@@ -180,7 +180,7 @@ def _run_preprocess(args) -> int:
     config = config_from_args(args)
     from neva_pack.pipeline import preprocess
     from neva_pack.stats import format_summary
-    from neva_pack.store import SKIPPED_FILE
+    from neva_pack.store import skipped_path
 
     result = preprocess(config, progress=not args.quiet)
     for size, report in result.reports.items():
@@ -188,9 +188,11 @@ def _run_preprocess(args) -> int:
             print(f"== pack size {size}")
         print(format_summary(report.to_json()))
     if result.exit_code:
-        skipped = result.report.records.skipped
-        report_file = Path(config.output_dir) / SKIPPED_FILE
-        print(f"error: --strict: {skipped} record(s) skipped; see {report_file}", file=sys.stderr)
+        sized = len(result.reports) > 1
+        for size, report in result.reports.items():
+            if report.records.skipped:
+                report_file = skipped_path(Path(config.output_dir), size if sized else None)
+                print(f"error: --strict: {report.records.skipped} record(s) skipped; see {report_file}", file=sys.stderr)
     return result.exit_code
 
 
