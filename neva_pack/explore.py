@@ -120,7 +120,9 @@ def explore(
         if size < 1:
             raise InputError(f"--pack_sizes {size}: must be >= 1")
         if multiple > size:
-            raise InputError(f"--pack_sizes {size}: samples padded to a multiple of {multiple} cannot fit packs of {size} positions")
+            raise InputError(
+                f"--pack_sizes {size}: samples padded to a multiple of {multiple} cannot fit packs of {size} positions"
+            )
         capacity = aligned_capacity(size, multiple)
         clipped = np.minimum(sample_lengths.lengths, capacity)
         padded = padded_lengths(clipped, multiple)
@@ -161,7 +163,8 @@ def format_table(sample_lengths: SampleLengths, rows: list[Candidate]) -> str:
         gbs = "-" if row.packed_global_batch_size is None else str(row.packed_global_batch_size)
         lines.append(
             f"{row.pack_size:>7}  {row.algorithm:<21}{row.packs:>10,}{row.lower_bound:>10,}{100 * row.efficiency:>8.2f}"
-            f"{100 * row.padding_overhead:>7.2f}{row.samples_per_pack_mean:>8.2f}{row.samples_per_pack_max:>7}{row.clipped:>10,}{gbs:>6}{row.seconds:>8.3f}"
+            f"{100 * row.padding_overhead:>7.2f}{row.samples_per_pack_mean:>8.2f}{row.samples_per_pack_max:>7}"
+            f"{row.clipped:>10,}{gbs:>6}{row.seconds:>8.3f}"
         )
     if sample_lengths.truncated and sample_lengths.cut_at:
         larger = [r.pack_size for r in rows if r.pack_size > sample_lengths.cut_at]

@@ -269,7 +269,9 @@ def _drop_store(output_dir: Path, prefixes: list[Path]) -> None:
     shutil.rmtree(layout.store_dir(output_dir))
 
 
-def _rows_at(store, size: int, run_length: int, ignore_index: int) -> tuple[np.ndarray, dict[int, tuple[int, int]], np.ndarray]:
+def _rows_at(
+    store, size: int, run_length: int, ignore_index: int
+) -> tuple[np.ndarray, dict[int, tuple[int, int]], np.ndarray]:  # fmt: skip
     """The store's rows as they are for a pack size; for each sample that must be cut for it,
     (tokens kept, images kept); and the samples the cut leaves without a trained label (skipped at
     this size as ``no_supervised_tokens``, as a run at this size would skip them). ``size`` is the
@@ -302,10 +304,8 @@ def _write_size_skipped(run_file: Path, target: Path, store, unsupervised: np.nd
         return
     records = store.rows["record_index"][unsupervised].astype(np.int64)
     detail = f"no trained label after truncation to pack size {size}"
-    own = [
-        (int(index), json.dumps({"index": int(index), "id": None, "reason": "no_supervised_tokens", "detail": detail}) + "\n")
-        for index in np.sort(records)
-    ]
+    skips = ({"index": int(index), "id": None, "reason": "no_supervised_tokens", "detail": detail} for index in np.sort(records))
+    own = [(skip["index"], json.dumps(skip) + "\n") for skip in skips]
     tmp = target.with_name(target.name + ".tmp")
     with open(run_file, encoding="utf-8") as run, open(tmp, "w", encoding="utf-8") as out:
         lines = ((json.loads(line)["index"], line) for line in run if line.strip())

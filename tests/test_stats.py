@@ -1,15 +1,20 @@
-"""neva-pack stats (text, JSON, plot, foreign prefixes), neva-pack plan, and several --pack_sizes."""
+"""neva-pack stats (text, JSON, plot, foreign prefixes), neva-pack plan, and several --pack_sizes (each with its own skips)."""
 
 import json
 import shutil
 import struct
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from neva_pack.cli import main
+from neva_pack import output_dir as ownership
 from neva_pack.dataset import PackedSeqDataset
+from neva_pack.errors import ConfigError
 from neva_pack.explore import explore, load_lengths
+from neva_pack.formats.sample_store import SAMPLE_ROW
+from neva_pack.pipeline import _write_size_skipped
 from neva_pack.stats import PackingArrays, packing_stats
 from tests.conftest import SAMPLE_DATA
 
@@ -158,3 +163,25 @@ def test_several_pack_sizes_write_one_prefix_each_from_one_store(tmp_path, capsy
     assert "neither packed nor skipped" in capsys.readouterr().out
     assert main(preprocess_args(out, "--pack_sizes", "1024", "2048", "--overwrite")) == 0
     assert main(["verify", "--quiet", str(out), "--data_path", data]) == 0
+
+
+def test_a_sizes_skipped_list_merges_the_runs_lines_and_its_own_by_record_index(tmp_path):
+    run_file = tmp_path / "skipped.jsonl"
+    run_file.write_text("".join(json.dumps({"index": i, "id": f"r{i}", "reason": "too_long", "detail": "x"}) + "\n" for i in (1, 7)))
+    rows = np.zeros(3, dtype=SAMPLE_ROW)
+    rows["record_index"] = [0, 4, 9]
+    _write_size_skipped(run_file, tmp_path / "skipped_64.jsonl", SimpleNamespace(rows=rows), np.array([2, 1]), 64)
+    lines = [json.loads(line) for line in (tmp_path / "skipped_64.jsonl").read_text().splitlines()]
+    assert [(line["index"], line["reason"]) for line in lines] == [
+        (1, "too_long"), (4, "no_supervised_tokens"), (7, "too_long"), (9, "no_supervised_tokens")]  # fmt: skip
+    assert lines[1] == {"index": 4, "id": None, "reason": "no_supervised_tokens",
+                        "detail": "no trained label after truncation to pack size 64"}  # fmt: skip
+    assert not (tmp_path / "skipped_64.jsonl.tmp").exists()
+
+
+def test_overwrite_recognises_a_sizes_skipped_list_by_its_keys(tmp_path):
+    (tmp_path / "skipped_1024.jsonl").write_text(json.dumps({"index": 3, "id": None, "reason": "no_supervised_tokens"}) + "\n")
+    assert ownership.owned_outputs(tmp_path, {}) == [tmp_path / "skipped_1024.jsonl"]
+    (tmp_path / "skipped_1024.jsonl").write_text("my notes\n")
+    with pytest.raises(ConfigError, match="skipped_1024.jsonl is not a skipped-records list"):
+        ownership.owned_outputs(tmp_path, {})
