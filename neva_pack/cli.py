@@ -149,6 +149,11 @@ def build_parser() -> argparse.ArgumentParser:
     explore.add_argument("--seed", type=int, default=0)
     explore.add_argument("--global_batch_size", type=int, help="unpacked GBS, for the GBS column")
     explore.add_argument("--json", action="store_true", help="print the table as JSON")
+    # alignment padding, as preprocess's training-side flags (default: the output's own multiple)
+    explore.add_argument("--pad_to_multiple_of", type=int, help="pad every sample to a multiple of M before packing")
+    explore.add_argument("--context_parallel_size", type=int, help="CP size: samples padded to a multiple of 2*CP")
+    explore.add_argument("--tensor_parallel_size", type=int, help="TP size (with --sequence_parallel: multiple of CP*TP)")
+    explore.add_argument("--sequence_parallel", action="store_true", help="Megatron sequence parallelism is on")
     check = sub.add_parser("verify", help="recompute checksums and check every invariant of an output")
     check.add_argument("output", type=Path, help="output directory (or packed_seq_dataset prefix)")
     check.add_argument("--data_path", type=Path, help="also check that every input record is packed once or skipped")
@@ -180,7 +185,7 @@ def _run_preprocess(args) -> int:
     config = config_from_args(args)
     from neva_pack.pipeline import preprocess
     from neva_pack.stats import format_summary
-    from neva_pack.store import SKIPPED_FILE
+    from neva_pack.store import skipped_path
 
     result = preprocess(config, progress=not args.quiet)
     for size, report in result.reports.items():
@@ -188,9 +193,11 @@ def _run_preprocess(args) -> int:
             print(f"== pack size {size}")
         print(format_summary(report.to_json()))
     if result.exit_code:
-        skipped = result.report.records.skipped
-        report_file = Path(config.output_dir) / SKIPPED_FILE
-        print(f"error: --strict: {skipped} record(s) skipped; see {report_file}", file=sys.stderr)
+        sized = len(result.reports) > 1
+        for size, report in result.reports.items():
+            if report.records.skipped:
+                report_file = skipped_path(Path(config.output_dir), size if sized else None)
+                print(f"error: --strict: {report.records.skipped} record(s) skipped; see {report_file}", file=sys.stderr)
     return result.exit_code
 
 
@@ -241,12 +248,31 @@ def _run_plan(args) -> int:
     from neva_pack.explore import explore, format_table, load_lengths
 
     lengths = load_lengths(args.output)
-    rows = explore(lengths, args.pack_sizes, args.algorithms, seed=args.seed, global_batch_size=args.global_batch_size)
+    rows = explore(
+        lengths, args.pack_sizes, args.algorithms, seed=args.seed, global_batch_size=args.global_batch_size,
+        pad_to_multiple_of=_plan_alignment(args),
+    )  # fmt: skip
     if args.json:
         print(json.dumps([dataclasses.asdict(row) for row in rows], indent=2))
     else:
         print(format_table(lengths, rows))
     return 0
+
+
+def _plan_alignment(args) -> int | None:
+    """The alignment multiple the plan flags ask for (the run's lcm rule), or None: the output's own."""
+    from neva_pack.packing.alignment import alignment_multiple
+
+    sizes = {"pad_to_multiple_of": args.pad_to_multiple_of, "context_parallel_size": args.context_parallel_size,
+             "tensor_parallel_size": args.tensor_parallel_size}  # fmt: skip
+    for name, value in sizes.items():
+        if value is not None and value < 1:
+            raise ConfigError(f"--{name} {value}: must be >= 1")
+    if all(value is None for value in sizes.values()) and not args.sequence_parallel:
+        return None
+    return alignment_multiple(
+        args.pad_to_multiple_of, args.context_parallel_size or 1, args.tensor_parallel_size or 1, args.sequence_parallel
+    )
 
 
 def _run_convert(args) -> int:

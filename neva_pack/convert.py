@@ -127,13 +127,14 @@ def find_image_starts(tokens: np.ndarray, run: np.ndarray, count: int) -> np.nda
 
 
 def _copy_extras(prefix: Path, out: Path) -> list[Path]:
-    """skipped.jsonl as is; the stats file with the new prefix in it."""
+    """The prefix's skipped list as is; the stats file with the new prefix in it."""
     source_dir, dest_dir = prefix.parent, out.parent
     extras = []
-    skipped = source_dir / layout.SKIPPED_FILE
+    skipped = layout.skipped_path_of(prefix)
     if skipped.is_file():
-        shutil.copyfile(skipped, dest_dir / layout.SKIPPED_FILE)
-        extras.append(dest_dir / layout.SKIPPED_FILE)
+        target = layout.skipped_path(dest_dir, layout.pack_size_of(out))
+        shutil.copyfile(skipped, target)
+        extras.append(target)
     stats = layout.stats_path_of(prefix)
     if stats.is_file():
         report = RunReport.from_json(json.loads(stats.read_text(encoding="utf-8")))

@@ -2,7 +2,9 @@
 
 Choosing max_seq_length before a multi-hour run (too long: out of memory; too short: poor
 packing) needs only the sample lengths, which the sample store keeps: no re-tokenization, no
-image work, seconds for 665K samples.
+image work, seconds for 665K samples. Samples are packed as a run would pack them: cut to the
+size (its aligned capacity) and padded to the alignment multiple (``neva_pack.packing.alignment``),
+whose cost is the padding overhead column.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from neva_pack import store as layout
 from neva_pack.formats import sample_store
 from neva_pack.errors import InputError
 from neva_pack.packing import pack
+from neva_pack.packing.alignment import aligned_capacity, padded_lengths
 from neva_pack.stats import global_batch_size_advice
 
 
@@ -30,6 +33,8 @@ class SampleLengths:
     """The max_seq_length the samples were built with."""
     source: str
     """Where the lengths were read from."""
+    pad_to_multiple_of: int = 1
+    """The alignment multiple the output was written with (its meta's; 1: none, or no meta to say)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -43,6 +48,10 @@ class Candidate:
     samples_per_pack_max: int
     clipped: int
     """Samples longer than this pack size (they would be truncated to it)."""
+    pad_to_multiple_of: int
+    """Every sample was padded to a multiple of this before packing (1: no padding)."""
+    padding_overhead: float
+    """Padding positions over real positions (0.0 without padding)."""
     packed_global_batch_size: int | None
     seconds: float
 
@@ -58,6 +67,7 @@ def load_lengths(path: Path) -> SampleLengths:
                 truncated=int(store.rows["truncated"].sum()),
                 cut_at=store.fingerprint.get("max_seq_length"),
                 source=str(directory),
+                pad_to_multiple_of=_output_multiple(directory.parent),
             )
     from neva_pack.formats import open_packed
 
@@ -73,8 +83,21 @@ def load_lengths(path: Path) -> SampleLengths:
             truncated=int(meta.counts.truncated),
             cut_at=int(meta.max_seq_length),
             source=str(reader.prefix),
+            pad_to_multiple_of=int(meta.pad_to_multiple_of),
         )
     raise InputError(f"{path}: no sample store ({layout.STORE_DIR}/{layout.STORE_PROGRESS}) nor plan table here")
+
+
+def _output_multiple(output_dir: Path) -> int:
+    """The alignment multiple recorded in the meta of an output's prefixes (every size of a run has the same)."""
+    from neva_pack.formats.meta import read_meta_json
+
+    for prefix in layout.packed_prefixes(output_dir):
+        try:
+            return int(read_meta_json(layout.meta_path(prefix)).get("pad_to_multiple_of") or 1)
+        except (InputError, AttributeError, TypeError, ValueError):  # not a meta of ours: no multiple to say
+            continue
+    return 1
 
 
 def explore(
@@ -83,17 +106,30 @@ def explore(
     algorithms: list[str],
     seed: int = 0,
     global_batch_size: int | None = None,
+    pad_to_multiple_of: int | None = None,
 ) -> list[Candidate]:
+    """Every size x algorithm. Samples are cut to each size's aligned capacity and padded to
+    ``pad_to_multiple_of`` (None: the output's own multiple), as a run with that alignment would."""
+    multiple = sample_lengths.pad_to_multiple_of if pad_to_multiple_of is None else int(pad_to_multiple_of)
+    if multiple < 1:
+        raise InputError(f"alignment multiple {multiple}: must be >= 1")
     for algorithm in algorithms:  # load (or compile) the numba kernels before timing anything
         pack(np.array([1, 2, 3]), 4, algorithm=algorithm, seed=seed)
     rows = []
     for size in pack_sizes:
         if size < 1:
             raise InputError(f"--pack_sizes {size}: must be >= 1")
-        clipped = np.minimum(sample_lengths.lengths, size)
+        if multiple > size:
+            raise InputError(
+                f"--pack_sizes {size}: samples padded to a multiple of {multiple} cannot fit packs of {size} positions"
+            )
+        capacity = aligned_capacity(size, multiple)
+        clipped = np.minimum(sample_lengths.lengths, capacity)
+        padded = padded_lengths(clipped, multiple)
+        real = int(clipped.sum())
         for algorithm in algorithms:
             started = time.perf_counter()
-            plan = pack(clipped, size, algorithm=algorithm, seed=seed)
+            plan = pack(padded, size, algorithm=algorithm, seed=seed)
             seconds = time.perf_counter() - started
             per_pack = plan.samples_per_bin
             rows.append(
@@ -105,7 +141,9 @@ def explore(
                     efficiency=plan.efficiency,
                     samples_per_pack_mean=float(per_pack.mean()) if plan.num_bins else 0.0,
                     samples_per_pack_max=int(per_pack.max(initial=0)),
-                    clipped=int((sample_lengths.lengths > size).sum()),
+                    clipped=int((sample_lengths.lengths > capacity).sum()),
+                    pad_to_multiple_of=multiple,
+                    padding_overhead=(int(padded.sum()) - real) / real if real else 0.0,
                     packed_global_batch_size=global_batch_size_advice(
                         global_batch_size, float(per_pack.mean()) if plan.num_bins else 0.0
                     ),
@@ -118,14 +156,15 @@ def explore(
 def format_table(sample_lengths: SampleLengths, rows: list[Candidate]) -> str:
     lines = [
         f"{len(sample_lengths.lengths):,} samples from {sample_lengths.source}",
-        f"{'size':>7}  {'algorithm':<21}{'packs':>10}{'LB':>10}{'eff %':>8}{'n mean':>8}{'n max':>7}"
+        f"{'size':>7}  {'algorithm':<21}{'packs':>10}{'LB':>10}{'eff %':>8}{'pad %':>7}{'n mean':>8}{'n max':>7}"
         f"{'truncated':>10}{'GBS':>6}{'time s':>8}",
     ]
     for row in rows:
         gbs = "-" if row.packed_global_batch_size is None else str(row.packed_global_batch_size)
         lines.append(
             f"{row.pack_size:>7}  {row.algorithm:<21}{row.packs:>10,}{row.lower_bound:>10,}{100 * row.efficiency:>8.2f}"
-            f"{row.samples_per_pack_mean:>8.2f}{row.samples_per_pack_max:>7}{row.clipped:>10,}{gbs:>6}{row.seconds:>8.3f}"
+            f"{100 * row.padding_overhead:>7.2f}{row.samples_per_pack_mean:>8.2f}{row.samples_per_pack_max:>7}"
+            f"{row.clipped:>10,}{gbs:>6}{row.seconds:>8.3f}"
         )
     if sample_lengths.truncated and sample_lengths.cut_at:
         larger = [r.pack_size for r in rows if r.pack_size > sample_lengths.cut_at]
@@ -134,5 +173,11 @@ def format_table(sample_lengths: SampleLengths, rows: list[Candidate]) -> str:
                 f"note: {sample_lengths.truncated:,} samples were cut at {sample_lengths.cut_at} when the store was built; "
                 f"for sizes above it their lengths are underestimated"
             )
+    multiples = sorted({row.pad_to_multiple_of for row in rows})
+    if multiples != [1]:
+        lines.append(
+            f"samples padded to a multiple of {', '.join(map(str, multiples))} before packing; eff counts padding as "
+            "used, pad % is the padding over the real positions"
+        )
     lines.append("GBS: the packed global batch size for --global_batch_size (unpacked GBS / n)")
     return "\n".join(lines)

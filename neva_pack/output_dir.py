@@ -8,7 +8,7 @@
 - ``--overwrite`` (and ``--resume``, which deletes uncommitted shards) touch only paths this tool
   writes *and* whose content it recognises as its own: the sample store by its progress.json
   format (or shard file names), the meta by its format field, Megatron indexes by their magic,
-  the plan table as a zip, stats and skipped lines by their keys. Anything else under one of our
+  the plan table as a zip, stats and skipped lines (``skipped[_<size>].jsonl``) by their keys. Anything else under one of our
   names (say, the user's image folder called ``packed_seq_dataset``) stops the run before a
   byte is deleted, as does an input (data, images, tokenizer) lying inside what would be deleted.
 """
@@ -150,7 +150,7 @@ def _not_ours(path: Path) -> str | None:
         return None if _starts_with(index, _MEGATRON_INDEX_MAGIC) else "has no Megatron index beside it"
     if name.endswith(".npz"):
         return None if _starts_with(path, _ZIP_MAGIC) else "is not a numpy archive"
-    if name == layout.SKIPPED_FILE:
+    if layout.is_skipped_list(name):
         with open(path, "rb") as f:
             first = f.readline(1 << 16)
         if not first.strip():

@@ -3,7 +3,7 @@
     records --DataLoader workers--> Sample | Skipped --> sample store shards (committed at checkpoints)
     store lengths --pack()--> PackingPlan --assemble--> typed packs --format writer (checkpointed)-->
     packed_seq_dataset.* (nemo: .bin/.idx/.plan.npz; compact: .tokens/.labels/.index.bin + the store's pool)
-    --> stats.json, skipped.jsonl --> meta.json with checksums, last
+    --> stats.json, skipped.jsonl (skipped_<size>.jsonl: with the size's own skips) --> meta.json with checksums, last
 
 A run killed at any point resumes with --resume: committed shards are kept, packing is
 recomputed (it is a pure function of the lengths), and the writer continues after its last
@@ -13,13 +13,14 @@ checkpoint; the result is byte-identical to an uninterrupted run.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
 import os
 import shutil
 import signal
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -186,7 +187,7 @@ def _run(config: PreprocessConfig, builder: SampleBuilder, output_dir: Path, pro
         reports[size] = _write_prefix(config, builder, store, total, size, output_dir, progress, started)
     if config.drop_store:
         _drop_store(output_dir, [layout.packed_prefix(output_dir, size if len(config.sizes) > 1 else None) for size in config.sizes])
-    strict_failure = config.strict and reports[max(reports)].records.skipped > 0
+    strict_failure = config.strict and any(report.records.skipped > 0 for report in reports.values())
     return RunResult(reports=reports, exit_code=1 if strict_failure else 0)
 
 
@@ -198,11 +199,12 @@ def _write_prefix(config, builder, store, total: int, size: int, output_dir: Pat
     if config.resume and layout.meta_path(prefix).is_file() and stats_file.is_file():
         return RunReport.from_json(json.loads(stats_file.read_text(encoding="utf-8")))  # published before the interruption
     multiple = config.alignment
-    rows, cuts = _rows_at(store, aligned_capacity(size, multiple), builder.layout.positions)
+    rows, cuts, unsupervised = _rows_at(store, aligned_capacity(size, multiple), builder.layout.positions, config.ignore_index)
     padded = padded_lengths(rows["length"], multiple)  # what is packed (== length when multiple is 1)
-    plan = pack(
-        padded, size, algorithm=config.packing_algorithm, seed=config.seed, max_samples_per_pack=config.max_samples_per_pack
-    )
+    kept = np.setdiff1d(np.arange(len(rows), dtype=np.int64), unsupervised)
+    if len(kept) == 0:
+        raise InputError(f"pack size {size}: the cut leaves none of the {len(rows)} sample(s) a trained label")
+    plan = _pack_kept(config, padded, kept, size)
     plan, balance = _balance(config, plan, rows)
     fmt = format_module(config.output_format)
     spec = WriteSpec(
@@ -218,14 +220,18 @@ def _write_prefix(config, builder, store, total: int, size: int, output_dir: Pat
     checks = pack_spec(config, builder, size)
     every = max(1, config.checkpoint_every // 10)
     _write_packs(store, plan, cuts, multiple, fmt.NEEDS_PIXELS, writer, every, progress, checks)
-    report = _report(config, builder, store, rows, plan, padded, balance, total, prefix, time.perf_counter() - started)
+    report = _report(
+        config, builder, store, rows, plan, padded, kept, len(unsupervised), balance, total, prefix, time.perf_counter() - started
+    )
     problem = invariants.accounting_problem(total, report.records.packed, report.records.skipped)
     if problem is not None:
         raise OutputError(f"{prefix}: {problem}; nothing was published (run again with --overwrite)")
+    skipped_file = layout.skipped_path(output_dir, named_size)
+    _write_size_skipped(output_dir / layout.SKIPPED_FILE, skipped_file, store, unsupervised, size)
     layout.write_json_atomic(stats_file, report.to_json())
     writer.publish(
         plan_table(rows, plan, multiple),
-        extra_files=[stats_file, output_dir / layout.SKIPPED_FILE],
+        extra_files=[stats_file, skipped_file],
         meta=_meta(config, builder, spec, report),
     )
     return report
@@ -263,17 +269,51 @@ def _drop_store(output_dir: Path, prefixes: list[Path]) -> None:
     shutil.rmtree(layout.store_dir(output_dir))
 
 
-def _rows_at(store, size: int, run_length: int) -> tuple[np.ndarray, dict[int, tuple[int, int]]]:
-    """The store's rows as they are for a pack size, and for each sample that must be cut for it:
-    (tokens kept, images kept). ``size`` is the aligned capacity when samples are padded, so that a
-    cut sample's padded length still fits its pack."""
+def _rows_at(
+    store, size: int, run_length: int, ignore_index: int
+) -> tuple[np.ndarray, dict[int, tuple[int, int]], np.ndarray]:  # fmt: skip
+    """The store's rows as they are for a pack size; for each sample that must be cut for it,
+    (tokens kept, images kept); and the samples the cut leaves without a trained label (skipped at
+    this size as ``no_supervised_tokens``, as a run at this size would skip them). ``size`` is the
+    aligned capacity when samples are padded, so that a cut sample's padded length still fits its pack."""
     rows = store.rows.copy()
     cuts = {}
+    unsupervised = []
     for i in np.flatnonzero(rows["length"] > size):
         cut, kept = truncation(store.image_starts(int(i)), run_length, size)
         cuts[int(i)] = (cut - 1, kept)
         rows[i] = (rows["record_index"][i], cut - 1, kept, 1)
-    return rows, cuts
+        if not np.any(store.tokens_labels(int(i))[1][: cut - 1] != ignore_index):
+            unsupervised.append(int(i))
+    return rows, cuts, np.asarray(unsupervised, dtype=np.int64)
+
+
+def _pack_kept(config: PreprocessConfig, padded: np.ndarray, kept: np.ndarray, size: int) -> PackingPlan:
+    """The plan of the samples ``kept`` at this size, its indices into the store's rows (all of
+    them when none is left out: the same plan as packing every row)."""
+    plan = pack(
+        padded[kept], size, algorithm=config.packing_algorithm, seed=config.seed, max_samples_per_pack=config.max_samples_per_pack
+    )
+    return replace(plan, indices=kept[plan.indices])
+
+
+def _write_size_skipped(run_file: Path, target: Path, store, unsupervised: np.ndarray, size: int) -> None:
+    """One prefix's skipped list (atomically): the run's lines and this size's own, by record index.
+    Without own skips at the run's own size (a single-size run), the run's list is already it."""
+    if target == run_file and len(unsupervised) == 0:
+        return
+    records = store.rows["record_index"][unsupervised].astype(np.int64)
+    detail = f"no trained label after truncation to pack size {size}"
+    skips = ({"index": int(index), "id": None, "reason": "no_supervised_tokens", "detail": detail} for index in np.sort(records))
+    own = [(skip["index"], json.dumps(skip) + "\n") for skip in skips]
+    tmp = target.with_name(target.name + ".tmp")
+    with open(run_file, encoding="utf-8") as run, open(tmp, "w", encoding="utf-8") as out:
+        lines = ((json.loads(line)["index"], line) for line in run if line.strip())
+        for _, line in heapq.merge(lines, own, key=lambda pair: pair[0]):
+            out.write(line)
+        out.flush()
+        os.fsync(out.fileno())
+    tmp.replace(target)
 
 
 def _prepare_output_dir(config: PreprocessConfig) -> ownership.OutputLock:
@@ -452,23 +492,27 @@ def _better_algorithm(config: PreprocessConfig, lengths: np.ndarray, plan: Packi
     }
 
 
-def _report(config, builder, store, rows, plan, padded, balance, total: int, prefix: Path, seconds: float) -> RunReport:
+def _report(
+    config, builder, store, rows, plan, padded, kept, unsupervised: int, balance, total: int, prefix: Path, seconds: float
+) -> RunReport:  # fmt: skip
     stats = packing_stats(arrays_from_plan(plan, rows, builder.layout.positions, padded, config.alignment))
     gbs = global_batch_size_advice(config.global_batch_size, stats["samples_per_pack"]["mean"])
-    skipped_by_reason = store.skipped_by_reason
+    skipped_by_reason = dict(store.skipped_by_reason)
+    if unsupervised:  # cut at this size before all of their answers
+        skipped_by_reason["no_supervised_tokens"] = skipped_by_reason.get("no_supervised_tokens", 0) + unsupervised
     return RunReport(
         dataset=Path(config.data_path).name,
         records=RecordCounts(
             total=total,
-            packed=int(len(rows)),
+            packed=plan.num_samples,
             skipped=sum(skipped_by_reason.values()),
-            truncated=int(rows["truncated"].sum()),
+            truncated=int(rows["truncated"][plan.indices].sum()),
             skipped_by_reason=skipped_by_reason,
         ),
         packing=stats,
         algorithm=config.packing_algorithm,
         seed=config.seed,
-        suggestion=_better_algorithm(config, padded, plan),
+        suggestion=_better_algorithm(config, padded[kept], plan),
         balance=balance,
         max_seq_length=plan.capacity,
         image_positions=builder.layout.positions,

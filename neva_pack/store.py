@@ -4,7 +4,9 @@
       packed_seq_dataset[_<size>].*    a packed prefix (formats/nemo.py, formats/compact.py say what is inside)
       packed_seq_dataset/              the sample store (formats/sample_store.py)
       stats[_<size>].json              the run report of each prefix
-      skipped.jsonl                    one line per skipped record
+      skipped.jsonl                    one line per record skipped while encoding
+      skipped_<size>.jsonl             in a multi-size run: those lines plus the samples the size's cut
+                                       leaves without a trained label (what accounts for that prefix)
 
 Format modules ask this module for paths; nothing else spells a file name.
 """
@@ -42,6 +44,23 @@ def packed_prefix(output_dir: Path, pack_size: int | None = None) -> Path:
 def stats_path(output_dir: Path, pack_size: int | None = None) -> Path:
     """output_dir/stats.json, or output_dir/stats_<size>.json in a multi-size run."""
     return Path(output_dir) / (STATS_FILE if pack_size is None else f"stats_{pack_size}.json")
+
+
+def skipped_path(output_dir: Path, pack_size: int | None = None) -> Path:
+    """output_dir/skipped.jsonl (the run's), or output_dir/skipped_<size>.jsonl (one prefix's) in a multi-size run."""
+    return Path(output_dir) / (SKIPPED_FILE if pack_size is None else f"skipped_{pack_size}.jsonl")
+
+
+def skipped_path_of(prefix: Path) -> Path:
+    """The skipped list that accounts for a prefix: skipped_<size>.jsonl beside packed_seq_dataset_<size>,
+    skipped.jsonl beside the plain prefix (and beside a sized one written before sizes had their own)."""
+    own = skipped_path(Path(prefix).parent, pack_size_of(prefix))
+    return own if own.is_file() else Path(prefix).parent / SKIPPED_FILE
+
+
+def is_skipped_list(name: str) -> bool:
+    """skipped.jsonl or skipped_<size>.jsonl."""
+    return name == SKIPPED_FILE or re.fullmatch(r"skipped_\d+\.jsonl", name) is not None
 
 
 def meta_path(prefix: Path) -> Path:
@@ -96,12 +115,15 @@ def packed_prefixes(output_dir: Path) -> list[Path]:
 def output_paths(output_dir: Path) -> list[Path]:
     """Every path a run may create in output_dir (what --overwrite removes, and only that)."""
     output_dir = Path(output_dir)
-    sizes = [None] + [int(m.group(1)) for p in output_dir.glob(f"{PACKED_NAME}_*") if (m := _SIZED.match(p.name))]
+    sizes = [None] + [int(m.group(1)) for p in output_dir.glob("*_*") if (m := _SIZED.match(p.name))]
     paths = [store_dir(output_dir), output_dir / SKIPPED_FILE, output_dir / (SKIPPED_FILE + ".tmp")]
     for size in sorted(set(sizes), key=lambda v: -1 if v is None else v):
         prefix = packed_prefix(output_dir, size)
         tmp = tmp_prefix(prefix)
         stats = stats_path(output_dir, size)
+        if size is not None:
+            skipped = skipped_path(output_dir, size)
+            paths += [skipped, skipped.with_name(skipped.name + ".tmp")]
         paths += [meta_path(prefix), bin_path(prefix), idx_path(prefix), plan_path(prefix), bin_path(tmp),
                   idx_path(tmp), Path(str(tmp) + CHECKPOINT_SUFFIX), Path(str(tmp) + PLAN_SUFFIX), stats,
                   stats.with_name(stats.name + ".tmp")]  # fmt: skip
@@ -109,7 +131,7 @@ def output_paths(output_dir: Path) -> list[Path]:
     return paths
 
 
-_SIZED = re.compile(rf"{PACKED_NAME}_(\d+)\.")
+_SIZED = re.compile(rf"(?:{PACKED_NAME}|skipped)_(\d+)\.")
 
 
 def file_checksum(path: Path) -> str:

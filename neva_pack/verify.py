@@ -8,7 +8,8 @@ Checked, for every prefix of the output (each --pack_sizes size) and every pack 
   cu_seqlens, lengths, labels, alignment padding (pad id, ignored labels), whole image runs, as many
   runs as images;
 - the plan table agrees with cu_seqlens; with ``data_path``: every input record is packed
-  exactly once or listed in skipped.jsonl, never both.
+  exactly once or listed in the prefix's skipped list (skipped.jsonl; skipped_<size>.jsonl for a
+  prefix of a multi-size run), never both.
 """
 
 from __future__ import annotations
@@ -171,7 +172,7 @@ def _verify_accounting(prefix: Path, plan, data_path: Path, result) -> None:
 
     total = count_records(data_path)
     packed = plan.record_index.astype(np.int64)
-    skipped_path = prefix.parent / layout.SKIPPED_FILE
+    skipped_path = layout.skipped_path_of(prefix)
     skipped = []
     if skipped_path.is_file():
         with open(skipped_path, encoding="utf-8") as f:

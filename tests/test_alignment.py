@@ -17,6 +17,7 @@ from neva_pack.cli import main
 from neva_pack.config import PreprocessConfig
 from neva_pack.dataset import PackedSeqDataset
 from neva_pack.errors import ConfigError
+from neva_pack.explore import SampleLengths, explore
 from neva_pack.packing import ALGORITHMS
 from neva_pack.packing.alignment import aligned_capacity, alignment_multiple, padded_lengths
 from neva_pack.verify import verify
@@ -176,3 +177,54 @@ def test_every_algorithm_packs_padded_lengths_and_cuts_what_does_not_fit_aligned
     assert loads.max() <= 200 and table["length"].max() <= 192
     stats = json.loads((out / "stats.json").read_text())
     assert stats["records"]["truncated"] >= 1 and stats["records"]["packed"] == 20
+
+
+def test_plan_packs_padded_lengths_cut_to_the_aligned_capacity():
+    lengths = SampleLengths(lengths=np.array([5, 11, 3, 16, 20]), truncated=0, cut_at=None, source="golden")
+    (row,) = explore(lengths, [16], ["first_fit_shuffle"], pad_to_multiple_of=8)
+    # cut to 16, padded to [8, 16, 8, 16, 16]: 64 positions for 51 real ones
+    assert (row.pad_to_multiple_of, row.clipped, row.lower_bound) == (8, 1, 4)
+    assert row.padding_overhead == 13 / 51 and row.efficiency == 64 / (16 * row.packs)
+    (unpadded,) = explore(lengths, [16], ["first_fit_shuffle"])
+    assert (unpadded.pad_to_multiple_of, unpadded.padding_overhead, unpadded.lower_bound) == (1, 0.0, 4)
+
+
+@given(st.lists(st.integers(1, 3000), min_size=1, max_size=60), st.integers(1, 64), st.sampled_from([512, 1000, 2048]))
+def test_plan_lower_bound_and_overhead_are_those_of_the_padded_cut_lengths(values, multiple, size):
+    lengths = SampleLengths(lengths=np.array(values), truncated=0, cut_at=None, source="property")
+    (row,) = explore(lengths, [size], ["first_fit_shuffle"], pad_to_multiple_of=multiple)
+    real = np.minimum(np.array(values), aligned_capacity(size, multiple))
+    padded = padded_lengths(real, multiple)
+    assert row.lower_bound == -(-int(padded.sum()) // size) <= row.packs
+    assert row.padding_overhead == pytest.approx((padded.sum() - real.sum()) / real.sum())
+    assert row.clipped == int((np.array(values) > aligned_capacity(size, multiple)).sum())
+
+
+def test_plan_defaults_to_the_outputs_multiple_and_takes_the_run_flags(runs, tmp_path, capsys):
+    def plan(target, *flags):
+        assert main(["plan", str(target), "--pack_sizes", "1024", "--algorithms", "first_fit_shuffle", "--json", *flags]) == 0
+        (row,) = json.loads(capsys.readouterr().out)
+        return row
+
+    stats = json.loads((runs["m64"] / "stats.json").read_text())
+    assert stats["algorithm"] == "first_fit_shuffle" and stats["seed"] == 0
+    from_store = plan(runs["m64"])  # the output's meta records 64: the plan packs what the run packed
+    assert from_store["pad_to_multiple_of"] == 64 and from_store["packs"] == stats["packing"]["packs"]
+    assert from_store["padding_overhead"] == pytest.approx(stats["packing"]["padding"]["overhead"])
+    without_store = tmp_path / "m64"
+    without_store.mkdir()
+    for path in runs["m64"].glob("packed_seq_dataset.*"):
+        (without_store / path.name).write_bytes(path.read_bytes())
+    assert plan(without_store) | {"seconds": 0} == from_store | {"seconds": 0}  # from the plan table and the meta
+    # the run's flags, through the run's lcm rule: 64 from an explicit multiple or from CP 32
+    for flags in (["--pad_to_multiple_of", "64"], ["--context_parallel_size", "32"],
+                  ["--context_parallel_size", "4", "--tensor_parallel_size", "16", "--sequence_parallel"]):  # fmt: skip
+        assert plan(runs["plain"], *flags) | {"seconds": 0} == from_store | {"seconds": 0}, flags
+    unpadded = plan(runs["m64"], "--pad_to_multiple_of", "1")
+    assert unpadded | {"seconds": 0} == plan(runs["plain"]) | {"seconds": 0}
+    assert unpadded["pad_to_multiple_of"] == 1 and unpadded["padding_overhead"] == 0.0
+    assert main(["plan", str(runs["m64"]), "--pack_sizes", "1024"]) == 0
+    text = capsys.readouterr().out
+    assert "pad %" in text and "samples padded to a multiple of 64 before packing" in text
+    assert main(["plan", str(runs["plain"]), "--pack_sizes", "1024", "--pad_to_multiple_of", "0"]) == 2
+    assert "--pad_to_multiple_of 0: must be >= 1" in capsys.readouterr().err

@@ -1,15 +1,20 @@
-"""neva-pack stats (text, JSON, plot, foreign prefixes), neva-pack plan, and several --pack_sizes."""
+"""neva-pack stats (text, JSON, plot, foreign prefixes), neva-pack plan, and several --pack_sizes (each with its own skips)."""
 
 import json
 import shutil
 import struct
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from neva_pack.cli import main
+from neva_pack import output_dir as ownership
 from neva_pack.dataset import PackedSeqDataset
+from neva_pack.errors import ConfigError
 from neva_pack.explore import explore, load_lengths
+from neva_pack.formats.sample_store import SAMPLE_ROW
+from neva_pack.pipeline import _write_size_skipped
 from neva_pack.stats import PackingArrays, packing_stats
 from tests.conftest import SAMPLE_DATA
 
@@ -111,32 +116,72 @@ def test_plan_falls_back_to_the_plan_table_without_the_store(output, tmp_path, c
 
 def test_several_pack_sizes_write_one_prefix_each_from_one_store(tmp_path, capsys):
     out = tmp_path / "multi"
+    data = str(SAMPLE_DATA / "llava_sample.json")
     assert main(preprocess_args(out, "--pack_sizes", "1024", "2048", "--packing_algorithm", "near_optimal")) == 0
     summary = capsys.readouterr().out
     assert "== pack size 1024" in summary and "== pack size 2048" in summary
     assert sorted(p.name for p in out.glob("stats*.json")) == ["stats_1024.json", "stats_2048.json"]
     small = json.loads((out / "stats_1024.json").read_text())
     big = json.loads((out / "stats_2048.json").read_text())
-    assert small["records"]["truncated"] == 2 and big["records"]["truncated"] == 0  # the two 2-image records
+    # the two 2-image records: 1024 cuts them before their second image and their only answer, so
+    # that size skips them (as a run at 1024 does); 2048 packs them whole
+    assert small["records"] | {"skipped_by_reason": None} == {
+        "total": 20, "packed": 18, "skipped": 2, "truncated": 0, "skipped_by_reason": None}  # fmt: skip
+    assert small["records"]["skipped_by_reason"] == {"no_supervised_tokens": 2}
+    assert big["records"]["packed"] == 20 and big["records"]["skipped"] == 0 and big["records"]["truncated"] == 0
+    own = [json.loads(line) for line in (out / "skipped_1024.jsonl").read_text().splitlines()]
+    assert [line["reason"] for line in own] == ["no_supervised_tokens"] * 2
+    assert all("pack size 1024" in line["detail"] for line in own)
+    assert (out / "skipped_2048.jsonl").read_text() == (out / "skipped.jsonl").read_text() == ""
+    unsupervised = {line["index"] for line in own}
+    small_plan = np.load(out / "packed_seq_dataset_1024.plan.npz")
+    big_plan = np.load(out / "packed_seq_dataset_2048.plan.npz")
+    assert unsupervised.isdisjoint(small_plan["record_index"].tolist())
+    assert unsupervised <= set(big_plan["record_index"].tolist())
+    meta = json.loads((out / "packed_seq_dataset_1024.meta.json").read_text())
+    assert "skipped_1024.jsonl" in meta["checksums"]["files"] and meta["counts"]["skipped"] == 2
+    # every prefix accounts for every input record, through its own skipped list
+    for target in (out / "packed_seq_dataset_1024", out / "packed_seq_dataset_2048", out):
+        assert main(["verify", "--quiet", str(target), "--data_path", data]) == 0
     for size in (1024, 2048):
-        prefix = out / f"packed_seq_dataset_{size}"
-        assert main(["verify", "--quiet", str(prefix), "--data_path", str(SAMPLE_DATA / "llava_sample.json")]) == 0
-        for pack in PackedSeqDataset(prefix):
+        for pack in PackedSeqDataset(out / f"packed_seq_dataset_{size}"):
             assert len(pack["tokens"]) <= size
-    # the small prefix holds what a run at 1024 packs, plus the samples such a run skips because the
-    # cut at 1024 leaves them nothing to train on (README: a --pack_sizes run decides skips once, at
-    # the largest size); those train nothing: every label is ignored
+    assert main(["stats", str(out / "packed_seq_dataset_1024")]) == 0
+    assert "records                20   packed 18   skipped 2   truncated 0" in capsys.readouterr().out
+    # the small prefix is what a run at 1024 alone writes: the same packs, the same skips
     single = tmp_path / "single"
     assert main(preprocess_args(single, "--max_seq_length", "1024", "--packing_algorithm", "near_optimal",
                                 "--max_skip_fraction", "1")) == 0  # fmt: skip
-    unsupervised = {json.loads(line)["index"] for line in (single / "skipped.jsonl").read_text().splitlines()
-                    if json.loads(line)["reason"] == "no_supervised_tokens"}  # fmt: skip
-    assert len(unsupervised) == 2  # the two 2-image records lose their second image and answer
-    multi_plan = np.load(out / "packed_seq_dataset_1024.plan.npz")
+    single_skips = [json.loads(line) for line in (single / "skipped.jsonl").read_text().splitlines()]
+    assert [(line["index"], line["reason"]) for line in single_skips] == [(line["index"], line["reason"]) for line in own]
     single_plan = np.load(single / "packed_seq_dataset.plan.npz")
-    assert set(multi_plan["record_index"].tolist()) - set(single_plan["record_index"].tolist()) == unsupervised
-    for pack_index, pack in enumerate(PackedSeqDataset(out / "packed_seq_dataset_1024")):
-        records = multi_plan["record_index"][multi_plan["offsets"][pack_index] : multi_plan["offsets"][pack_index + 1]]
-        cu, labels = np.asarray(pack["cu_seqlens"]), np.asarray(pack["labels"])
-        for record, start, end in zip(records.tolist(), cu[:-1], cu[1:]):
-            assert (record in unsupervised) == bool(np.all(labels[start:end] == -1))
+    for key in ("offsets", "record_index", "length", "num_images"):
+        assert np.array_equal(small_plan[key], single_plan[key]), key
+    # a tampered list is caught; --overwrite recognises the size's list as neva-pack's own
+    (out / "skipped_1024.jsonl").write_text("\n".join(json.dumps(line) for line in own[:1]) + "\n")
+    assert main(["verify", "--quiet", str(out / "packed_seq_dataset_1024"), "--data_path", data]) == 1
+    assert "neither packed nor skipped" in capsys.readouterr().out
+    assert main(preprocess_args(out, "--pack_sizes", "1024", "2048", "--overwrite")) == 0
+    assert main(["verify", "--quiet", str(out), "--data_path", data]) == 0
+
+
+def test_a_sizes_skipped_list_merges_the_runs_lines_and_its_own_by_record_index(tmp_path):
+    run_file = tmp_path / "skipped.jsonl"
+    run_file.write_text("".join(json.dumps({"index": i, "id": f"r{i}", "reason": "too_long", "detail": "x"}) + "\n" for i in (1, 7)))
+    rows = np.zeros(3, dtype=SAMPLE_ROW)
+    rows["record_index"] = [0, 4, 9]
+    _write_size_skipped(run_file, tmp_path / "skipped_64.jsonl", SimpleNamespace(rows=rows), np.array([2, 1]), 64)
+    lines = [json.loads(line) for line in (tmp_path / "skipped_64.jsonl").read_text().splitlines()]
+    assert [(line["index"], line["reason"]) for line in lines] == [
+        (1, "too_long"), (4, "no_supervised_tokens"), (7, "too_long"), (9, "no_supervised_tokens")]  # fmt: skip
+    assert lines[1] == {"index": 4, "id": None, "reason": "no_supervised_tokens",
+                        "detail": "no trained label after truncation to pack size 64"}  # fmt: skip
+    assert not (tmp_path / "skipped_64.jsonl.tmp").exists()
+
+
+def test_overwrite_recognises_a_sizes_skipped_list_by_its_keys(tmp_path):
+    (tmp_path / "skipped_1024.jsonl").write_text(json.dumps({"index": 3, "id": None, "reason": "no_supervised_tokens"}) + "\n")
+    assert ownership.owned_outputs(tmp_path, {}) == [tmp_path / "skipped_1024.jsonl"]
+    (tmp_path / "skipped_1024.jsonl").write_text("my notes\n")
+    with pytest.raises(ConfigError, match="skipped_1024.jsonl is not a skipped-records list"):
+        ownership.owned_outputs(tmp_path, {})
