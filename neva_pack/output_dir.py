@@ -34,7 +34,12 @@ LOCK_FILE = ".neva_pack.lock"
 
 _MEGATRON_INDEX_MAGIC = b"MMIDIDX\x00\x00"
 _ZIP_MAGIC = b"PK\x03\x04"
-_SHARD_FILE = re.compile(r"shard_\d+[._]")
+_STORE_FILE = re.compile(
+    r"(shard|pool)_\d+(\.rows|\.skipped\.jsonl|_text\.bin|_text\.idx|\.image_refs|\.images|\.image_keys)(\.tmp)?"
+)
+"""Every file name a sample store (formats/sample_store.py, formats/image_pool.py, convert) writes."""
+_STORE_PART = re.compile(r"part_\d+_of_\d+")
+"""A sharded run's store part (a sample store of its own, inside the store directory)."""
 
 
 class OutputLock:
@@ -95,6 +100,13 @@ def owned_outputs(output_dir: Path, inputs: dict[str, Path | None]) -> list[Path
     """The existing paths among those a run writes, once each is recognised as this tool's own;
     ConfigError (nothing deleted) for one that is not, or that holds one of ``inputs``."""
     existing = [p for p in layout.output_paths(output_dir) if p.exists() or p.is_symlink()]
+    for flag, value in inputs.items():
+        if value is None:
+            continue
+        target = Path(value).resolve()
+        for path in existing:
+            if target == path.resolve() or target.is_relative_to(path.resolve()):
+                raise ConfigError(f"--{flag} {value} lies inside {path}, which --overwrite would delete; move it (nothing was deleted)")
     for path in existing:
         problem = _not_ours(path)
         if problem:
@@ -102,13 +114,6 @@ def owned_outputs(output_dir: Path, inputs: dict[str, Path | None]) -> list[Path
                 f"--output_dir {output_dir}: {path.name} {problem}, so it was not written by neva-pack; "
                 "move it away (nothing was deleted)"
             )
-    for flag, value in inputs.items():
-        if value is None:
-            continue
-        target = Path(value).resolve()
-        for path in existing:
-            if target == path.resolve() or target.is_relative_to(path.resolve()):
-                raise ConfigError(f"--{flag} {value} lies inside {path}, which --overwrite would delete; move it")
     return existing
 
 
@@ -128,11 +133,7 @@ def _not_ours(path: Path) -> str | None:
     if path == layout.store_dir(path.parent):
         if not path.is_dir():
             return "is not a directory"
-        progress = path / layout.STORE_PROGRESS
-        if progress.is_file():
-            return None if _json_field(progress, "format") == STORE_FORMAT else "has a progress.json of another format"
-        strangers = [p.name for p in path.iterdir() if not _SHARD_FILE.match(p.name) and not p.name.endswith(".tmp")]
-        return f"holds files a sample store does not ({strangers[0]})" if strangers else None
+        return _store_problem(path)
     if not path.is_file():
         return "is not a file"
     if name.endswith(".tmp") or ".tmp." in name:
@@ -167,6 +168,27 @@ def _not_ours(path: Path) -> str | None:
             return "is not a neva_pack report"
         return None if isinstance(report, dict) and {"records", "packing"} <= report.keys() else "is not a neva_pack report"
     return "is not a file neva_pack writes"
+
+
+def _store_problem(directory: Path) -> str | None:
+    """Why a sample store directory is not recognisably ours: a progress.json of another format, or any
+    file a store does not write (every file is checked, so a user's file is never deleted with it)."""
+    progress = directory / layout.STORE_PROGRESS
+    if progress.is_file() and _json_field(progress, "format") != STORE_FORMAT:
+        return "has a progress.json of another format"
+    for entry in sorted(directory.iterdir()):
+        if entry.is_symlink():
+            return f"holds a symbolic link ({entry.name})"
+        if entry.is_dir() and _STORE_PART.fullmatch(entry.name):
+            problem = _store_problem(entry)
+            if problem:
+                return problem
+        elif not (entry.is_file() and (_STORE_FILE.fullmatch(entry.name) or entry.name in _STORE_FILES)):
+            return f"holds files a sample store does not ({entry.name})"
+    return None
+
+
+_STORE_FILES = {layout.STORE_PROGRESS, layout.STORE_PROGRESS + ".tmp"}
 
 
 def _json_field(path: Path, field: str):

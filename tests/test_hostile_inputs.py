@@ -404,6 +404,29 @@ def test_overwrite_keeps_a_foreign_file_with_one_of_our_names(tmp_path, capsys, 
     assert (out / "stats.json").read_text() == '{"my": "notes"}'
 
 
+def test_overwrite_keeps_a_users_file_inside_our_store_directory(tmp_path, capsys, images):
+    first = run_with(tmp_path, capsys, images, GOOD[0])
+    assert first.code == 0
+    mine = first.out / "packed_seq_dataset" / "shard_0001.tar"  # named like a shard, but not a store file
+    mine.write_bytes(b"user data")
+    run = run_with(tmp_path, capsys, images, GOOD[0], "--overwrite")
+    assert run.code == 2 and "shard_0001.tar" in run.err and "nothing was deleted" in run.err
+    assert mine.read_bytes() == b"user data"
+
+
+def test_overwrite_replaces_a_converted_compact_output(tmp_path, capsys, images):
+    first = run_with(tmp_path, capsys, images, GOOD[0])
+    assert first.code == 0
+    converted = tmp_path / "converted"
+    assert main(["convert", str(first.out), str(converted), "--to", "compact"]) == 0
+    assert any(p.name.startswith("pool_") for p in (converted / "packed_seq_dataset").iterdir())
+    capsys.readouterr()
+    code = main(["preprocess", "--quiet", "--data_path", str(first.data), "--image_folder", str(images),
+                 "--tokenizer_path", str(TOKENIZER), "--output_dir", str(converted), "--conv_template", "v1",
+                 "--num_workers", "0", "--overwrite", "--output_format", "compact"])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+
+
 def test_a_pack_violating_an_invariant_is_never_published(tmp_path, capsys, images, monkeypatch):
     import neva_pack.pipeline as pipeline
 
