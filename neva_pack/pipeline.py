@@ -45,6 +45,7 @@ from neva_pack.samples import (
     SampleBuilder,
     SampleStream,
     Skipped,
+    check_token_ids,
     image_token_layout,
     missing_nemo_specials,
     passthrough,
@@ -104,6 +105,7 @@ def build_sample_builder(config: PreprocessConfig) -> SampleBuilder:
             f"--pack_sizes {list(config.sizes)}: every size must hold an image run ({layout_.positions} positions) "
             "and a token more, or a sample cut for it could be left empty"
         )
+    check_token_ids(layout_, tokenizer.vocab_size, pad_id=config.pad_id, ignore_index=config.ignore_index)
     image_source = ImageSource(
         config.image_folder, max_bytes=config.max_image_bytes, allow_outside=config.allow_outside_image_folder
     )

@@ -207,7 +207,7 @@ class SampleBuilder:
         self._markers = self._resolve_markers() if self.tokenization.one_call else {}
         if tokenizer.vocab_size > MAX_EXACT_FLOAT32_ID:
             raise ConfigError(f"vocabulary of {tokenizer.vocab_size} ids does not fit NeMo's float32 packed format")
-        check_token_ids(layout, tokenizer.vocab_size)
+        check_token_ids(layout, tokenizer.vocab_size, ignore_index=ignore_index)
 
     def _resolve_specials(self) -> dict[str, int]:
         probe = render(self.template, _PROBE_TURNS[:2] if self.template.one_round_only else _PROBE_TURNS)
@@ -410,13 +410,19 @@ class SampleBuilder:
         return np.zeros((0, *self.preprocessor.shape), dtype=np.uint8)
 
 
-def check_token_ids(layout: ImageTokenLayout, vocab_size: int) -> None:
-    """Image ids must be ids of the vocabulary (0 .. vocab_size - 1), hence exact in the float32
-    packed format: an id like 16777217 would be stored as 16777216."""
+def check_token_ids(layout: ImageTokenLayout, vocab_size: int, pad_id: int = 0, ignore_index: int = -1) -> None:
+    """Image and pad ids must be ids of the vocabulary (0 .. vocab_size - 1), hence exact in the float32
+    packed format: an id like 16777217 would be stored as 16777216. The ignore value must not be one:
+    the labels of that token would read as ignored and never be trained."""
     for name, value in (("image_patch_id", layout.patch_id), ("image_start_id", layout.start_id),
-                        ("image_end_id", layout.end_id)):  # fmt: skip
+                        ("image_end_id", layout.end_id), ("pad_id", pad_id)):  # fmt: skip
         if value is not None and not 0 <= value < vocab_size:
             raise ConfigError(f"--{name} {value}: not an id of the tokenizer's vocabulary (0 .. {vocab_size - 1})")
+    if 0 <= ignore_index < vocab_size:
+        raise ConfigError(
+            f"--ignore_index {ignore_index}: an id of the tokenizer's vocabulary (0 .. {vocab_size - 1}); "
+            "its labels would read as ignored: use a negative value (NeMo: -1)"
+        )
 
 
 _PROBE_TURNS = (Turn("user", "<image>q"), Turn("assistant", "a"), Turn("user", "q"), Turn("assistant", "a"))

@@ -325,10 +325,16 @@ def test_a_cut_landing_just_after_adjacent_image_runs_keeps_them_whole(tmp_path,
         assert run.verified
 
 
-def test_an_image_id_float32_cannot_hold_is_refused_before_any_work(tmp_path, capsys, images):
-    run = run_with(tmp_path, capsys, images, GOOD[0], "--image_patch_id", "16777217")
+@pytest.mark.parametrize("flag, value, says", [
+    ("--image_patch_id", "16777217", "not an id of the tokenizer's vocabulary"),
+    ("--pad_id", "16777217", "not an id of the tokenizer's vocabulary"),
+    ("--pad_id", "999999", "not an id of the tokenizer's vocabulary"),
+    ("--ignore_index", "5", "its labels would read as ignored"),
+])  # fmt: skip
+def test_an_id_the_output_cannot_hold_is_refused_before_any_work(tmp_path, capsys, images, flag, value, says):
+    run = run_with(tmp_path, capsys, images, GOOD[0], flag, value, "--pad_to_multiple_of", "64")
     assert run.code == 2 and run.err.count("\n") == 1
-    assert "--image_patch_id 16777217: not an id of the tokenizer's vocabulary" in run.err
+    assert f"{flag} {value}: " in run.err and says in run.err
     assert not run.out.exists()
 
 
