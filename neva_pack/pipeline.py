@@ -523,7 +523,7 @@ def _report(
         crop_size=list(builder.preprocessor.shape[1:]),
         global_batch_size=config.global_batch_size,
         packed_global_batch_size=gbs,
-        training_overrides=training_overrides(str(prefix), builder.preprocessor.shape[1:], gbs),
+        training_overrides=training_overrides(str(prefix), builder.preprocessor.shape[1:], gbs, config.output_format),
         seconds=round(seconds, 3),
     )
 

@@ -122,12 +122,21 @@ def global_batch_size_advice(global_batch_size: int | None, samples_per_pack_mea
     return max(1, round(global_batch_size / samples_per_pack_mean))
 
 
-def training_overrides(data_prefix: str, crop_size, global_batch_size: int | None) -> list[str]:
-    """The templates/training_overrides.yaml lines, filled in."""
+def nemo_data_prefix(data_prefix: str, output_format: str | None) -> str:
+    """The prefix NeMo's data_prefix names: the output's own for ``nemo``; for another format, the one
+    ``neva-pack convert OUT OUT_nemo --to nemo`` writes beside the output (NeMo reads only its layout)."""
+    if output_format in (None, "nemo"):
+        return data_prefix
+    prefix = Path(data_prefix)
+    return str(prefix.parent.with_name(prefix.parent.name + "_nemo") / prefix.name)
+
+
+def training_overrides(data_prefix: str, crop_size, global_batch_size: int | None, output_format: str | None = None) -> list[str]:
+    """The templates/training_overrides.yaml lines, filled in (for the NeMo-layout prefix of the output)."""
     text = (importlib.resources.files("neva_pack.yaml_templates") / "training_overrides.yaml").read_text()
     lines = yaml.safe_load(text)["overrides"]
     values = {
-        "data_prefix": data_prefix,
+        "data_prefix": nemo_data_prefix(data_prefix, output_format),
         "crop_size": f"[{crop_size[0]},{crop_size[1]}]",
         "global_batch_size": "<your GBS / samples per pack>" if global_batch_size is None else global_batch_size,
     }
@@ -139,7 +148,7 @@ def with_batch_size(report: dict, global_batch_size: int | None) -> dict:
     if global_batch_size is None:
         return report
     gbs = global_batch_size_advice(global_batch_size, report["packing"]["samples_per_pack"]["mean"])
-    overrides = training_overrides(report["data_prefix"], report["crop_size"], gbs)
+    overrides = training_overrides(report["data_prefix"], report["crop_size"], gbs, report.get("output_format"))
     return {**report, "global_batch_size": global_batch_size, "packed_global_batch_size": gbs,
             "training_overrides": overrides}  # fmt: skip
 
@@ -187,18 +196,23 @@ def format_summary(report: dict) -> str:
             f", tokens {100 * balance['tokens_overhead_before']:.2f}% -> {100 * balance['tokens_overhead_after']:.2f}%"
             f", images {100 * balance['images_overhead_before']:.2f}% -> {100 * balance['images_overhead_after']:.2f}%"
         )
-    if report.get("output_format", "nemo") == "nemo":
+    output_format = report.get("output_format") or "nemo"
+    if output_format == "nemo":
         lines.append(f"output         {report['data_prefix']}.{{bin,idx}}")
     else:
-        lines.append(f"output         {report['data_prefix']} ({report['output_format']}: read it with "
-                     "neva_pack.dataset.PackedSeqDataset; for NeMo: neva-pack convert OUT DEST --to nemo)")  # fmt: skip
+        lines.append(f"output         {report['data_prefix']} ({output_format}: read it with neva_pack.dataset.PackedSeqDataset)")
     suggestion = report.get("suggestion")
     if suggestion:
         lines.append(
             f"hint           --packing_algorithm {suggestion['algorithm']} would need {suggestion['packs']:,} packs"
             f" ({100 * suggestion['saving']:.1f}% fewer)"
         )
-    lines.append("train with:")
+    if output_format == "nemo":
+        lines.append("train with:")
+    else:
+        source = Path(report["data_prefix"]).parent
+        target = Path(nemo_data_prefix(report["data_prefix"], output_format)).parent
+        lines.append(f"train with NeMo after: neva-pack convert {source} {target} --to nemo")
     lines += [f"  {line}" for line in report["training_overrides"]]
     return "\n".join(lines)
 
@@ -344,7 +358,7 @@ def _complete(report: dict, arrays: PackingArrays, prefix: Path, crop) -> dict:
         "crop_size": list(crop),
         "max_seq_length": arrays.capacity,
         "suggestion": None,
-        "training_overrides": training_overrides(str(prefix), crop, None),
+        "training_overrides": training_overrides(str(prefix), crop, None, report.get("output_format")),
     }
 
 

@@ -19,6 +19,7 @@ import torch
 
 from neva_pack.cli import main
 from neva_pack.dataset import PackedSeqDataset
+from neva_pack.stats import format_summary
 from tests.conftest import SAMPLE_DATA
 
 NEMO_GOLDEN = {
@@ -238,3 +239,13 @@ def test_compact_run_killed_while_encoding_resumes_to_the_same_bytes(tmp_path):
     for name in compact_files(tmp_path / "whole"):
         if name not in ("stats.json", "packed_seq_dataset.meta.json"):  # these hold the run's duration
             assert (out / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
+
+
+def test_a_compact_output_tells_nemo_users_to_convert_first(sample_runs):
+    report = json.loads((sample_runs / "compact" / "stats.json").read_text())
+    converted = sample_runs / "compact_nemo" / "packed_seq_dataset"
+    assert f"model.data.data_prefix={converted}" in report["training_overrides"]
+    summary = format_summary(report)
+    assert f"neva-pack convert {sample_runs / 'compact'} {sample_runs / 'compact_nemo'} --to nemo" in summary
+    nemo = json.loads((sample_runs / "nemo" / "stats.json").read_text())
+    assert f"model.data.data_prefix={sample_runs / 'nemo' / 'packed_seq_dataset'}" in nemo["training_overrides"]
