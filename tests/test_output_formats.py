@@ -107,6 +107,14 @@ def test_both_formats_read_bit_identically_on_multi_image_text_only_and_two_size
     assert sum(p.stat().st_size for p in pool) == 7 * 3 * 336 * 336
 
 
+def test_asking_a_prefix_for_another_pack_size_is_an_error(mixed_runs):
+    from neva_pack.errors import InputError
+
+    assert len(PackedSeqDataset(mixed_runs / "nemo" / "packed_seq_dataset_1024", pack_size=1024)) > 0
+    with pytest.raises(InputError, match="no prefix of pack size 2048"):
+        PackedSeqDataset(mixed_runs / "nemo" / "packed_seq_dataset_1024", pack_size=2048)
+
+
 def test_bf16_on_read_equals_the_float32_values_cast(sample_runs):
     nemo = PackedSeqDataset(sample_runs / "nemo")
     compact = PackedSeqDataset(sample_runs / "compact", dtype=torch.bfloat16)

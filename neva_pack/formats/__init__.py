@@ -48,13 +48,14 @@ def open_packed(path: Path, pack_size: int | None = None):
     the largest by default (as the run's summary reports it).
     """
     prefixes = resolve_prefixes(path)
-    if pack_size is None or len(prefixes) == 1:  # a single prefix is what was asked for, whatever its name
+    if pack_size is None:
         return open_prefix(max(prefixes, key=lambda p: pack_size_of(p) or 0))
-    chosen = [p for p in prefixes if pack_size_of(p) == pack_size]
+    metas = {prefix: read_meta(meta_path(prefix)) for prefix in prefixes}
+    chosen = [prefix for prefix, meta in metas.items() if meta.max_seq_length == pack_size]
     if not chosen:
-        sizes = ", ".join(str(pack_size_of(p)) for p in prefixes)
+        sizes = ", ".join(str(meta.max_seq_length) for meta in metas.values())
         raise InputError(f"{path}: no prefix of pack size {pack_size} (sizes: {sizes})")
-    return open_prefix(chosen[0])
+    return open_prefix(chosen[0], metas[chosen[0]])
 
 
 def open_prefix(prefix: Path, meta: PackedMeta | None = None):
