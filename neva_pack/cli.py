@@ -83,7 +83,7 @@ def _add_preprocess_flags(parser: argparse.ArgumentParser) -> None:
         "--checkpoint_every", type=int, help="records per durable checkpoint (default 10000; packs: a tenth of it)"
     )
     ours.add_argument("--quiet", action="store_true", help="no progress bars")
-    # training side (issue 11): THD alignment and data-parallel balance
+    # training side: THD alignment and data-parallel balance
     train = parser.add_argument_group("training-side flags (Megatron-Core THD)")
     train.add_argument("--pad_to_multiple_of", type=int, help="pad every sample to a multiple of M before packing")
     train.add_argument("--context_parallel_size", type=int, help="CP size: samples padded to a multiple of 2*CP")
@@ -93,7 +93,7 @@ def _add_preprocess_flags(parser: argparse.ArgumentParser) -> None:
     train.add_argument(
         "--balance_data_parallel", type=int, metavar="N", help="order packs so every N consecutive packs cost alike"
     )
-    # tokenization conventions (issue 8)
+    # tokenization conventions
     ours.add_argument(
         "--tokenization",
         choices=list(TOKENIZATIONS),
@@ -114,7 +114,7 @@ def _add_preprocess_flags(parser: argparse.ArgumentParser) -> None:
         "--allow_outside_image_folder", action="store_true", default=None,
         help="accept absolute image paths, '..' and symlinks that lead out of --image_folder",
     )  # fmt: skip
-    # output format (issue 10)
+    # output format
     ours.add_argument(
         "--output_format", choices=sorted(FORMATS),
         help=f"{DEFAULT_FORMAT} (default): NeMo's float32 packed_seq_dataset; compact: uint8 images stored once, normalised on read",

@@ -112,7 +112,7 @@ class PreprocessConfig:
     checkpoint_every: int = 10_000
     """Records per committed store shard (and every tenth of that, packs per writer checkpoint):
     at most this much work is redone after a crash."""
-    # --- per-record budgets and confinement (issue 9): what one record may cost ---
+    # --- per-record budgets and confinement: what one record may cost ---
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
     """Bytes of one record's JSON text; a longer record is skipped unparsed (record_too_large)."""
     max_record_depth: int = DEFAULT_MAX_RECORD_DEPTH
@@ -126,7 +126,7 @@ class PreprocessConfig:
     allow_outside_image_folder: bool = False
     """Accept absolute image names, '..' and symlinks leading out of image_folder."""
 
-    # --- training side (issue 11): THD alignment and data-parallel balance ---
+    # --- training side: THD alignment and data-parallel balance ---
     pad_to_multiple_of: int | None = None
     """Pad every sample to a multiple of this (before packing); combined (lcm) with what
     context_parallel_size / tensor_parallel_size / sequence_parallel need."""
@@ -140,11 +140,11 @@ class PreprocessConfig:
     """Token id of padding positions (their label is ignore_index)."""
     balance_data_parallel: int | None = None
     """Order packs so every N consecutive packs (one micro-step on N data-parallel ranks) cost alike."""
-    # --- tokenization conventions (issue 8) ---
+    # --- tokenization conventions ---
     tokenization: str = "nemo"
     """Convention the token ids follow, a name from templates.TOKENIZATIONS: nemo (NeMo NeVA's
     preprocessing, the default since the command line is NeMo's) or llava (LLaVA-1.5's)."""
-    # --- output format (issue 10: formats layer) ---
+    # --- output format ---
     output_format: str = "nemo"
     """nemo: NeMo's float32 packed_seq_dataset (what data_prefix reads); compact: int32 ids and uint8
     images stored once (the sample store's pool), normalised when read (neva_pack.dataset)."""

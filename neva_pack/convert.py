@@ -53,7 +53,7 @@ def convert(source: Path, dest: Path, to: str, progress: bool = True) -> list[Pa
             directory = layout.store_dir(dest)
             directory.mkdir(exist_ok=True)
             pool = PoolWriter(pool_part(directory, f"pool_{k:05d}", 0), known, sum(p.count for p in parts))
-        extra = _copy_extras(prefix, out)
+        extra = _copy_extras(prefix, out, to)
         plan = reader.plan_table()
         packs = _packs(reader, plan, pool, progress, f"convert {prefix.name} to {to}")
         if pool is not None:
@@ -126,9 +126,9 @@ def find_image_starts(tokens: np.ndarray, run: np.ndarray, count: int) -> np.nda
     return np.asarray(starts[:count], dtype=np.int64)
 
 
-def _copy_extras(prefix: Path, out: Path) -> list[Path]:
-    """The prefix's skipped list as is; the stats file with the new prefix in it."""
-    source_dir, dest_dir = prefix.parent, out.parent
+def _copy_extras(prefix: Path, out: Path, to: str) -> list[Path]:
+    """The prefix's skipped list as is; the stats file with the new prefix and format in it."""
+    dest_dir = out.parent
     extras = []
     skipped = layout.skipped_path_of(prefix)
     if skipped.is_file():
@@ -138,8 +138,9 @@ def _copy_extras(prefix: Path, out: Path) -> list[Path]:
     stats = layout.stats_path_of(prefix)
     if stats.is_file():
         report = RunReport.from_json(json.loads(stats.read_text(encoding="utf-8")))
-        overrides = training_overrides(str(out), report.crop_size, report.packed_global_batch_size)
+        overrides = training_overrides(str(out), report.crop_size, report.packed_global_batch_size, to)
+        converted = report.replace(data_prefix=str(out), output_format=to, training_overrides=overrides)
         target = dest_dir / stats.name
-        layout.write_json_atomic(target, report.replace(data_prefix=str(out), training_overrides=overrides).to_json())
+        layout.write_json_atomic(target, converted.to_json())
         extras.append(target)
     return extras

@@ -8,10 +8,12 @@
     tokens               int64 (L,)      pad id on padding positions
     labels               int64 (L,)      ignore value outside trained positions and on padding
     image                (N, 3, H, W)    normalised; float32 unless a dtype is given; one zero image if the pack has none
-
-A compact output stores uint8 pixels: they are normalised here (a 3 x 256 table built with the
-processor's float ops), on the CPU or, given ``device``, after the uint8 pixels moved there.
     num_images           int32 (n,)      images of each sample (the zero image of an image-less pack is not counted)
+
+The format's reader decides how ``image`` is made: nemo stores it normalised; compact stores uint8
+pixels and normalises them on read with the processor's exact float ops (formats/meta.py
+Normalisation: a numba kernel on the CPU, or, given ``device``, a 3 x 256 table after the uint8
+pixels moved there).
 
 Without --pad_to_multiple_of (or CP/TP alignment) p_i == l_i and both cu_seqlens agree. With it,
 sample i occupies p_i positions: its l_i tokens, then p_i - l_i pad positions (see

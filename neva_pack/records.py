@@ -39,7 +39,7 @@ SKIP_REASONS = {
     "unreadable_image": "an image file cannot be decoded",
     "too_long": "longer than max_seq_length while truncation is off",
     "plain_record_shape": "the plain template takes one human turn and one answer (llava: with <image>)",
-    # reliability budgets and checks (issue 9): each bounds what one record may cost
+    # reliability budgets and checks: each bounds what one record may cost
     "record_too_large": "the record's JSON text is longer than --max_record_bytes (it is not parsed)",
     "record_too_deep": "the record nests arrays/objects deeper than --max_record_depth (it is not parsed)",
     "conversation_too_long": "the conversation's text has more characters than --max_conversation_chars",

@@ -292,11 +292,6 @@ def load_outputs(path: Path, crop_size=None, max_seq_length: int | None = None) 
     return [_load_prefix(prefix) for prefix in prefixes]
 
 
-def load_output(path: Path, crop_size=None, max_seq_length: int | None = None) -> tuple[dict, PackingArrays]:
-    """Report and arrays of an output directory or prefix (the largest pack size of a --pack_sizes output)."""
-    return max(load_outputs(path, crop_size, max_seq_length), key=lambda item: item[1].capacity)
-
-
 def _load_prefix(prefix: Path) -> tuple[dict, PackingArrays]:
     import json
 

@@ -30,9 +30,9 @@ STORE_PROGRESS = "progress.json"
 
 SKIPPED_FILE = "skipped.jsonl"
 STATS_FILE = "stats.json"
-CHECKSUM = "xxh3_128"
 _READ_CHUNK = 16 << 20
-COMPACT_SUFFIXES = (".tokens.bin", ".labels.bin", ".index.bin")
+COMPACT_TOKENS, COMPACT_LABELS, COMPACT_INDEX = ".tokens.bin", ".labels.bin", ".index.bin"
+COMPACT_SUFFIXES = (COMPACT_TOKENS, COMPACT_LABELS, COMPACT_INDEX)
 """Files of a compact prefix beside its meta (formats/compact.py says what is inside)."""
 
 
@@ -157,7 +157,6 @@ def write_json_atomic(path: Path, data) -> None:
 
 def shard_skipped_path(directory: Path, shard_name: str) -> Path:
     return Path(directory) / f"{shard_name}.skipped.jsonl"
-
 
 
 def shard_rows_path(directory: Path, shard_name: str) -> Path:

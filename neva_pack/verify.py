@@ -50,11 +50,6 @@ class Verification:
         return self.problem_count == 0
 
 
-def resolve_prefix(path: Path) -> Path:
-    """An output directory or a prefix -> the prefix (the largest size of a --pack_sizes output)."""
-    return max(resolve_prefixes(path), key=lambda p: layout.pack_size_of(p) or 0)
-
-
 def verify(path: Path, data_path: Path | None = None, progress: bool = True) -> Verification:
     """Every prefix of an output directory (each --pack_sizes size), or one prefix."""
     prefixes = resolve_prefixes(path)

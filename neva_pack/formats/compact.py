@@ -5,7 +5,8 @@
     output_dir/packed_seq_dataset.labels.bin    int32 labels, aligned with the tokens
     output_dir/packed_seq_dataset.index.bin     the arrays below, back to back (names, dtypes, offsets in the meta)
     output_dir/packed_seq_dataset.meta.json     format "compact": the normalisation, the pool's parts, checksums
-    output_dir/packed_seq_dataset/shard_*.images  the image pool = the sample store's images (formats/image_pool.py)
+    output_dir/packed_seq_dataset/*.images      the image pool = the sample store's images (formats/image_pool.py;
+                                                shard_*.images from a run, pool_*.images from convert)
 
     index arrays                       pack p
       pack_offsets   int64 (P + 1)     samples pack_offsets[p]:pack_offsets[p + 1] of the per-sample arrays
@@ -41,13 +42,13 @@ import numpy as np
 from neva_pack.formats.base import Checkpoint, WriteSpec, publish, reopen_at
 from neva_pack.formats.image_pool import ImagePool, PoolPart
 from neva_pack.formats.meta import PackedMeta, PlanTable, ReadPack, read_meta
-from neva_pack.store import meta_path, prefix_file, relative_name
+from neva_pack.store import COMPACT_INDEX, COMPACT_LABELS, COMPACT_TOKENS, meta_path, prefix_file, relative_name
 
 NAME = "compact"
 ID_DTYPE = np.dtype("<i4")
 NEEDS_PIXELS = False
 """Packs reference the pool by index: assembly never reads a pixel, so re-packing takes seconds."""
-TOKENS, LABELS, INDEX = ".tokens.bin", ".labels.bin", ".index.bin"
+TOKENS, LABELS, INDEX = COMPACT_TOKENS, COMPACT_LABELS, COMPACT_INDEX
 ARRAYS = {
     "pack_offsets": "<i8",
     "token_offsets": "<i8",
