@@ -277,7 +277,19 @@ def _check_types(config: PreprocessConfig) -> None:
             continue
         words, test = _EXPECTED[base]
         if not test(value):
-            raise ConfigError(f"--{spec.name} {value!r:.60}: expected {words}, got {type(value).__name__}")
+            raise ConfigError(f"{_setting_name(spec.name)} {value!r:.60}: expected {words}, got {type(value).__name__}")
+
+
+HPARAMS_ONLY = {"crop_size"}
+"""Fields set only from --hparams_file (no flag of their own)."""
+
+
+def _setting_name(name: str) -> str:
+    """How a user sets a field: its flag, and the NeMo hparams key that sets it too, if any."""
+    key = next((".".join(keys) for keys, field_name in HPARAMS_KEYS.items() if field_name == name), None)
+    if name in HPARAMS_ONLY and key:
+        return f"hparams {key}"
+    return f"--{name}" + (f" (or hparams {key})" if key else "")
 
 
 HPARAMS_KEYS = {

@@ -85,7 +85,8 @@ def collate(batch: list[dict[str, torch.Tensor]], ignore_index: int = -1, pad_id
 
     cu_seqlens are padded with -1 to a common length (NeMo's convention for packed batches);
     ``cu_seqlens_argmin`` is where the padding starts in each row. Images of all packs are
-    concatenated; ``num_images`` says how many belong to each pack.
+    concatenated; ``images_per_pack`` says how many belong to each pack (NeMo's zero image of an
+    image-less pack included; an item's ``num_images`` is per sample and leaves it out).
     """
     longest = max(len(item["tokens"]) for item in batch)
     most_bounds = max(len(item["cu_seqlens"]) for item in batch)
@@ -108,5 +109,5 @@ def collate(batch: list[dict[str, torch.Tensor]], ignore_index: int = -1, pad_id
         "cu_seqlens": cu_seqlens,
         "cu_seqlens_argmin": torch.tensor([[len(item["cu_seqlens"])] for item in batch]),
         "image": torch.cat([item["image"] for item in batch]),
-        "num_images": torch.tensor([len(item["image"]) for item in batch]),
+        "images_per_pack": torch.tensor([len(item["image"]) for item in batch]),
     }

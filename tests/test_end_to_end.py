@@ -157,6 +157,7 @@ def test_training_reader_and_collate(packed):
     assert batch["position_ids"][0, : int(cu[1])].tolist() == list(range(int(cu[1])))
     assert batch["position_ids"][0, int(cu[1])] == 0
     assert batch["loss_mask"].sum() == (item["labels"] != -1).sum()
+    assert batch["images_per_pack"].tolist() == [len(item["image"])] and "num_images" not in batch
     assert position_ids_from_cu_seqlens(__import__("torch").tensor([0, 3, 5])).tolist() == [0, 1, 2, 0, 1]
 
 

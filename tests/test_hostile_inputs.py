@@ -471,11 +471,11 @@ def hparams(tmp_path, body: str) -> str:
 
 BAD_ARGUMENTS = {
     "scalar crop_size": (lambda t: ("--hparams_file", hparams(t, "model:\n  mm_cfg:\n    vision_encoder:\n      crop_size: 336\n")),
-                         "--crop_size 336: expected a list of 2 integers (height, width), got int"),
+                         "hparams model.mm_cfg.vision_encoder.crop_size 336: expected a list of 2 integers (height, width), got int"),
     "list image_folder": (lambda t: ("--hparams_file", hparams(t, "model:\n  data:\n    image_folder: [a, b]\n")),
-                          "--image_folder ['a', 'b']: expected a path, got list"),
+                          "--image_folder (or hparams model.data.image_folder) ['a', 'b']: expected a path, got list"),
     "string sequence length": (lambda t: ("--hparams_file", hparams(t, "model:\n  encoder_seq_length: '4096'\n")),
-                               "--max_seq_length '4096': expected an integer, got str"),
+                               "--max_seq_length (or hparams model.encoder_seq_length) '4096': expected an integer, got str"),
     "negative seed": (lambda t: ("--seed=-1",), "--seed -1: must be between 0 and 2**63 - 1"),
     "huge seed": (lambda t: ("--seed", str(2**64)), "--seed 18446744073709551616: must be between 0 and 2**63 - 1"),
     "huge capacity": (lambda t: ("--max_seq_length=2147483648",), "--max_seq_length 2147483648: must be between 2 and 16,777,216"),
@@ -500,7 +500,7 @@ def test_a_list_data_path_in_hparams_fails_with_one_line(tmp_path, capsys):
     path = hparams(tmp_path, "model:\n  data:\n    data_path: [a.json, b.json]\n")
     code = main(["preprocess", "--hparams_file", path, "--tokenizer_path", str(TOKENIZER), "--output_dir", str(tmp_path)])
     err = capsys.readouterr().err
-    assert code == 2 and err == "neva-pack: error: --data_path ['a.json', 'b.json']: expected a path, got list\n"
+    assert code == 2 and err == "neva-pack: error: --data_path (or hparams model.data.data_path) ['a.json', 'b.json']: expected a path, got list\n"
 
 
 def children_of(pid: int) -> set[int]:
