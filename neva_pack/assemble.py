@@ -62,6 +62,27 @@ def with_padding(values: np.ndarray, lengths: np.ndarray, padded_lengths: np.nda
     return out
 
 
+def rows_at(
+    store, size: int, run_length: int, ignore_index: int
+) -> tuple[np.ndarray, dict[int, tuple[int, int]], np.ndarray]:  # fmt: skip
+    """The store's rows as they are for a pack size; for each sample that must be cut for it,
+    (tokens kept, images kept); and the samples the cut leaves without a trained label (skipped at
+    this size as ``no_supervised_tokens``, as a run at this size would skip them). ``size`` is the
+    aligned capacity when samples are padded, so that a cut sample's padded length still fits its pack."""
+    from neva_pack.samples import truncation  # the builder's own cut (imports torch: only when asked)
+
+    rows = store.rows.copy()
+    cuts = {}
+    unsupervised = []
+    for i in np.flatnonzero(rows["length"] > size):
+        cut, kept = truncation(store.image_starts(int(i)), run_length, size)
+        cuts[int(i)] = (cut - 1, kept)
+        rows[i] = (rows["record_index"][i], cut - 1, kept, 1)
+        if not np.any(store.tokens_labels(int(i))[1][: cut - 1] != ignore_index):
+            unsupervised.append(int(i))
+    return rows, cuts, np.asarray(unsupervised, dtype=np.int64)
+
+
 def plan_table(rows: np.ndarray, plan: PackingPlan, pad_to_multiple_of: int = 1) -> PlanTable:
     """The plan over the store's rows (as cut for this pack size), in pack order."""
     packed = rows[plan.indices]

@@ -35,6 +35,12 @@ class SampleLengths:
     """Where the lengths were read from."""
     pad_to_multiple_of: int = 1
     """The alignment multiple the output was written with (its meta's; 1: none, or no meta to say)."""
+    store: object | None = None
+    """The sample store, when the lengths come from it: samples are then cut as a run cuts them."""
+    image_positions: int | None = None
+    """Positions of one image run (the output's meta's), for that cut."""
+    ignore_index: int = -1
+    """Label of untrained positions (the output's meta's), to find samples a cut leaves untrained."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -62,12 +68,16 @@ def load_lengths(path: Path) -> SampleLengths:
     for directory in (layout.store_dir(path), path):
         if (directory / layout.STORE_PROGRESS).is_file():
             store = sample_store.SampleStore(directory)
+            meta = _output_meta(directory.parent)
             return SampleLengths(
                 lengths=store.lengths,
                 truncated=int(store.rows["truncated"].sum()),
                 cut_at=store.fingerprint.get("max_seq_length"),
                 source=str(directory),
-                pad_to_multiple_of=_output_multiple(directory.parent),
+                pad_to_multiple_of=int(meta.get("pad_to_multiple_of") or 1),
+                store=store,
+                image_positions=meta.get("image_positions"),
+                ignore_index=int(meta.get("ignore_index", -1)),
             )
     from neva_pack.formats import open_packed
 
@@ -88,16 +98,34 @@ def load_lengths(path: Path) -> SampleLengths:
     raise InputError(f"{path}: no sample store ({layout.STORE_DIR}/{layout.STORE_PROGRESS}) nor plan table here")
 
 
-def _output_multiple(output_dir: Path) -> int:
-    """The alignment multiple recorded in the meta of an output's prefixes (every size of a run has the same)."""
+def _output_meta(output_dir: Path) -> dict:
+    """The meta of an output's prefixes as JSON (every size of a run records the same alignment,
+    image positions and ignore value); empty when there is none of ours to read."""
     from neva_pack.formats.meta import read_meta_json
 
     for prefix in layout.packed_prefixes(output_dir):
         try:
-            return int(read_meta_json(layout.meta_path(prefix)).get("pad_to_multiple_of") or 1)
-        except (InputError, AttributeError, TypeError, ValueError):  # not a meta of ours: no multiple to say
+            meta = read_meta_json(layout.meta_path(prefix))
+        except InputError:
             continue
-    return 1
+        if isinstance(meta, dict):
+            return meta
+    return {}
+
+
+def _cut_lengths(sample_lengths: SampleLengths, capacity: int) -> np.ndarray:
+    """Lengths as a run at this capacity packs them: from the store, cut before the first image run
+    that does not fit whole, without the samples the cut leaves untrained (a run skips those at this
+    size); from a plan table alone (no image positions to go by), cut at the capacity."""
+    lengths = sample_lengths.lengths
+    if sample_lengths.store is None or not sample_lengths.image_positions or not np.any(lengths > capacity):
+        return np.minimum(lengths, capacity)
+    from neva_pack.assemble import rows_at
+
+    rows, _, untrained = rows_at(sample_lengths.store, capacity, int(sample_lengths.image_positions), sample_lengths.ignore_index)
+    keep = np.ones(len(rows), dtype=bool)
+    keep[untrained] = False
+    return rows["length"][keep].astype(np.int64)
 
 
 def explore(
@@ -124,7 +152,7 @@ def explore(
                 f"--pack_sizes {size}: samples padded to a multiple of {multiple} cannot fit packs of {size} positions"
             )
         capacity = aligned_capacity(size, multiple)
-        clipped = np.minimum(sample_lengths.lengths, capacity)
+        clipped = _cut_lengths(sample_lengths, capacity)
         padded = padded_lengths(clipped, multiple)
         real = int(clipped.sum())
         for algorithm in algorithms:

@@ -29,7 +29,7 @@ from tqdm import tqdm
 from neva_pack import __version__, invariants
 from neva_pack import store as layout
 from neva_pack import output_dir as ownership
-from neva_pack.assemble import assemble_packs, plan_table, with_padding
+from neva_pack.assemble import assemble_packs, plan_table, rows_at, with_padding
 from neva_pack.formats import format_module, sample_store
 from neva_pack.formats.base import WriteSpec
 from neva_pack.formats.meta import META_VERSION, Counts, ImageTokenIds, PackedMeta
@@ -49,7 +49,6 @@ from neva_pack.samples import (
     image_token_layout,
     missing_nemo_specials,
     passthrough,
-    truncation,
 )
 from neva_pack.report import RecordCounts, RunReport
 from neva_pack.stats import arrays_from_plan, global_batch_size_advice, packing_stats, training_overrides
@@ -201,7 +200,7 @@ def _write_prefix(config, builder, store, total: int, size: int, output_dir: Pat
     if config.resume and layout.meta_path(prefix).is_file() and stats_file.is_file():
         return RunReport.from_json(json.loads(stats_file.read_text(encoding="utf-8")))  # published before the interruption
     multiple = config.alignment
-    rows, cuts, unsupervised = _rows_at(store, aligned_capacity(size, multiple), builder.layout.positions, config.ignore_index)
+    rows, cuts, unsupervised = rows_at(store, aligned_capacity(size, multiple), builder.layout.positions, config.ignore_index)
     padded = padded_lengths(rows["length"], multiple)  # what is packed (== length when multiple is 1)
     kept = np.setdiff1d(np.arange(len(rows), dtype=np.int64), unsupervised)
     if len(kept) == 0:
@@ -269,25 +268,6 @@ def _drop_store(output_dir: Path, prefixes: list[Path]) -> None:
         if not result.ok:
             raise InputError(f"{prefix}: the output did not verify ({result.problems[0]}); the sample store is kept")
     shutil.rmtree(layout.store_dir(output_dir))
-
-
-def _rows_at(
-    store, size: int, run_length: int, ignore_index: int
-) -> tuple[np.ndarray, dict[int, tuple[int, int]], np.ndarray]:  # fmt: skip
-    """The store's rows as they are for a pack size; for each sample that must be cut for it,
-    (tokens kept, images kept); and the samples the cut leaves without a trained label (skipped at
-    this size as ``no_supervised_tokens``, as a run at this size would skip them). ``size`` is the
-    aligned capacity when samples are padded, so that a cut sample's padded length still fits its pack."""
-    rows = store.rows.copy()
-    cuts = {}
-    unsupervised = []
-    for i in np.flatnonzero(rows["length"] > size):
-        cut, kept = truncation(store.image_starts(int(i)), run_length, size)
-        cuts[int(i)] = (cut - 1, kept)
-        rows[i] = (rows["record_index"][i], cut - 1, kept, 1)
-        if not np.any(store.tokens_labels(int(i))[1][: cut - 1] != ignore_index):
-            unsupervised.append(int(i))
-    return rows, cuts, np.asarray(unsupervised, dtype=np.int64)
 
 
 def _pack_kept(config: PreprocessConfig, padded: np.ndarray, kept: np.ndarray, size: int) -> PackingPlan:
