@@ -434,7 +434,7 @@ def test_overwrite_replaces_a_converted_compact_output(tmp_path, capsys, images)
 
 
 def test_a_pack_violating_an_invariant_is_never_published(tmp_path, capsys, images, monkeypatch):
-    import neva_pack.pipeline as pipeline
+    import neva_pack.samples as samples
 
     def buggy_truncation(image_starts, run_length, max_seq_length):  # the old off-by-one
         cut, kept = max_seq_length + 1, 0
@@ -442,7 +442,7 @@ def test_a_pack_violating_an_invariant_is_never_published(tmp_path, capsys, imag
             kept += 1
         return (min(cut, int(image_starts[kept])) if kept < len(image_starts) else cut), kept
 
-    monkeypatch.setattr(pipeline, "truncation", buggy_truncation)
+    monkeypatch.setattr(samples, "truncation", buggy_truncation)  # the cut assemble.rows_at makes per size
     record = adjacent_images_record()
     out = tmp_path / "multi"
     data = write_data(tmp_path / "data.jsonl", [record, GOOD[0]], "jsonl")
