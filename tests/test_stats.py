@@ -85,6 +85,20 @@ def test_stats_of_a_prefix_without_meta_reads_the_index(output, tmp_path, capsys
     for key in ("packs", "lower_bound_packs", "efficiency", "samples", "images", "positions", "samples_per_pack"):
         assert report["packing"][key] == ours["packing"][key], key
     assert report["records"] is None and report["packing"]["text_positions"] is None
+    assert list(report) == list(ours) and report["algorithm"] is None and report["dataset"] is None  # same keys, unknowns null
+
+
+def test_stats_of_an_output_without_its_stats_file_rebuilds_the_report_from_meta_and_plan(output, tmp_path, capsys):
+    copy = tmp_path / "copy"
+    shutil.copytree(output, copy)
+    (copy / "stats.json").unlink()
+    assert main(["stats", str(copy), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    ours = json.loads((output / "stats.json").read_text())
+    assert list(report) == list(ours) and report["packing"] == ours["packing"]
+    assert report["records"] == ours["records"] and report["algorithm"] == ours["algorithm"] and report["seed"] == ours["seed"]
+    assert report["output_format"] == "nemo" and report["image_positions"] == ours["image_positions"]
+    assert report["seconds"] is None and report["data_prefix"] == str(copy / "packed_seq_dataset")
 
 
 def test_packing_stats_golden():
