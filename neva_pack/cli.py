@@ -191,7 +191,7 @@ def _run_preprocess(args) -> int:
     for size, report in result.reports.items():
         if len(result.reports) > 1:
             print(f"== pack size {size}")
-        print(format_summary(report.to_json()))
+        print(format_summary(report))
     if result.exit_code:
         sized = len(result.reports) > 1
         for size, report in result.reports.items():
@@ -231,13 +231,13 @@ def _run_stats(args) -> int:
             print(format_summary(report))
         if args.plot:
             target = args.plot if len(outputs) == 1 else args.plot.with_name(f"{args.plot.stem}_{arrays.capacity}{args.plot.suffix}")
-            dataset = report.get("dataset") or Path(report["data_prefix"]).parent.name
-            title = f"{dataset}: {report.get('algorithm') or 'unknown algorithm'}, max_seq_length {arrays.capacity:,}"
+            dataset = report.dataset or Path(report.data_prefix).parent.name
+            title = f"{dataset}: {report.algorithm or 'unknown algorithm'}, max_seq_length {arrays.capacity:,}"
             plot(arrays, target, title)
             if not args.json:
                 print(f"plot           {target}")
     if args.json:
-        print(json.dumps(reports[0] if len(reports) == 1 else reports, indent=2))
+        print(json.dumps(reports[0].to_json() if len(reports) == 1 else [r.to_json() for r in reports], indent=2))
     return 0
 
 

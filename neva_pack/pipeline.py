@@ -50,7 +50,7 @@ from neva_pack.samples import (
     missing_nemo_specials,
     passthrough,
 )
-from neva_pack.report import RecordCounts, RunReport
+from neva_pack.report import AlgorithmSuggestion, BalanceReport, RecordCounts, RunReport
 from neva_pack.stats import arrays_from_plan, global_batch_size_advice, packing_stats, training_overrides
 from neva_pack.templates import load_template
 from neva_pack.tokenizer import load_tokenizer
@@ -242,7 +242,7 @@ BALANCE_STREAM = 1
 """Second number of the balance generator's seed, (seed, 1): independent of the packer's stream."""
 
 
-def _balance(config: PreprocessConfig, plan: PackingPlan, rows: np.ndarray) -> tuple[PackingPlan, dict | None]:
+def _balance(config: PreprocessConfig, plan: PackingPlan, rows: np.ndarray) -> tuple[PackingPlan, BalanceReport | None]:
     """With --balance_data_parallel N: the plan's packs reordered so that every N consecutive packs
     cost alike, and the straggler overheads before (the packer's order) and after."""
     group = config.balance_data_parallel
@@ -256,7 +256,7 @@ def _balance(config: PreprocessConfig, plan: PackingPlan, rows: np.ndarray) -> t
         for name in ("attention", "tokens", "images")
         for when, arrangement in (("before", None), ("after", order))
     }
-    return reorder_plan(plan, order), {"data_parallel": group, **overheads}
+    return reorder_plan(plan, order), BalanceReport(data_parallel=group, **overheads)
 
 
 def _drop_store(output_dir: Path, prefixes: list[Path]) -> None:
@@ -458,7 +458,7 @@ def _write_packs(
     bar.close()
 
 
-def _better_algorithm(config: PreprocessConfig, lengths: np.ndarray, plan: PackingPlan) -> dict | None:
+def _better_algorithm(config: PreprocessConfig, lengths: np.ndarray, plan: PackingPlan) -> AlgorithmSuggestion | None:
     """What the recommended algorithm would give (it runs in well under a second)."""
     if config.packing_algorithm == RECOMMENDED_ALGORITHM:
         return None
@@ -467,18 +467,16 @@ def _better_algorithm(config: PreprocessConfig, lengths: np.ndarray, plan: Packi
     )
     if alternative.num_bins > plan.num_bins * (1 - SUGGEST_WHEN_SAVING):
         return None
-    return {
-        "algorithm": RECOMMENDED_ALGORITHM,
-        "packs": alternative.num_bins,
-        "saving": 1 - alternative.num_bins / plan.num_bins,
-    }
+    return AlgorithmSuggestion(
+        algorithm=RECOMMENDED_ALGORITHM, packs=alternative.num_bins, saving=1 - alternative.num_bins / plan.num_bins
+    )
 
 
 def _report(
     config, builder, store, rows, plan, padded, kept, unsupervised: int, balance, total: int, prefix: Path, seconds: float
 ) -> RunReport:  # fmt: skip
     stats = packing_stats(arrays_from_plan(plan, rows, builder.layout.positions, padded, config.alignment))
-    gbs = global_batch_size_advice(config.global_batch_size, stats["samples_per_pack"]["mean"])
+    gbs = global_batch_size_advice(config.global_batch_size, stats.samples_per_pack.mean)
     skipped_by_reason = dict(store.skipped_by_reason)
     if unsupervised:  # cut at this size before all of their answers
         skipped_by_reason["no_supervised_tokens"] = skipped_by_reason.get("no_supervised_tokens", 0) + unsupervised
@@ -513,7 +511,7 @@ def _meta(config: PreprocessConfig, builder: SampleBuilder, spec: WriteSpec, rep
     return PackedMeta(
         format=config.output_format,
         version=META_VERSION,
-        num_packs=report.packing["packs"],
+        num_packs=report.packing.packs,
         image_shape=spec.image_shape,
         normalisation=spec.normalisation,
         dataset=Path(config.data_path).name,
@@ -538,7 +536,7 @@ def _meta(config: PreprocessConfig, builder: SampleBuilder, spec: WriteSpec, rep
             samples=report.records.packed,
             skipped=report.records.skipped,
             truncated=report.records.truncated,
-            packs=report.packing["packs"],
-            images=report.packing["images"],
+            packs=report.packing.packs,
+            images=report.packing.images,
         ),
     )

@@ -1,4 +1,9 @@
-"""The run report: what a run (or ``neva-pack stats``) says about one packed prefix; saved as stats.json."""
+"""The run report: what a run (or ``neva-pack stats``) says about one packed prefix; saved as stats.json.
+
+Every part is typed; ``RunReport.to_json`` writes the stats.json layout (keys in field order) and
+``RunReport.from_json`` reads it back, so ``to_json(from_json(x)) == x`` for any stats.json we write.
+Fields added after the first release have defaults, so an older stats.json still loads.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,155 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CountSummary:
+    """Mean and range of a per-pack count (samples per pack)."""
+
+    mean: float
+    """Mean over the packs (0.0 without packs)."""
+    min: int
+    """Smallest value (0 without packs)."""
+    max: int
+    """Largest value (0 without packs)."""
+
+    @classmethod
+    def from_json(cls, data: dict) -> CountSummary:
+        return cls(mean=float(data["mean"]), min=int(data["min"]), max=int(data["max"]))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Percentiles:
+    """Percentiles, range and mean of a distribution (all 0.0 when it is empty)."""
+
+    p50: float
+    """Median."""
+    p90: float
+    """90th percentile."""
+    p99: float
+    """99th percentile."""
+    min: float
+    """Smallest value."""
+    max: float
+    """Largest value."""
+    mean: float
+    """Mean value."""
+
+    @classmethod
+    def from_json(cls, data: dict) -> Percentiles:
+        return cls(**{f.name: float(data[f.name]) for f in dataclasses.fields(cls)})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PaddingStats:
+    """Alignment padding (--pad_to_multiple_of): what it costs in positions."""
+
+    pad_to_multiple_of: int = 1
+    """M the samples were padded to a multiple of (1: no padding)."""
+    positions: int = 0
+    """Pad positions added over all packed samples."""
+    overhead: float = 0.0
+    """Pad positions over real positions (0.0 without padding)."""
+
+
+NO_PADDING = PaddingStats()
+"""What a run without --pad_to_multiple_of (or one older than the option) reports."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PackingStats:
+    """stats.packing_stats(): how well the samples filled the packs."""
+
+    packs: int
+    """Packs written."""
+    lower_bound_packs: int
+    """ceil(positions packed, padding included / capacity): no packing can use fewer packs."""
+    packs_over_lower_bound: float
+    """packs / lower_bound_packs (1.0 is optimal)."""
+    efficiency: float
+    """Real positions over packs * capacity."""
+    capacity: int
+    """Positions per pack (max_seq_length)."""
+    samples: int
+    """Samples packed."""
+    images: int
+    """Images carried by the packs (the zero image of an image-less pack not counted)."""
+    positions: int
+    """Real positions packed (padding excluded)."""
+    samples_per_pack: CountSummary
+    """n, samples per pack: what the packed global batch size is divided by."""
+    pack_fill: Percentiles
+    """Fraction of each pack's capacity used (padding included)."""
+    sample_length: Percentiles
+    """Positions of each sample (text + image)."""
+    samples_with_images: int | None
+    """Samples with at least one image; None when per-sample image counts are unknown."""
+    text_positions: Percentiles | None
+    """Text positions of each sample; None when unknown."""
+    image_positions_per_sample: Percentiles | None
+    """Image positions of each sample; None when unknown."""
+    padding: PaddingStats = NO_PADDING
+    """Alignment padding (absent from stats.json files older than --pad_to_multiple_of)."""
+
+    @classmethod
+    def from_json(cls, data: dict) -> PackingStats:
+        def percentiles(value):
+            return None if value is None else Percentiles.from_json(value)
+
+        return cls(
+            packs=int(data["packs"]),
+            lower_bound_packs=int(data["lower_bound_packs"]),
+            packs_over_lower_bound=float(data["packs_over_lower_bound"]),
+            efficiency=float(data["efficiency"]),
+            capacity=int(data["capacity"]),
+            samples=int(data["samples"]),
+            images=int(data["images"]),
+            positions=int(data["positions"]),
+            samples_per_pack=CountSummary.from_json(data["samples_per_pack"]),
+            pack_fill=Percentiles.from_json(data["pack_fill"]),
+            sample_length=Percentiles.from_json(data["sample_length"]),
+            samples_with_images=data.get("samples_with_images"),
+            text_positions=percentiles(data.get("text_positions")),
+            image_positions_per_sample=percentiles(data.get("image_positions_per_sample")),
+            padding=PaddingStats(**data["padding"]) if "padding" in data else NO_PADDING,
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AlgorithmSuggestion:
+    """What the recommended packing algorithm would have given instead (said only when worth it)."""
+
+    algorithm: str
+    """The recommended algorithm (packing.RECOMMENDED_ALGORITHM)."""
+    packs: int
+    """Packs it would need."""
+    saving: float
+    """Fraction of the packs it would save."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BalanceReport:
+    """--balance_data_parallel N: straggler overhead (sum over steps of max - mean, over the sum of
+    means) of N consecutive packs, in the packer's order (before) and the balanced one (after)."""
+
+    data_parallel: int
+    """N, the data-parallel ranks one step's packs are spread over."""
+    attention_overhead_before: float
+    """Attention cost (sum of squared sample lengths), packer's order."""
+    attention_overhead_after: float
+    """Attention cost, balanced order."""
+    tokens_overhead_before: float
+    """Positions, packer's order."""
+    tokens_overhead_after: float
+    """Positions, balanced order."""
+    images_overhead_before: float
+    """Images, packer's order."""
+    images_overhead_after: float
+    """Images, balanced order."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RecordCounts:
+    """What happened to the input records."""
+
     total: int
     """Input records read."""
     packed: int
@@ -22,26 +175,28 @@ class RecordCounts:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunReport:
-    dataset: str | None
+    """Everything stats.json holds about one packed prefix."""
+
+    dataset: str | None = None
     """File name of the input records (None for a prefix read without meta)."""
     records: RecordCounts | None
     """What happened to the input records (None when unknown)."""
-    packing: dict
-    """stats.packing_stats(): packs, lower bound, efficiency, fill and length percentiles."""
+    packing: PackingStats
+    """How well the samples filled the packs."""
     algorithm: str | None
-    """Packing algorithm."""
+    """Packing algorithm (None when unknown)."""
     seed: int | None
-    """Packing seed."""
-    suggestion: dict | None
+    """Packing seed (None when unknown)."""
+    suggestion: AlgorithmSuggestion | None
     """What the recommended algorithm would save, when worth saying."""
-    balance: dict | None = None
-    """--balance_data_parallel: N and the straggler overheads (attention, tokens, images) before/after."""
+    balance: BalanceReport | None = None
+    """--balance_data_parallel: N and the straggler overheads before/after; None without it."""
     max_seq_length: int
     """Pack capacity."""
     image_positions: int | None = None
-    """Positions one image occupies."""
+    """Positions one image occupies (None when unknown)."""
     output_format: str | None = None
-    """The prefix's format (formats.FORMATS key)."""
+    """The prefix's format (formats.FORMATS key); None: a prefix in NeMo's layout without meta."""
     data_prefix: str
     """The packed prefix."""
     crop_size: list[int]
@@ -53,20 +208,25 @@ class RunReport:
     training_overrides: list[str]
     """NeMo config lines to train on the prefix."""
     seconds: float | None = None
-    """Wall time of the run up to this prefix."""
+    """Wall time of the run up to this prefix (None when not a run's report)."""
 
     def to_json(self) -> dict:
-        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        data["records"] = None if self.records is None else dataclasses.asdict(self.records)
-        return data
+        """The stats.json layout: keys in field order, nested parts as objects."""
+        return dataclasses.asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict) -> "RunReport":
+    def from_json(cls, data: dict) -> RunReport:
+        """A report from stats.json (keys it does not know are ignored; newer optional ones may be absent)."""
         names = {f.name for f in dataclasses.fields(cls)}
         values = {key: value for key, value in data.items() if key in names}
-        records = data.get("records")
+        records, suggestion, balance = data.get("records"), data.get("suggestion"), data.get("balance")
         values["records"] = None if records is None else RecordCounts(**records)
+        values["packing"] = PackingStats.from_json(data["packing"])
+        values["suggestion"] = None if suggestion is None else AlgorithmSuggestion(**suggestion)
+        values["balance"] = None if balance is None else BalanceReport(**balance)
+        values["crop_size"] = list(data["crop_size"])
+        values["training_overrides"] = list(data["training_overrides"])
         return cls(**values)
 
-    def replace(self, **changes) -> "RunReport":
+    def replace(self, **changes) -> RunReport:
         return dataclasses.replace(self, **changes)

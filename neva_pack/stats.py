@@ -1,4 +1,4 @@
-"""Statistics of a packed output: one report dict (saved as stats.json), its rendering, a plot.
+"""Statistics of a packed output: one typed report (report.RunReport, saved as stats.json), its rendering, a plot.
 
 The end-of-run summary, ``stats.json`` and ``neva-pack stats`` all come from
 ``packing_stats`` + ``format_summary``, so what a user reads and what a script parses never
@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 import yaml
+
+from neva_pack.report import CountSummary, PackingStats, PaddingStats, Percentiles, RecordCounts, RunReport
 
 PERCENTILES = (50, 90, 99)
 
@@ -76,43 +78,43 @@ def arrays_from_plan(plan, rows, image_positions: int, padded=None, pad_to_multi
     )
 
 
-def packing_stats(arrays: PackingArrays) -> dict:
+def packing_stats(arrays: PackingArrays) -> PackingStats:
     """Numbers about the packs: counts, efficiency, lower bound, fill and length percentiles."""
     lengths = arrays.lengths
     loads = arrays.pack_loads
     total = int(lengths.sum())
     lower_bound = -(-int(loads.sum()) // arrays.capacity)  # of what was packed: padded lengths
     num_packs = arrays.num_packs
-    stats = {
-        "packs": num_packs,
-        "lower_bound_packs": lower_bound,
-        "packs_over_lower_bound": num_packs / lower_bound if lower_bound else 1.0,
-        "efficiency": total / (num_packs * arrays.capacity) if num_packs else 1.0,
-        "capacity": arrays.capacity,
-        "samples": int(len(lengths)),
-        "images": int(arrays.pack_images.sum()),
-        "positions": total,
-        "samples_per_pack": _summary(arrays.samples_per_pack),
-        "pack_fill": _percentiles(loads / arrays.capacity if num_packs else np.zeros(0)),
-        "sample_length": _percentiles(lengths),
-        "samples_with_images": None,
-        "text_positions": None,
-        "image_positions_per_sample": None,
-        "padding": padding_stats(arrays),
-    }
+    with_images = text = image = None
     if arrays.num_images is not None and arrays.image_positions is not None:
         image_part = arrays.num_images * arrays.image_positions
-        stats["samples_with_images"] = int((arrays.num_images > 0).sum())
-        stats["text_positions"] = _percentiles(lengths - image_part)
-        stats["image_positions_per_sample"] = _percentiles(image_part)
-    return stats
+        with_images = int((arrays.num_images > 0).sum())
+        text = _percentiles(lengths - image_part)
+        image = _percentiles(image_part)
+    return PackingStats(
+        packs=num_packs,
+        lower_bound_packs=lower_bound,
+        packs_over_lower_bound=num_packs / lower_bound if lower_bound else 1.0,
+        efficiency=total / (num_packs * arrays.capacity) if num_packs else 1.0,
+        capacity=arrays.capacity,
+        samples=int(len(lengths)),
+        images=int(arrays.pack_images.sum()),
+        positions=total,
+        samples_per_pack=_summary(arrays.samples_per_pack),
+        pack_fill=_percentiles(loads / arrays.capacity if num_packs else np.zeros(0)),
+        sample_length=_percentiles(lengths),
+        samples_with_images=with_images,
+        text_positions=text,
+        image_positions_per_sample=image,
+        padding=padding_stats(arrays),
+    )
 
 
-def padding_stats(arrays: PackingArrays) -> dict:
+def padding_stats(arrays: PackingArrays) -> PaddingStats:
     """Alignment padding: its positions and their overhead over the real positions (0 without padding)."""
     real = int(arrays.lengths.sum())
     pad = 0 if arrays.padded_lengths is None else int(arrays.padded_lengths.sum()) - real
-    return {"pad_to_multiple_of": arrays.pad_to_multiple_of, "positions": pad, "overhead": pad / real if real else 0.0}
+    return PaddingStats(pad_to_multiple_of=arrays.pad_to_multiple_of, positions=pad, overhead=pad / real if real else 0.0)
 
 
 def global_batch_size_advice(global_batch_size: int | None, samples_per_pack_mean: float) -> int | None:
@@ -143,77 +145,76 @@ def training_overrides(data_prefix: str, crop_size, global_batch_size: int | Non
     return [string.Template(line).substitute(values) for line in lines]
 
 
-def with_batch_size(report: dict, global_batch_size: int | None) -> dict:
+def with_batch_size(report: RunReport, global_batch_size: int | None) -> RunReport:
     """The report with its GBS advice and overrides recomputed for another unpacked GBS."""
     if global_batch_size is None:
         return report
-    gbs = global_batch_size_advice(global_batch_size, report["packing"]["samples_per_pack"]["mean"])
-    overrides = training_overrides(report["data_prefix"], report["crop_size"], gbs, report.get("output_format"))
-    return {**report, "global_batch_size": global_batch_size, "packed_global_batch_size": gbs,
-            "training_overrides": overrides}  # fmt: skip
+    gbs = global_batch_size_advice(global_batch_size, report.packing.samples_per_pack.mean)
+    overrides = training_overrides(report.data_prefix, report.crop_size, gbs, report.output_format)
+    return report.replace(global_batch_size=global_batch_size, packed_global_batch_size=gbs, training_overrides=overrides)
 
 
-def format_summary(report: dict) -> str:
-    """The human-readable summary of a report dict (as written to stats.json)."""
-    packing = report["packing"]
-    spp = packing["samples_per_pack"]
+def format_summary(report: RunReport) -> str:
+    """The human-readable summary of a report (what stats.json holds)."""
+    packing = report.packing
+    spp = packing.samples_per_pack
     lines = []
-    records = report.get("records")
+    records = report.records
     if records:
         lines.append(
-            f"records        {records['total']:>10,}   packed {records['packed']:,}   skipped {records['skipped']:,}"
-            f"   truncated {records['truncated']:,}"
+            f"records        {records.total:>10,}   packed {records.packed:,}   skipped {records.skipped:,}"
+            f"   truncated {records.truncated:,}"
         )
-        for reason, count in sorted(records["skipped_by_reason"].items(), key=lambda kv: (-kv[1], kv[0])):
+        for reason, count in sorted(records.skipped_by_reason.items(), key=lambda kv: (-kv[1], kv[0])):
             lines.append(f"  skipped: {reason:<24} {count:>8,}")
-    with_images = packing.get("samples_with_images")
+    with_images = packing.samples_with_images
     lines += [
-        f"samples        {packing['samples']:>10,}"
+        f"samples        {packing.samples:>10,}"
         + (f"   with images {with_images:,}" if with_images is not None else "")
-        + f"   images {packing['images']:,}   positions {packing['positions']:,}",
-        f"packs          {packing['packs']:>10,}   lower bound {packing['lower_bound_packs']:,}"
-        f" (x{packing['packs_over_lower_bound']:.4f})   algorithm {report.get('algorithm', '?')}"
-        f" (seed {report.get('seed', '?')})",
-        f"efficiency     {100 * packing['efficiency']:>9.2f}%   samples per pack n = {spp['mean']:.2f}"
-        f" (min {spp['min']}, max {spp['max']})   capacity {packing['capacity']}",
-        "pack fill      " + _format_percentiles(packing["pack_fill"], percent=True),
-        "sample length  " + _format_percentiles(packing["sample_length"]),
+        + f"   images {packing.images:,}   positions {packing.positions:,}",
+        f"packs          {packing.packs:>10,}   lower bound {packing.lower_bound_packs:,}"
+        f" (x{packing.packs_over_lower_bound:.4f})   algorithm {report.algorithm}"
+        f" (seed {report.seed})",
+        f"efficiency     {100 * packing.efficiency:>9.2f}%   samples per pack n = {spp.mean:.2f}"
+        f" (min {spp.min}, max {spp.max})   capacity {packing.capacity}",
+        "pack fill      " + _format_percentiles(packing.pack_fill, percent=True),
+        "sample length  " + _format_percentiles(packing.sample_length),
     ]
-    padding = packing.get("padding")
-    if padding and padding["pad_to_multiple_of"] > 1:
+    padding = packing.padding
+    if padding.pad_to_multiple_of > 1:
         lines.append(
-            f"padding        {padding['positions']:>10,}   positions to align samples to a multiple of "
-            f"{padding['pad_to_multiple_of']} (+{100 * padding['overhead']:.2f}% over the real positions)"
+            f"padding        {padding.positions:>10,}   positions to align samples to a multiple of "
+            f"{padding.pad_to_multiple_of} (+{100 * padding.overhead:.2f}% over the real positions)"
         )
-    if packing.get("text_positions"):
-        lines.append("  text         " + _format_percentiles(packing["text_positions"]))
-        lines.append("  image        " + _format_percentiles(packing["image_positions_per_sample"]))
-    balance = report.get("balance")
+    if packing.text_positions is not None and packing.image_positions_per_sample is not None:
+        lines.append("  text         " + _format_percentiles(packing.text_positions))
+        lines.append("  image        " + _format_percentiles(packing.image_positions_per_sample))
+    balance = report.balance
     if balance:
         lines.append(
-            f"balance        N = {balance['data_parallel']} ranks: straggler overhead (sum of max - mean per step) "
-            f"attention {100 * balance['attention_overhead_before']:.2f}% -> {100 * balance['attention_overhead_after']:.2f}%"
-            f", tokens {100 * balance['tokens_overhead_before']:.2f}% -> {100 * balance['tokens_overhead_after']:.2f}%"
-            f", images {100 * balance['images_overhead_before']:.2f}% -> {100 * balance['images_overhead_after']:.2f}%"
+            f"balance        N = {balance.data_parallel} ranks: straggler overhead (sum of max - mean per step) "
+            f"attention {100 * balance.attention_overhead_before:.2f}% -> {100 * balance.attention_overhead_after:.2f}%"
+            f", tokens {100 * balance.tokens_overhead_before:.2f}% -> {100 * balance.tokens_overhead_after:.2f}%"
+            f", images {100 * balance.images_overhead_before:.2f}% -> {100 * balance.images_overhead_after:.2f}%"
         )
-    output_format = report.get("output_format") or "nemo"
+    output_format = report.output_format or "nemo"
     if output_format == "nemo":
-        lines.append(f"output         {report['data_prefix']}.{{bin,idx}}")
+        lines.append(f"output         {report.data_prefix}.{{bin,idx}}")
     else:
-        lines.append(f"output         {report['data_prefix']} ({output_format}: read it with neva_pack.dataset.PackedSeqDataset)")
-    suggestion = report.get("suggestion")
+        lines.append(f"output         {report.data_prefix} ({output_format}: read it with neva_pack.dataset.PackedSeqDataset)")
+    suggestion = report.suggestion
     if suggestion:
         lines.append(
-            f"hint           --packing_algorithm {suggestion['algorithm']} would need {suggestion['packs']:,} packs"
-            f" ({100 * suggestion['saving']:.1f}% fewer)"
+            f"hint           --packing_algorithm {suggestion.algorithm} would need {suggestion.packs:,} packs"
+            f" ({100 * suggestion.saving:.1f}% fewer)"
         )
     if output_format == "nemo":
         lines.append("train with:")
     else:
-        source = Path(report["data_prefix"]).parent
-        target = Path(nemo_data_prefix(report["data_prefix"], output_format)).parent
+        source = Path(report.data_prefix).parent
+        target = Path(nemo_data_prefix(report.data_prefix, output_format)).parent
         lines.append(f"train with NeMo after: neva-pack convert {source} {target} --to nemo")
-    lines += [f"  {line}" for line in report["training_overrides"]]
+    lines += [f"  {line}" for line in report.training_overrides]
     return "\n".join(lines)
 
 
@@ -251,31 +252,34 @@ def plot(arrays: PackingArrays, path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def _format_percentiles(values: dict, percent: bool = False) -> str:
+def _format_percentiles(values: Percentiles, percent: bool = False) -> str:
     def show(v):
         return f"{100 * v:.1f}%" if percent else f"{v:,.0f}"
 
-    return "  ".join(f"{key} {show(values[key])}" for key in ("min", "p50", "p90", "p99", "max"))
+    return "  ".join(f"{key} {show(getattr(values, key))}" for key in ("min", "p50", "p90", "p99", "max"))
 
 
-def _summary(values: np.ndarray) -> dict:
+def _summary(values: np.ndarray) -> CountSummary:
     if len(values) == 0:
-        return {"mean": 0.0, "min": 0, "max": 0}
-    return {"mean": float(values.mean()), "min": int(values.min()), "max": int(values.max())}
+        return CountSummary(mean=0.0, min=0, max=0)
+    return CountSummary(mean=float(values.mean()), min=int(values.min()), max=int(values.max()))
 
 
-def _percentiles(values: np.ndarray) -> dict:
+def _percentiles(values: np.ndarray) -> Percentiles:
     if len(values) == 0:
-        return {f"p{p}": 0.0 for p in PERCENTILES} | {"min": 0.0, "max": 0.0, "mean": 0.0}
-    out = {f"p{p}": float(np.percentile(values, p)) for p in PERCENTILES}
-    return out | {"min": float(values.min()), "max": float(values.max()), "mean": float(values.mean())}
+        return Percentiles(p50=0.0, p90=0.0, p99=0.0, min=0.0, max=0.0, mean=0.0)
+    p50, p90, p99 = (float(v) for v in np.percentile(values, PERCENTILES))
+    return Percentiles(
+        p50=p50, p90=p90, p99=p99, min=float(values.min()), max=float(values.max()), mean=float(values.mean())
+    )
 
 
-def load_outputs(path: Path, crop_size=None, max_seq_length: int | None = None) -> list[tuple[dict, PackingArrays]]:
+def load_outputs(path: Path, crop_size=None, max_seq_length: int | None = None) -> list[tuple[RunReport, PackingArrays]]:
     """Report and arrays of every prefix of an output directory (one per --pack_sizes size), or of a prefix.
 
     A neva_pack output (any format) gives them from its meta, stats file and plan table; any other
-    prefix in NeMo's layout (no meta) from its .idx and cu_seqlens, given ``crop_size``.
+    prefix in NeMo's layout (no meta) from its .idx and cu_seqlens, given ``crop_size`` (a report
+    with no records, algorithm, seed or format: they are unknown).
     """
     from neva_pack import store as layout
     from neva_pack.errors import InputError
@@ -292,7 +296,7 @@ def load_outputs(path: Path, crop_size=None, max_seq_length: int | None = None) 
     return [_load_prefix(prefix) for prefix in prefixes]
 
 
-def _load_prefix(prefix: Path) -> tuple[dict, PackingArrays]:
+def _load_prefix(prefix: Path) -> tuple[RunReport, PackingArrays]:
     import json
 
     from neva_pack import store as layout
@@ -314,18 +318,15 @@ def _load_prefix(prefix: Path) -> tuple[dict, PackingArrays]:
     )
     stats_file = layout.stats_path_of(prefix)
     if stats_file.is_file():
-        return json.loads(stats_file.read_text(encoding="utf-8")), arrays
-    report = {
-        "dataset": meta.dataset,
-        "records": _records_from_meta(meta),
-        "algorithm": meta.algorithm,
-        "seed": meta.seed,
-        "output_format": meta.format,
-    }
-    return _complete(report, arrays, prefix, list(meta.crop_size)), arrays
+        return RunReport.from_json(json.loads(stats_file.read_text(encoding="utf-8"))), arrays
+    report = _report_of(
+        arrays, prefix, list(meta.crop_size), dataset=meta.dataset, records=_records_from_meta(meta),
+        algorithm=meta.algorithm, seed=meta.seed, image_positions=int(meta.image_positions), output_format=meta.format,
+    )  # fmt: skip
+    return report, arrays
 
 
-def _load_foreign(prefix: Path, crop_size, max_seq_length) -> tuple[dict, PackingArrays]:
+def _load_foreign(prefix: Path, crop_size, max_seq_length) -> tuple[RunReport, PackingArrays]:
     from neva_pack import store as layout
     from neva_pack.errors import InputError
     from neva_pack.formats import nemo
@@ -343,21 +344,25 @@ def _load_foreign(prefix: Path, crop_size, max_seq_length) -> tuple[dict, Packin
         image_positions=None,
         pack_images=table["pack_images"],
     )
-    return _complete({"records": None, "algorithm": None, "seed": None}, arrays, prefix, crop), arrays
+    return _report_of(arrays, prefix, crop, records=None, algorithm=None, seed=None), arrays
 
 
-def _complete(report: dict, arrays: PackingArrays, prefix: Path, crop) -> dict:
-    return report | {
-        "packing": packing_stats(arrays),
-        "data_prefix": str(prefix),
-        "crop_size": list(crop),
-        "max_seq_length": arrays.capacity,
-        "suggestion": None,
-        "training_overrides": training_overrides(str(prefix), crop, None, report.get("output_format")),
-    }
+def _report_of(arrays: PackingArrays, prefix: Path, crop, **known) -> RunReport:
+    """The report of a prefix without a stats file: what its packs show plus what is ``known``."""
+    output_format = known.get("output_format")
+    return RunReport(
+        packing=packing_stats(arrays),
+        data_prefix=str(prefix),
+        crop_size=list(crop),
+        max_seq_length=arrays.capacity,
+        suggestion=None,
+        training_overrides=training_overrides(str(prefix), crop, None, output_format),
+        **known,
+    )
 
 
-def _records_from_meta(meta) -> dict:
+def _records_from_meta(meta) -> RecordCounts:
     counts = meta.counts
-    return {"total": counts.records, "packed": counts.samples, "skipped": counts.skipped, "truncated": counts.truncated,
-            "skipped_by_reason": {}}  # fmt: skip
+    return RecordCounts(
+        total=counts.records, packed=counts.samples, skipped=counts.skipped, truncated=counts.truncated, skipped_by_reason={}
+    )

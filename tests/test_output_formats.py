@@ -19,6 +19,7 @@ import torch
 
 from neva_pack.cli import main
 from neva_pack.dataset import PackedSeqDataset
+from neva_pack.report import RunReport
 from neva_pack.stats import format_summary
 from tests.conftest import SAMPLE_DATA
 
@@ -253,7 +254,7 @@ def test_a_compact_output_tells_nemo_users_to_convert_first(sample_runs):
     report = json.loads((sample_runs / "compact" / "stats.json").read_text())
     converted = sample_runs / "compact_nemo" / "packed_seq_dataset"
     assert f"model.data.data_prefix={converted}" in report["training_overrides"]
-    summary = format_summary(report)
+    summary = format_summary(RunReport.from_json(report))
     assert f"neva-pack convert {sample_runs / 'compact'} {sample_runs / 'compact_nemo'} --to nemo" in summary
     nemo = json.loads((sample_runs / "nemo" / "stats.json").read_text())
     assert f"model.data.data_prefix={sample_runs / 'nemo' / 'packed_seq_dataset'}" in nemo["training_overrides"]

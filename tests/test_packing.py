@@ -233,14 +233,15 @@ def test_the_summary_suggests_near_optimal_when_it_saves_more_than_one_percent()
     config = SimpleNamespace(packing_algorithm="shuffle_and_pack", seed=0, max_samples_per_pack=None)
     plan = pack(lengths, 4096, algorithm="shuffle_and_pack")
     suggestion = _better_algorithm(config, lengths, plan)
-    assert suggestion["algorithm"] == "near_optimal" and suggestion["saving"] > 0.05
-    assert suggestion["packs"] == pack(lengths, 4096, algorithm="near_optimal").num_bins
+    assert suggestion.algorithm == "near_optimal" and suggestion.saving > 0.05
+    assert suggestion.packs == pack(lengths, 4096, algorithm="near_optimal").num_bins
     config.packing_algorithm = "near_optimal"
     assert _better_algorithm(config, lengths, pack(lengths, 4096, algorithm="near_optimal")) is None
+    from neva_pack.report import RunReport
     from neva_pack.stats import PackingArrays, packing_stats
 
     arrays = PackingArrays(capacity=4096, offsets=plan.offsets, lengths=lengths[plan.indices], num_images=None,
                            image_positions=None, pack_images=np.zeros(plan.num_bins, dtype=np.int64))  # fmt: skip
-    report = {"packing": packing_stats(arrays), "algorithm": "shuffle_and_pack", "seed": 0, "data_prefix": "x",
-              "training_overrides": [], "suggestion": suggestion}  # fmt: skip
-    assert f"hint           --packing_algorithm near_optimal would need {suggestion['packs']:,} packs" in format_summary(report)
+    report = RunReport(packing=packing_stats(arrays), records=None, algorithm="shuffle_and_pack", seed=0, data_prefix="x",
+                       crop_size=[336, 336], max_seq_length=4096, training_overrides=[], suggestion=suggestion)  # fmt: skip
+    assert f"hint           --packing_algorithm near_optimal would need {suggestion.packs:,} packs" in format_summary(report)

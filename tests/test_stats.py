@@ -15,7 +15,17 @@ from neva_pack.errors import ConfigError
 from neva_pack.explore import explore, load_lengths
 from neva_pack.formats.sample_store import SAMPLE_ROW
 from neva_pack.pipeline import _write_size_skipped
-from neva_pack.stats import PackingArrays, packing_stats
+from neva_pack.report import (
+    AlgorithmSuggestion,
+    BalanceReport,
+    CountSummary,
+    PackingStats,
+    PaddingStats,
+    Percentiles,
+    RecordCounts,
+    RunReport,
+)
+from neva_pack.stats import PackingArrays, format_summary, packing_stats, with_batch_size
 from tests.conftest import SAMPLE_DATA
 
 
@@ -75,6 +85,20 @@ def test_stats_of_a_prefix_without_meta_reads_the_index(output, tmp_path, capsys
     for key in ("packs", "lower_bound_packs", "efficiency", "samples", "images", "positions", "samples_per_pack"):
         assert report["packing"][key] == ours["packing"][key], key
     assert report["records"] is None and report["packing"]["text_positions"] is None
+    assert list(report) == list(ours) and report["algorithm"] is None and report["dataset"] is None  # same keys, unknowns null
+
+
+def test_stats_of_an_output_without_its_stats_file_rebuilds_the_report_from_meta_and_plan(output, tmp_path, capsys):
+    copy = tmp_path / "copy"
+    shutil.copytree(output, copy)
+    (copy / "stats.json").unlink()
+    assert main(["stats", str(copy), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    ours = json.loads((output / "stats.json").read_text())
+    assert list(report) == list(ours) and report["packing"] == ours["packing"]
+    assert report["records"] == ours["records"] and report["algorithm"] == ours["algorithm"] and report["seed"] == ours["seed"]
+    assert report["output_format"] == "nemo" and report["image_positions"] == ours["image_positions"]
+    assert report["seconds"] is None and report["data_prefix"] == str(copy / "packed_seq_dataset")
 
 
 def test_packing_stats_golden():
@@ -83,10 +107,67 @@ def test_packing_stats_golden():
         image_positions=3, pack_images=np.array([1, 0]),
     )  # fmt: skip
     stats = packing_stats(arrays)
-    assert stats["packs"] == 2 and stats["lower_bound_packs"] == 2 and stats["efficiency"] == 0.75
-    assert stats["pack_fill"]["min"] == 0.5 and stats["pack_fill"]["max"] == 1.0
-    assert stats["samples_per_pack"] == {"mean": 1.5, "min": 1, "max": 2}
-    assert stats["text_positions"]["max"] == 5 and stats["image_positions_per_sample"]["max"] == 3
+    assert stats.packs == 2 and stats.lower_bound_packs == 2 and stats.efficiency == 0.75
+    assert stats.pack_fill.min == 0.5 and stats.pack_fill.max == 1.0
+    assert stats.samples_per_pack == CountSummary(mean=1.5, min=1, max=2)
+    assert stats.text_positions.max == 5 and stats.image_positions_per_sample.max == 3
+    assert stats.samples_with_images == 1 and stats.padding == PaddingStats(pad_to_multiple_of=1, positions=0, overhead=0.0)
+
+
+def test_a_runs_stats_json_round_trips_through_the_typed_report(output):
+    """stats.json is RunReport.to_json(): reading and writing it back gives the same keys, values and order."""
+    text = (output / "stats.json").read_text()
+    data = json.loads(text)
+    report = RunReport.from_json(data)
+    assert isinstance(report.packing, PackingStats) and isinstance(report.packing.sample_length, Percentiles)
+    assert report.to_json() == data
+    assert list(report.to_json()) == list(data) and list(report.to_json()["packing"]) == list(data["packing"])
+    assert json.dumps(report.to_json(), indent=2) + "\n" == text  # byte for byte what the run wrote
+
+
+def test_an_older_stats_json_without_the_newer_optional_fields_still_loads(output, capsys):
+    """Before --pad_to_multiple_of, --balance_data_parallel and --output_format a stats.json had no
+    padding, balance, image_positions, output_format, GBS or seconds: it reads as a run without them."""
+    data = json.loads((output / "stats.json").read_text())
+    for key in ("balance", "image_positions", "output_format", "global_batch_size", "packed_global_batch_size", "seconds"):
+        del data[key]
+    del data["packing"]["padding"]
+    report = RunReport.from_json(data)
+    assert report.balance is None and report.output_format is None and report.seconds is None
+    assert report.packing.padding == PaddingStats(pad_to_multiple_of=1, positions=0, overhead=0.0)
+    assert report.packing.packs == data["packing"]["packs"]
+    assert "padding" not in format_summary(report) and "train with:" in format_summary(report)
+    restored = report.to_json()
+    assert {key: restored[key] for key in data} == data | {"packing": restored["packing"]}
+    assert restored["packing"] == data["packing"] | {"padding": {"pad_to_multiple_of": 1, "positions": 0, "overhead": 0.0}}
+
+
+def test_a_report_with_every_optional_part_round_trips():
+    """Suggestion and balance, absent from the sample run, are typed and written back as they were read."""
+    arrays = PackingArrays(
+        capacity=10, offsets=np.array([0, 2, 3]), lengths=np.array([6, 4, 5]), num_images=np.array([1, 0, 0]),
+        image_positions=3, pack_images=np.array([1, 0]), padded_lengths=np.array([6, 4, 6]), pad_to_multiple_of=2,
+    )  # fmt: skip
+    report = RunReport(
+        dataset="d.json", records=RecordCounts(total=4, packed=3, skipped=1, truncated=0, skipped_by_reason={"bad": 1}),
+        packing=packing_stats(arrays), algorithm="first_fit_shuffle", seed=3,
+        suggestion=AlgorithmSuggestion(algorithm="near_optimal", packs=1, saving=0.5),
+        balance=BalanceReport(data_parallel=2, attention_overhead_before=0.5, attention_overhead_after=0.1,
+                              tokens_overhead_before=0.4, tokens_overhead_after=0.2, images_overhead_before=1.0,
+                              images_overhead_after=0.0),
+        max_seq_length=10, image_positions=3, output_format="compact", data_prefix="o/packed_seq_dataset",
+        crop_size=[4, 4], global_batch_size=8, packed_global_batch_size=5, training_overrides=["a=b"], seconds=1.5,
+    )  # fmt: skip
+    data = json.loads(json.dumps(report.to_json()))
+    assert RunReport.from_json(data) == report and RunReport.from_json(data).to_json() == data
+    assert data["packing"]["padding"] == {"pad_to_multiple_of": 2, "positions": 1, "overhead": 1 / 15}
+    assert data["suggestion"] == {"algorithm": "near_optimal", "packs": 1, "saving": 0.5}
+    assert list(data["balance"])[:3] == ["data_parallel", "attention_overhead_before", "attention_overhead_after"]
+    summary = format_summary(report)
+    assert "padding                 1   positions to align samples to a multiple of 2 (+6.67% over the real positions)" in summary
+    assert "balance        N = 2 ranks" in summary and "attention 50.00% -> 10.00%" in summary
+    assert "hint           --packing_algorithm near_optimal would need 1 packs (50.0% fewer)" in summary
+    assert with_batch_size(report, 16).packed_global_batch_size == round(16 / 1.5)
 
 
 def test_plan_explores_sizes_from_the_store(output, capsys):
