@@ -95,7 +95,7 @@ def test_the_image_run_and_ignore_index_are_recorded_and_checked_on_resume(tmp_p
     store_writer.append(sample(0, [10, *RUN, 11], [IGNORE, IGNORE, IGNORE, IGNORE, 11, IGNORE], [1]))
     store_writer.commit(1)
     progress = json.loads((tmp_path / "progress.json").read_text())
-    assert progress["image_run"] == RUN and progress["ignore_index"] == IGNORE
+    assert progress["image_run"] == [[5, 1], [6, 2], [7, 1]] and progress["ignore_index"] == IGNORE
     from neva_pack.errors import ConfigError
 
     with pytest.raises(ConfigError, match="image_run"):

@@ -15,10 +15,10 @@ Written in shards so that a killed run resumes::
       shard_00000.image_keys        shard or earlier in this one, uint8 (3, H, W) after resize/crop/pad,
                                     before rescale/normalise (formats/image_pool.py); absent if none
 
-An image run is the same N ids every time (progress.json's image_run) with ignored labels
-(progress.json's ignore_index) except at its last position, so, as in the compact format, only
-its last position is stored; the writer refuses a sample that breaks this and the reader puts the
-runs back (``SampleStore.tokens_labels`` gives the exact arrays the sample had).
+An image run is the same N ids every time (progress.json's image_run, as [id, repeats] pairs)
+with ignored labels (progress.json's ignore_index) except at its last position, so, as in the
+compact format, only its last position is stored; the writer refuses a sample that breaks this
+and the reader puts the runs back (``SampleStore.tokens_labels`` gives the exact arrays).
 
 The pool parts are also the compact format's image pool: re-packing at another size or with
 another algorithm reads them, re-encodes nothing, and a compact output adds no pixel of its own.
@@ -107,7 +107,7 @@ class SampleStoreWriter:
             _check_fingerprint(progress["fingerprint"], fingerprint)
             _check_fingerprint(
                 {"image_run": progress["image_run"], "ignore_index": progress["ignore_index"]},
-                {"image_run": self.image_run.tolist(), "ignore_index": self.ignore_index},
+                {"image_run": _run_pairs(self.image_run), "ignore_index": self.ignore_index},
             )
             self.shards = [ShardInfo(**shard) for shard in progress["shards"]]
             self.complete = bool(progress["complete"])
@@ -172,7 +172,7 @@ class SampleStoreWriter:
                 "format": STORE_FORMAT,
                 "version": STORE_FORMAT_VERSION,
                 "image_shape": list(self.image_shape),
-                "image_run": self.image_run.tolist(),
+                "image_run": _run_pairs(self.image_run),
                 "ignore_index": self.ignore_index,
                 "fingerprint": self.fingerprint,
                 "complete": complete,
@@ -270,7 +270,7 @@ class SampleStore:
             raise InputError(f"{self.directory}: the sample store is incomplete (resume the run with --resume)")
         self.fingerprint = progress["fingerprint"]
         self.image_shape = tuple(progress["image_shape"])
-        self.image_run = np.asarray(progress["image_run"], dtype=STORE_TEXT_DTYPE)
+        self.image_run = np.repeat(*np.array(progress["image_run"], dtype=np.int64).reshape(-1, 2).T).astype(STORE_TEXT_DTYPE)
         self.ignore_index = int(progress["ignore_index"])
         self.shards = [ShardInfo(**shard) for shard in progress["shards"]]
         rows = [np.fromfile(shard_rows_path(self.directory, s.name), dtype=SAMPLE_ROW) for s in self.shards]
@@ -348,6 +348,12 @@ class SampleStore:
     def images(self, i: int) -> np.ndarray:
         """uint8 (num_images, 3, H, W) of sample i."""
         return self.pool.read(self.image_indices(i))
+
+
+def _run_pairs(run: np.ndarray) -> list[list[int]]:
+    """The run as [id, repeats] pairs: [start, patch x 576, end] is 3 pairs in progress.json, not 578 lines."""
+    breaks = np.flatnonzero(np.diff(run)) + 1
+    return [[int(part[0]), len(part)] for part in np.split(run, breaks)]
 
 
 def _run_positions(image_starts, run_length: int, length: int) -> np.ndarray:
