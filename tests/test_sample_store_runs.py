@@ -1,4 +1,5 @@
-"""The sample store keeps only the last position of each image run and gives back every position."""
+"""The sample store keeps only the last position of each image run and which positions are trained,
+and gives back every token and label."""
 
 import json
 import tempfile
@@ -31,21 +32,24 @@ def writer(directory, run, **kwargs) -> SampleStoreWriter:
 
 @st.composite
 def samples_and_run(draw):
-    """Samples of text ids (>= 10) and image runs of 1 to 4 ids below 10 (labels ignored but the last's)."""
+    """Samples of text ids (>= 10) and image runs of 1 to 4 ids below 10; a label is the next id or
+    ignored (always at an image run's first N - 1 positions), tokens = ids[:-1], as samples.py makes them."""
     run = draw(st.lists(st.integers(-300, 9), min_size=1, max_size=4))
     samples = []
     for index in range(draw(st.integers(1, 6))):
-        tokens, labels, starts = [], [], []
+        ids, starts = [], []
         for part in draw(st.lists(st.sampled_from(["text", "image"]), min_size=1, max_size=5)):
             if part == "image":
-                starts.append(len(tokens))
-                tokens += run
-                labels += [IGNORE] * (len(run) - 1) + [draw(st.sampled_from([IGNORE, 42]))]
+                starts.append(len(ids))
+                ids += run
             else:
-                ids = draw(st.lists(st.integers(10, 99), min_size=1, max_size=4))
-                tokens += ids
-                labels += [draw(st.sampled_from([IGNORE, i])) for i in ids]
-        samples.append(sample(index, tokens, labels, starts))
+                ids += draw(st.lists(st.integers(10, 99), min_size=1, max_size=4))
+        ids.append(draw(st.integers(10, 99)))  # the last id, only a label
+        in_run = np.zeros(len(ids), dtype=bool)
+        for start in starts:
+            in_run[start : start + len(run) - 1] = True
+        labels = [IGNORE if in_run[k] or not draw(st.booleans()) else ids[k + 1] for k in range(len(ids) - 1)]
+        samples.append(sample(index, ids[:-1], labels, starts))
     return run, samples, draw(st.integers(1, 3))
 
 
@@ -63,9 +67,10 @@ def test_store_elides_image_runs_and_reads_back_every_position(case):
                 store_writer.commit(s.index + 1)
         store_writer.finish(len(samples))
         store = SampleStore(Path(tmp))
-        stored_items = sum(len(s.tokens) - (len(run) - 1) * len(s.image_starts) for s in samples)
+        kept = [len(s.tokens) - (len(run) - 1) * len(s.image_starts) for s in samples]
         stored_bytes = sum((Path(tmp) / f"{shard.name}_text.bin").stat().st_size for shard in store.shards if shard.samples)
-        assert stored_bytes == 4 * (2 * stored_items + sum(len(s.image_starts) for s in samples))
+        bits_bytes = sum(-(-n // 32) * 4 for n in kept)  # 8 positions a byte, in int32 words
+        assert stored_bytes == 4 * (sum(kept) + len(samples) + sum(len(s.image_starts) for s in samples)) + bits_bytes
         for i, s in enumerate(samples):
             tokens, labels = store.tokens_labels(i)
             assert tokens.dtype == labels.dtype == np.int32
@@ -83,6 +88,7 @@ RUN = [5, 6, 6, 7]
         ([10, 5, 6, 8, 7, 11], [IGNORE] * 6, "an id of the run is not the layout's"),
         ([10, 5, 6, 6, 7, 11], [IGNORE, IGNORE, 6, IGNORE, IGNORE, IGNORE], "a position of the run is trained"),
         ([10, 5, 6, 6], [IGNORE] * 4, "the run leaves the sample"),
+        ([10, 5, 6, 6, 7, 11], [IGNORE] * 4 + [12, IGNORE], "a trained label is not the next token"),
     ],
 )
 def test_a_sample_whose_image_run_breaks_the_layout_is_refused(tmp_path, tokens, labels, why):

@@ -7,9 +7,10 @@ Written in shards so that a killed run resumes::
                                     "complete" once every record is in; rewritten atomically
       shard_00000.rows              raw little-endian SAMPLE_ROW records, one per sample
       shard_00000.skipped.jsonl     the shard's skipped records
-      shard_00000_text.bin/.idx     IndexedDataset int32, document i = sample i:
-                                    [tokens, labels, image_starts (where each image run begins)],
-                                    tokens and labels without each image run's first N - 1 positions
+      shard_00000_text.bin/.idx     IndexedDataset int32, document i = sample i: [tokens + the label
+                                    of the last token, trained bits (labels != ignore_index, packed
+                                    8 a byte), image_starts (where each image run begins)]; tokens
+                                    and bits without each image run's first N - 1 positions
       shard_00000.image_refs        16-byte content key of every image of the shard's samples, in order
       shard_00000.images            the image pool part of the shard: each image not seen in an earlier
       shard_00000.image_keys        shard or earlier in this one, uint8 (3, H, W) after resize/crop/pad,
@@ -18,7 +19,8 @@ Written in shards so that a killed run resumes::
 An image run is the same N ids every time (progress.json's image_run, as [id, repeats] pairs)
 with ignored labels (progress.json's ignore_index) except at its last position, so, as in the
 compact format, only its last position is stored; the writer refuses a sample that breaks this
-and the reader puts the runs back (``SampleStore.tokens_labels`` gives the exact arrays).
+and the reader puts the runs back (``SampleStore.tokens_labels`` gives the exact arrays). A
+label is the next id where trained (samples.py), so only which positions are trained is stored.
 
 The pool parts are also the compact format's image pool: re-packing at another size or with
 another algorithm reads them, re-encodes nothing, and a compact output adds no pixel of its own.
@@ -49,9 +51,9 @@ from neva_pack.store import (
 )
 
 STORE_FORMAT = "neva_pack.sample_store"
-STORE_FORMAT_VERSION = 5  # 5: image runs elided from the text
+STORE_FORMAT_VERSION = 5  # 5: image runs elided from the text, labels as trained bits
 STORE_TEXT_DTYPE = np.int32
-_TEXT_ITEMS = 3  # tokens, labels, image_starts
+_TEXT_ITEMS = 3  # tokens + last label, trained bits, image_starts
 STORE_IMAGE_DTYPE = np.uint8
 """Images are stored after resize/crop/pad, before rescale/normalise (formats/image_pool.py)."""
 SAMPLE_ROW = np.dtype(
@@ -215,8 +217,11 @@ class _OpenShard:
         runs = np.tile(self.image_run[:-1], len(sample.image_starts))
         if not (np.array_equal(sample.tokens[elided], runs) and np.all(sample.labels[elided] == self.ignore_index)):
             raise ValueError(f"record {sample.index}: an image run is not the layout's ids with ignored labels (a bug)")
-        tokens, labels = np.delete(sample.tokens, elided), np.delete(sample.labels, elided)
-        for item in (tokens, labels, sample.image_starts):
+        trained = sample.labels != self.ignore_index
+        if not np.array_equal(sample.labels[:-1][trained[:-1]], sample.tokens[1:][trained[:-1]]):
+            raise ValueError(f"record {sample.index}: a trained label is not the next token (a bug)")
+        tokens = np.append(np.delete(sample.tokens, elided), sample.labels[-1:])
+        for item in (tokens, _pack_bits(np.delete(trained, elided)), sample.image_starts):
             self._text.add_item(_torch_view(np.ascontiguousarray(item, dtype=STORE_TEXT_DTYPE)))
         self._text.end_document()
         for image in sample.images:
@@ -315,17 +320,17 @@ class SampleStore:
     def tokens_labels(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         shard, local = self._locate(i)
         text = self._dataset(self._text, shard, "text")
-        tokens, labels, starts = (text[_TEXT_ITEMS * local + k] for k in range(_TEXT_ITEMS))
-        elided = _run_positions(starts, len(self.image_run), int(self.rows["length"][i]))
-        if len(elided) == 0:
-            return tokens, labels
-        kept = np.ones(int(self.rows["length"][i]), dtype=bool)
+        stored, bits, starts = (text[_TEXT_ITEMS * local + k] for k in range(_TEXT_ITEMS))
+        length = int(self.rows["length"][i])
+        elided = _run_positions(starts, len(self.image_run), length)
+        kept = np.ones(length, dtype=bool)
         kept[elided] = False
-        full_tokens = np.empty(len(kept), dtype=STORE_TEXT_DTYPE)
-        full_labels = np.full(len(kept), self.ignore_index, dtype=STORE_TEXT_DTYPE)
-        full_tokens[elided] = np.tile(self.image_run[:-1], len(starts))
-        full_tokens[kept], full_labels[kept] = tokens, labels
-        return full_tokens, full_labels
+        ids = np.empty(length + 1, dtype=STORE_TEXT_DTYPE)  # the tokens and the last label
+        ids[elided] = np.tile(self.image_run[:-1], len(starts))
+        ids[np.append(kept, True)] = stored
+        trained = np.zeros(length, dtype=bool)
+        trained[kept] = np.unpackbits(bits.view(np.uint8), count=length - len(elided)).astype(bool)
+        return ids[:-1], np.where(trained, ids[1:], STORE_TEXT_DTYPE(self.ignore_index)).astype(STORE_TEXT_DTYPE)
 
     def image_starts(self, i: int) -> np.ndarray:
         shard, local = self._locate(i)
@@ -348,6 +353,12 @@ class SampleStore:
     def images(self, i: int) -> np.ndarray:
         """uint8 (num_images, 3, H, W) of sample i."""
         return self.pool.read(self.image_indices(i))
+
+
+def _pack_bits(mask: np.ndarray) -> np.ndarray:
+    """A bool mask as int32 words, 8 positions a byte (the text file holds int32 items)."""
+    packed = np.packbits(mask)
+    return np.pad(packed, (0, -len(packed) % 4)).view(STORE_TEXT_DTYPE)
 
 
 def _run_pairs(run: np.ndarray) -> list[list[int]]:
