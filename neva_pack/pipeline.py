@@ -337,7 +337,12 @@ def _encode_samples(config, builder, output_dir: Path, total: int, progress: boo
     from torch.utils.data import DataLoader
 
     writer = sample_store.SampleStoreWriter(
-        layout.store_dir(output_dir), builder.preprocessor.shape, sample_fingerprint(config), resume=config.resume
+        layout.store_dir(output_dir),
+        builder.preprocessor.shape,
+        sample_fingerprint(config),
+        resume=config.resume,
+        image_run=builder.layout.run(),
+        ignore_index=config.ignore_index,
     )
     start = writer.next_record
     skipped = sum(sum(s.skipped_by_reason.values()) for s in writer.shards)

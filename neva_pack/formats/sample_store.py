@@ -7,12 +7,20 @@ Written in shards so that a killed run resumes::
                                     "complete" once every record is in; rewritten atomically
       shard_00000.rows              raw little-endian SAMPLE_ROW records, one per sample
       shard_00000.skipped.jsonl     the shard's skipped records
-      shard_00000_text.bin/.idx     IndexedDataset int32, document i = sample i:
-                                    [tokens, labels, image_starts (where each image run begins)]
+      shard_00000_text.bin/.idx     IndexedDataset int32, document i = sample i: [tokens + the label
+                                    of the last token, trained bits (labels != ignore_index, packed
+                                    8 a byte), image_starts (where each image run begins)]; tokens
+                                    and bits without each image run's first N - 1 positions
       shard_00000.image_refs        16-byte content key of every image of the shard's samples, in order
       shard_00000.images            the image pool part of the shard: each image not seen in an earlier
       shard_00000.image_keys        shard or earlier in this one, uint8 (3, H, W) after resize/crop/pad,
                                     before rescale/normalise (formats/image_pool.py); absent if none
+
+An image run is the same N ids every time (progress.json's image_run, as [id, repeats] pairs)
+with ignored labels (progress.json's ignore_index) except at its last position, so, as in the
+compact format, only its last position is stored; the writer refuses a sample that breaks this
+and the reader puts the runs back (``SampleStore.tokens_labels`` gives the exact arrays). A
+label is the next id where trained (samples.py), so only which positions are trained is stored.
 
 The pool parts are also the compact format's image pool: re-packing at another size or with
 another algorithm reads them, re-encodes nothing, and a compact output adds no pixel of its own.
@@ -43,9 +51,9 @@ from neva_pack.store import (
 )
 
 STORE_FORMAT = "neva_pack.sample_store"
-STORE_FORMAT_VERSION = 4
+STORE_FORMAT_VERSION = 5  # 5: image runs elided from the text, labels as trained bits
 STORE_TEXT_DTYPE = np.int32
-_TEXT_ITEMS = 3  # tokens, labels, image_starts
+_TEXT_ITEMS = 3  # tokens + last label, trained bits, image_starts
 STORE_IMAGE_DTYPE = np.uint8
 """Images are stored after resize/crop/pad, before rescale/normalise (formats/image_pool.py)."""
 SAMPLE_ROW = np.dtype(
@@ -87,14 +95,22 @@ class SampleStoreWriter:
     drops whatever was not committed and continues at ``next_record``.
     """
 
-    def __init__(self, directory: Path, image_shape, fingerprint: dict, resume: bool = False):
+    def __init__(
+        self, directory: Path, image_shape, fingerprint: dict, resume: bool = False, *, image_run, ignore_index: int
+    ):
         self.directory = Path(directory)
         self.image_shape = tuple(image_shape)
         self.fingerprint = fingerprint
+        self.image_run = np.asarray(image_run, dtype=STORE_TEXT_DTYPE)
+        self.ignore_index = int(ignore_index)
         self.shards: list[ShardInfo] = []
         if resume and (self.directory / STORE_PROGRESS).is_file():
             progress = _read_progress(self.directory)
             _check_fingerprint(progress["fingerprint"], fingerprint)
+            _check_fingerprint(
+                {"image_run": progress["image_run"], "ignore_index": progress["ignore_index"]},
+                {"image_run": _run_pairs(self.image_run), "ignore_index": self.ignore_index},
+            )
             self.shards = [ShardInfo(**shard) for shard in progress["shards"]]
             self.complete = bool(progress["complete"])
         else:
@@ -122,7 +138,10 @@ class SampleStoreWriter:
         if self._open is None:
             name = f"shard_{len(self.shards):05d}"
             pool = PoolWriter(pool_part(self.directory, name, 0), self._known, sum(s.pool_images for s in self.shards))
-            self._open = _OpenShard(self.directory, name, self.next_record, self.image_shape, pool)
+            self._open = _OpenShard(
+                self.directory, name, self.next_record, self.image_shape, pool,
+                image_run=self.image_run, ignore_index=self.ignore_index,
+            )  # fmt: skip
         return self._open
 
     def append(self, sample) -> None:
@@ -155,6 +174,8 @@ class SampleStoreWriter:
                 "format": STORE_FORMAT,
                 "version": STORE_FORMAT_VERSION,
                 "image_shape": list(self.image_shape),
+                "image_run": _run_pairs(self.image_run),
+                "ignore_index": self.ignore_index,
                 "fingerprint": self.fingerprint,
                 "complete": complete,
                 "shards": [
@@ -167,8 +188,12 @@ class SampleStoreWriter:
 class _OpenShard:
     """The shard being written: builders are created on first use (Megatron cannot map an empty .bin)."""
 
-    def __init__(self, directory: Path, name: str, first_record: int, image_shape, pool: PoolWriter):
+    def __init__(
+        self, directory: Path, name: str, first_record: int, image_shape, pool: PoolWriter, *, image_run, ignore_index
+    ):
         self.directory = directory
+        self.image_run = image_run
+        self.ignore_index = ignore_index
         self.name = name
         self.first_record = first_record
         self.image_shape = image_shape
@@ -188,8 +213,16 @@ class _OpenShard:
         mi = _megatron()
         if self._text is None:
             self._text = mi.IndexedDatasetBuilder(str(shard_text_prefix(self.directory, self.name)) + ".bin", dtype=STORE_TEXT_DTYPE)
-        for item in (sample.tokens, sample.labels, sample.image_starts):
-            self._text.add_item(_torch_view(item))
+        elided = _run_positions(sample.image_starts, len(self.image_run), len(sample.tokens))
+        runs = np.tile(self.image_run[:-1], len(sample.image_starts))
+        if not (np.array_equal(sample.tokens[elided], runs) and np.all(sample.labels[elided] == self.ignore_index)):
+            raise ValueError(f"record {sample.index}: an image run is not the layout's ids with ignored labels (a bug)")
+        trained = sample.labels != self.ignore_index
+        if not np.array_equal(sample.labels[:-1][trained[:-1]], sample.tokens[1:][trained[:-1]]):
+            raise ValueError(f"record {sample.index}: a trained label is not the next token (a bug)")
+        tokens = np.append(np.delete(sample.tokens, elided), sample.labels[-1:])
+        for item in (tokens, _pack_bits(np.delete(trained, elided)), sample.image_starts):
+            self._text.add_item(_torch_view(np.ascontiguousarray(item, dtype=STORE_TEXT_DTYPE)))
         self._text.end_document()
         for image in sample.images:
             key, _ = self._pool.add(image)
@@ -242,6 +275,8 @@ class SampleStore:
             raise InputError(f"{self.directory}: the sample store is incomplete (resume the run with --resume)")
         self.fingerprint = progress["fingerprint"]
         self.image_shape = tuple(progress["image_shape"])
+        self.image_run = np.repeat(*np.array(progress["image_run"], dtype=np.int64).reshape(-1, 2).T).astype(STORE_TEXT_DTYPE)
+        self.ignore_index = int(progress["ignore_index"])
         self.shards = [ShardInfo(**shard) for shard in progress["shards"]]
         rows = [np.fromfile(shard_rows_path(self.directory, s.name), dtype=SAMPLE_ROW) for s in self.shards]
         self.rows = np.concatenate(rows) if rows else np.zeros(0, dtype=SAMPLE_ROW)
@@ -285,7 +320,17 @@ class SampleStore:
     def tokens_labels(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         shard, local = self._locate(i)
         text = self._dataset(self._text, shard, "text")
-        return text[_TEXT_ITEMS * local], text[_TEXT_ITEMS * local + 1]
+        stored, bits, starts = (text[_TEXT_ITEMS * local + k] for k in range(_TEXT_ITEMS))
+        length = int(self.rows["length"][i])
+        elided = _run_positions(starts, len(self.image_run), length)
+        kept = np.ones(length, dtype=bool)
+        kept[elided] = False
+        ids = np.empty(length + 1, dtype=STORE_TEXT_DTYPE)  # the tokens and the last label
+        ids[elided] = np.tile(self.image_run[:-1], len(starts))
+        ids[np.append(kept, True)] = stored
+        trained = np.zeros(length, dtype=bool)
+        trained[kept] = np.unpackbits(bits.view(np.uint8), count=length - len(elided)).astype(bool)
+        return ids[:-1], np.where(trained, ids[1:], STORE_TEXT_DTYPE(self.ignore_index)).astype(STORE_TEXT_DTYPE)
 
     def image_starts(self, i: int) -> np.ndarray:
         shard, local = self._locate(i)
@@ -308,6 +353,26 @@ class SampleStore:
     def images(self, i: int) -> np.ndarray:
         """uint8 (num_images, 3, H, W) of sample i."""
         return self.pool.read(self.image_indices(i))
+
+
+def _pack_bits(mask: np.ndarray) -> np.ndarray:
+    """A bool mask as int32 words, 8 positions a byte (the text file holds int32 items)."""
+    packed = np.packbits(mask)
+    return np.pad(packed, (0, -len(packed) % 4)).view(STORE_TEXT_DTYPE)
+
+
+def _run_pairs(run: np.ndarray) -> list[list[int]]:
+    """The run as [id, repeats] pairs: [start, patch x 576, end] is 3 pairs in progress.json, not 578 lines."""
+    breaks = np.flatnonzero(np.diff(run)) + 1
+    return [[int(part[0]), len(part)] for part in np.split(run, breaks)]
+
+
+def _run_positions(image_starts, run_length: int, length: int) -> np.ndarray:
+    """Positions of the first run_length - 1 ids of each image run: what the store leaves out."""
+    starts = np.asarray(image_starts, dtype=np.int64)
+    if len(starts) and (starts[0] < 0 or np.any(np.diff(starts) < run_length) or starts[-1] + run_length > length):
+        raise ValueError(f"image runs at {starts.tolist()} overlap or leave the sample of {length} positions (a bug)")
+    return (starts[:, None] + np.arange(max(run_length - 1, 0))).ravel()
 
 
 def _read_progress(directory: Path) -> dict:
