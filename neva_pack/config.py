@@ -85,6 +85,13 @@ class PreprocessConfig:
     """Records per committed store shard (and every tenth of that, packs per writer checkpoint):
     at most this much work is redone after a crash."""
 
+    # --- sharded preprocessing (issue 12; neva_pack.shards) -----------------------------------
+    num_shards: int | None = None
+    """Split the records into this many contiguous ranges, one per node (e.g. a SLURM job array)."""
+    shard_index: int | None = None
+    """Encode only this shard's range into its own store part; None with num_shards: the final step
+    that joins the parts, packs and writes (the same bytes as a run without shards)."""
+
     def __post_init__(self):
         for name in ("data_path", "output_dir", "tokenizer_path", "image_folder"):
             value = getattr(self, name)
@@ -118,6 +125,10 @@ class PreprocessConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"--{name} {value}: must be >= 1")
+        if self.num_shards is not None or self.shard_index is not None:
+            from neva_pack.shards import resolve_shards
+
+            resolve_shards(self.num_shards, self.shard_index, environ={})  # validates, no defaults here
         if self.crop_size is not None:
             object.__setattr__(self, "crop_size", tuple(int(v) for v in self.crop_size))
         if self.pack_sizes is not None:

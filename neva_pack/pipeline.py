@@ -23,6 +23,7 @@ import numpy as np
 from tqdm import tqdm
 
 from neva_pack import __version__
+from neva_pack import shards
 from neva_pack import store as layout
 from neva_pack.config import PreprocessConfig
 from neva_pack.encoders import resolve_encoder
@@ -53,6 +54,8 @@ class RunResult:
     """Pack size -> everything its stats file holds: counts, skips by reason, packing figures, overrides."""
     exit_code: int
     """0, or 1 when --strict and a record was skipped."""
+    notes: tuple[str, ...] = ()
+    """Lines for the user beyond the reports (what a shard's run did, and what comes next)."""
 
     @property
     def report(self) -> dict:
@@ -118,10 +121,80 @@ def sample_fingerprint(config: PreprocessConfig) -> dict:
 def preprocess(config: PreprocessConfig, progress: bool = True) -> RunResult:
     started = time.perf_counter()
     builder = build_sample_builder(config)
+    if config.num_shards is not None:
+        return _preprocess_sharded(config, builder, progress, started)
     output_dir = _prepare_output_dir(config)
     total = count_records(config.data_path, progress=progress)
 
-    _encode_samples(config, builder, output_dir, total, progress)
+    _encode_samples(config, builder, layout.store_dir(output_dir), output_dir, total, progress)
+    return _pack_and_write(config, builder, output_dir, total, progress, started)
+
+
+def _preprocess_sharded(config: PreprocessConfig, builder: SampleBuilder, progress: bool, started: float) -> RunResult:
+    """A shard's part (--shard_index given), or the final step: join the parts, pack, write."""
+    output_dir = Path(config.output_dir)
+    total = count_records(config.data_path, progress=progress)
+    fingerprint = shards.content_fingerprint(config, builder, total)
+    store_directory = layout.store_dir(output_dir)
+    if config.shard_index is None:
+        _prepare_final_dir(config, output_dir)
+        shards.join_parts(
+            store_directory, config.num_shards, total, fingerprint, builder.preprocessor.shape, sample_fingerprint(config)
+        )
+        return _pack_and_write(config, builder, output_dir, total, progress, started)
+    first, end = shards.shard_range(total, config.num_shards, config.shard_index)
+    part = shards.part_dir(store_directory, config.num_shards, config.shard_index)
+    _prepare_part_dir(config, part)
+    partition = shards.Partition(
+        num_shards=config.num_shards,
+        shard_index=config.shard_index,
+        total_records=total,
+        first_record=first,
+        end_record=end,
+        fingerprint=fingerprint,
+    )
+    _encode_samples(config, builder, part, part, total, progress, first=first, end=end, extra={"partition": partition.to_json()})
+    note = (
+        f"shard {config.shard_index} of {config.num_shards}: records {first}..{end - 1} encoded into {part}; "
+        f"once every shard is done, run the same command without --shard_index to pack"
+    )
+    return RunResult(reports={}, exit_code=0, notes=(note,))
+
+
+def _prepare_part_dir(config: PreprocessConfig, part: Path) -> None:
+    """A part's directory is its own output: non-empty needs --resume or --overwrite (which removes only it)."""
+    if part.is_dir() and any(part.iterdir()):
+        if config.overwrite:
+            shutil.rmtree(part)
+        elif not config.resume:
+            raise ConfigError(f"{part}: this shard was started before; pass --resume to continue it or --overwrite to redo it")
+    try:
+        part.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--output_dir {config.output_dir}: cannot write ({exc.strerror or exc})") from None
+
+
+def _prepare_final_dir(config: PreprocessConfig, output_dir: Path) -> None:
+    """The final step finds the parts in the sample store; any other output needs --resume or --overwrite."""
+    store_name = layout.store_dir(output_dir).name
+    others = sorted(p.name for p in output_dir.iterdir() if p.name != store_name) if output_dir.is_dir() else []
+    if others and not (config.resume or config.overwrite):
+        raise ConfigError(
+            f"--output_dir {output_dir}: already holds {others[0]}; pass --resume to continue the final step "
+            "or --overwrite to write it again (the shards' parts are kept)"
+        )
+    if config.overwrite:
+        for path in layout.output_paths(output_dir):
+            if path.name == store_name:
+                continue
+            if path.is_dir():
+                shutil.rmtree(path)
+            elif path.exists():
+                path.unlink()
+
+
+def _pack_and_write(config, builder, output_dir: Path, total: int, progress: bool, started: float) -> RunResult:
+    """Pack the complete sample store at each size and publish the prefixes."""
     store = layout.SampleStore(layout.store_dir(output_dir))
     _write_skipped(store.skipped_files(), output_dir)
     if len(store) == 0:
@@ -204,24 +277,30 @@ def _prepare_output_dir(config: PreprocessConfig) -> Path:
     return output_dir
 
 
-def _encode_samples(config, builder, output_dir: Path, total: int, progress: bool) -> None:
-    """Stream samples from the DataLoader into the store, committing a shard every checkpoint."""
+def _encode_samples(
+    config, builder, store_directory: Path, report_dir: Path, total: int, progress: bool, first: int = 0,
+    end: int | None = None, extra: dict | None = None,
+) -> None:
+    """Stream samples of records [first, end) from the DataLoader into the store at ``store_directory``,
+    committing a store shard every checkpoint."""
     from torch.utils.data import DataLoader
 
+    end = total if end is None else end
     writer = layout.SampleStoreWriter(
-        layout.store_dir(output_dir), builder.preprocessor.shape, sample_fingerprint(config), resume=config.resume
-    )
+        store_directory, builder.preprocessor.shape, sample_fingerprint(config), resume=config.resume,
+        first_record=first, extra=extra,
+    )  # fmt: skip
     start = writer.next_record
     skipped = sum(sum(s.skipped_by_reason.values()) for s in writer.shards)
-    if start < total:
+    if start < end:
         loader = DataLoader(
-            SampleStream(config.data_path, builder, start=start, batch_size=RECORDS_PER_MESSAGE),
+            SampleStream(config.data_path, builder, start=start, end=end, batch_size=RECORDS_PER_MESSAGE),
             batch_size=None,
             num_workers=config.num_workers,
             collate_fn=passthrough,
             prefetch_factor=MESSAGES_IN_FLIGHT if config.num_workers else None,
         )
-        bar = tqdm(total=total, initial=start, desc="tokenize + images", unit="rec", disable=not progress)
+        bar = tqdm(total=end - first, initial=start - first, desc="tokenize + images", unit="rec", disable=not progress)
         for position, item in enumerate(itertools.chain.from_iterable(loader), start=start):
             if isinstance(item, Skipped):
                 writer.skip(item)
@@ -231,18 +310,18 @@ def _encode_samples(config, builder, output_dir: Path, total: int, progress: boo
                 writer.append(item)
             bar.update()
             done = position + 1
-            if done % config.checkpoint_every == 0 and done < total:
+            if done % config.checkpoint_every == 0 and done < end:
                 writer.commit(done)
-            if done >= SKIP_CHECK_AFTER or done == total:
-                _check_skip_fraction(config, writer, skipped, done, output_dir)
+            if done - first >= SKIP_CHECK_AFTER or done == end:
+                _check_skip_fraction(config, writer, skipped, done - first, report_dir)
         bar.close()
-    writer.finish(total)
+    writer.finish(end)
 
 
 def _check_skip_fraction(config, writer, skipped: int, done: int, output_dir: Path) -> None:
     if skipped <= config.max_skip_fraction * done:
         return
-    writer.commit(done)
+    writer.commit(writer.first_record + done)  # done counts from the first record of the run (or shard)
     _write_skipped(writer.skipped_files(), output_dir)
     raise InputError(
         f"{skipped} of the first {done} records were skipped (> --max_skip_fraction {config.max_skip_fraction}); "

@@ -37,6 +37,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -203,10 +204,14 @@ class SampleStoreWriter:
     drops whatever was not committed and continues at ``next_record``.
     """
 
-    def __init__(self, directory: Path, image_shape, fingerprint: dict, resume: bool = False):
+    def __init__(
+        self, directory: Path, image_shape, fingerprint: dict, resume: bool = False, first_record: int = 0, extra: dict | None = None
+    ):
         self.directory = Path(directory)
         self.image_shape = tuple(image_shape)
         self.fingerprint = fingerprint
+        self.first_record = first_record  # a sharded run's part starts at its range (neva_pack.shards)
+        self.extra = extra or {}  # written into progress.json as is (a part's partition, a join's origin)
         self.shards: list[ShardInfo] = []
         if resume and (self.directory / STORE_PROGRESS).is_file():
             progress = _read_progress(self.directory)
@@ -221,7 +226,7 @@ class SampleStoreWriter:
 
     @property
     def next_record(self) -> int:
-        return self.shards[-1].end_record if self.shards else 0
+        return self.shards[-1].end_record if self.shards else self.first_record
 
     def _remove_uncommitted(self) -> None:
         keep = {shard.name for shard in self.shards}
@@ -267,6 +272,7 @@ class SampleStoreWriter:
                 "version": STORE_FORMAT_VERSION,
                 "image_shape": list(self.image_shape),
                 "fingerprint": self.fingerprint,
+                **self.extra,
                 "complete": complete,
                 "shards": [
                     {field: getattr(shard, field) for field in ShardInfo.__dataclass_fields__} for shard in self.shards
@@ -277,6 +283,57 @@ class SampleStoreWriter:
 
 def shard_skipped_path(directory: Path, shard_name: str) -> Path:
     return Path(directory) / f"{shard_name}.skipped.jsonl"
+
+
+def join_store_part(writer: SampleStoreWriter, part: Path, first_record: int, end_record: int) -> None:
+    """Append a complete store ``part`` (its committed shards, in record order) to ``writer`` as one
+    shard, with Megatron-Core's ``add_index``: bytes are copied, no sample is decoded."""
+    chunks = [ShardInfo(**shard) for shard in _read_progress(part)["shards"]]
+    if writer._open is not None or writer.next_record != first_record:
+        raise ValueError(f"{part}: starts at record {first_record}, the store is at {writer.next_record}")
+    mi = _megatron()
+    name = f"shard_{len(writer.shards):05d}"
+    directory = writer.directory
+    text = images = None
+    if any(chunk.samples for chunk in chunks):
+        text = mi.IndexedDatasetBuilder(str(directory / f"{name}_text.bin"), dtype=STORE_TEXT_DTYPE)
+    if any(chunk.images for chunk in chunks):
+        images = mi.IndexedDatasetBuilder(str(directory / f"{name}_images.bin"), dtype=STORE_IMAGE_DTYPE)
+    skipped_by_reason: dict[str, int] = {}
+    with open(directory / f"{name}.rows", "wb") as rows, open(shard_skipped_path(directory, name), "wb") as skipped:
+        for chunk in chunks:
+            if chunk.samples:
+                text.add_index(str(part / f"{chunk.name}_text"))
+            if images is not None and chunk.images:
+                images.add_index(str(part / f"{chunk.name}_images"))
+            elif images is not None:
+                for _ in range(chunk.samples):  # a chunk without any image has no image dataset
+                    images.end_document()
+            for source, target in ((part / f"{chunk.name}.rows", rows), (shard_skipped_path(part, chunk.name), skipped)):
+                with open(source, "rb") as f:
+                    shutil.copyfileobj(f, target)
+            for reason, count in chunk.skipped_by_reason.items():
+                skipped_by_reason[reason] = skipped_by_reason.get(reason, 0) + count
+        for file in (rows, skipped):
+            file.flush()
+            os.fsync(file.fileno())
+    for builder, kind in ((text, "text"), (images, "images")):
+        if builder is not None:
+            builder.data_file.flush()
+            os.fsync(builder.data_file.fileno())
+            builder.finalize(str(directory / f"{name}_{kind}.idx"))
+    writer.shards.append(
+        ShardInfo(
+            name=name,
+            first_record=first_record,
+            end_record=end_record,
+            samples=sum(chunk.samples for chunk in chunks),
+            images=sum(chunk.images for chunk in chunks),
+            truncated=sum(chunk.truncated for chunk in chunks),
+            skipped_by_reason=skipped_by_reason,
+        )
+    )
+    writer._write_progress(complete=False)
 
 
 class _OpenShard:
