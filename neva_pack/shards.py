@@ -67,11 +67,12 @@ def part_dir(store_directory: Path, num_shards: int, index: int) -> Path:
 
 
 def resolve_shards(num_shards: int | None, shard_index: int | None, environ=os.environ) -> tuple[int | None, int | None]:
-    """--num_shards / --shard_index, defaulting from a SLURM job array (index relative to its first task)."""
+    """--num_shards / --shard_index, defaulting from a SLURM job array (--array=0-(N-1)): the task id is
+    the shard index, so a resubmitted subset (--array=3,7 with --num_shards N) redoes those shards."""
     if num_shards is None and "SLURM_ARRAY_TASK_COUNT" in environ:
         num_shards = int(environ["SLURM_ARRAY_TASK_COUNT"])
     if num_shards is not None and shard_index is None and "SLURM_ARRAY_TASK_ID" in environ:
-        shard_index = int(environ["SLURM_ARRAY_TASK_ID"]) - int(environ.get("SLURM_ARRAY_TASK_MIN", 0))
+        shard_index = int(environ["SLURM_ARRAY_TASK_ID"])
     if num_shards is None and shard_index is not None:
         raise ConfigError("--shard_index needs --num_shards")
     if num_shards is not None and num_shards < 1:

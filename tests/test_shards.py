@@ -51,7 +51,7 @@ def run_parts(dataset, out, num_shards, indices=None, *extra):
         assert main(command(dataset, out, "--num_shards", num_shards, "--shard_index", str(index), *map(str, extra))) == 0
 
 
-@pytest.mark.parametrize("num_shards", [1, 3, 7])
+@pytest.mark.parametrize("num_shards", [1, 3, pytest.param(7, marks=pytest.mark.slow)])
 def test_joined_parts_give_the_bytes_of_a_run_without_shards(dataset, unsharded, tmp_path, num_shards, capsys):
     out = tmp_path / "out"
     run_parts(dataset, out, str(num_shards))
@@ -65,6 +65,7 @@ def test_joined_parts_give_the_bytes_of_a_run_without_shards(dataset, unsharded,
     assert outputs(out) == outputs(unsharded)
 
 
+@pytest.mark.slow
 def test_parts_run_with_workers_and_any_order(dataset, unsharded, tmp_path):
     out = tmp_path / "out"
     run_parts(dataset, out, "3", [2, 0, 1], "--num_workers", "2")
@@ -94,6 +95,7 @@ def test_a_duplicated_part_is_named(dataset, tmp_path, capsys):
     assert "part_00001_of_00003" in err and "duplicated" in err and "records 0..12" in err
 
 
+@pytest.mark.slow
 def test_parts_of_another_split_are_refused(dataset, tmp_path, capsys):
     out = tmp_path / "out"
     run_parts(dataset, out, "3")
@@ -149,9 +151,13 @@ def test_shard_ranges_tile_the_records():
 
 
 def test_slurm_job_array_variables_are_the_defaults():
-    array = {"SLURM_ARRAY_TASK_COUNT": "7", "SLURM_ARRAY_TASK_ID": "4", "SLURM_ARRAY_TASK_MIN": "1"}
-    assert resolve_shards(None, None, array) == (7, 3)  # --array=1-7: task 4 is shard 3
+    array = {"SLURM_ARRAY_TASK_COUNT": "7", "SLURM_ARRAY_TASK_ID": "4"}
+    assert resolve_shards(None, None, array) == (7, 4)  # --array=0-6: task 4 is shard 4
     assert resolve_shards(7, 0, array) == (7, 0)  # explicit flags win
+    resubmitted = {"SLURM_ARRAY_TASK_COUNT": "2", "SLURM_ARRAY_TASK_ID": "5"}  # --array=3,5 --num_shards 7
+    assert resolve_shards(7, None, resubmitted) == (7, 5)
+    with pytest.raises(ConfigError, match="--shard_index 5"):
+        resolve_shards(None, None, resubmitted)  # without --num_shards the resubmitted array is misread: refused
     assert resolve_shards(None, None, {}) == (None, None)
     assert resolve_shards(3, None, {}) == (3, None)  # the final step
     for bad in ((None, 1), (0, None), (3, 3), (3, -1)):
