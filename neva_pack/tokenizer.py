@@ -59,6 +59,7 @@ class SentencePieceTokenizer:
         self.vocab_size = self._sp.GetPieceSize()
         self.bos_id = _none_if_negative(self._sp.bos_id())
         self.eos_id = _none_if_negative(self._sp.eos_id())
+        piece_table(np.zeros(0, dtype=np.uint8))  # load the kernel here, once, before workers are forked
 
     def encode(self, text: str) -> Encoding:
         # the serialized SentencePieceText, read by a compiled loop: building protobuf objects and

@@ -228,3 +228,26 @@ def run_golden(name, workers, workloads, output_dir, sample_tokenizer_path, mist
 def test_output_bytes_equal_the_golden_run(name, workloads, tmp_path, sample_tokenizer_path, mistral_tokenizer_path):
     got = run_golden(name, FAST.get(name, 3), workloads, tmp_path / "out", sample_tokenizer_path, mistral_tokenizer_path)
     assert got == GOLDEN[name][2]
+
+
+# ---------------------------------------------------------------------------------------------
+# worker batching
+
+
+@pytest.mark.parametrize("workers", [0, 1, 3])
+def test_batches_arrive_in_input_order_for_any_number_of_workers(workers, sample_tokenizer_path):
+    from torch.utils.data import DataLoader
+
+    from neva_pack.config import PreprocessConfig
+    from neva_pack.pipeline import build_sample_builder
+    from neva_pack.samples import SampleStream, passthrough
+    from tests.conftest import SAMPLE_DATA
+
+    config = PreprocessConfig(data_path=SAMPLE_DATA / "llava_sample.json", image_folder=SAMPLE_DATA / "images",
+                              tokenizer_path=sample_tokenizer_path, output_dir=Path("unused"),
+                              hf_vision_encoder="openai/clip-vit-base-patch32")  # fmt: skip
+    stream = SampleStream(config.data_path, build_sample_builder(config), start=2, end=19, batch_size=3)
+    loader = DataLoader(stream, batch_size=None, num_workers=workers, collate_fn=passthrough)
+    batches = list(loader)
+    assert [len(batch) for batch in batches] == [3, 3, 3, 3, 3, 2]  # records 2..18, one message per batch
+    assert [item.index for batch in batches for item in batch] == list(range(2, 19))
