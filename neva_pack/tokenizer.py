@@ -65,6 +65,8 @@ class SentencePieceTokenizer:
         # the serialized SentencePieceText, read by a compiled loop: building protobuf objects and
         # reading 3 attributes per piece in Python cost more than the tokenization itself
         table = piece_table(np.frombuffer(self._sp.encode(text, out_type="serialized_proto"), dtype=np.uint8))
+        if text.isascii():  # one byte per character: the byte offsets are the character offsets
+            return Encoding(ids=table[:, 0], starts=table[:, 1], ends=table[:, 2])
         char_of_byte = _char_index_of_bytes(text)  # sentencepiece's offsets are UTF-8 byte offsets
         return Encoding(ids=table[:, 0], starts=char_of_byte[table[:, 1]], ends=char_of_byte[table[:, 2]])
 
