@@ -139,6 +139,11 @@ def test_repacking_the_joined_store_needs_no_parts(dataset, tmp_path, capsys):
     capsys.readouterr()
     assert main(["plan", str(out), "--pack_sizes", "1024", "4096"]) == 0
     assert "4096" in capsys.readouterr().out
+    # the final command again with another algorithm: packs the joined store, encodes nothing
+    repack = command(dataset, out, "--num_shards", "3", "--overwrite")
+    repack[repack.index("near_optimal")] = "first_fit_decreasing"
+    assert main(repack) == 0
+    assert json.loads((out / "packed_seq_dataset.meta.json").read_text())["algorithm"] == "first_fit_decreasing"
 
 
 def test_shard_ranges_tile_the_records():
