@@ -251,3 +251,21 @@ def test_batches_arrive_in_input_order_for_any_number_of_workers(workers, sample
     batches = list(loader)
     assert [len(batch) for batch in batches] == [3, 3, 3, 3, 3, 2]  # records 2..18, one message per batch
     assert [item.index for batch in batches for item in batch] == list(range(2, 19))
+
+
+def test_a_run_with_images_never_imports_transformers(tmp_path, sample_tokenizer_path):
+    """The fast image paths make transformers (seconds, hundreds of MB per process) unnecessary."""
+    import subprocess
+    import sys
+
+    from tests.conftest import SAMPLE_DATA
+
+    code = (
+        "import sys\nfrom neva_pack.cli import main\n"
+        f"code = main(['preprocess', '--quiet', '--data_path', {str(SAMPLE_DATA / 'llava_sample.json')!r}, "
+        f"'--image_folder', {str(SAMPLE_DATA / 'images')!r}, '--tokenizer_path', {str(sample_tokenizer_path)!r}, "
+        f"'--output_dir', {str(tmp_path / 'out')!r}, '--image_aspect_ratio', 'pad', '--num_workers', '0'])\n"
+        "print(code, 'transformers' in sys.modules)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.split()[-2:] == ["0", "False"]
