@@ -188,6 +188,32 @@ GOLDEN = {
         "packed_seq_dataset.bin": "f288ab91c22dfd1d7bca0c9ae47b3b458e9d48072f04e6fcd4a968eb39927e8b",
         "packed_seq_dataset.idx": "d95910c3c99e73d5af575fef796f0fb9711471e99c053da15b72a66a14600959"}),
 }  # fmt: skip
+GOLDEN_ON_MAIN_07F01A9 = {
+    # the same runs on main at 07f01a9 (i8's tokenization conventions, i9 and i10 merged), computed
+    # on that tree: the values GOLDEN must take when this branch is merged there
+    'image_v1_pad_clip336': {
+        'packed_seq_dataset.bin': '9c4ff5227788d6fd9f4c3603e32c3a161b1dd3c2c627c71fb52e70f1478de619',
+        'packed_seq_dataset.idx': '1a5560abf771278e9a79a0aff0cb8616bec627b024b8faa2dcb385c1f9545916',
+    },
+    'image_plain_square_siglip_mistral': {
+        'packed_seq_dataset.bin': 'fc98a5e75e2e82f8483572e81688323e2ed68d9101ab46f6596b6a4ac5784432',
+        'packed_seq_dataset.idx': '62296c5504d936bfc5ff9afaf66dcf6416ae8bb939d110e84e033fee61eb9f93',
+    },
+    'image_sizes_mistral_tpl': {
+        'packed_seq_dataset_1024.bin': '2f9305ce44868050a3fb1b0ce68acd4e8ac45fc5d4204ace28275413455f552d',
+        'packed_seq_dataset_1024.idx': 'd36912438e84a650819170fb6dca44d0b7a9fe6ecfd87b71232e0d14f1215b55',
+        'packed_seq_dataset_256.bin': 'f11e7b2d4d8f9b21bb0f16344313de22b85b08113ac566a0008475c107074787',
+        'packed_seq_dataset_256.idx': '581ef2524175970bdfd91b6f2a4708bb6df52a00938fa9f064f99986c2e05c9d',
+    },
+    'text_v1': {
+        'packed_seq_dataset.bin': '5dc81485cb00403f7042d2529bb17610e9dedbe497819a2ee5739e417e41fe70',
+        'packed_seq_dataset.idx': '75b937b54c7449e3736efbc6086af9e7f7038e0683f42d9fa7ae52cab8bb9814',
+    },
+    'text_llama2_mistral': {
+        'packed_seq_dataset.bin': '43cc4a60ae444a64b91c08f4467b7ae5e1dfe336235bda0b0ea47a249bc0bb8a',
+        'packed_seq_dataset.idx': 'd95910c3c99e73d5af575fef796f0fb9711471e99c053da15b72a66a14600959',
+    },
+}
 FAST = {"image_v1_pad_clip336": 2, "text_v1": 0}
 """Cases in the default suite (with this many workers); the others run with -m slow."""
 
