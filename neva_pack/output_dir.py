@@ -131,7 +131,8 @@ def _not_ours(path: Path) -> str | None:
         progress = path / layout.STORE_PROGRESS
         if progress.is_file():
             return None if _json_field(progress, "format") == STORE_FORMAT else "has a progress.json of another format"
-        strangers = [p.name for p in path.iterdir() if not _SHARD_FILE.match(p.name) and not p.name.endswith(".tmp")]
+        strangers = [p.name for p in path.iterdir() if not _SHARD_FILE.match(p.name) and not p.name.endswith(".tmp")
+                     and not (p.is_dir() and layout.PART_PATTERN.fullmatch(p.name))]  # a sharded run's parts
         return f"holds files a sample store does not ({strangers[0]})" if strangers else None
     if not path.is_file():
         return "is not a file"

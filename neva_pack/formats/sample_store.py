@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +32,6 @@ import numpy as np
 from neva_pack.formats.common import fsync_close as _fsync_close
 from neva_pack.formats.common import megatron as _megatron
 from neva_pack.formats.common import read_versioned as _read_versioned
-from neva_pack.formats.common import torch_view as _torch_view
 from neva_pack.formats.image_pool import KEY_BYTES, ImagePool, PoolPart, PoolWriter, load_keys, pool_part
 from neva_pack.store import (
     STORE_PROGRESS,
@@ -87,10 +87,15 @@ class SampleStoreWriter:
     drops whatever was not committed and continues at ``next_record``.
     """
 
-    def __init__(self, directory: Path, image_shape, fingerprint: dict, resume: bool = False):
+    def __init__(
+        self, directory: Path, image_shape, fingerprint: dict, resume: bool = False, first_record: int = 0,
+        extra: dict | None = None,
+    ):  # fmt: skip
         self.directory = Path(directory)
         self.image_shape = tuple(image_shape)
         self.fingerprint = fingerprint
+        self.first_record = first_record  # a sharded run's part starts at its range (neva_pack.shards)
+        self.extra = extra or {}  # written into progress.json as is (a part's partition, a join's origin)
         self.shards: list[ShardInfo] = []
         if resume and (self.directory / STORE_PROGRESS).is_file():
             progress = _read_progress(self.directory)
@@ -109,7 +114,7 @@ class SampleStoreWriter:
 
     @property
     def next_record(self) -> int:
-        return self.shards[-1].end_record if self.shards else 0
+        return self.shards[-1].end_record if self.shards else self.first_record
 
     def _remove_uncommitted(self) -> None:
         keep = {shard.name for shard in self.shards}
@@ -156,12 +161,83 @@ class SampleStoreWriter:
                 "version": STORE_FORMAT_VERSION,
                 "image_shape": list(self.image_shape),
                 "fingerprint": self.fingerprint,
+                **self.extra,
                 "complete": complete,
                 "shards": [
                     {field: getattr(shard, field) for field in ShardInfo.__dataclass_fields__} for shard in self.shards
                 ],
             },
         )
+
+
+def join_part(writer: SampleStoreWriter, part: Path, first_record: int, end_record: int) -> None:
+    """Append a complete store ``part`` (one shard's record range of a sharded run, neva_pack.shards)
+    to ``writer`` as one store shard, decoding nothing:
+
+    - text: the part's chunks joined by Megatron-Core's ``add_index`` (bytes copied, index extended);
+    - rows, image refs, skipped lines: concatenated in record order;
+    - images: those of the part's pool that no earlier part holds, in the part's order. A part
+      dedups only within itself; dropping what an earlier part already stored leaves each image
+      once, in order of first use -- the pool (and so every pool index) of a run without shards.
+    """
+    progress = _read_progress(part)
+    chunks = [ShardInfo(**shard) for shard in progress["shards"]]
+    if writer._open is not None or writer.next_record != first_record:
+        raise ValueError(f"{part}: starts at record {first_record}, the store is at {writer.next_record}")
+    directory, name = writer.directory, f"shard_{len(writer.shards):05d}"
+    text = None
+    if any(chunk.samples for chunk in chunks):
+        text = _megatron().IndexedDatasetBuilder(str(shard_text_prefix(directory, name)) + ".bin", dtype=STORE_TEXT_DTYPE)
+    pool = PoolWriter(pool_part(directory, name, 0), writer._known, sum(s.pool_images for s in writer.shards))
+    targets = [open(path(directory, name), "wb") for path in _CONCATENATED]
+    for chunk in chunks:
+        if chunk.samples:
+            text.add_index(str(shard_text_prefix(part, chunk.name)))
+        for path, target in zip(_CONCATENATED, targets):
+            with open(path(part, chunk.name), "rb") as source:
+                shutil.copyfileobj(source, target)
+        _copy_new_images(pool_part(part, chunk.name, chunk.pool_images), pool, writer.image_shape)
+    for target in targets:
+        _fsync_close(target)
+    if text is not None:
+        text.data_file.flush()
+        os.fsync(text.data_file.fileno())
+        text.finalize(str(shard_text_prefix(directory, name)) + ".idx")
+    writer.shards.append(
+        ShardInfo(
+            name=name,
+            first_record=first_record,
+            end_record=end_record,
+            samples=sum(chunk.samples for chunk in chunks),
+            images=sum(chunk.images for chunk in chunks),
+            pool_images=pool.close(),
+            truncated=sum(chunk.truncated for chunk in chunks),
+            skipped_by_reason=_sum_counts(chunk.skipped_by_reason for chunk in chunks),
+        )
+    )
+    writer._write_progress(complete=False)
+
+
+_CONCATENATED = (shard_rows_path, shard_image_refs_path, shard_skipped_path)
+"""Files of a store shard that join by concatenation."""
+
+
+def _copy_new_images(source: PoolPart, pool: PoolWriter, image_shape) -> None:
+    if source.count == 0:
+        return
+    keys = source.keys_file.read_bytes()
+    images = np.memmap(source.images_file, dtype=STORE_IMAGE_DTYPE, mode="r", shape=(source.count, *image_shape))
+    for k in range(source.count):
+        pool.add_keyed(keys[k * KEY_BYTES : (k + 1) * KEY_BYTES], images[k])
+    del images
+
+
+def _sum_counts(counts) -> dict:
+    total: dict[str, int] = {}
+    for count in counts:
+        for reason, value in count.items():
+            total[reason] = total.get(reason, 0) + value
+    return total
 
 
 class _OpenShard:
@@ -188,9 +264,9 @@ class _OpenShard:
         mi = _megatron()
         if self._text is None:
             self._text = mi.IndexedDatasetBuilder(str(shard_text_prefix(self.directory, self.name)) + ".bin", dtype=STORE_TEXT_DTYPE)
-        for item in (sample.tokens, sample.labels, sample.image_starts):
-            self._text.add_item(_torch_view(item))
-        self._text.end_document()
+        # one write per document: the same bytes and index as an add_item per item, at a third of the cost
+        items = (sample.tokens, sample.labels, sample.image_starts)
+        self._text.add_document(np.concatenate(items, dtype=STORE_TEXT_DTYPE), [len(item) for item in items])
         for image in sample.images:
             key, _ = self._pool.add(image)
             self._refs.write(key)
