@@ -45,7 +45,8 @@ HARNESS = r"""
 import json, os, resource, sys, time
 stages = {"process_start": float(sys.argv[1])}
 report_dir = sys.argv[2]
-from neva_pack import pipeline, samples, store
+from neva_pack import pipeline, samples
+from neva_pack.formats import sample_store as store
 
 def timed(owner, name, key):
     original = getattr(owner, name)
@@ -96,10 +97,10 @@ def image_floor(data_path: Path, image_folder: Path) -> tuple[float, int]:
     from PIL import Image
 
     from neva_pack.encoders import resolve_encoder
-    from neva_pack.images import expand_to_square, fast_geometry, value_table
+    from neva_pack.images import expand_to_square, fast_geometry, normalisation_from_settings
 
     encoder = resolve_encoder(ENCODER)
-    geometry, table = fast_geometry(encoder), value_table(encoder)
+    geometry, normalisation = fast_geometry(encoder), normalisation_from_settings(encoder)
     background = tuple(int(c * 255) for c in encoder.preprocessor_config["image_mean"])
     names = []
     for record in json.loads(data_path.read_text()):
@@ -111,9 +112,7 @@ def image_floor(data_path: Path, image_folder: Path) -> tuple[float, int]:
         image = Image.open(io.BytesIO(data))
         image.load()
         pixels = geometry.apply(expand_to_square(image.convert("RGB"), background))
-        out = np.empty(pixels.shape, dtype=np.float32)
-        for channel in range(3):
-            out[channel] = table[channel][pixels[channel]]
+        normalisation.apply(pixels[None])
     return time.perf_counter() - started, len(names)
 
 

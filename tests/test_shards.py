@@ -65,6 +65,42 @@ def test_joined_parts_give_the_bytes_of_a_run_without_shards(dataset, unsharded,
     assert outputs(out) == outputs(unsharded)
 
 
+def pool_bytes(output_dir):
+    """The sample store's image pool, its parts concatenated in order (what compact outputs index)."""
+    parts = json.loads((output_dir / "packed_seq_dataset" / "progress.json").read_text())["shards"]
+    return b"".join((output_dir / "packed_seq_dataset" / f"{part['name']}.images").read_bytes()
+                    for part in parts if part["pool_images"])  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "extra", [("--output_format", "compact", "--pad_to_multiple_of", "8"), ("--pad_to_multiple_of", "8")], ids=["compact", "nemo"]
+)
+def test_compact_and_padded_outputs_joined_from_parts_are_those_of_a_run_without_shards(dataset, tmp_path, extra):
+    """Every image of the records is in parts 0, 1 and 2 alike (the sample records twice): each part
+    stores it, the join keeps the first, and the pool is the unsharded run's, index for index."""
+    from neva_pack.verify import verify
+
+    plain, out = tmp_path / "plain", tmp_path / "out"
+    assert main(command(dataset, plain, *extra)) == 0
+    run_parts(dataset, out, "3", None, *extra)
+    part_pools = [p for p in (out / "packed_seq_dataset").glob("part_*/shard_*.images")]
+    assert len({p.parent for p in part_pools}) == 3  # each part stored the images it uses
+    assert main(command(dataset, out, "--num_shards", "3", *extra)) == 0
+    files = sorted(p.name for p in plain.iterdir() if p.is_file() and p.name.startswith("packed_seq_dataset.")
+                   and not p.name.endswith(".meta.json")) + ["skipped.jsonl"]  # fmt: skip
+    assert len(files) >= 4 and all((out / name).read_bytes() == (plain / name).read_bytes() for name in files), files
+    assert pool_bytes(out) == pool_bytes(plain)
+    metas = [json.loads((d / "packed_seq_dataset.meta.json").read_text()) for d in (plain, out)]
+    assert metas[0]["pad_to_multiple_of"] == 8
+    # the metas differ only where they list files (the pool's parts: the store is split at other places)
+    # and checksums (stats.json holds the run's duration)
+    for meta in metas:
+        meta.get("layout", {}).pop("pool", None)
+        del meta["checksums"], meta["meta_checksum"]
+    assert metas[0] == metas[1]
+    assert verify(out, data_path=dataset, progress=False).ok
+
+
 @pytest.mark.slow
 def test_parts_run_with_workers_and_any_order(dataset, unsharded, tmp_path):
     out = tmp_path / "out"

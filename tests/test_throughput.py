@@ -4,8 +4,8 @@
   from the encoder's settings) == transformers' processor, over an image zoo of every PIL mode and
   odd size, both aspect-ratio modes, every shipped encoder;
 - the tokenizer's compiled reading of sentencepiece's serialized proto == the protobuf objects;
-- the whole run == golden checksums of the .bin/.idx written before any of this work (commit
-  1fd5a10), for image and text workloads, several templates, tokenizers, encoders and pack sizes.
+- the whole run == golden checksums of the .bin/.idx written before any of this work (main at
+  e49daae), for image and text workloads, several templates, tokenizers, encoders and pack sizes.
 """
 
 from __future__ import annotations
@@ -169,57 +169,34 @@ def test_encoding_equals_the_protobuf_objects(tokenizers, text):
 
 MISTRAL = "<the Mistral v0.1 tokenizer>"
 GOLDEN = {
-    # name: (workload, flags, {file: sha256}) -- written by commit 1fd5a10 (before batching, the fast
-    # tokenizer and image paths); any change here is a change of the output format
+    # name: (workload, flags, {file: sha256}) -- written by main at e49daae (issues 8-11 merged, before
+    # batching, the fast tokenizer and image paths; the same runs on commit 1fd5a10 before issues 8-11
+    # gave other bytes: issue 8 changed the tokenization and the sample tokenizer); any change here is a
+    # change of the output format
     "image_v1_pad_clip336": ("image", ["--conv_template", "v1", "--image_aspect_ratio", "pad", "--max_seq_length", "4096",
                                        "--packing_algorithm", "near_optimal"], {
-        "packed_seq_dataset.bin": "0ba5b7741262efe7c8521203ad500fe53b860cd38958f111e3d74cbf60e15979",
-        "packed_seq_dataset.idx": "8e59f844672a04ca07722bda052f37e650a9e8e3560fa655a8afbd839066483b"}),
+        "packed_seq_dataset.bin": "d6b7d6b19acf72dd44f03c8ee89fb7a9dbab857761dbee3455333e78d6994862",
+        "packed_seq_dataset.idx": "a23e59485182f6642068ac9ccf50fa554934d34e012554eca703ed9f44868c51"}),
     "image_plain_square_siglip_mistral": ("image", ["--conv_template", "plain", "--image_aspect_ratio", "square",
                                                     "--hf_vision_encoder", "google/siglip-so400m-patch14-384",
-                                                    "--max_seq_length", "2048", "--tokenizer_path", MISTRAL], {
-        "packed_seq_dataset.bin": "04b786296459502d3d72ac537eaf50852e073d2676a0a64076708f38a10eba83",
-        "packed_seq_dataset.idx": "a64ef3e383a3b9682f5eec4641a8a7b498f395cdae2033c0edad241c8485f66a"}),
+                                                    "--max_seq_length", "2048", "--tokenizer_path", MISTRAL,
+                                                    "--max_skip_fraction", "1"], {  # plain: multi-turn records skipped
+        "packed_seq_dataset.bin": "38a679a9fc4d27701be41cd61feedd2b035229318fdd7b433e93b1106a9639b6",
+        "packed_seq_dataset.idx": "3654a97f49f6e7861f151b4fdcb777046adfd56487524fa4006387fd565c589c"}),
     "image_sizes_mistral_tpl": ("image", ["--conv_template", "mistral", "--image_aspect_ratio", "pad",
                                           "--hf_vision_encoder", "openai/clip-vit-base-patch32", "--pack_sizes", "256", "1024",
                                           "--tokenizer_path", MISTRAL], {
-        "packed_seq_dataset_1024.bin": "bd5a2a89127e97d199ccd70b7cf7e7f30d12f9ff9ac15931aa8a00913b7c1998",
-        "packed_seq_dataset_1024.idx": "1af93e63466d588663bffe8fb77445cc7fe7658444edda71532986ef72a9486b",
-        "packed_seq_dataset_256.bin": "ca98459f273082855e4f3aae6765f3110311df7bf81f3f3ccd6a6b30f61045f7",
-        "packed_seq_dataset_256.idx": "49784336a44b1d0e2fae08cc22cb7218c1ba4a70fdf71ac388950594aa4ec90d"}),
+        "packed_seq_dataset_1024.bin": "7935cf26bbea875b22c1bcb8c387848caaeaa6cc8c80d063009cbfc7e61a3175",
+        "packed_seq_dataset_1024.idx": "9274f9dedb11428e3f56ca513b1cc164a63e545bc29ba4148e856c9e60380ad5",
+        "packed_seq_dataset_256.bin": "e7f145c4aa9d0a17bb01ac3781190d9591484971be4a01c3f7673729832534af",
+        "packed_seq_dataset_256.idx": "a766db263f45319ca3b6ee32f09af81fcda11826be6d1f36a635baac6a627252"}),
     "text_v1": ("text", ["--conv_template", "v1", "--max_seq_length", "1024", "--packing_algorithm", "near_optimal"], {
-        "packed_seq_dataset.bin": "c001e782b4d1e4cb52ea205cd970760486db333884cec891cd41cd87d0c50865",
-        "packed_seq_dataset.idx": "efb0ba11d00deb7b7d283ae59c3e1f485f3ca47334550edbcfea83a9bc11e75b"}),
+        "packed_seq_dataset.bin": "7034a02cbd5c5ec2499f93daa78fe6144df99345da6431a43c90114fb98031a2",
+        "packed_seq_dataset.idx": "5a00c2a2a07359486e4710661664bc608d69889a5e6af405b0a5abaeccf55c54"}),
     "text_llama2_mistral": ("text", ["--conv_template", "llama_2", "--max_seq_length", "2048", "--tokenizer_path", MISTRAL], {
-        "packed_seq_dataset.bin": "f288ab91c22dfd1d7bca0c9ae47b3b458e9d48072f04e6fcd4a968eb39927e8b",
+        "packed_seq_dataset.bin": "61840456906f17780ebde21e86a74500213fb0409a4eea0e65e0ff291ea5e341",
         "packed_seq_dataset.idx": "d95910c3c99e73d5af575fef796f0fb9711471e99c053da15b72a66a14600959"}),
 }  # fmt: skip
-GOLDEN_ON_MAIN_07F01A9 = {
-    # the same runs on main at 07f01a9 (i8's tokenization conventions, i9 and i10 merged), computed
-    # on that tree: the values GOLDEN must take when this branch is merged there
-    'image_v1_pad_clip336': {
-        'packed_seq_dataset.bin': '9c4ff5227788d6fd9f4c3603e32c3a161b1dd3c2c627c71fb52e70f1478de619',
-        'packed_seq_dataset.idx': '1a5560abf771278e9a79a0aff0cb8616bec627b024b8faa2dcb385c1f9545916',
-    },
-    'image_plain_square_siglip_mistral': {
-        'packed_seq_dataset.bin': 'fc98a5e75e2e82f8483572e81688323e2ed68d9101ab46f6596b6a4ac5784432',
-        'packed_seq_dataset.idx': '62296c5504d936bfc5ff9afaf66dcf6416ae8bb939d110e84e033fee61eb9f93',
-    },
-    'image_sizes_mistral_tpl': {
-        'packed_seq_dataset_1024.bin': '2f9305ce44868050a3fb1b0ce68acd4e8ac45fc5d4204ace28275413455f552d',
-        'packed_seq_dataset_1024.idx': 'd36912438e84a650819170fb6dca44d0b7a9fe6ecfd87b71232e0d14f1215b55',
-        'packed_seq_dataset_256.bin': 'f11e7b2d4d8f9b21bb0f16344313de22b85b08113ac566a0008475c107074787',
-        'packed_seq_dataset_256.idx': '581ef2524175970bdfd91b6f2a4708bb6df52a00938fa9f064f99986c2e05c9d',
-    },
-    'text_v1': {
-        'packed_seq_dataset.bin': '5dc81485cb00403f7042d2529bb17610e9dedbe497819a2ee5739e417e41fe70',
-        'packed_seq_dataset.idx': '75b937b54c7449e3736efbc6086af9e7f7038e0683f42d9fa7ae52cab8bb9814',
-    },
-    'text_llama2_mistral': {
-        'packed_seq_dataset.bin': '43cc4a60ae444a64b91c08f4467b7ae5e1dfe336235bda0b0ea47a249bc0bb8a',
-        'packed_seq_dataset.idx': 'd95910c3c99e73d5af575fef796f0fb9711471e99c053da15b72a66a14600959',
-    },
-}
 FAST = {"image_v1_pad_clip336": 2, "text_v1": 0}
 """Cases in the default suite (with this many workers); the others run with -m slow."""
 
