@@ -197,6 +197,12 @@ def _run(config: PreprocessConfig, builder: SampleBuilder, output_dir: Path, pro
         )
     store = sample_store.SampleStore(store_directory)
     _write_skipped(store.skipped_files(), output_dir)
+    skipped = sum(store.skipped_by_reason.values())
+    if config.num_shards is not None and skipped > config.max_skip_fraction * total:  # each part checked only its own
+        raise InputError(
+            f"{skipped} of the {total} records were skipped (> --max_skip_fraction {config.max_skip_fraction}); "
+            f"reasons in {output_dir / layout.SKIPPED_FILE}"
+        )
     if len(store) == 0:
         raise InputError(
             f"none of the {total} record(s) of {config.data_path} could be used; reasons in {output_dir / layout.SKIPPED_FILE}"

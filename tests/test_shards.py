@@ -204,3 +204,17 @@ def test_slurm_job_array_variables_are_the_defaults():
     for bad in ((None, 1), (0, None), (3, 3), (3, -1)):
         with pytest.raises(ConfigError):
             resolve_shards(*bad, {})
+
+
+def test_the_final_step_checks_the_skip_fraction_of_the_whole_run(tmp_path, capsys):
+    """A part checks only its own records: the whole run's fraction is checked when they are joined."""
+    data = tmp_path / "records.json"
+    data.write_text(json.dumps(RECORDS[:4] + [MISSING_IMAGE] * 6))  # part 0: 4 good, 1 skipped; part 1: 5 skipped
+    out = tmp_path / "out"
+    assert main(command(data, out, "--num_shards", "2", "--shard_index", "0")) == 0
+    assert main(command(data, out, "--num_shards", "2", "--shard_index", "1", "--max_skip_fraction", "1")) == 0
+    capsys.readouterr()
+    assert main(command(data, out, "--num_shards", "2")) == 2
+    assert "6 of the 10 records were skipped" in capsys.readouterr().err
+    assert (out / "skipped.jsonl").read_text().count("missing_image") == 6
+

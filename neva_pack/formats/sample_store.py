@@ -14,6 +14,9 @@ Written in shards so that a killed run resumes::
       shard_00000.image_keys        shard or earlier in this one, uint8 (3, H, W) after resize/crop/pad,
                                     before rescale/normalise (formats/image_pool.py); absent if none
 
+A sharded run (neva_pack.shards) writes one such store per record range, ``part_<i>_of_<N>/``
+inside this directory; its final step appends each part as one shard (``join_part``).
+
 The pool parts are also the compact format's image pool: re-packing at another size or with
 another algorithm reads them, re-encodes nothing, and a compact output adds no pixel of its own.
 """
