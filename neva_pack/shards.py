@@ -26,8 +26,6 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from neva_pack import __version__
 from neva_pack import store as layout
 from neva_pack.errors import ConfigError, InputError
