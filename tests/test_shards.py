@@ -218,3 +218,23 @@ def test_the_final_step_checks_the_skip_fraction_of_the_whole_run(tmp_path, caps
     assert "6 of the 10 records were skipped" in capsys.readouterr().err
     assert (out / "skipped.jsonl").read_text().count("missing_image") == 6
 
+
+
+def test_a_part_locks_only_itself_and_overwrite_removes_only_what_a_part_holds(dataset, tmp_path, capsys):
+    """Shards of one run write the same output directory at once: a part must not take its lock."""
+    from neva_pack.output_dir import OutputLock
+
+    out = tmp_path / "out"
+    out.mkdir()
+    with OutputLock(out):  # e.g. another node's process holding the directory
+        run_parts(dataset, out, "3", [0])
+    part = out / "packed_seq_dataset" / "part_00000_of_00003"
+    with OutputLock(part):
+        capsys.readouterr()
+        assert main(command(dataset, out, "--num_shards", "3", "--shard_index", "0", "--resume")) == 2
+        assert "in use by another neva-pack run" in capsys.readouterr().err
+    (part / "notes.txt").write_text("mine")
+    assert main(command(dataset, out, "--num_shards", "3", "--shard_index", "0", "--overwrite")) == 2
+    assert "notes.txt" in capsys.readouterr().err and (part / "notes.txt").read_text() == "mine"
+    (part / "notes.txt").unlink()
+    assert main(command(dataset, out, "--num_shards", "3", "--shard_index", "0", "--overwrite")) == 0
