@@ -8,6 +8,7 @@ registry, which the choices come from, costs only numba's import).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -123,6 +124,14 @@ def _add_preprocess_flags(parser: argparse.ArgumentParser) -> None:
         "--drop_store", action="store_true", default=None,
         help="nemo: remove the sample store after a verified publish (re-packing then needs a new run)",
     )  # fmt: skip
+    # --- sharded preprocessing (issue 12)
+    ours.add_argument(
+        "--num_shards", type=int, help="split the records over N runs (default: SLURM_ARRAY_TASK_COUNT in a job array)"
+    )
+    ours.add_argument(
+        "--shard_index", type=int, help="encode only shard i into its own part (default: SLURM_ARRAY_TASK_ID); "
+        "without it, --num_shards runs the final step: join the parts, pack, write"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -175,6 +184,10 @@ def config_from_args(args: argparse.Namespace):
         values.update(read_hparams(args.hparams_file))
     names = PreprocessConfig.field_names()
     values.update({k: v for k, v in vars(args).items() if k in names and v is not None})
+    from neva_pack.shards import resolve_shards
+
+    # inside a SLURM job array, the array is the sharding
+    values["num_shards"], values["shard_index"] = resolve_shards(values.get("num_shards"), values.get("shard_index"), os.environ)
     for required in ("data_path", "tokenizer_path", "output_dir"):
         if values.get(required) is None:
             raise ConfigError(f"--{required} is required")
@@ -188,6 +201,8 @@ def _run_preprocess(args) -> int:
     from neva_pack.store import skipped_path
 
     result = preprocess(config, progress=not args.quiet)
+    for note in result.notes:
+        print(note)
     for size, report in result.reports.items():
         if len(result.reports) > 1:
             print(f"== pack size {size}")

@@ -152,6 +152,13 @@ class PreprocessConfig:
     """nemo only: remove the sample store once every prefix is published and verified (plan/stats
     then read the plan tables; re-packing needs a new run)."""
 
+    # --- sharded preprocessing (issue 12; neva_pack.shards) -----------------------------------
+    num_shards: int | None = None
+    """Split the records into this many contiguous ranges, one per node (e.g. a SLURM job array)."""
+    shard_index: int | None = None
+    """Encode only this shard's range into its own store part; None with num_shards: the final step
+    that joins the parts, packs and writes (the same bytes as a run without shards)."""
+
     def __post_init__(self):
         _check_types(self)
         for name in ("data_path", "output_dir", "tokenizer_path", "image_folder"):
@@ -215,6 +222,10 @@ class PreprocessConfig:
             raise ConfigError(f"--output_format {self.output_format!r}: choose one of {', '.join(sorted(FORMATS))}")
         if self.drop_store and self.output_format == "compact":
             raise ConfigError("--drop_store: the compact output's images ARE the sample store's pool; nothing to drop")
+        if self.num_shards is not None or self.shard_index is not None:
+            from neva_pack.shards import resolve_shards
+
+            resolve_shards(self.num_shards, self.shard_index, environ={})  # validates, no defaults here
         if self.crop_size is not None:
             object.__setattr__(self, "crop_size", tuple(int(v) for v in self.crop_size))
         if self.pack_sizes is not None:

@@ -3,9 +3,12 @@
     file bytes --open/convert RGB--> PIL --[pad]--> resize/crop --> uint8 (3, H, W)   in workers, stored
     uint8 (3, H, W) --rescale/normalize--> float32 (3, H, W)                        at write time
 
-Both halves run transformers' image processor (its PIL backend), so the stored uint8
-image normalised later is bit-identical to running the processor in one go, while the
-intermediate store holds 1 byte per value instead of NeMo's float32.
+Both halves give exactly transformers' image processor's bytes (its PIL backend), so the stored
+uint8 image normalised later is bit-identical to running the processor in one go, while the
+intermediate store holds 1 byte per value instead of NeMo's float32. For the settings it is proven
+on (every shipped encoder; tested over an image zoo), the geometry is a plain PIL resize + centre
+crop (FastGeometry), and the normalisation is formats.meta.Normalisation read from the settings:
+transformers is then never imported. Other settings go through the processor itself.
 
 Decisions (as LLaVA and NeMo): ``Image.open(f).convert("RGB")`` drops alpha (no compositing
 on white), EXIF orientation is not applied, an animated image contributes its first frame.
@@ -188,6 +191,8 @@ class ImagePreprocessor:
         mean = encoder.preprocessor_config.get("image_mean", _CLIP_MEAN if encoder.processor == "clip" else _HALF)
         self._pad_colour = tuple(int(channel * 255) for channel in mean)  # LLaVA's expand2square background
         self._processors = None
+        self._geometry = fast_geometry(encoder)
+        self._normalisation = None
 
     def _built(self):
         """The two processors, built on first use: a process that never touches an image (the main
@@ -229,14 +234,24 @@ class ImagePreprocessor:
         """RGB image -> (3, H, W) uint8 after padding (if ``pad``), resize and crop."""
         if self.aspect_ratio == "pad":
             image = expand_to_square(image, self._pad_colour)
-        geometry, _ = self._built()
-        pixels = geometry(images=image, return_tensors="np")["pixel_values"][0]
+        if self._geometry is not None:
+            pixels = self._geometry.apply(image)
+        else:
+            geometry, _ = self._built()
+            pixels = geometry(images=image, return_tensors="np")["pixel_values"][0]
         if pixels.shape != self.shape:
             raise RuntimeError(f"image processor returned shape {pixels.shape}, expected {self.shape}")
         return pixels.astype(np.uint8, copy=False)
 
     def normalisation(self):
-        """The rescale factor, mean and std the processor applies (what a packed output's meta records)."""
+        """The rescale factor, mean and std the processor applies (what a packed output's meta records,
+        and what every writer and reader normalises with: formats.meta.Normalisation). Read from the
+        encoder's settings when they spell them out; else asked of the processor (transformers)."""
+        if self._normalisation is None:
+            self._normalisation = normalisation_from_settings(self.encoder) or self._processor_normalisation()
+        return self._normalisation
+
+    def _processor_normalisation(self):
         from neva_pack.formats.meta import Normalisation
 
         _, values = self._built()
@@ -246,14 +261,76 @@ class ImagePreprocessor:
         return Normalisation(rescale_factor=scale, mean=mean, std=std)
 
     def normalize(self, pixels: np.ndarray) -> np.ndarray:
-        """(N, 3, H, W) uint8 -> (N, 3, H, W) float32, rescaled and normalised by the processor."""
-        if len(pixels) == 0:
-            return np.zeros((0, *self.shape), dtype=np.float32)
-        _, values = self._built()
-        out = values(
-            images=list(pixels), return_tensors="np", input_data_format="channels_first", data_format="channels_first"
-        )["pixel_values"]
-        return out.astype(np.float32, copy=False)
+        """(N, 3, H, W) uint8 -> (N, 3, H, W) float32, rescaled and normalised as the processor does
+        (bit-identical: formats.meta.Normalisation, the one implementation)."""
+        return self.normalisation().apply(pixels)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FastGeometry:
+    """The processor's resize (+ centre crop) done directly on the PIL image.
+
+    The processor turns the PIL image into an array, back into a PIL image, resizes it with PIL
+    and slices the centre out; doing only the PIL resize and the slice gives the same bytes
+    (tested over an image zoo for every shipped encoder) without the round trips, or importing
+    transformers at all.
+    """
+
+    shortest_edge: int | None
+    """Resize so that the shorter side has this length (CLIP), or None to resize to ``size``."""
+    size: tuple[int, int]
+    """(height, width) to resize to when ``shortest_edge`` is None (SigLIP)."""
+    crop: tuple[int, int] | None
+    """(height, width) of the centre crop, or None."""
+    resample: int
+    """PIL resampling filter."""
+
+    def apply(self, image: Image.Image) -> np.ndarray:
+        width, height = image.size
+        if self.shortest_edge is None:
+            new_height, new_width = self.size
+        else:  # transformers' get_resize_output_image_size(default_to_square=False)
+            short, long = (width, height) if width <= height else (height, width)
+            new_short, new_long = self.shortest_edge, int(self.shortest_edge * long / short)
+            new_height, new_width = (new_long, new_short) if width <= height else (new_short, new_long)
+        pixels = np.asarray(image.resize((new_width, new_height), resample=self.resample))
+        if self.crop is not None:
+            top, left = (new_height - self.crop[0]) // 2, (new_width - self.crop[1]) // 2
+            pixels = pixels[top : top + self.crop[0], left : left + self.crop[1]]
+        return np.ascontiguousarray(pixels.transpose(2, 0, 1))
+
+
+def fast_geometry(encoder: EncoderSpec) -> FastGeometry | None:
+    """The fast path for the settings it is proven for; None (use the processor) for anything else."""
+    cfg = encoder.preprocessor_config
+    if set(cfg) - _FAST_KEYS or not cfg.get("do_resize", True) or not isinstance(cfg.get("resample"), int):
+        return None
+    size = cfg.get("size")
+    if encoder.processor == "clip" and isinstance(size, dict) and set(size) == {"shortest_edge"}:
+        if not cfg.get("do_center_crop", True):
+            return None
+        crop = encoder.crop_size
+        if min(crop) < 1 or max(crop) > size["shortest_edge"]:  # the processor would pad the crop
+            return None
+        return FastGeometry(shortest_edge=int(size["shortest_edge"]), size=crop, crop=crop, resample=cfg["resample"])
+    if encoder.processor == "siglip" and isinstance(size, dict) and set(size) == {"height", "width"}:
+        return FastGeometry(shortest_edge=None, size=(int(size["height"]), int(size["width"])), crop=None, resample=cfg["resample"])
+    return None
+
+
+def normalisation_from_settings(encoder: EncoderSpec):
+    """The processor's rescale factor, mean and std read from the encoder's settings, when these spell
+    all of them out (every shipped encoder; tested equal to what the processor reports), so that the
+    main process never imports transformers; None (ask the processor) for anything else."""
+    from neva_pack.formats.meta import Normalisation
+
+    cfg = encoder.preprocessor_config
+    if set(cfg) - _FAST_KEYS or not (cfg.get("do_rescale", True) and cfg.get("do_normalize", True)):
+        return None
+    mean, std, scale = cfg.get("image_mean"), cfg.get("image_std"), cfg.get("rescale_factor")
+    if not (isinstance(mean, list) and isinstance(std, list) and len(mean) == len(std) == 3 and isinstance(scale, float)):
+        return None
+    return Normalisation(rescale_factor=scale, mean=tuple(float(v) for v in mean), std=tuple(float(v) for v in std))
 
 
 def expand_to_square(image: Image.Image, background: tuple[int, int, int]) -> Image.Image:
@@ -270,6 +347,11 @@ def expand_to_square(image: Image.Image, background: tuple[int, int, int]) -> Im
 _CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # transformers' OPENAI_CLIP_MEAN, the CLIP processor default
 _HALF = (0.5, 0.5, 0.5)  # the SigLIP processor default
 _NOT_PROCESSOR_KWARGS = {"image_processor_type", "processor_class", "feature_extractor_type", "auto_map"}
+_FAST_KEYS = _NOT_PROCESSOR_KWARGS | {
+    "do_resize", "size", "resample", "do_center_crop", "crop_size", "do_rescale", "rescale_factor", "do_normalize",
+    "image_mean", "image_std", "do_convert_rgb",
+}  # fmt: skip
+"""Settings the fast paths understand; any other key sends the image through the processor."""
 
 
 def _processor_class(kind: str):

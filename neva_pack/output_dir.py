@@ -19,11 +19,11 @@ import datetime
 import fcntl
 import json
 import os
-import re
 import shutil
 import socket
 from pathlib import Path
 
+from neva_pack import shards
 from neva_pack import store as layout
 from neva_pack.errors import ConfigError
 from neva_pack.formats import FORMATS
@@ -34,12 +34,7 @@ LOCK_FILE = ".neva_pack.lock"
 
 _MEGATRON_INDEX_MAGIC = b"MMIDIDX\x00\x00"
 _ZIP_MAGIC = b"PK\x03\x04"
-_STORE_FILE = re.compile(
-    r"(shard|pool)_\d+(\.rows|\.skipped\.jsonl|_text\.bin|_text\.idx|\.image_refs|\.images|\.image_keys)(\.tmp)?"
-)
-"""Every file name a sample store (formats/sample_store.py, formats/image_pool.py, convert) writes."""
-_STORE_PART = re.compile(r"part_\d+_of_\d+")
-"""A sharded run's store part (a sample store of its own, inside the store directory)."""
+
 
 
 class OutputLock:
@@ -179,16 +174,14 @@ def _store_problem(directory: Path) -> str | None:
     for entry in sorted(directory.iterdir()):
         if entry.is_symlink():
             return f"holds a symbolic link ({entry.name})"
-        if entry.is_dir() and _STORE_PART.fullmatch(entry.name):
-            problem = _store_problem(entry)
-            if problem:
-                return problem
-        elif not (entry.is_file() and (_STORE_FILE.fullmatch(entry.name) or entry.name in _STORE_FILES)):
+        if entry.is_dir() and layout.PART_PATTERN.fullmatch(entry.name):  # a sharded run's part: a store of its own
+            strangers = [p.name for p in sorted(entry.iterdir()) if not (p.is_file() and not p.is_symlink() and
+                         (shards.is_part_file(p.name) or p.name == LOCK_FILE))]  # fmt: skip
+            if strangers:
+                return f"holds files a sample store does not ({entry.name}/{strangers[0]})"
+        elif not (entry.is_file() and layout.is_store_file(entry.name)):
             return f"holds files a sample store does not ({entry.name})"
     return None
-
-
-_STORE_FILES = {layout.STORE_PROGRESS, layout.STORE_PROGRESS + ".tmp"}
 
 
 def _json_field(path: Path, field: str):

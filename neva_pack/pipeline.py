@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import itertools
 import json
 import os
 import shutil
@@ -26,7 +27,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from neva_pack import __version__, invariants
+from neva_pack import __version__, invariants, shards
 from neva_pack import store as layout
 from neva_pack import output_dir as ownership
 from neva_pack.assemble import assemble_packs, plan_table, rows_at, with_padding
@@ -59,6 +60,12 @@ SKIP_CHECK_AFTER = 1_000
 """--max_skip_fraction is checked once this many records were read (and at the end)."""
 SUGGEST_WHEN_SAVING = 0.01
 """Suggest the recommended algorithm when it would need at least this fraction fewer packs."""
+RECORDS_PER_MESSAGE = 32
+"""Records a DataLoader worker encodes and sends as one message (a round trip per record costs more
+than tokenizing a short one)."""
+MESSAGES_IN_FLIGHT = 2
+"""Messages each worker may have queued ahead (x RECORDS_PER_MESSAGE x ~0.35 MB per 336 px image:
+what bounds the main process's memory)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -67,6 +74,8 @@ class RunResult:
     """Pack size -> everything its stats file holds: counts, skips by reason, packing figures, overrides."""
     exit_code: int
     """0, or 1 when --strict and a record was skipped."""
+    notes: tuple[str, ...] = ()
+    """Lines for the user beyond the reports (what a shard's run did, and what comes next)."""
 
     @property
     def report(self) -> RunReport:
@@ -168,17 +177,35 @@ def sample_fingerprint(config: PreprocessConfig) -> dict:
 def preprocess(config: PreprocessConfig, progress: bool = True) -> RunResult:
     started = time.perf_counter()
     builder = build_sample_builder(config)
-    with _prepare_output_dir(config) as lock:
+    if config.num_shards is not None and config.shard_index is not None:
+        return _encode_part(config, builder, progress)
+    with _prepare_output_dir(config, keep_store=config.num_shards is not None) as lock:
         return _run(config, builder, lock.path.parent, progress, started)
 
 
 def _run(config: PreprocessConfig, builder: SampleBuilder, output_dir: Path, progress: bool, started) -> RunResult:
-    """Every stage, while the output directory's lock is held."""
+    """Every stage, while the output directory's lock is held. With --num_shards (and no
+    --shard_index) this is the final step of a sharded run: the parts are checked and joined
+    into the sample store instead of encoding, and the rest is the same."""
     total = count_records(config.data_path, progress=progress)
-
-    _encode_samples(config, builder, output_dir, total, progress)
-    store = sample_store.SampleStore(layout.store_dir(output_dir))
+    store_directory = layout.store_dir(output_dir)
+    if config.num_shards is None:
+        _encode_samples(config, builder, store_directory, output_dir, total, progress)
+    else:
+        resume_fingerprint = sample_fingerprint(config)
+        fingerprint = shards.content_fingerprint(config, builder, total, resume_fingerprint)
+        shards.join_parts(
+            store_directory, config.num_shards, total, fingerprint, builder.preprocessor.shape, resume_fingerprint,
+            image_run=builder.layout.run(), ignore_index=config.ignore_index,
+        )  # fmt: skip
+    store = sample_store.SampleStore(store_directory)
     _write_skipped(store.skipped_files(), output_dir)
+    skipped = sum(store.skipped_by_reason.values())
+    if config.num_shards is not None and skipped > config.max_skip_fraction * total:  # each part checked only its own
+        raise InputError(
+            f"{skipped} of the {total} records were skipped (> --max_skip_fraction {config.max_skip_fraction}); "
+            f"reasons in {output_dir / layout.SKIPPED_FILE}"
+        )
     if len(store) == 0:
         raise InputError(
             f"none of the {total} record(s) of {config.data_path} could be used; reasons in {output_dir / layout.SKIPPED_FILE}"
@@ -298,16 +325,19 @@ def _write_size_skipped(run_file: Path, target: Path, store, unsupervised: np.nd
     tmp.replace(target)
 
 
-def _prepare_output_dir(config: PreprocessConfig) -> ownership.OutputLock:
+def _prepare_output_dir(config: PreprocessConfig, keep_store: bool = False) -> ownership.OutputLock:
     """Lock the output directory for this run (returned, held) after checking what is in it:
     a non-empty directory is refused (untouched) unless --resume or --overwrite, and these touch
-    only what neva-pack recognises as its own output (see ``neva_pack.output_dir``)."""
+    only what neva-pack recognises as its own output (see ``neva_pack.output_dir``). With
+    ``keep_store`` (the final step of a sharded run) the sample store, where the parts are, is
+    expected and never removed."""
     output_dir = Path(config.output_dir)
     if output_dir.exists() and not output_dir.is_dir():
         raise ConfigError(f"--output_dir {output_dir}: exists and is not a directory")
+    store = layout.store_dir(output_dir)
 
     def refuse_if_not_empty():
-        entries = ownership.entries(output_dir)
+        entries = [name for name in ownership.entries(output_dir) if not (keep_store and name == store.name)]
         if entries and not (config.resume or config.overwrite):
             raise ConfigError(
                 f"--output_dir {output_dir}: not empty ({entries[0]}{', ...' if len(entries) > 1 else ''}); "
@@ -324,6 +354,8 @@ def _prepare_output_dir(config: PreprocessConfig) -> ownership.OutputLock:
         refuse_if_not_empty()  # another run may have written here before this one got the lock
         inputs = {"data_path": config.data_path, "image_folder": config.image_folder, "tokenizer_path": config.tokenizer_path}
         owned = ownership.owned_outputs(output_dir, inputs if config.overwrite else {})
+        if keep_store:
+            owned = [path for path in owned if path != store]
         if config.overwrite:
             ownership.remove(owned)
     except BaseException:
@@ -332,33 +364,84 @@ def _prepare_output_dir(config: PreprocessConfig) -> ownership.OutputLock:
     return lock
 
 
-def _encode_samples(config, builder, output_dir: Path, total: int, progress: bool) -> None:
-    """Stream samples from the DataLoader into the store, committing a shard every checkpoint."""
+def _encode_part(config: PreprocessConfig, builder: SampleBuilder, progress: bool) -> RunResult:
+    """--num_shards N --shard_index i: encode shard i's record range into its own part of the sample
+    store (neva_pack.shards). The parts of a run are written at the same time by several nodes, so
+    each locks only its own part directory, and --resume / --overwrite touch only that part."""
+    output_dir = Path(config.output_dir)
+    if output_dir.exists() and not output_dir.is_dir():
+        raise ConfigError(f"--output_dir {output_dir}: exists and is not a directory")
+    total = count_records(config.data_path, progress=progress)
+    first, end = shards.shard_range(total, config.num_shards, config.shard_index)
+    part = layout.part_dir(layout.store_dir(output_dir), config.num_shards, config.shard_index)
+    try:
+        part.mkdir(parents=True, exist_ok=True)
+        lock = ownership.OutputLock(part).acquire()
+    except OSError as exc:
+        raise ConfigError(f"--output_dir {output_dir}: cannot write ({exc.strerror or exc})") from None
+    with lock:
+        _prepare_part_dir(config, part)
+        resume_fingerprint = sample_fingerprint(config)
+        partition = shards.Partition(
+            num_shards=config.num_shards,
+            shard_index=config.shard_index,
+            total_records=total,
+            first_record=first,
+            end_record=end,
+            fingerprint=shards.content_fingerprint(config, builder, total, resume_fingerprint),
+        )
+        extra = {"partition": partition.to_json()}
+        _encode_samples(config, builder, part, part, total, progress, first=first, end=end, extra=extra)
+    note = (
+        f"shard {config.shard_index} of {config.num_shards}: records {first}..{end - 1} encoded into {part}; "
+        f"once every shard is done, run the same command without --shard_index to pack"
+    )
+    return RunResult(reports={}, exit_code=0, notes=(note,))
+
+
+def _prepare_part_dir(config: PreprocessConfig, part: Path) -> None:
+    """A part's directory is its own output: non-empty needs --resume, or --overwrite (which
+    removes what a part holds, and refuses anything else)."""
+    entries = ownership.entries(part)
+    if not entries:
+        return
+    if not (config.resume or config.overwrite):
+        raise ConfigError(f"{part}: this shard was started before; pass --resume to continue it or --overwrite to redo it")
+    if config.overwrite:
+        strangers = [name for name in entries if not shards.is_part_file(name)]
+        if strangers:
+            raise ConfigError(f"{part}: holds {strangers[0]}, which a store part does not; move it away (nothing was deleted)")
+        ownership.remove([part / name for name in entries])
+
+
+def _encode_samples(
+    config, builder, store_directory: Path, report_dir: Path, total: int, progress: bool, first: int = 0,
+    end: int | None = None, extra: dict | None = None,
+) -> None:
+    """Stream samples of records [first, end) from the DataLoader into the store at ``store_directory``,
+    committing a store shard every checkpoint."""
     from torch.utils.data import DataLoader
 
+    end = total if end is None else end
     writer = sample_store.SampleStoreWriter(
-        layout.store_dir(output_dir),
-        builder.preprocessor.shape,
-        sample_fingerprint(config),
-        resume=config.resume,
-        image_run=builder.layout.run(),
-        ignore_index=config.ignore_index,
-    )
+        store_directory, builder.preprocessor.shape, sample_fingerprint(config), resume=config.resume,
+        first_record=first, extra=extra, image_run=builder.layout.run(), ignore_index=config.ignore_index,
+    )  # fmt: skip
     start = writer.next_record
     skipped = sum(sum(s.skipped_by_reason.values()) for s in writer.shards)
-    if start < total:
+    if start < end:
         loader = DataLoader(
-            SampleStream(config.data_path, builder, start=start),
+            SampleStream(config.data_path, builder, start=start, end=end, batch_size=RECORDS_PER_MESSAGE),
             batch_size=None,
             num_workers=config.num_workers,
             collate_fn=passthrough,
-            prefetch_factor=8 if config.num_workers else None,
+            prefetch_factor=MESSAGES_IN_FLIGHT if config.num_workers else None,
             worker_init_fn=_worker_init,
         )
-        bar = tqdm(total=total, initial=start, desc="tokenize + images", unit="rec", disable=not progress)
+        bar = tqdm(total=end - first, initial=start - first, desc="tokenize + images", unit="rec", disable=not progress)
         items = iter(loader)
         try:
-            for position, item in enumerate(items, start=start):
+            for position, item in enumerate(itertools.chain.from_iterable(items), start=start):
                 if isinstance(item, Skipped):
                     writer.skip(item)
                     skipped += 1
@@ -367,15 +450,15 @@ def _encode_samples(config, builder, output_dir: Path, total: int, progress: boo
                     writer.append(item)
                 bar.update()
                 done = position + 1
-                if done % config.checkpoint_every == 0 and done < total:
+                if done % config.checkpoint_every == 0 and done < end:
                     writer.commit(done)
-                if done >= SKIP_CHECK_AFTER or done == total:
-                    _check_skip_fraction(config, writer, skipped, done, output_dir)
+                if done - first >= SKIP_CHECK_AFTER or done == end:
+                    _check_skip_fraction(config, writer, skipped, done - first, report_dir)
         except BaseException:
             _stop_workers(items)
             raise
         bar.close()
-    writer.finish(total)
+    writer.finish(end)
 
 
 def _stop_workers(items) -> None:
@@ -413,7 +496,7 @@ _PR_SET_PDEATHSIG = 1
 def _check_skip_fraction(config, writer, skipped: int, done: int, output_dir: Path) -> None:
     if skipped <= config.max_skip_fraction * done:
         return
-    writer.commit(done)
+    writer.commit(writer.first_record + done)  # done counts from the first record of the run (or shard)
     _write_skipped(writer.skipped_files(), output_dir)
     raise InputError(
         f"{skipped} of the first {done} records were skipped (> --max_skip_fraction {config.max_skip_fraction}); "

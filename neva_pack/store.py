@@ -3,6 +3,7 @@
     output_dir/
       packed_seq_dataset[_<size>].*    a packed prefix (formats/nemo.py, formats/compact.py say what is inside)
       packed_seq_dataset/              the sample store (formats/sample_store.py)
+        part_<i>_of_<N>/               a sharded run's part before the final step joins it (neva_pack.shards)
       stats[_<size>].json              the run report of each prefix
       skipped.jsonl                    one line per record skipped while encoding
       skipped_<size>.jsonl             in a multi-size run: those lines plus the samples the size's cut
@@ -179,6 +180,25 @@ def pool_images_path(directory: Path, part_name: str) -> Path:
 
 def pool_keys_path(directory: Path, part_name: str) -> Path:
     return Path(directory) / f"{part_name}.image_keys"
+
+
+PART_NAME = "part_{index:05d}_of_{count:05d}"
+"""A sharded run's store part, inside the sample store (neva_pack.shards)."""
+PART_PATTERN = re.compile(r"part_(\d+)_of_(\d+)")
+STORE_FILE = re.compile(
+    r"(shard|pool)_\d+(\.rows|\.skipped\.jsonl|_text\.bin|_text\.idx|\.image_refs|\.images|\.image_keys)(\.tmp)?"
+)
+"""Every file name a sample store (formats/sample_store.py, formats/image_pool.py, convert) writes, besides
+STORE_PROGRESS (and a part's skipped list): what --overwrite may delete inside the store directory."""
+
+
+def is_store_file(name: str) -> bool:
+    return bool(STORE_FILE.fullmatch(name)) or name in (STORE_PROGRESS, STORE_PROGRESS + ".tmp")
+
+
+def part_dir(store_directory: Path, num_shards: int, index: int) -> Path:
+    """packed_seq_dataset/part_<index>_of_<num_shards>: shard ``index``'s own sample store."""
+    return Path(store_directory) / PART_NAME.format(index=index, count=num_shards)
 
 
 def relative_name(output_dir: Path, path: Path) -> str:

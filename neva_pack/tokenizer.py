@@ -16,6 +16,7 @@ Two backends, both loaded from files only (no hub):
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,10 +71,14 @@ class SentencePieceTokenizer:
         kinds = self._model_proto().pieces
         self.control_ids = frozenset(i for i, p in enumerate(kinds) if p.type in (p.CONTROL, p.USER_DEFINED))
         self._literal = None
+        piece_table(np.zeros(0, dtype=np.uint8))  # load the kernel here, once, before workers are forked
 
     def encode(self, text: str) -> Encoding:
-        pieces = self._sp.encode(text, out_type="proto").pieces
-        table = np.array([(p.id, p.begin, p.end) for p in pieces], dtype=np.int64).reshape(-1, 3)
+        # the serialized SentencePieceText, read by a compiled loop: building protobuf objects and
+        # reading 3 attributes per piece in Python cost more than the tokenization itself
+        table = piece_table(np.frombuffer(self._sp.encode(text, out_type="serialized_proto"), dtype=np.uint8))
+        if text.isascii():  # one byte per character: the byte offsets are the character offsets
+            return Encoding(ids=table[:, 0], starts=table[:, 1], ends=table[:, 2])
         char_of_byte = _char_index_of_bytes(text)  # sentencepiece's offsets are UTF-8 byte offsets
         return Encoding(ids=table[:, 0], starts=char_of_byte[table[:, 1]], ends=char_of_byte[table[:, 2]])
 
@@ -204,9 +209,69 @@ def _char_index_of_bytes(text: str) -> np.ndarray:
     """Map every UTF-8 byte offset of ``text`` (0..len(bytes)) to its character offset."""
     if text.isascii():
         return np.arange(len(text) + 1, dtype=np.int64)
-    widths = np.fromiter((len(ch.encode("utf-8")) for ch in text), dtype=np.int64, count=len(text))
-    char_of_byte = np.repeat(np.arange(len(text), dtype=np.int64), widths)
-    return np.append(char_of_byte, len(text))
+    data = np.frombuffer(text.encode("utf-8", "surrogatepass"), dtype=np.uint8)
+    starts_char = (data & 0xC0) != 0x80  # every byte but a continuation byte (10xxxxxx) starts a character
+    return np.append(np.cumsum(starts_char, dtype=np.int64) - 1, len(text))
+
+
+def piece_table(serialized: np.ndarray) -> np.ndarray:
+    """(id, begin byte, end byte) of every piece of a serialized ``SentencePieceText``, int64 (n, 3)."""
+    return _piece_table_kernel()(serialized)
+
+
+@functools.cache
+def _piece_table_kernel():
+    """Compiled on first use (and cached on disk): a process that never tokenizes never pays for it."""
+    import numba
+
+    @numba.njit(cache=True)
+    def varint(buf, pos):
+        value = 0
+        shift = 0
+        while True:
+            byte = buf[pos]
+            pos += 1
+            value |= (np.int64(byte) & 0x7F) << shift
+            if byte < 0x80:
+                return value, pos
+            shift += 7
+
+    @numba.njit(cache=True)
+    def skip(buf, pos, wire_type):
+        if wire_type == 0:
+            return varint(buf, pos)[1]
+        if wire_type == 1:
+            return pos + 8
+        if wire_type == 2:
+            length, pos = varint(buf, pos)
+            return pos + length
+        return pos + 4  # wire type 5 (fixed32: the score)
+
+    # SentencePieceText: field 2 = repeated SentencePiece {1 piece, 2 id, 3 surface, 4 begin, 5 end}
+    @numba.njit(cache=True)
+    def kernel(buf):
+        out = np.zeros((len(buf) // 2 + 1, 3), dtype=np.int64)  # a piece takes at least 2 bytes
+        count = 0
+        pos = 0
+        while pos < len(buf):
+            key, pos = varint(buf, pos)
+            if key >> 3 != 2 or key & 7 != 2:
+                pos = skip(buf, pos, key & 7)
+                continue
+            length, pos = varint(buf, pos)
+            end = pos + length
+            while pos < end:
+                field_key, pos = varint(buf, pos)
+                field = field_key >> 3
+                if field_key & 7 == 0 and (field == 2 or field == 4 or field == 5):
+                    value, pos = varint(buf, pos)
+                    out[count, 0 if field == 2 else (1 if field == 4 else 2)] = value
+                else:
+                    pos = skip(buf, pos, field_key & 7)
+            count += 1
+        return out[:count]
+
+    return kernel
 
 
 def _none_if_negative(value: int) -> int | None:

@@ -55,7 +55,10 @@ class PoolWriter:
 
     def add(self, image: np.ndarray) -> tuple[bytes, int]:
         """(key, pool index) of the image, storing it if new."""
-        key = image_key(image)
+        return self.add_keyed(image_key(image), image)
+
+    def add_keyed(self, key: bytes, image: np.ndarray) -> tuple[bytes, int]:
+        """``add`` for an image whose key is already known (copied from another pool part)."""
         index = self.known.get(key)
         if index is not None:
             return key, index

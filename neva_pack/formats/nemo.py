@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from neva_pack.assemble import with_padding
+from neva_pack import assemble  # the module, not its names: assemble imports formats (a cycle)
 from neva_pack.formats.base import Checkpoint, WriteSpec, publish, reopen_at
 from neva_pack.formats.common import megatron as _megatron
 from neva_pack.formats.common import torch_view as _torch_view
@@ -78,8 +78,8 @@ class Writer:
     def add(self, pack) -> None:
         """One assembled pack: padded tokens/labels, padded cu_seqlens, normalised float32 images."""
         spec = self.spec
-        tokens = with_padding(pack.tokens, pack.lengths, pack.padded_lengths, spec.pad_id)
-        labels = with_padding(pack.labels, pack.lengths, pack.padded_lengths, spec.ignore_index)
+        tokens = assemble.with_padding(pack.tokens, pack.lengths, pack.padded_lengths, spec.pad_id)
+        labels = assemble.with_padding(pack.labels, pack.lengths, pack.padded_lengths, spec.ignore_index)
         if len(pack.pixels) == 0:
             images = np.zeros((1, *spec.image_shape), dtype=PACKED_DTYPE)
         else:

@@ -1,0 +1,215 @@
+#!/usr/bin/env python
+"""Throughput of ``neva-pack preprocess`` against the floor of its per-record work, in one run.
+
+    python benchmarks/bench_pipeline.py [--image_records 3000] [--text_records 20000]
+                                        [--workers 1 2 4] [--memory_records 10000 100000]
+
+Workloads (benchmarks/workloads.py, seeded): LLaVA-style records over real photos (v1 template,
+``pad``, CLIP-L/14-336, near_optimal at 4096), and text-only records (v1, the sample tokenizer).
+
+Floor = the unavoidable work, timed (wall clock, like the runs) in this process on one core,
+divided by the cores the run can use (min(workers, CPUs)):
+  image: read + decode + convert RGB + pad to square + resize/crop + normalise, per image instance;
+  text:  sentencepiece encode (ids only) of every turn.
+Pipeline = the real command in a fresh process, stage by stage: start-up (process start to the
+first record in the main process), encode (to the last record stored; "(import)" is the part of it
+the main process spends importing Megatron-Core for the store writer when the first sample arrives,
+and "x floor*" the encode stage without it), pack, write (packs, plan, stats, meta), then
+``neva-pack verify``; peak RSS of the main process and the sum of the
+workers' peaks (a forked worker's RSS counts the pages it shares with the main process).
+``--memory_records`` runs text-only workloads of those sizes (2 workers) for the main process's
+peak RSS against the record count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.workloads import image_workload, text_workload  # noqa: E402
+
+TOKENIZER = ROOT / "sample_data" / "tokenizer.model"
+ENCODER = "openai/clip-vit-large-patch14-336"
+
+HARNESS = r"""
+import json, os, resource, sys, time
+stages = {"process_start": float(sys.argv[1])}
+report_dir = sys.argv[2]
+from neva_pack import pipeline, samples
+from neva_pack.formats import sample_store as store
+
+def timed(owner, name, key):
+    original = getattr(owner, name)
+    def wrapper(*args, **kwargs):
+        started = time.time()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            stages[key] = stages.get(key, 0.0) + time.time() - started
+    setattr(owner, name, wrapper)
+
+for method in ("append", "skip"):
+    original = getattr(store.SampleStoreWriter, method)
+    def first(self, item, _original=original):
+        stages.setdefault("first_record", time.time())
+        return _original(self, item)
+    setattr(store.SampleStoreWriter, method, first)
+original_encode = pipeline._encode_samples
+def encode(*args, **kwargs):
+    try:
+        return original_encode(*args, **kwargs)
+    finally:
+        stages["encode_end"] = time.time()
+pipeline._encode_samples = encode
+timed(store, "_megatron", "megatron_import")  # cached: only its first call costs (the import)
+timed(pipeline, "pack", "pack")
+timed(pipeline, "_write_prefix", "write_prefix")
+
+original_iter = samples.SampleStream.__iter__
+def iter_and_report(self):
+    yield from original_iter(self)
+    with open(os.path.join(report_dir, f"worker_{os.getpid()}.json"), "w") as f:
+        json.dump({"maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}, f)
+samples.SampleStream.__iter__ = iter_and_report
+
+from neva_pack.cli import main
+stages["main_start"] = time.time()
+code = main(sys.argv[3:])
+stages["end"] = time.time()
+stages["maxrss_kb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"code": code, **stages}))
+"""
+
+
+def image_floor(data_path: Path, image_folder: Path) -> tuple[float, int]:
+    """Seconds of the unavoidable image work on one core, and the number of image instances."""
+    from PIL import Image
+
+    from neva_pack.encoders import resolve_encoder
+    from neva_pack.images import expand_to_square, fast_geometry, normalisation_from_settings
+
+    encoder = resolve_encoder(ENCODER)
+    geometry, normalisation = fast_geometry(encoder), normalisation_from_settings(encoder)
+    background = tuple(int(c * 255) for c in encoder.preprocessor_config["image_mean"])
+    names = []
+    for record in json.loads(data_path.read_text()):
+        image = record.get("image")
+        names += [] if image is None else [image] if isinstance(image, str) else image
+    started = time.perf_counter()
+    for name in names:
+        data = (image_folder / name).read_bytes()
+        image = Image.open(io.BytesIO(data))
+        image.load()
+        pixels = geometry.apply(expand_to_square(image.convert("RGB"), background))
+        normalisation.apply(pixels[None])
+    return time.perf_counter() - started, len(names)
+
+
+def text_floor(data_path: Path) -> tuple[float, int]:
+    """Seconds of sentencepiece encoding of every turn on one core, and the number of turns."""
+    import sentencepiece
+
+    sp = sentencepiece.SentencePieceProcessor()
+    sp.Load(str(TOKENIZER))
+    texts = [turn["value"] for record in json.loads(data_path.read_text()) for turn in record["conversations"]]
+    started = time.perf_counter()
+    for text in texts:
+        sp.encode(text)
+    return time.perf_counter() - started, len(texts)
+
+
+def run_pipeline(args: list[str], workdir: Path) -> dict:
+    report_dir = Path(tempfile.mkdtemp(dir=workdir))
+    started = time.time()
+    result = subprocess.run(
+        [sys.executable, "-c", HARNESS, str(started), str(report_dir), "preprocess", "--quiet", "--overwrite", *args],
+        capture_output=True,
+        text=True,
+    )
+    if result.returncode != 0:
+        raise SystemExit(result.stderr[-3000:])
+    stages = json.loads(result.stdout.strip().splitlines()[-1])
+    workers = [json.loads(p.read_text())["maxrss_kb"] for p in report_dir.glob("worker_*.json")]
+    output_dir = Path(args[args.index("--output_dir") + 1])
+    verify_started = time.time()
+    subprocess.run([sys.executable, "-m", "neva_pack.cli", "verify", "--quiet", str(output_dir)], check=True,
+                   capture_output=True)  # fmt: skip
+    verify = time.time() - verify_started
+    first = stages.get("first_record", stages["end"])
+    return {
+        "total": stages["end"] - stages["process_start"],
+        "startup": first - stages["process_start"],
+        "encode": stages["encode_end"] - first,
+        "megatron_import": stages.get("megatron_import", 0.0),
+        "pack": stages.get("pack", 0.0),
+        "write": stages.get("write_prefix", 0.0) - stages.get("pack", 0.0),
+        "verify": verify,
+        "main_rss_mb": stages["maxrss_kb"] / 1024,
+        "workers_rss_mb": sum(workers) / 1024,
+        "worker_rss_mb": [w / 1024 for w in workers],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--image_records", type=int, default=3000)
+    parser.add_argument("--text_records", type=int, default=20000)
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--memory_records", type=int, nargs="*", default=[10_000, 100_000])
+    args = parser.parse_args()
+    cpus = os.cpu_count() or 1
+    print(f"machine: {cpus} CPUs; load average at start {os.getloadavg()[0]:.2f}")
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        image = image_workload(tmp / "image", args.image_records, seed=0)
+        text = text_workload(tmp / "text.json", args.text_records, seed=0)
+        image_seconds, images = image_floor(image["data_path"], image["image_folder"])
+        text_seconds, turns = text_floor(text)
+        workloads = {
+            f"image: {args.image_records:,} records, {images:,} images (v1, pad, CLIP-L/14-336)": (
+                image_seconds,
+                ["--data_path", str(image["data_path"]), "--image_folder", str(image["image_folder"]),
+                 "--image_aspect_ratio", "pad", "--hf_vision_encoder", ENCODER],
+            ),
+            f"text-only: {args.text_records:,} records, {turns:,} turns (v1)": (text_seconds, ["--data_path", str(text)]),
+        }  # fmt: skip
+        common = ["--tokenizer_path", str(TOKENIZER), "--conv_template", "v1", "--packing_algorithm", "near_optimal",
+                  "--max_seq_length", "4096"]  # fmt: skip
+        header = (f"{'workers':>7} {'floor s':>8} {'total s':>8} {'x floor':>8} {'start-up':>9} {'encode':>7} "
+                  f"{'x floor':>8} {'(import)':>9} {'x floor*':>9} {'pack':>6} {'write':>6} {'verify':>7} "
+                  f"{'main RSS MB':>12} {'workers RSS MB':>15}")  # fmt: skip
+        for title, (floor_one_core, flags) in workloads.items():
+            print(f"\n{title}: floor on one core {floor_one_core:.2f} s")
+            print(header)
+            for workers in args.workers:
+                floor = floor_one_core / min(workers, cpus)
+                out = tmp / "out"
+                m = run_pipeline([*flags, *common, "--output_dir", str(out), "--num_workers", str(workers)], tmp)
+                per_worker = "+".join(f"{w:.0f}" for w in m["worker_rss_mb"])
+                steady = m["encode"] - m["megatron_import"]
+                print(f"{workers:>7} {floor:>8.2f} {m['total']:>8.2f} {m['total'] / floor:>8.2f} {m['startup']:>9.2f} "
+                      f"{m['encode']:>7.2f} {m['encode'] / floor:>8.2f} {m['megatron_import']:>9.2f} {steady / floor:>9.2f} "
+                      f"{m['pack']:>6.2f} {m['write']:>6.2f} "
+                      f"{m['verify']:>7.2f} {m['main_rss_mb']:>12.0f} {m['workers_rss_mb']:>9.0f} ({per_worker})")  # fmt: skip
+        if args.memory_records:
+            print("\nmain process peak RSS against the record count (text-only, 2 workers)")
+            print(f"{'records':>9} {'total s':>8} {'main RSS MB':>12} {'workers RSS MB':>15}")
+            for records in args.memory_records:
+                data = text_workload(tmp / f"text_{records}.json", records, seed=1)
+                m = run_pipeline(["--data_path", str(data), *common, "--output_dir", str(tmp / "mem"), "--num_workers", "2"], tmp)
+                print(f"{records:>9,} {m['total']:>8.1f} {m['main_rss_mb']:>12.0f} {m['workers_rss_mb']:>15.0f}")
+        print(f"\nload average at end {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""Seeded LLaVA-style workloads over real photos, for the pipeline benchmark and the byte-identity tests.
+
+    image_workload(dir, records)  records.json + images/: the sample_data photos and the scikit-image
+                                  wheel's (RGB, L, RGBA, P/animated GIF; 14x25 to 1411x1411, aspect
+                                  up to 2.6), ~80% of the records with one image, ~5% with two,
+                                  the rest text-only, 1-3 turns of generated text (some non-ASCII)
+    text_workload(path, records)  text-only records: 1-4 turns, mix665k-like sizes (~1.4 KB)
+
+Everything is a pure function of the record count and the seed, so a test can pin the bytes of a
+run over it.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE_IMAGES = ROOT / "sample_data" / "images"
+SKIMAGE_IMAGES = (
+    "astronaut.png",  # RGB 512x512
+    "coffee.png",  # RGB 600x400
+    "chelsea.png",  # RGB 451x300
+    "rocket.jpg",  # RGB JPEG 640x427
+    "hubble_deep_field.jpg",  # RGB JPEG 1000x872 with an ICC profile
+    "retina.jpg",  # RGB JPEG 1411x1411
+    "camera.png",  # L 512x512
+    "text.png",  # L 448x172 (aspect 2.6)
+    "logo.png",  # RGBA
+    "horse.png",  # RGBA, mostly transparent
+    "no_time_for_that_tiny.gif",  # P, animated, 14x25
+    "motorcycle_left.png",  # RGB 741x500
+)
+WORDS = (
+    "the a picture shows image cat coffee rocket galaxy person table light colour blue green red large small "
+    "near far left right under over because while there is are was were has have what why how which describe "
+    "explain count answer question detail background foreground pack sequence token model train café naïve — "
+    "déjà µm 10° ½"
+).split()
+
+
+def image_files() -> list[Path]:
+    """The real photos a workload draws from: sample_data's, plus scikit-image's when installed."""
+    files = sorted(SAMPLE_IMAGES.iterdir())
+    try:
+        import skimage
+    except ImportError:
+        return files
+    data = Path(skimage.__file__).parent / "data"
+    return files + [data / name for name in SKIMAGE_IMAGES if (data / name).is_file()]
+
+
+def _sentence(rng: random.Random, words: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(words)).capitalize() + "."
+
+
+def _answer(rng: random.Random, sentences: tuple[int, int]) -> str:
+    return " ".join(_sentence(rng, rng.randint(6, 18)) for _ in range(rng.randint(*sentences)))
+
+
+def image_workload(directory: Path, records: int, seed: int = 0) -> dict:
+    """Write directory/records.json and directory/images/; return the paths for the CLI flags."""
+    directory = Path(directory)
+    images = directory / "images"
+    images.mkdir(parents=True, exist_ok=True)
+    names = []
+    for path in image_files():
+        shutil.copyfile(path, images / path.name)
+        names.append(path.name)
+    rng = random.Random(seed)
+    data = directory / "records.json"
+    with open(data, "w", encoding="utf-8") as f:
+        f.write("[\n")
+        for i in range(records):
+            roll = rng.random()
+            record_images = [] if roll < 0.15 else [rng.choice(names)] if roll < 0.95 else rng.sample(names, 2)
+            turns = []
+            for t in range(rng.choice((1, 1, 2, 3))):
+                question = _sentence(rng, rng.randint(5, 16))
+                if t == 0 and record_images:
+                    question = "".join("<image>\n" for _ in record_images) + question
+                turns.append({"from": "human", "value": question})
+                turns.append({"from": "gpt", "value": _answer(rng, (1, 5))})
+            record = {"id": f"img-{i}", "conversations": turns}
+            if record_images:
+                record["image"] = record_images[0] if len(record_images) == 1 else record_images
+            f.write(json.dumps(record, ensure_ascii=False))
+            f.write(",\n" if i + 1 < records else "\n")
+        f.write("]\n")
+    return {"data_path": data, "image_folder": images}
+
+
+def text_workload(path: Path, records: int, seed: int = 0) -> Path:
+    """Write a JSON list of text-only records (mix665k's text-only part is ShareGPT-like: long, multi-turn)."""
+    rng = random.Random(seed)
+    path = Path(path)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("[\n")
+        for i in range(records):
+            turns = []
+            for _ in range(rng.choice((1, 2, 3, 4))):
+                turns.append({"from": "human", "value": _sentence(rng, rng.randint(6, 24))})
+                turns.append({"from": "gpt", "value": _answer(rng, (2, 8))})
+            f.write(json.dumps({"id": f"txt-{i}", "conversations": turns}, ensure_ascii=False))
+            f.write(",\n" if i + 1 < records else "\n")
+        f.write("]\n")
+    return path

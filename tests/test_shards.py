@@ -1,0 +1,240 @@
+"""Sharded preprocessing: parts encoded separately, joined by the final step, give the bytes of a
+run without shards; a missing, duplicated or differently-configured part is refused by name."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from neva_pack.cli import main
+from neva_pack.errors import ConfigError
+from neva_pack.shards import resolve_shards, shard_range
+from tests.conftest import SAMPLE_DATA
+
+RECORDS = json.loads((SAMPLE_DATA / "llava_sample.json").read_text())
+MISSING_IMAGE = {"id": "bad", "image": "no_such.jpg", "conversations": [
+    {"from": "human", "value": "<image>\nWhat is this?"}, {"from": "gpt", "value": "Nothing."}]}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    """41 records: the sample records twice (images and text-only) and one skipped in the middle."""
+    path = tmp_path_factory.mktemp("data") / "records.json"
+    path.write_text(json.dumps(RECORDS + [MISSING_IMAGE] + RECORDS))
+    return path
+
+
+def command(data_path, output_dir, *extra):
+    return [
+        "preprocess", "--data_path", str(data_path), "--image_folder", str(SAMPLE_DATA / "images"),
+        "--tokenizer_path", str(SAMPLE_DATA / "tokenizer.model"), "--output_dir", str(output_dir),
+        "--conv_template", "v1", "--hf_vision_encoder", "openai/clip-vit-base-patch32", "--max_seq_length", "1024",
+        "--packing_algorithm", "near_optimal", "--checkpoint_every", "4", "--num_workers", "0", "--quiet", *extra,
+    ]  # fmt: skip
+
+
+def outputs(output_dir):
+    names = ("packed_seq_dataset.bin", "packed_seq_dataset.idx", "packed_seq_dataset.plan.npz", "skipped.jsonl")
+    return {name: (output_dir / name).read_bytes() for name in names}
+
+
+@pytest.fixture(scope="module")
+def unsharded(dataset, tmp_path_factory):
+    out = tmp_path_factory.mktemp("unsharded")
+    assert main(command(dataset, out)) == 0
+    return out
+
+
+def run_parts(dataset, out, num_shards, indices=None, *extra):
+    for index in range(int(num_shards)) if indices is None else indices:
+        assert main(command(dataset, out, "--num_shards", num_shards, "--shard_index", str(index), *map(str, extra))) == 0
+
+
+@pytest.mark.parametrize("num_shards", [1, 3, pytest.param(7, marks=pytest.mark.slow)])
+def test_joined_parts_give_the_bytes_of_a_run_without_shards(dataset, unsharded, tmp_path, num_shards, capsys):
+    out = tmp_path / "out"
+    run_parts(dataset, out, str(num_shards))
+    assert "once every shard is done" in capsys.readouterr().out
+    assert main(command(dataset, out, "--num_shards", str(num_shards))) == 0
+    assert outputs(out) == outputs(unsharded)
+    stats, expected = (json.loads((d / "stats.json").read_text())["records"] for d in (out, unsharded))
+    assert stats == expected and stats["skipped"] == 1
+    assert not list((out / "packed_seq_dataset").glob("part_*"))  # joined, then removed
+    assert main(command(dataset, out, "--num_shards", str(num_shards), "--resume")) == 0  # final step again: a no-op
+    assert outputs(out) == outputs(unsharded)
+
+
+def pool_bytes(output_dir):
+    """The sample store's image pool, its parts concatenated in order (what compact outputs index)."""
+    parts = json.loads((output_dir / "packed_seq_dataset" / "progress.json").read_text())["shards"]
+    return b"".join((output_dir / "packed_seq_dataset" / f"{part['name']}.images").read_bytes()
+                    for part in parts if part["pool_images"])  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "extra", [("--output_format", "compact", "--pad_to_multiple_of", "8"), ("--pad_to_multiple_of", "8")], ids=["compact", "nemo"]
+)
+def test_compact_and_padded_outputs_joined_from_parts_are_those_of_a_run_without_shards(dataset, tmp_path, extra):
+    """Every image of the records is in parts 0, 1 and 2 alike (the sample records twice): each part
+    stores it, the join keeps the first, and the pool is the unsharded run's, index for index."""
+    from neva_pack.verify import verify
+
+    plain, out = tmp_path / "plain", tmp_path / "out"
+    assert main(command(dataset, plain, *extra)) == 0
+    run_parts(dataset, out, "3", None, *extra)
+    part_pools = [p for p in (out / "packed_seq_dataset").glob("part_*/shard_*.images")]
+    assert len({p.parent for p in part_pools}) == 3  # each part stored the images it uses
+    assert main(command(dataset, out, "--num_shards", "3", *extra)) == 0
+    files = sorted(p.name for p in plain.iterdir() if p.is_file() and p.name.startswith("packed_seq_dataset.")
+                   and not p.name.endswith(".meta.json")) + ["skipped.jsonl"]  # fmt: skip
+    assert len(files) >= 4 and all((out / name).read_bytes() == (plain / name).read_bytes() for name in files), files
+    assert pool_bytes(out) == pool_bytes(plain)
+    metas = [json.loads((d / "packed_seq_dataset.meta.json").read_text()) for d in (plain, out)]
+    assert metas[0]["pad_to_multiple_of"] == 8
+    # the metas differ only where they list files (the pool's parts: the store is split at other places)
+    # and checksums (stats.json holds the run's duration)
+    for meta in metas:
+        meta.get("layout", {}).pop("pool", None)
+        del meta["checksums"], meta["meta_checksum"]
+    assert metas[0] == metas[1]
+    assert verify(out, data_path=dataset, progress=False).ok
+
+
+@pytest.mark.slow
+def test_parts_run_with_workers_and_any_order(dataset, unsharded, tmp_path):
+    out = tmp_path / "out"
+    run_parts(dataset, out, "3", [2, 0, 1], "--num_workers", "2")
+    assert main(command(dataset, out, "--num_shards", "3")) == 0
+    assert outputs(out) == outputs(unsharded)
+
+
+def test_a_missing_part_is_named(dataset, tmp_path, capsys):
+    out = tmp_path / "out"
+    run_parts(dataset, out, "3", [0, 2])
+    capsys.readouterr()
+    assert main(command(dataset, out, "--num_shards", "3")) == 2
+    err = capsys.readouterr().err
+    assert "part_00001_of_00003" in err and "missing" in err and "--shard_index 1" in err
+    assert not (out / "packed_seq_dataset.bin").exists()
+
+
+def test_a_duplicated_part_is_named(dataset, tmp_path, capsys):
+    out = tmp_path / "out"
+    run_parts(dataset, out, "3")
+    store = out / "packed_seq_dataset"
+    shutil.rmtree(store / "part_00001_of_00003")
+    shutil.copytree(store / "part_00000_of_00003", store / "part_00001_of_00003")  # part 0 twice
+    capsys.readouterr()
+    assert main(command(dataset, out, "--num_shards", "3")) == 2
+    err = capsys.readouterr().err
+    assert "part_00001_of_00003" in err and "duplicated" in err and "records 0..12" in err
+
+
+@pytest.mark.slow
+def test_parts_of_another_split_are_refused(dataset, tmp_path, capsys):
+    out = tmp_path / "out"
+    run_parts(dataset, out, "3")
+    run_parts(dataset, out, "2", [1])
+    capsys.readouterr()
+    assert main(command(dataset, out, "--num_shards", "3")) == 2
+    assert "part_00001_of_00002" in capsys.readouterr().err
+
+
+def test_a_part_with_other_settings_is_named_with_the_setting(dataset, tmp_path, capsys):
+    out = tmp_path / "out"
+    run_parts(dataset, out, "2", [0])
+    assert main(command(dataset, out, "--num_shards", "2", "--shard_index", "1", "--ignore_index", "-100")) == 0
+    capsys.readouterr()
+    assert main(command(dataset, out, "--num_shards", "2")) == 2
+    err = capsys.readouterr().err
+    assert "part_00001_of_00002" in err and "ignore_index differs" in err
+
+
+def test_an_interrupted_part_resumes_on_its_own(dataset, unsharded, tmp_path, capsys):
+    out = tmp_path / "out"
+    run_parts(dataset, out, "3")
+    part = out / "packed_seq_dataset" / "part_00001_of_00003"
+    progress = json.loads((part / "progress.json").read_text())
+    # what a kill after the part's first committed chunk leaves behind
+    progress["shards"], progress["complete"] = progress["shards"][:1], False
+    (part / "progress.json").write_text(json.dumps(progress))
+    capsys.readouterr()
+    assert main(command(dataset, out, "--num_shards", "3")) == 2
+    assert "incomplete" in capsys.readouterr().err
+    assert main(command(dataset, out, "--num_shards", "3", "--shard_index", "1")) == 2  # refused without --resume
+    run_parts(dataset, out, "3", [1], "--resume")
+    assert main(command(dataset, out, "--num_shards", "3")) == 0
+    assert outputs(out) == outputs(unsharded)
+
+
+def test_repacking_the_joined_store_needs_no_parts(dataset, tmp_path, capsys):
+    out = tmp_path / "out"
+    run_parts(dataset, out, "3")
+    assert main(command(dataset, out, "--num_shards", "3")) == 0
+    capsys.readouterr()
+    assert main(["plan", str(out), "--pack_sizes", "1024", "4096"]) == 0
+    assert "4096" in capsys.readouterr().out
+    # the final command again with another algorithm: packs the joined store, encodes nothing
+    repack = command(dataset, out, "--num_shards", "3", "--overwrite")
+    repack[repack.index("near_optimal")] = "first_fit_decreasing"
+    assert main(repack) == 0
+    assert json.loads((out / "packed_seq_dataset.meta.json").read_text())["algorithm"] == "first_fit_decreasing"
+
+
+def test_shard_ranges_tile_the_records():
+    for total in (0, 1, 5, 41, 1000):
+        for num_shards in (1, 3, 7):
+            ranges = [shard_range(total, num_shards, i) for i in range(num_shards)]
+            assert ranges[0][0] == 0 and ranges[-1][1] == total
+            assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+            assert np.ptp([end - first for first, end in ranges]) <= 1
+
+
+def test_slurm_job_array_variables_are_the_defaults():
+    array = {"SLURM_ARRAY_TASK_COUNT": "7", "SLURM_ARRAY_TASK_ID": "4"}
+    assert resolve_shards(None, None, array) == (7, 4)  # --array=0-6: task 4 is shard 4
+    assert resolve_shards(7, 0, array) == (7, 0)  # explicit flags win
+    resubmitted = {"SLURM_ARRAY_TASK_COUNT": "2", "SLURM_ARRAY_TASK_ID": "5"}  # --array=3,5 --num_shards 7
+    assert resolve_shards(7, None, resubmitted) == (7, 5)
+    with pytest.raises(ConfigError, match="--shard_index 5"):
+        resolve_shards(None, None, resubmitted)  # without --num_shards the resubmitted array is misread: refused
+    assert resolve_shards(None, None, {}) == (None, None)
+    assert resolve_shards(3, None, {}) == (3, None)  # the final step
+    for bad in ((None, 1), (0, None), (3, 3), (3, -1)):
+        with pytest.raises(ConfigError):
+            resolve_shards(*bad, {})
+
+
+def test_the_final_step_checks_the_skip_fraction_of_the_whole_run(tmp_path, capsys):
+    """A part checks only its own records: the whole run's fraction is checked when they are joined."""
+    data = tmp_path / "records.json"
+    data.write_text(json.dumps(RECORDS[:4] + [MISSING_IMAGE] * 6))  # part 0: 4 good, 1 skipped; part 1: 5 skipped
+    out = tmp_path / "out"
+    assert main(command(data, out, "--num_shards", "2", "--shard_index", "0")) == 0
+    assert main(command(data, out, "--num_shards", "2", "--shard_index", "1", "--max_skip_fraction", "1")) == 0
+    capsys.readouterr()
+    assert main(command(data, out, "--num_shards", "2")) == 2
+    assert "6 of the 10 records were skipped" in capsys.readouterr().err
+    assert (out / "skipped.jsonl").read_text().count("missing_image") == 6
+
+
+
+def test_a_part_locks_only_itself_and_overwrite_removes_only_what_a_part_holds(dataset, tmp_path, capsys):
+    """Shards of one run write the same output directory at once: a part must not take its lock."""
+    from neva_pack.output_dir import OutputLock
+
+    out = tmp_path / "out"
+    out.mkdir()
+    with OutputLock(out):  # e.g. another node's process holding the directory
+        run_parts(dataset, out, "3", [0])
+    part = out / "packed_seq_dataset" / "part_00000_of_00003"
+    with OutputLock(part):
+        capsys.readouterr()
+        assert main(command(dataset, out, "--num_shards", "3", "--shard_index", "0", "--resume")) == 2
+        assert "in use by another neva-pack run" in capsys.readouterr().err
+    (part / "notes.txt").write_text("mine")
+    assert main(command(dataset, out, "--num_shards", "3", "--shard_index", "0", "--overwrite")) == 2
+    assert "notes.txt" in capsys.readouterr().err and (part / "notes.txt").read_text() == "mine"
+    (part / "notes.txt").unlink()
+    assert main(command(dataset, out, "--num_shards", "3", "--shard_index", "0", "--overwrite")) == 0
