@@ -26,6 +26,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
+from benchmarks.bench_hostile import jpeg_claiming  # the same hostile header the benchmark measures
 from neva_pack.cli import main
 from neva_pack.invariants import PackSpec, accounting_problem, pack_problems
 from neva_pack.output_dir import LOCK_FILE, OutputLock
@@ -605,18 +606,8 @@ def test_a_16_bit_grayscale_png_is_scaled_not_whitened():
     assert image.mode == "RGB" and np.array_equal(pixels[..., 0], (ramp >> 8).astype(np.uint8))
 
 
-def huge_jpeg_header(width: int, height: int) -> bytes:
-    """A small JPEG whose header claims width x height (PIL reads the size from the header)."""
-    buffer = io.BytesIO()
-    Image.new("RGB", (16, 16)).save(buffer, "JPEG")
-    data = bytearray(buffer.getvalue())
-    sof = data.index(b"\xff\xc0")
-    data[sof + 5 : sof + 9] = height.to_bytes(2, "big") + width.to_bytes(2, "big")
-    return bytes(data)
-
-
 def test_a_108_megapixel_jpeg_is_image_too_large_naming_the_limit_and_flag(tmp_path, capsys, images):
-    (images / "huge.jpg").write_bytes(huge_jpeg_header(12_000, 9_000))
+    (images / "huge.jpg").write_bytes(jpeg_claiming(12_000, 9_000))
     run = run_with(tmp_path, capsys, images, image_record("huge.jpg"))
     assert run.code == 0 and run.reasons == {HOSTILE_AT: "image_too_large"}
     detail = json.loads((run.out / "skipped.jsonl").read_text())["detail"]
