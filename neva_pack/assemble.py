@@ -20,6 +20,7 @@ import numpy as np
 
 from neva_pack.formats.meta import PlanTable
 from neva_pack.packing import PackingPlan
+from neva_pack.packing.alignment import padded_lengths
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -42,12 +43,6 @@ class AssembledPack:
     """int64 position in ``tokens`` where each image's run of positions starts."""
     pixels: np.ndarray | None
     """uint8 (N, 3, H, W) of the images, or None when the writer did not ask for pixels."""
-
-
-def padded(lengths: np.ndarray, multiple: int) -> np.ndarray:
-    """Lengths rounded up to a multiple (the padding contract; multiple 1 changes nothing)."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    return -(-lengths // multiple) * multiple
 
 
 def with_padding(values: np.ndarray, lengths: np.ndarray, padded_lengths: np.ndarray, fill: int) -> np.ndarray:
@@ -90,7 +85,7 @@ def plan_table(rows: np.ndarray, plan: PackingPlan, pad_to_multiple_of: int = 1)
         offsets=np.asarray(plan.offsets, dtype=np.int64),
         record_index=packed["record_index"].astype(np.int64),
         length=packed["length"].astype(np.int64),
-        padded_length=padded(packed["length"], pad_to_multiple_of),
+        padded_length=padded_lengths(packed["length"], pad_to_multiple_of),
         num_images=packed["num_images"].astype(np.int64),
     )
 
@@ -123,7 +118,7 @@ def assemble_packs(
         image_indices = np.concatenate(indices).astype(np.int64)
         yield AssembledPack(
             lengths=lengths,
-            padded_lengths=padded(lengths, pad_to_multiple_of),
+            padded_lengths=padded_lengths(lengths, pad_to_multiple_of),
             tokens=np.concatenate(tokens).astype(np.int32, copy=False),
             labels=np.concatenate(labels).astype(np.int32, copy=False),
             record_indices=np.array(records, dtype=np.int64),

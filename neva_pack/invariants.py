@@ -41,9 +41,15 @@ class PackSpec:
     """Token id of alignment padding (after a sample's real tokens, up to its cu_seqlens boundary)."""
 
     def image_run(self) -> np.ndarray:
-        inner = self.image_positions - (self.start_id is not None) - (self.end_id is not None)
-        parts = ([self.start_id] if self.start_id is not None else []) + [self.patch_id] * inner
-        return np.asarray(parts + ([self.end_id] if self.end_id is not None else []), dtype=np.int64)
+        return image_run(self.image_positions, self.patch_id, self.start_id, self.end_id)
+
+
+def image_run(positions: int, patch_id: int, start_id: int | None, end_id: int | None) -> np.ndarray:
+    """The int64 ids of one image's run of ``positions`` positions: [start] patch ... patch [end]
+    (the one spelling of an image run: the sample builder, the formats and these checks use it)."""
+    inner = positions - (start_id is not None) - (end_id is not None)
+    ids = ([start_id] if start_id is not None else []) + [patch_id] * inner
+    return np.asarray(ids + ([end_id] if end_id is not None else []), dtype=np.int64)
 
 
 def image_runs(tokens: np.ndarray, spec: PackSpec) -> tuple[int, list[int]]:

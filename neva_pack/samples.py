@@ -19,6 +19,7 @@ import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
 from neva_pack.errors import ConfigError
+from neva_pack.invariants import image_run
 from neva_pack.images import DEFAULT_MAX_IMAGE_PIXELS, ImagePreprocessor, ImageSource, decode_image
 from neva_pack.records import (
     DEFAULT_MAX_CONVERSATION_CHARS,
@@ -89,12 +90,7 @@ class ImageTokenLayout:
     """Id closing an image run (NeMo: <extra_id_5>), or None."""
 
     def run(self) -> np.ndarray:
-        inner = self.positions - (self.start_id is not None) - (self.end_id is not None)
-        parts = [[self.start_id]] if self.start_id is not None else []
-        parts.append([self.patch_id] * inner)
-        if self.end_id is not None:
-            parts.append([self.end_id])
-        return np.concatenate([np.asarray(p, dtype=np.int64) for p in parts])
+        return image_run(self.positions, self.patch_id, self.start_id, self.end_id)
 
 
 def image_token_layout(

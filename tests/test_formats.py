@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from neva_pack import store as layout
-from neva_pack.assemble import AssembledPack, padded
+from neva_pack.assemble import AssembledPack
+from neva_pack.packing.alignment import padded_lengths
 from neva_pack.formats import FORMATS, open_packed, resolve_prefixes
 from neva_pack.formats.base import WriteSpec
 from neva_pack.formats.image_pool import PoolWriter, image_key, pool_part
@@ -44,7 +45,7 @@ def pack(tokens, labels, images, records, multiple) -> AssembledPack:
     flat = np.concatenate(tokens)
     return AssembledPack(
         lengths=lengths,
-        padded_lengths=padded(lengths, multiple),
+        padded_lengths=padded_lengths(lengths, multiple),
         tokens=np.concatenate(tokens).astype(np.int32),
         labels=np.concatenate(labels).astype(np.int32),
         record_indices=np.array(records, dtype=np.int64),
@@ -232,7 +233,7 @@ def random_packs(draw):
             lengths.append(len(sample))
         lengths = np.array(lengths)
         packs.append(AssembledPack(
-            lengths=lengths, padded_lengths=padded(lengths, draw(st.sampled_from([1, 4]))),
+            lengths=lengths, padded_lengths=padded_lengths(lengths, draw(st.sampled_from([1, 4]))),
             tokens=np.array(tokens, np.int32), labels=np.array(labels, np.int32), record_indices=np.arange(len(lengths)),
             num_images=np.zeros(len(lengths), np.int64), image_indices=np.zeros(len(starts), np.int64),
             image_starts=np.array(starts, np.int64), pixels=None,

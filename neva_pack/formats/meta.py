@@ -127,9 +127,9 @@ class ImageTokenIds:
 
     def run(self, positions: int) -> np.ndarray:
         """The ids of one image's run of ``positions`` positions: [start] patch ... patch [end]."""
-        inner = positions - (self.start is not None) - (self.end is not None)
-        ids = ([self.start] if self.start is not None else []) + [self.patch] * inner
-        return np.asarray(ids + ([self.end] if self.end is not None else []), dtype=np.int64)
+        from neva_pack.invariants import image_run
+
+        return image_run(positions, self.patch, self.start, self.end)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
