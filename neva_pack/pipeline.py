@@ -202,10 +202,7 @@ def _run(config: PreprocessConfig, builder: SampleBuilder, output_dir: Path, pro
     _write_skipped(store.skipped_files(), output_dir)
     skipped = sum(store.skipped_by_reason.values())
     if config.num_shards is not None and skipped > config.max_skip_fraction * total:  # each part checked only its own
-        raise InputError(
-            f"{skipped} of the {total} records were skipped (> --max_skip_fraction {config.max_skip_fraction}); "
-            f"reasons in {output_dir / layout.SKIPPED_FILE}"
-        )
+        raise _too_many_skipped(config, skipped, f"the {total}", output_dir)
     if len(store) == 0:
         raise InputError(
             f"none of the {total} record(s) of {config.data_path} could be used; reasons in {output_dir / layout.SKIPPED_FILE}"
@@ -498,8 +495,12 @@ def _check_skip_fraction(config, writer, skipped: int, done: int, output_dir: Pa
         return
     writer.commit(writer.first_record + done)  # done counts from the first record of the run (or shard)
     _write_skipped(writer.skipped_files(), output_dir)
-    raise InputError(
-        f"{skipped} of the first {done} records were skipped (> --max_skip_fraction {config.max_skip_fraction}); "
+    raise _too_many_skipped(config, skipped, f"the first {done}", output_dir)
+
+
+def _too_many_skipped(config: PreprocessConfig, skipped: int, of_records: str, output_dir: Path) -> InputError:
+    return InputError(
+        f"{skipped} of {of_records} records were skipped (> --max_skip_fraction {config.max_skip_fraction}); "
         f"reasons in {output_dir / layout.SKIPPED_FILE}"
     )
 
