@@ -162,8 +162,6 @@ class Writer:
 class Reader:
     """Memory-maps the tokens, labels and pool; pack p costs a few slices and the pool reads."""
 
-    stores_pixels = True
-
     def __init__(self, prefix: Path, meta: PackedMeta | None = None):
         self.prefix = Path(prefix)
         self.meta = meta if meta is not None else read_meta(meta_path(self.prefix))

@@ -119,8 +119,6 @@ class Writer:
 class Reader:
     """Reads a packed prefix through Megatron-Core's IndexedDataset, as NeMo's training does."""
 
-    stores_pixels = False
-
     def __init__(self, prefix: Path, meta: PackedMeta | None = None):
         self.prefix = Path(prefix)
         self.meta = meta if meta is not None else read_meta(meta_path(self.prefix))
