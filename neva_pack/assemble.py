@@ -45,16 +45,33 @@ class AssembledPack:
     """uint8 (N, 3, H, W) of the images, or None when the writer did not ask for pixels."""
 
 
-def with_padding(values: np.ndarray, lengths: np.ndarray, padded_lengths: np.ndarray, fill: int) -> np.ndarray:
-    """Concatenated per-sample values with (padded - length) ``fill`` values after each sample."""
-    if np.array_equal(lengths, padded_lengths):
-        return values
-    out = np.full(int(padded_lengths.sum()), fill, dtype=values.dtype)
-    starts = np.concatenate([[0], np.cumsum(padded_lengths)[:-1]])
-    ends = np.cumsum(lengths)
-    for start, length, end in zip(starts, lengths, ends):
-        out[start : start + length] = values[end - length : end]
+def with_padding(
+    values: np.ndarray, lengths: np.ndarray, padded_lengths: np.ndarray, fill: int, out: np.ndarray | None = None
+) -> np.ndarray:  # fmt: skip
+    """Concatenated per-sample values with (padded - length) ``fill`` values after each sample.
+
+    Into ``out`` when given (converted to its dtype); otherwise ``values`` itself when nothing is padded."""
+    unpadded = np.array_equal(lengths, padded_lengths)
+    if out is None:
+        if unpadded:
+            return values
+        out = np.empty(int(np.sum(padded_lengths)), dtype=values.dtype)
+    if unpadded:
+        out[:] = values
+        return out
+    out.fill(fill)
+    out[real_positions(lengths, padded_lengths)] = values
     return out
+
+
+def real_positions(lengths: np.ndarray, padded_lengths: np.ndarray) -> np.ndarray:
+    """Where each real position of the samples lands once each sample is padded::
+
+        lengths [2, 3], padded [4, 4]  ->  [0 1 | 4 5 6]
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    before = np.cumsum(padded_lengths, dtype=np.int64) - np.cumsum(lengths)  # padding up to each sample's end
+    return np.arange(int(lengths.sum()), dtype=np.int64) + np.repeat(np.concatenate([[0], before[:-1]]), lengths)
 
 
 def rows_at(

@@ -273,3 +273,27 @@ def test_compact_stores_image_runs_once_and_reads_back_every_position(tmp_path_f
         stored += len(p.tokens) - 3 * len(p.image_starts)
     assert (directory / "packed_seq_dataset.tokens.bin").stat().st_size == 4 * stored
     reader.close()
+
+
+def test_nemo_writer_failure_in_its_thread_reaches_the_caller(tmp_path):
+    """The nemo writer normalises and writes in a thread: what fails there is raised by the next call."""
+    store = layout.store_dir(tmp_path)
+    store.mkdir(parents=True)
+    pool = PoolWriter(pool_part(store, "shard_00000", 0), {}, 0)
+    good = tiny_packs(pool)[0]
+    spec = WriteSpec(image_shape=SHAPE, normalisation=CLIP, pad_id=0, ignore_index=-1,
+                     pool=(pool_part(store, "shard_00000", pool.close()),), plan_digest="tiny", image_run=(START, PATCH))  # fmt: skip
+    writer = FORMATS["nemo"].Writer(layout.packed_prefix(tmp_path), spec)
+    broken = AssembledPack(**{**{f: getattr(good, f) for f in AssembledPack.__dataclass_fields__},
+                              "pixels": good.pixels[:, :, :1]})  # fmt: skip
+    writer.add(broken)
+    with pytest.raises(ValueError, match="images of shape"):
+        writer.checkpoint()
+
+
+def test_nemo_checksum_computed_while_writing_is_the_files(tmp_path):
+    meta = write_tiny(tmp_path, "nemo")
+    assert meta.checksums["packed_seq_dataset.bin"] == layout.file_checksum(tmp_path / "packed_seq_dataset.bin")
+    write_tiny(tmp_path / "resumed", "nemo", stop_after=1)
+    meta = write_tiny(tmp_path / "resumed", "nemo", resume=True)
+    assert meta.checksums["packed_seq_dataset.bin"] == layout.file_checksum(tmp_path / "packed_seq_dataset.bin")

@@ -82,13 +82,17 @@ def reopen_at(path: Path, size: int):
     return f
 
 
-def publish(prefix: Path, renames: dict[Path, Path], checksummed: list[Path], meta: PackedMeta) -> PackedMeta:
+def publish(
+    prefix: Path, renames: dict[Path, Path], checksummed: list[Path], meta: PackedMeta, known: dict[Path, str] | None = None
+) -> PackedMeta:  # fmt: skip
     """Checksum, rename the temporary files into place, write the meta last. Returns the meta written.
 
-    ``renames``: final path -> temporary path; ``checksummed``: other files the output consists of.
+    ``renames``: final path -> temporary path; ``checksummed``: other files the output consists of;
+    ``known``: temporary path -> checksum computed while it was written (not read again).
     """
     output_dir = Path(prefix).parent
-    checksums = {relative_name(output_dir, final): file_checksum(tmp) for final, tmp in renames.items()}
+    known = known or {}
+    checksums = {relative_name(output_dir, final): known.get(tmp) or file_checksum(tmp) for final, tmp in renames.items()}
     checksums.update({relative_name(output_dir, path): file_checksum(path) for path in checksummed})
     for final, tmp in renames.items():
         os.replace(tmp, final)

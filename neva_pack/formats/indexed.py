@@ -51,6 +51,8 @@ DTYPE_CODES = {
 _HEADER = np.dtype([("magic", "S9"), ("version", "<u8"), ("code", "u1"), ("items", "<u8"), ("boundaries", "<u8")])
 """The fixed 34 bytes that open an .idx file."""
 _COPY_CHUNK = 16 << 20
+_ZEROS = memoryview(bytes(1 << 20))
+"""What a hole is fed to the checksum as, a MiB at a time."""
 
 
 def bin_path(prefix) -> Path:
@@ -71,27 +73,41 @@ class IndexedWriter:
     ``state``/``resume`` let a writer continue a file cut back to a checkpoint.
     """
 
-    def __init__(self, path: Path, dtype, multimodal: bool = False, *, state: dict | None = None):
+    def __init__(self, path: Path, dtype, multimodal: bool = False, *, state: dict | None = None, checksum: bool = False):
         self.path = Path(path)
         self.dtype = np.dtype(dtype)
         if self.dtype not in DTYPE_CODES:
             raise ValueError(f"dtype {self.dtype} is not one the IndexedDataset format stores")
         self.multimodal = multimodal
+        # self.file: the .bin, unbuffered (call ``flush`` before using its size)
         if state is None:
-            self._file = open(self.path, "wb", buffering=0)
+            self.file = open(self.path, "wb", buffering=0)
             self.sequence_lengths: list[int] = []
             self.document_indices: list[int] = [0]
             self.sequence_modes: list[int] | None = [] if multimodal else None
             self.position = 0
         else:
             self.position = int(state["bytes"])
-            self._file = open(self.path, "r+b", buffering=0)
-            self._file.truncate(self.position)
-            self._file.seek(self.position)
+            self.file = open(self.path, "r+b", buffering=0)
+            self.file.truncate(self.position)
+            self.file.seek(self.position)
             self.sequence_lengths = state["sequence_lengths"].tolist()
             self.document_indices = state["document_indices"].tolist()
             self.sequence_modes = state["sequence_modes"].tolist() if multimodal else None
         self._hole = False  # the file ends with a skipped item not yet materialised by a truncate
+        self._digest = None
+        if checksum:  # xxh3-128 of the exact bytes as they are written: publish need not read the file again
+            import xxhash
+
+            self._digest = xxhash.xxh3_128()
+            with open(self.path, "rb") as f:  # a resumed file: the bytes before the checkpoint
+                remaining = self.position
+                while remaining:
+                    chunk = f.read(min(_COPY_CHUNK, remaining))
+                    if not chunk:
+                        raise InputError(f"{self.path}: shorter than its checkpoint ({self.position} bytes)")
+                    self._digest.update(chunk)
+                    remaining -= len(chunk)
 
     def _record(self, length: int, mode: int) -> None:
         self.sequence_lengths.append(length)
@@ -102,9 +118,11 @@ class IndexedWriter:
         view = memoryview(data).cast("B")
         written = 0
         while written < len(view):
-            written += self._file.write(view[written:])
+            written += self.file.write(view[written:])
         self.position += len(view)
         self._hole = False
+        if self._digest is not None:
+            self._digest.update(view)
 
     def add_item(self, values, mode: int = 0) -> None:
         """One item: ``values`` converted to the dataset's dtype (as Megatron's ``add_item``)."""
@@ -130,9 +148,13 @@ class IndexedWriter:
     def skip_item(self, count: int, mode: int = 0) -> None:
         """An item of ``count`` zeros, left as a hole: the file reads the same, nothing is written."""
         if count:
-            self.position += count * self.dtype.itemsize
-            self._file.seek(self.position)
+            size = count * self.dtype.itemsize
+            self.position += size
+            self.file.seek(self.position)
             self._hole = True
+            if self._digest is not None:
+                for start in range(0, size, len(_ZEROS)):
+                    self._digest.update(_ZEROS[: min(len(_ZEROS), size - start)])
         self._record(count, mode)
 
     def add_document(self, values, lengths, modes=None) -> None:
@@ -162,13 +184,13 @@ class IndexedWriter:
     def flush(self) -> None:
         """Materialise a trailing hole, so that the file's size is ``position``."""
         if self._hole:
-            self._file.truncate(self.position)
+            self.file.truncate(self.position)
             self._hole = False
 
     def sync(self) -> None:
         """Make the bytes written so far durable (a checkpoint or a publish depends on them)."""
         self.flush()
-        os.fsync(self._file.fileno())
+        os.fsync(self.file.fileno())
 
     def state(self) -> dict[str, np.ndarray]:
         """What ``IndexedWriter(..., state=)`` needs to continue after this point (call ``sync`` first)."""
@@ -185,13 +207,17 @@ class IndexedWriter:
         """Close the .bin (durable when ``sync``) and write the .idx at ``path``."""
         self.flush()
         if sync:
-            os.fsync(self._file.fileno())
-        self._file.close()
+            os.fsync(self.file.fileno())
+        self.file.close()
         write_index(path, self.dtype, self.sequence_lengths, self.document_indices, self.sequence_modes, sync=sync)
+
+    def checksum(self) -> str:
+        """xxh3-128 hex digest of the .bin (a writer created with ``checksum=True``): store.file_checksum's value."""
+        return self._digest.hexdigest()
 
     def close(self) -> None:
         """Abandon the writer (the files stay as they are)."""
-        self._file.close()
+        self.file.close()
 
 
 def write_index(path: Path, dtype, sequence_lengths, document_indices, sequence_modes=None, sync: bool = True) -> None:

@@ -48,9 +48,13 @@ class Normalisation:
         """float32 (3, 256): the normalised value of every uint8 value of every channel."""
         return _lut(self.rescale_factor, tuple(self.mean), tuple(self.std))
 
-    def apply(self, pixels: np.ndarray) -> np.ndarray:
-        """uint8 (N, 3, H, W) -> float32 (N, 3, H, W)."""
-        out = np.empty(pixels.shape, dtype=np.float32)
+    def apply(self, pixels: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """uint8 (N, 3, H, W) -> float32 (N, 3, H, W), into ``out`` if given (a writer reuses one buffer).
+
+        The kernel releases the GIL: a writer thread normalises while the main thread assembles."""
+        out = np.empty(pixels.shape, dtype=np.float32) if out is None else out
+        if out.shape != pixels.shape or out.dtype != np.float32 or not out.flags.c_contiguous:
+            raise ValueError(f"out must be a contiguous float32 array of shape {pixels.shape}")
         if pixels.size:
             from neva_pack.formats.kernels import normalise
 

@@ -32,7 +32,6 @@ another algorithm reads them, re-encodes nothing, and a compact output adds no p
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 from dataclasses import dataclass
@@ -41,8 +40,8 @@ from pathlib import Path
 import numpy as np
 
 from neva_pack.formats.common import fsync_close as _fsync_close
-from neva_pack.formats.common import megatron as _megatron
 from neva_pack.formats.common import read_versioned as _read_versioned
+from neva_pack.formats.indexed import IndexedReader, IndexedWriter, bin_path, idx_path
 from neva_pack.formats.image_pool import KEY_BYTES, ImagePool, PoolPart, PoolWriter, load_keys, pool_part
 from neva_pack.store import (
     STORE_PROGRESS,
@@ -196,7 +195,7 @@ def join_part(writer: SampleStoreWriter, part: Path, first_record: int, end_reco
     """Append a complete store ``part`` (one shard's record range of a sharded run, neva_pack.shards)
     to ``writer`` as one store shard, decoding nothing:
 
-    - text: the part's chunks joined by Megatron-Core's ``add_index`` (bytes copied, index extended);
+    - text: the part's chunks joined by ``add_index`` (bytes copied, index extended: formats/indexed.py);
     - rows, image refs, skipped lines: concatenated in record order;
     - images: those of the part's pool that no earlier part holds, in the part's order. A part
       dedups only within itself; dropping what an earlier part already stored leaves each image
@@ -211,12 +210,12 @@ def join_part(writer: SampleStoreWriter, part: Path, first_record: int, end_reco
     directory, name = writer.directory, f"shard_{len(writer.shards):05d}"
     text = None
     if any(chunk.samples for chunk in chunks):
-        text = _megatron().IndexedDatasetBuilder(str(shard_text_prefix(directory, name)) + ".bin", dtype=STORE_TEXT_DTYPE)
+        text = IndexedWriter(bin_path(shard_text_prefix(directory, name)), STORE_TEXT_DTYPE)
     pool = PoolWriter(pool_part(directory, name, 0), writer._known, sum(s.pool_images for s in writer.shards))
     targets = [open(path(directory, name), "wb") for path in _CONCATENATED]
     for chunk in chunks:
         if chunk.samples:
-            text.add_index(str(shard_text_prefix(part, chunk.name)))
+            text.add_index(shard_text_prefix(part, chunk.name))
         for path, target in zip(_CONCATENATED, targets):
             with open(path(part, chunk.name), "rb") as source:
                 shutil.copyfileobj(source, target)
@@ -224,9 +223,7 @@ def join_part(writer: SampleStoreWriter, part: Path, first_record: int, end_reco
     for target in targets:
         _fsync_close(target)
     if text is not None:
-        text.data_file.flush()
-        os.fsync(text.data_file.fileno())
-        text.finalize(str(shard_text_prefix(directory, name)) + ".idx")
+        text.finalize(idx_path(shard_text_prefix(directory, name)))
     writer.shards.append(
         ShardInfo(
             name=name,
@@ -265,7 +262,7 @@ def _sum_counts(counts) -> dict:
 
 
 class _OpenShard:
-    """The shard being written: builders are created on first use (Megatron cannot map an empty .bin)."""
+    """The shard being written: its text file is created on first use (a shard of skipped records has none)."""
 
     def __init__(
         self, directory: Path, name: str, first_record: int, image_shape, pool: PoolWriter, *, image_run, ignore_index
@@ -289,9 +286,8 @@ class _OpenShard:
     def append(self, sample) -> None:
         if sample.images.shape[1:] != self.image_shape:
             raise ValueError(f"image shape {sample.images.shape[1:]} != store's {self.image_shape}")
-        mi = _megatron()
         if self._text is None:
-            self._text = mi.IndexedDatasetBuilder(str(shard_text_prefix(self.directory, self.name)) + ".bin", dtype=STORE_TEXT_DTYPE)
+            self._text = IndexedWriter(bin_path(shard_text_prefix(self.directory, self.name)), STORE_TEXT_DTYPE)
         elided = _run_positions(sample.image_starts, len(self.image_run), len(sample.tokens))
         runs = np.tile(self.image_run[:-1], len(sample.image_starts))
         if not (np.array_equal(sample.tokens[elided], runs) and np.all(sample.labels[elided] == self.ignore_index)):
@@ -320,9 +316,7 @@ class _OpenShard:
 
     def close(self, end_record: int) -> ShardInfo:
         if self._text is not None:
-            self._text.data_file.flush()
-            os.fsync(self._text.data_file.fileno())
-            self._text.finalize(str(shard_text_prefix(self.directory, self.name)) + ".idx")
+            self._text.finalize(idx_path(shard_text_prefix(self.directory, self.name)))
         pool_images = self._pool.close()
         _fsync_close(self._refs)
         _fsync_close(self._rows)
@@ -394,13 +388,13 @@ class SampleStore:
     def _dataset(self, cache: dict, shard: int, kind: str):
         if shard not in cache:
             prefix = shard_text_prefix(self.directory, self.shards[shard].name)
-            cache[shard] = _megatron().IndexedDataset(str(prefix), mmap=False)
+            cache[shard] = IndexedReader(prefix)
         return cache[shard]
 
     def tokens_labels(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         shard, local = self._locate(i)
         text = self._dataset(self._text, shard, "text")
-        stored, bits, starts = (text[_TEXT_ITEMS * local + k] for k in range(_TEXT_ITEMS))
+        stored, bits, starts = text.document(local)
         length = int(self.rows["length"][i])
         elided = _run_positions(starts, len(self.image_run), length)
         kept = np.ones(length, dtype=bool)
