@@ -13,12 +13,13 @@ text never yields a control id (see SampleBuilder._encode_chunk).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
 from neva_pack.errors import ConfigError
+from neva_pack.formats.sample_store import StoreDocument, store_document
 from neva_pack.invariants import image_run
 from neva_pack.images import DEFAULT_MAX_IMAGE_PIXELS, ImagePreprocessor, ImageSource, decode_image
 from neva_pack.records import (
@@ -58,6 +59,9 @@ class Sample:
     """int32 position in tokens where each image run starts (to truncate again later)."""
     truncated: bool
     """Whether the ids were cut to max_seq_length + 1."""
+    store: StoreDocument | None = None
+    """The sample's bytes in the sample store, computed by the worker that built it (SampleStream),
+    so that the main process only writes them; None: the store computes them itself."""
 
     @property
     def length(self) -> int:
@@ -486,13 +490,17 @@ class SampleStream(IterableDataset):
     def __iter__(self):
         info = get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        run, ignore_index, shape = self.builder.layout.run(), self.builder.ignore_index, self.builder.preprocessor.shape
         batch = []
         for raw in iter_raw_records(self.data_path, self.builder.record_limits):
             if self.end is not None and raw.index >= self.end:
                 break
             if raw.index < self.start or ((raw.index - self.start) // self.batch_size) % workers != worker:
                 continue
-            batch.append(self.builder.build(raw))
+            item = self.builder.build(raw)
+            if isinstance(item, Sample):  # the store's per-sample work, done here in the worker
+                item = replace(item, store=store_document(item, run, ignore_index, shape))
+            batch.append(item)
             if len(batch) == self.batch_size:
                 yield batch
                 batch = []

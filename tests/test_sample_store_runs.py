@@ -3,6 +3,7 @@ and gives back every token and label."""
 
 import json
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from neva_pack.errors import InputError
-from neva_pack.formats.sample_store import SampleStore, SampleStoreWriter
+from neva_pack.formats.sample_store import SampleStore, SampleStoreWriter, store_document
 from neva_pack.samples import Sample
 
 SHAPE = (3, 2, 2)
@@ -77,6 +78,16 @@ def test_store_elides_image_runs_and_reads_back_every_position(case):
             np.testing.assert_array_equal(tokens, s.tokens)
             np.testing.assert_array_equal(labels, s.labels)
             np.testing.assert_array_equal(store.image_starts(i), s.image_starts)
+        # samples that carry their store document (computed in a worker) give the same files
+        worker_built = Path(tmp) / "worker_built"
+        store_writer = writer(worker_built, run)
+        for s in samples:
+            store_writer.append(replace(s, store=store_document(s, np.array(run), IGNORE, SHAPE)))
+            if (s.index + 1) % per_shard == 0:
+                store_writer.commit(s.index + 1)
+        store_writer.finish(len(samples))
+        for path in Path(tmp).glob("shard_*"):
+            assert (worker_built / path.name).read_bytes() == path.read_bytes(), path.name
 
 
 RUN = [5, 6, 6, 7]

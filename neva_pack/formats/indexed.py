@@ -73,22 +73,26 @@ class IndexedWriter:
     ``state``/``resume`` let a writer continue a file cut back to a checkpoint.
     """
 
-    def __init__(self, path: Path, dtype, multimodal: bool = False, *, state: dict | None = None, checksum: bool = False):
+    def __init__(
+        self, path: Path, dtype, multimodal: bool = False, *, state: dict | None = None, checksum: bool = False,
+        buffered: bool = False,
+    ):  # fmt: skip
         self.path = Path(path)
         self.dtype = np.dtype(dtype)
         if self.dtype not in DTYPE_CODES:
             raise ValueError(f"dtype {self.dtype} is not one the IndexedDataset format stores")
         self.multimodal = multimodal
-        # self.file: the .bin, unbuffered (call ``flush`` before using its size)
+        # self.file: the .bin; unbuffered unless ``buffered`` (many small items); ``flush`` before using its size
+        buffering = -1 if buffered else 0
         if state is None:
-            self.file = open(self.path, "wb", buffering=0)
+            self.file = open(self.path, "wb", buffering=buffering)
             self.sequence_lengths: list[int] = []
             self.document_indices: list[int] = [0]
             self.sequence_modes: list[int] | None = [] if multimodal else None
             self.position = 0
         else:
             self.position = int(state["bytes"])
-            self.file = open(self.path, "r+b", buffering=0)
+            self.file = open(self.path, "r+b", buffering=buffering)
             self.file.truncate(self.position)
             self.file.seek(self.position)
             self.sequence_lengths = state["sequence_lengths"].tolist()
@@ -145,6 +149,16 @@ class IndexedWriter:
         for k, length in enumerate(lengths):
             self._record(int(length), 0 if modes is None else int(modes[k]))
 
+    def add_document_bytes(self, data: bytes, lengths) -> None:
+        """A whole document given as the raw bytes of its items' values (non-multimodal: mode 0)."""
+        if len(data) != sum(lengths) * self.dtype.itemsize:
+            raise ValueError(f"{len(data)} bytes for items of {list(lengths)} {self.dtype} values")
+        if data:
+            self._write(data)
+        for length in lengths:
+            self._record(length, 0)
+        self.end_document()
+
     def skip_item(self, count: int, mode: int = 0) -> None:
         """An item of ``count`` zeros, left as a hole: the file reads the same, nothing is written."""
         if count:
@@ -182,7 +196,8 @@ class IndexedWriter:
                 self._write(chunk)
 
     def flush(self) -> None:
-        """Materialise a trailing hole, so that the file's size is ``position``."""
+        """Write out what is buffered and materialise a trailing hole: the file's size is ``position``."""
+        self.file.flush()
         if self._hole:
             self.file.truncate(self.position)
             self._hole = False

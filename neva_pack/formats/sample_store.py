@@ -42,7 +42,7 @@ import numpy as np
 from neva_pack.formats.common import fsync_close as _fsync_close
 from neva_pack.formats.common import read_versioned as _read_versioned
 from neva_pack.formats.indexed import IndexedReader, IndexedWriter, bin_path, idx_path
-from neva_pack.formats.image_pool import KEY_BYTES, ImagePool, PoolPart, PoolWriter, load_keys, pool_part
+from neva_pack.formats.image_pool import KEY_BYTES, ImagePool, PoolPart, PoolWriter, image_key, load_keys, pool_part
 from neva_pack.store import (
     STORE_PROGRESS,
     shard_image_refs_path,
@@ -261,6 +261,55 @@ def _sum_counts(counts) -> dict:
     return total
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoreDocument:
+    """One sample as the store writes it, computed where the sample is built (a worker), so that
+    the main process only writes bytes. Bytes, not arrays: they pickle as one copy each."""
+
+    text: bytes
+    """int32 items of the sample's text document: stored tokens + the last label, trained bits, image starts."""
+    lengths: tuple[int, int, int]
+    """Values in each of the three items."""
+    image_keys: bytes
+    """16-byte content key of each image (formats/image_pool.py), in placeholder order."""
+    row: bytes
+    """The sample's SAMPLE_ROW record."""
+
+
+def store_document(sample, image_run: np.ndarray, ignore_index: int, image_shape) -> StoreDocument:
+    """The checks every stored sample passes, and its bytes in the store (pure: a worker runs it).
+
+    The store leaves out the first N - 1 positions of each image run and keeps only which
+    positions are trained, so a sample that breaks either assumption is refused (a bug)."""
+    if sample.images.shape[1:] != tuple(image_shape):
+        raise ValueError(f"image shape {sample.images.shape[1:]} != store's {tuple(image_shape)}")
+    tokens, labels, starts = sample.tokens, sample.labels, sample.image_starts
+    trained = labels != ignore_index
+    if not np.array_equal(labels[:-1][trained[:-1]], tokens[1:][trained[:-1]]):
+        raise ValueError(f"record {sample.index}: a trained label is not the next token (a bug)")
+    if len(starts):
+        elided = _run_positions(starts, len(image_run), len(tokens))
+        if not (np.array_equal(tokens[elided], np.tile(image_run[:-1], len(starts))) and not trained[elided].any()):
+            raise ValueError(f"record {sample.index}: an image run is not the layout's ids with ignored labels (a bug)")
+        kept = np.ones(len(tokens), dtype=bool)
+        kept[elided] = False
+        tokens, trained = tokens[kept], trained[kept]
+    bits = _pack_bits(trained)
+    sizes = (len(tokens) + len(labels[-1:]), len(bits), len(starts))
+    values = np.empty(sum(sizes), dtype=STORE_TEXT_DTYPE)
+    values[: len(tokens)] = tokens
+    values[len(tokens) : sizes[0]] = labels[-1:]
+    values[sizes[0] : sizes[0] + sizes[1]] = bits
+    values[sizes[0] + sizes[1] :] = starts
+    row = np.array([(sample.index, len(sample.tokens), len(sample.images), sample.truncated)], dtype=SAMPLE_ROW)
+    return StoreDocument(
+        text=values.tobytes(),
+        lengths=sizes,
+        image_keys=b"".join(image_key(image) for image in sample.images),
+        row=row.tobytes(),
+    )
+
+
 class _OpenShard:
     """The shard being written: its text file is created on first use (a shard of skipped records has none)."""
 
@@ -284,27 +333,19 @@ class _OpenShard:
         self.skipped_by_reason: dict[str, int] = {}
 
     def append(self, sample) -> None:
-        if sample.images.shape[1:] != self.image_shape:
-            raise ValueError(f"image shape {sample.images.shape[1:]} != store's {self.image_shape}")
+        """Write the sample's store document: computed by the worker that built the sample
+        (``Sample.store``), or here for a sample built without one."""
+        document = getattr(sample, "store", None)
+        if document is None:
+            document = store_document(sample, self.image_run, self.ignore_index, self.image_shape)
         if self._text is None:
-            self._text = IndexedWriter(bin_path(shard_text_prefix(self.directory, self.name)), STORE_TEXT_DTYPE)
-        elided = _run_positions(sample.image_starts, len(self.image_run), len(sample.tokens))
-        runs = np.tile(self.image_run[:-1], len(sample.image_starts))
-        if not (np.array_equal(sample.tokens[elided], runs) and np.all(sample.labels[elided] == self.ignore_index)):
-            raise ValueError(f"record {sample.index}: an image run is not the layout's ids with ignored labels (a bug)")
-        trained = sample.labels != self.ignore_index
-        if not np.array_equal(sample.labels[:-1][trained[:-1]], sample.tokens[1:][trained[:-1]]):
-            raise ValueError(f"record {sample.index}: a trained label is not the next token (a bug)")
-        tokens = np.append(np.delete(sample.tokens, elided), sample.labels[-1:])
-        items = [np.asarray(item, dtype=STORE_TEXT_DTYPE) for item in
-                 (tokens, _pack_bits(np.delete(trained, elided)), sample.image_starts)]  # fmt: skip
-        # one write per document: the same bytes and index as an add_item per item, at a third of the cost
-        self._text.add_document(np.concatenate(items), [len(item) for item in items])
-        for image in sample.images:
-            key, _ = self._pool.add(image)
-            self._refs.write(key)
-        row = np.array([(sample.index, sample.length, len(sample.images), sample.truncated)], dtype=SAMPLE_ROW)
-        self._rows.write(row.tobytes())
+            self._text = IndexedWriter(bin_path(shard_text_prefix(self.directory, self.name)), STORE_TEXT_DTYPE, buffered=True)
+        self._text.add_document_bytes(document.text, document.lengths)
+        keys = document.image_keys
+        for k, image in enumerate(sample.images):
+            self._pool.add_keyed(keys[k * KEY_BYTES : (k + 1) * KEY_BYTES], image)
+        self._refs.write(keys)
+        self._rows.write(document.row)
         self.samples += 1
         self.images += len(sample.images)
         self.truncated += int(sample.truncated)
