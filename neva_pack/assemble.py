@@ -113,33 +113,27 @@ def assemble_packs(
 ) -> Iterator[AssembledPack]:  # fmt: skip
     """Packs ``start``.. of the plan. ``cuts``: sample -> (tokens kept, images kept) for samples
     longer than this pack size, cut as the sample builder would have cut them."""
+    uncut = np.iinfo(np.int64).max
     for b in range(start, plan.num_bins):
-        tokens, labels, indices, records, images_per_sample, starts = [], [], [], [], [], []
-        position = 0
-        for i in plan.bin(b):
-            i = int(i)
-            sample_tokens, sample_labels = store.tokens_labels(i)
+        members = np.asarray(plan.bin(b), dtype=np.int64)
+        keep = [cuts[i][0] if i in cuts else uncut for i in members.tolist()] if cuts else None
+        text = store.texts(members, keep)
+        positions = np.cumsum(text.lengths) - text.lengths  # where each sample starts in the pack
+        indices, starts = [], []
+        for k, i in enumerate(members.tolist()):
             sample_images = store.image_indices(i)
-            sample_starts = store.image_starts(i)
             if i in cuts:
-                keep, kept_images = cuts[i]
-                sample_tokens, sample_labels, sample_images = sample_tokens[:keep], sample_labels[:keep], sample_images[:kept_images]
-            starts.append(position + np.asarray(sample_starts[: len(sample_images)], dtype=np.int64))
-            position += len(sample_tokens)
-            tokens.append(sample_tokens)
-            labels.append(sample_labels)
+                sample_images = sample_images[: cuts[i][1]]
             indices.append(sample_images)
-            records.append(int(store.rows["record_index"][i]))
-            images_per_sample.append(len(sample_images))
-        lengths = np.array([len(t) for t in tokens], dtype=np.int64)
+            starts.append(positions[k] + text.image_starts[k][: len(sample_images)])
         image_indices = np.concatenate(indices).astype(np.int64)
         yield AssembledPack(
-            lengths=lengths,
-            padded_lengths=padded_lengths(lengths, pad_to_multiple_of),
-            tokens=np.concatenate(tokens).astype(np.int32, copy=False),
-            labels=np.concatenate(labels).astype(np.int32, copy=False),
-            record_indices=np.array(records, dtype=np.int64),
-            num_images=np.array(images_per_sample, dtype=np.int64),
+            lengths=text.lengths,
+            padded_lengths=padded_lengths(text.lengths, pad_to_multiple_of),
+            tokens=text.tokens,
+            labels=text.labels,
+            record_indices=store.rows["record_index"][members].astype(np.int64),
+            num_images=np.array([len(sample) for sample in indices], dtype=np.int64),
             image_indices=image_indices,
             image_starts=np.concatenate(starts),
             pixels=store.pool.read(image_indices) if with_pixels else None,

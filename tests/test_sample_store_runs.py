@@ -78,6 +78,15 @@ def test_store_elides_image_runs_and_reads_back_every_position(case):
             np.testing.assert_array_equal(tokens, s.tokens)
             np.testing.assert_array_equal(labels, s.labels)
             np.testing.assert_array_equal(store.image_starts(i), s.image_starts)
+        # several samples at once (a pack), in any order, some cut: what each gives alone, concatenated
+        order = list(reversed(range(len(samples))))
+        keep = [len(samples[i].tokens) // (1 + i % 2) for i in order]
+        text = store.texts(order, keep)
+        assert text.lengths.tolist() == keep
+        np.testing.assert_array_equal(text.tokens, np.concatenate([samples[i].tokens[:k] for i, k in zip(order, keep)]))
+        np.testing.assert_array_equal(text.labels, np.concatenate([samples[i].labels[:k] for i, k in zip(order, keep)]))
+        for i, starts in zip(order, text.image_starts):
+            np.testing.assert_array_equal(starts, samples[i].image_starts)
         # samples that carry their store document (computed in a worker) give the same files
         worker_built = Path(tmp) / "worker_built"
         store_writer = writer(worker_built, run)

@@ -343,6 +343,14 @@ class IndexedReader:
         values = self._read(int(self.sequence_pointers[first]), int(lengths.sum()))
         return np.split(values, np.cumsum(lengths[:-1]))
 
+    def raw_document(self, d: int) -> tuple[np.ndarray, list[int]]:
+        """Document d's values in one array (one read), and the length of each of its items."""
+        first, end = int(self.document_indices[d]), int(self.document_indices[d + 1])
+        lengths = self.sequence_lengths[first:end].tolist()
+        if not lengths:
+            return np.zeros(0, dtype=self.dtype), lengths
+        return self._read(int(self.sequence_pointers[first]), sum(lengths)), lengths
+
     def document(self, d: int) -> list[np.ndarray]:
         """The items of document d."""
         first, end = int(self.document_indices[d]), int(self.document_indices[d + 1])

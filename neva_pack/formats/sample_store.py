@@ -374,6 +374,20 @@ class _OpenShard:
         )
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoredTexts:
+    """Samples' text as read back from the store (``SampleStore.texts``)."""
+
+    tokens: np.ndarray
+    """int32 tokens of the samples, concatenated."""
+    labels: np.ndarray
+    """int32 labels, aligned with the tokens."""
+    lengths: np.ndarray
+    """int64 positions of each sample (after its cut)."""
+    image_starts: list[np.ndarray]
+    """Per sample, int64 where each of its image runs starts (in the sample, before any cut)."""
+
+
 class SampleStore:
     """Read side of the sample store: lengths for the packer, samples by index for the writer.
 
@@ -433,23 +447,63 @@ class SampleStore:
         return cache[shard]
 
     def tokens_labels(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        shard, local = self._locate(i)
-        text = self._dataset(self._text, shard, "text")
-        stored, bits, starts = text.document(local)
-        length = int(self.rows["length"][i])
-        elided = _run_positions(starts, len(self.image_run), length)
-        kept = np.ones(length, dtype=bool)
-        kept[elided] = False
-        ids = np.empty(length + 1, dtype=STORE_TEXT_DTYPE)  # the tokens and the last label
-        ids[elided] = np.tile(self.image_run[:-1], len(starts))
-        ids[np.append(kept, True)] = stored
-        trained = np.zeros(length, dtype=bool)
-        trained[kept] = np.unpackbits(bits.view(np.uint8), count=length - len(elided)).astype(bool)
-        return ids[:-1], np.where(trained, ids[1:], STORE_TEXT_DTYPE(self.ignore_index)).astype(STORE_TEXT_DTYPE)
+        text = self.texts([i])
+        return text.tokens, text.labels
 
     def image_starts(self, i: int) -> np.ndarray:
         shard, local = self._locate(i)
         return self._dataset(self._text, shard, "text")[_TEXT_ITEMS * local + 2]
+
+    def texts(self, indices, keep=None) -> "StoredTexts":
+        """Tokens and labels of samples ``indices``, concatenated, each cut to ``keep[k]`` positions
+        when given (None: whole), with one file read per sample and array work per call, not per
+        sample: what assembly needs for one pack.
+
+            stored (per sample)   [t0 t2 t3 | last label]  bits [1 0 1]  starts [1]     (run S P, N = 2)
+            ids (per sample)      [t0 S  t2 t3 | last label]        S filled in from the image run
+            tokens                [t0 S  t2 t3]       labels  = next id where trained, else ignore
+        """
+        indices = np.asarray(indices, dtype=np.int64)
+        shards = np.searchsorted(self._first_sample, indices, side="right") - 1
+        lengths = self.rows["length"][indices].astype(np.int64)
+        elide = max(len(self.image_run) - 1, 0)
+        stored, bits, starts, trained_counts = [], [], [], []
+        for i, shard, length in zip(indices.tolist(), shards.tolist(), lengths.tolist()):
+            values, sizes = self._dataset(self._text, shard, "text").raw_document(i - int(self._first_sample[shard]))
+            stored.append(values[: sizes[0]])
+            bits.append(values[sizes[0] : sizes[0] + sizes[1]])
+            sample_starts = values[sizes[0] + sizes[1] :]
+            if len(sample_starts):
+                _run_positions(sample_starts, len(self.image_run), length)  # refuses overlapping or outside runs
+            starts.append(sample_starts)
+            trained_counts.append(length - elide * len(sample_starts))
+        ends = np.cumsum(lengths + 1)  # per sample: its ids, then its last label
+        first = ends - lengths - 1
+        ids = np.empty(int(ends[-1]) if len(ends) else 0, dtype=STORE_TEXT_DTYPE)
+        kept = np.ones(len(ids), dtype=bool)
+        counts = np.array([len(s) for s in starts], dtype=np.int64)
+        if elide and counts.sum():
+            at = np.concatenate(starts).astype(np.int64) + np.repeat(first, counts)
+            elided = (at[:, None] + np.arange(elide)).ravel()
+            kept[elided] = False
+            ids[elided] = np.tile(self.image_run[:-1], int(counts.sum()))
+        ids[kept] = np.concatenate(stored) if stored else ids[:0]
+        is_token = np.ones(len(ids), dtype=bool)
+        is_token[ends - 1] = False
+        trained = np.zeros(len(ids), dtype=bool)
+        unpacked = [np.unpackbits(b.view(np.uint8), count=n) for b, n in zip(bits, trained_counts)]
+        trained[kept & is_token] = np.concatenate(unpacked).astype(bool) if unpacked else trained[:0]
+        if keep is not None:
+            keep = np.minimum(np.asarray(keep, dtype=np.int64), lengths)
+            is_token &= np.arange(len(ids)) - np.repeat(first, lengths + 1) < np.repeat(keep, lengths + 1)
+            lengths = keep
+        following = np.append(ids[1:], STORE_TEXT_DTYPE(self.ignore_index))[is_token]
+        return StoredTexts(
+            tokens=ids[is_token],
+            labels=np.where(trained[is_token], following, STORE_TEXT_DTYPE(self.ignore_index)).astype(STORE_TEXT_DTYPE),
+            lengths=lengths,
+            image_starts=[s.astype(np.int64) for s in starts],
+        )
 
     def image_indices(self, i: int) -> np.ndarray:
         """Pool index of each image of sample i, in placeholder order."""
@@ -473,7 +527,9 @@ class SampleStore:
 def _pack_bits(mask: np.ndarray) -> np.ndarray:
     """A bool mask as int32 words, 8 positions a byte (the text file holds int32 items)."""
     packed = np.packbits(mask)
-    return np.pad(packed, (0, -len(packed) % 4)).view(STORE_TEXT_DTYPE)
+    words = np.zeros(-(-len(packed) // 4) * 4, dtype=np.uint8)
+    words[: len(packed)] = packed
+    return words.view(STORE_TEXT_DTYPE)
 
 
 def _run_pairs(run: np.ndarray) -> list[list[int]]:
