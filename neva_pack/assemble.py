@@ -43,23 +43,27 @@ class AssembledPack:
     """int64 position in ``tokens`` where each image's run of positions starts."""
     pixels: np.ndarray | None
     """uint8 (N, 3, H, W) of the images, or None when the writer did not ask for pixels."""
+    padded_tokens: np.ndarray | None = None
+    """``tokens`` with the pad id after each sample up to its padded length (``tokens`` itself when
+    nothing is padded), built once by assembly for the pack checks and the writer; None: not built."""
+    padded_labels: np.ndarray | None = None
+    """``labels`` padded the same way with the ignore value."""
 
 
-def with_padding(
-    values: np.ndarray, lengths: np.ndarray, padded_lengths: np.ndarray, fill: int, out: np.ndarray | None = None
-) -> np.ndarray:  # fmt: skip
-    """Concatenated per-sample values with (padded - length) ``fill`` values after each sample.
+def padded_view(pack: AssembledPack, pad_id: int, ignore_index: int) -> tuple[np.ndarray, np.ndarray]:
+    """The pack's tokens and labels with padding: as assembled, or built here for a pack assembled without them."""
+    if pack.padded_tokens is not None and pack.padded_labels is not None:
+        return pack.padded_tokens, pack.padded_labels
+    return (with_padding(pack.tokens, pack.lengths, pack.padded_lengths, pad_id),
+            with_padding(pack.labels, pack.lengths, pack.padded_lengths, ignore_index))  # fmt: skip
 
-    Into ``out`` when given (converted to its dtype); otherwise ``values`` itself when nothing is padded."""
-    unpadded = np.array_equal(lengths, padded_lengths)
-    if out is None:
-        if unpadded:
-            return values
-        out = np.empty(int(np.sum(padded_lengths)), dtype=values.dtype)
-    if unpadded:
-        out[:] = values
-        return out
-    out.fill(fill)
+
+def with_padding(values: np.ndarray, lengths: np.ndarray, padded_lengths: np.ndarray, fill: int) -> np.ndarray:
+    """Concatenated per-sample values with (padded - length) ``fill`` values after each sample
+    (``values`` itself when nothing is padded)."""
+    if np.array_equal(lengths, padded_lengths):
+        return values
+    out = np.full(int(np.sum(padded_lengths)), fill, dtype=values.dtype)
     out[real_positions(lengths, padded_lengths)] = values
     return out
 
@@ -109,10 +113,11 @@ def plan_table(rows: np.ndarray, plan: PackingPlan, pad_to_multiple_of: int = 1)
 
 def assemble_packs(
     store, plan: PackingPlan, cuts: dict[int, tuple[int, int]], *, pad_to_multiple_of: int = 1, start: int = 0,
-    with_pixels: bool = True,
+    with_pixels: bool = True, pad_id: int, ignore_index: int,
 ) -> Iterator[AssembledPack]:  # fmt: skip
     """Packs ``start``.. of the plan. ``cuts``: sample -> (tokens kept, images kept) for samples
-    longer than this pack size, cut as the sample builder would have cut them."""
+    longer than this pack size, cut as the sample builder would have cut them. ``pad_id`` and
+    ``ignore_index`` fill the padded view (``padded_tokens``/``padded_labels``)."""
     uncut = np.iinfo(np.int64).max
     for b in range(start, plan.num_bins):
         members = np.asarray(plan.bin(b), dtype=np.int64)
@@ -127,9 +132,10 @@ def assemble_packs(
             indices.append(sample_images)
             starts.append(positions[k] + text.image_starts[k][: len(sample_images)])
         image_indices = np.concatenate(indices).astype(np.int64)
+        padded = padded_lengths(text.lengths, pad_to_multiple_of)
         yield AssembledPack(
             lengths=text.lengths,
-            padded_lengths=padded_lengths(text.lengths, pad_to_multiple_of),
+            padded_lengths=padded,
             tokens=text.tokens,
             labels=text.labels,
             record_indices=store.rows["record_index"][members].astype(np.int64),
@@ -137,4 +143,6 @@ def assemble_packs(
             image_indices=image_indices,
             image_starts=np.concatenate(starts),
             pixels=store.pool.read(image_indices) if with_pixels else None,
+            padded_tokens=with_padding(text.tokens, text.lengths, padded, pad_id),
+            padded_labels=with_padding(text.labels, text.lengths, padded, ignore_index),
         )

@@ -64,10 +64,9 @@ def image_runs(tokens: np.ndarray, spec: PackSpec) -> tuple[int, list[int]]:
         return 0, []
     tokens = np.asarray(tokens, dtype=np.int64)
     if spec.start_id is not None:
-        run = spec.image_run()
         starts = np.flatnonzero(tokens == spec.start_id)
-        broken = [int(s) for s in starts if not np.array_equal(tokens[s : s + positions], run)]
-        return len(starts) - len(broken), broken
+        whole = _whole_runs(tokens, starts, spec.image_run())
+        return int(whole.sum()), starts[~whole].tolist()
     if spec.end_id is not None:
         ends = np.flatnonzero(tokens == spec.end_id)
         run = spec.image_run()
@@ -128,7 +127,17 @@ def accounting_problem(records: int, packed: int, skipped: int) -> str | None:
 
 def _padding_mask(size: int, real_ends: np.ndarray, boundaries: np.ndarray) -> np.ndarray:
     """True on the positions between each sample's real end and its buffer boundary."""
-    marks = np.zeros(size + 1, dtype=np.int64)
-    np.add.at(marks, real_ends, 1)
-    np.add.at(marks, boundaries, -1)
+    if np.array_equal(real_ends, boundaries):
+        return np.zeros(size, dtype=bool)
+    marks = np.bincount(real_ends, minlength=size + 1) - np.bincount(boundaries, minlength=size + 1)
     return np.cumsum(marks)[:-1] > 0
+
+
+def _whole_runs(tokens: np.ndarray, starts: np.ndarray, run: np.ndarray) -> np.ndarray:
+    """For each start position, whether the whole run follows it (all runs compared at once)."""
+    whole = starts + len(run) <= len(tokens)
+    fits = starts[whole]
+    if len(fits):
+        windows = tokens[fits[:, None] + np.arange(len(run))]
+        whole[whole] = (windows == run).all(axis=1)
+    return whole

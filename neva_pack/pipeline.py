@@ -30,7 +30,7 @@ from tqdm import tqdm
 from neva_pack import __version__, invariants, shards
 from neva_pack import store as layout
 from neva_pack import output_dir as ownership
-from neva_pack.assemble import assemble_packs, plan_table, rows_at, with_padding
+from neva_pack.assemble import assemble_packs, padded_view, plan_table, rows_at
 from neva_pack.formats import format_module, sample_store
 from neva_pack.formats.base import WriteSpec
 from neva_pack.formats.meta import META_VERSION, Counts, ImageTokenIds, PackedMeta
@@ -530,10 +530,10 @@ def _write_packs(
 ) -> None:  # fmt: skip
     first = writer.num_packs
     bar = tqdm(total=plan.num_bins, initial=first, desc=f"write packs of {plan.capacity}", unit="pack", disable=not progress)
-    packs = assemble_packs(store, plan, cuts, pad_to_multiple_of=multiple, start=first, with_pixels=with_pixels)
+    packs = assemble_packs(store, plan, cuts, pad_to_multiple_of=multiple, start=first, with_pixels=with_pixels,
+                           pad_id=checks.pad_id, ignore_index=checks.ignore_index)  # fmt: skip
     for b, assembled in enumerate(packs, start=first):
-        tokens = with_padding(assembled.tokens, assembled.lengths, assembled.padded_lengths, checks.pad_id)
-        labels = with_padding(assembled.labels, assembled.lengths, assembled.padded_lengths, checks.ignore_index)
+        tokens, labels = padded_view(assembled, checks.pad_id, checks.ignore_index)  # the arrays the writer writes
         cu_seqlens = np.concatenate([[0], np.cumsum(assembled.padded_lengths)])
         problems = invariants.pack_problems(
             checks, cu_seqlens, tokens, labels, len(assembled.image_indices), real_lengths=assembled.lengths

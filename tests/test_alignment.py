@@ -228,3 +228,17 @@ def test_plan_defaults_to_the_outputs_multiple_and_takes_the_run_flags(runs, tmp
     assert "pad %" in text and "samples padded to a multiple of 64 before packing" in text
     assert main(["plan", str(runs["plain"]), "--pack_sizes", "1024", "--pad_to_multiple_of", "0"]) == 2
     assert "--pad_to_multiple_of 0: must be >= 1" in capsys.readouterr().err
+
+
+@given(lengths=st.lists(st.integers(1, 20), min_size=1, max_size=6), multiple=st.integers(1, 8))
+def test_with_padding_puts_each_sample_at_its_padded_offset(lengths, multiple):
+    """The vectorised padding equals the per-sample definition: sample, then fill up to its padded length."""
+    from neva_pack.assemble import with_padding
+
+    lengths = np.array(lengths, dtype=np.int64)
+    padded = padded_lengths(lengths, multiple)
+    values = np.arange(1, int(lengths.sum()) + 1, dtype=np.int32)
+    pieces = np.split(values, np.cumsum(lengths)[:-1])
+    expected = np.concatenate([np.append(p, np.full(n - len(p), -7, np.int32)) for p, n in zip(pieces, padded)])
+    got = with_padding(values, lengths, padded, -7)
+    assert got.dtype == np.int32 and got.tolist() == expected.tolist()

@@ -102,8 +102,9 @@ class Writer:
         text = np.empty(boundaries + 2 * total, dtype=PACKED_DTYPE)
         text[0] = 0
         text[1:boundaries] = np.cumsum(pack.padded_lengths)
-        assemble.with_padding(pack.tokens, pack.lengths, pack.padded_lengths, spec.pad_id, out=text[boundaries : boundaries + total])
-        assemble.with_padding(pack.labels, pack.lengths, pack.padded_lengths, spec.ignore_index, out=text[boundaries + total :])
+        tokens, labels = assemble.padded_view(pack, spec.pad_id, spec.ignore_index)
+        text[boundaries : boundaries + total] = tokens
+        text[boundaries + total :] = labels
         return text, (boundaries, total, total)
 
     def _write_packs(self) -> None:
