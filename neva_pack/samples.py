@@ -13,6 +13,7 @@ text never yields a control id (see SampleBuilder._encode_chunk).
 
 from __future__ import annotations
 
+import bisect
 import functools
 from dataclasses import dataclass
 
@@ -204,7 +205,7 @@ class SampleBuilder:
         self._is_control = np.zeros(tokenizer.vocab_size, dtype=bool)
         self._is_control[list(tokenizer.control_ids)] = True
         empty = np.zeros(0, dtype=np.int64)
-        chunk_labels(empty, empty, empty, empty, np.zeros(0, dtype=bool), self._is_control)  # compile before a fork
+        chunk_labels(empty, empty, empty, np.zeros(1, dtype=np.int64), np.zeros(0, dtype=bool), self._is_control)  # compile before a fork
         self._markers = self._resolve_markers() if self.tokenization.one_call else {}
         if tokenizer.vocab_size > MAX_EXACT_FLOAT32_ID:
             raise ConfigError(f"vocabulary of {tokenizer.vocab_size} ids does not fit NeMo's float32 packed format")
@@ -232,7 +233,7 @@ class SampleBuilder:
         for name, texts in candidates.items():
             ids = [self.tokenizer.token_to_id(text) for text in texts]
             if all(i is not None and i in self.tokenizer.control_ids for i in ids):
-                markers[name] = _Marker(name=name, text="".join(texts), ids=np.asarray(ids, dtype=np.int64))
+                markers[name] = _Marker(name=name, text="".join(texts), ids=np.asarray(ids, dtype=np.int64), id_list=ids)
         if "image" in markers and not np.array_equal(markers["image"].ids, [self.layout.start_id, self.layout.end_id]):
             del markers["image"]  # explicit image ids other than NeMo's pieces
         return markers
@@ -356,16 +357,15 @@ class SampleBuilder:
         text = "".join(chunk.texts)
         encoding = self.tokenizer.encode_literal(text) if continues else self.tokenizer.encode(text)
         ids = encoding.ids
-        lengths = np.fromiter(map(len, chunk.texts), dtype=np.int64, count=len(chunk.texts))
         mask, flagged, ordered = chunk_labels(
-            ids, encoding.starts, encoding.ends, lengths, np.array(chunk.trained, dtype=bool), self._is_control
+            ids, encoding.starts, encoding.ends, np.array(chunk.bounds), np.array(chunk.trained), self._is_control
         )
         if not len(flagged):
             return ids, mask, []
         replaced = self._replace_markers(chunk, encoding, mask, flagged) if ordered else None
         if replaced is not None:
             return replaced
-        return self._repair(chunk, text, encoding, mask, flagged, lengths)
+        return self._repair(chunk, text, encoding, mask, flagged)
 
     def _replace_markers(self, chunk: _Chunk, encoding, mask, flagged) -> tuple | None:
         """The usual case of ``_repair``, cheaply, for tokens that are ordered, non-overlapping
@@ -373,62 +373,61 @@ class SampleBuilder:
         where the marker's text is, or template text's (nvgpt's <extra_id_1>); None for anything
         else (``_repair`` then decides, or raises)."""
         ids, starts, ends = encoding.ids, encoding.starts, encoding.ends
-        slots = chunk.marker_slots()
-        firsts = np.searchsorted(ends, [start for start, _, _ in slots], side="right")  # first token ending after it
-        replace = []
-        at_markers = set()
-        for (start, end, index), first in zip(slots, firsts.tolist()):
-            marker = chunk.markers[index]
-            count = len(marker.ids)
+        firsts = np.searchsorted(ends, [slot[0] for slot in chunk.slots], side="right").tolist()  # first token past it
+        in_place = True
+        at_markers = 0
+        for (start, end, marker, new, _), first in zip(chunk.slots, firsts):
+            count = len(marker.id_list)
             last = first + count - 1
             if last >= len(ids) or starts[first] != start or ends[last] != end:
                 return None
-            if not np.array_equal(ids[first : last + 1], marker.ids):
+            if ids[first : last + 1].tolist() != marker.id_list:
                 return None
             if count > 1 and not (ends[first : last + 1] > starts[first : last + 1]).all():
                 return None  # a zero-width token among its pieces
-            replace.append((first, count, chunk.marker_ids[index], chunk.trained[index], marker.name == "image"))
-            at_markers.update(range(first, last + 1))
-        for k in flagged.tolist():
-            if k not in at_markers and chunk.has_content(int(starts[k]), max(int(ends[k]), int(starts[k]) + 1)):
-                return None  # a control id a user typed: spelled as text by _repair
-        if all(count == len(new) and not image for _, count, new, _, image in replace):
-            for first, count, new, trained, _ in replace:  # BOS/EOS: one id for one piece, in place
-                ids[first : first + count] = new
-                mask[first : first + count] = trained
+            in_place = in_place and count == len(new) and marker.name != "image"
+            at_markers += count
+        if len(flagged) > at_markers:  # control ids besides the markers' own (all flagged)
+            markers = {first + j for (_, _, marker, _, _), first in zip(chunk.slots, firsts) for j in range(len(marker.id_list))}
+            for k in flagged.tolist():
+                if k not in markers and chunk.has_content(int(starts[k]), max(int(ends[k]), int(starts[k]) + 1)):
+                    return None  # a control id a user typed: spelled as text by _repair
+        if in_place:  # BOS/EOS: one id for one piece
+            for (_, _, marker, new, trained), first in zip(chunk.slots, firsts):
+                ids[first : first + len(new)] = new
+                mask[first : first + len(new)] = trained
             return ids, mask, []
         out_ids, out_mask, image_starts = [], [], []
         previous = position = 0
-        for first, count, new, trained, image in replace:
+        for (_, _, marker, new, trained), first in zip(chunk.slots, firsts):
             out_ids.append(ids[previous:first])
             out_mask.append(mask[previous:first])
             position += first - previous
-            if image:
+            if marker.name == "image":
                 image_starts.append(position)
             out_ids.append(new)
             out_mask.append(np.full(len(new), trained))
             position += len(new)
-            previous = first + count
+            previous = first + len(marker.id_list)
         out_ids.append(ids[previous:])
         out_mask.append(mask[previous:])
         return np.concatenate(out_ids), np.concatenate(out_mask), image_starts
 
-    def _repair(self, chunk: _Chunk, text: str, encoding, mask, flagged, lengths) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    def _repair(self, chunk: _Chunk, text: str, encoding, mask, flagged) -> tuple[np.ndarray, np.ndarray, list[int]]:
         """Every control id of the chunk, one by one: a marker's pieces must be exactly its ids
         (they become its image run or BOS/EOS); one in text a user typed is spelled literally."""
         ids = encoding.ids
+        lengths = np.diff(chunk.bounds)
         trained_chars = np.repeat(np.array(chunk.trained, dtype=bool), lengths)
         content_chars = np.repeat(np.array(chunk.content, dtype=bool), lengths)
         replace: dict[int, tuple[np.ndarray, np.ndarray, bool] | None] = {}
-        for start, end, index in chunk.marker_slots():
-            marker = chunk.markers[index]
+        for start, end, marker, new_ids, trained in chunk.slots:
             inside = (encoding.starts >= start) & (encoding.ends <= end) & (encoding.ends > encoding.starts)
             straddle = (encoding.starts < end) & (encoding.ends > start) & ~inside
             found = np.flatnonzero(inside)
             if straddle.any() or not np.array_equal(ids[found], marker.ids):
                 raise RuntimeError(f"{self.tokenizer.name} did not keep {marker.text!r} as its own pieces")
-            new_ids = chunk.marker_ids[index]
-            replace[int(found[0])] = (new_ids, np.full(len(new_ids), chunk.trained[index]), marker.name == "image")
+            replace[int(found[0])] = (new_ids, np.full(len(new_ids), trained), marker.name == "image")
             replace.update({int(k): None for k in found[1:]})
         for k in flagged:
             k = int(k)
@@ -492,12 +491,14 @@ class _Marker:
     """The special pieces' text, written into a one-call prompt."""
     ids: np.ndarray
     """The ids the tokenizer gives that text."""
+    id_list: list[int]
+    """The same, as Python ints (compared with a slice of ids, per record)."""
 
 
 class _Chunk:
     """The text of one tokenizer call, part by part (parallel lists: one entry per part)."""
 
-    __slots__ = ("texts", "trained", "content", "markers", "marker_ids")
+    __slots__ = ("texts", "trained", "content", "bounds", "slots")
 
     def __init__(self):
         self.texts: list[str] = []
@@ -506,55 +507,43 @@ class _Chunk:
         """Whether each part's tokens are label targets."""
         self.content: list[bool] = []
         """Conversation text: a control id inside it is spelled as text."""
-        self.markers: dict[int, _Marker] = {}
-        """Part index -> the marker it stands for."""
-        self.marker_ids: dict[int, np.ndarray] = {}
-        """Part index -> what the marker becomes: an image run or a BOS/EOS id."""
+        self.bounds: list[int] = [0]
+        """Character offset where each part starts, and the text's length last."""
+        self.slots: list[tuple[int, int, _Marker, np.ndarray, bool]] = []
+        """(start, end, marker, what it becomes: an image run or a BOS/EOS id, trained) per marker."""
 
     def add(self, text: str, trained: bool, content: bool) -> None:
         self.texts.append(text)
         self.trained.append(trained)
         self.content.append(content)
+        self.bounds.append(self.bounds[-1] + len(text))
 
     def add_marker(self, marker: _Marker, trained: bool, ids: np.ndarray) -> None:
-        self.markers[len(self.texts)] = marker
-        self.marker_ids[len(self.texts)] = ids
+        self.slots.append((self.bounds[-1], self.bounds[-1] + len(marker.text), marker, ids, trained))
         self.add(marker.text, trained, False)
-
-    def marker_slots(self) -> list[tuple[int, int, int]]:
-        """(start, end, part index) of every marker's text, in order."""
-        slots = []
-        offset = 0
-        for index, text in enumerate(self.texts):
-            if index in self.markers:
-                slots.append((offset, offset + len(text), index))
-            offset += len(text)
-        return slots
 
     def has_content(self, start: int, end: int) -> bool:
         """Whether characters start..end (exclusive) hold conversation text."""
-        offset = 0
-        for text, content in zip(self.texts, self.content):
-            if offset >= end:
-                return False
-            if content and offset + len(text) > start:
+        part = bisect.bisect_right(self.bounds, start) - 1
+        while part < len(self.texts) and self.bounds[part] < end:
+            if self.content[part]:
                 return True
-            offset += len(text)
+            part += 1
         return False
 
 
-def chunk_labels(ids, starts, ends, lengths, trained, is_control) -> tuple[np.ndarray, np.ndarray, bool]:
+def chunk_labels(ids, starts, ends, bounds, trained, is_control) -> tuple[np.ndarray, np.ndarray, bool]:
     """Labels of a chunk's tokens in one compiled pass: (trained mask, positions of control ids,
     whether the tokens are ordered non-overlapping spans).
 
-    The chunk's text is parts of ``lengths`` characters, ``trained`` or not. A token is trained
+    The chunk's text is parts starting at ``bounds`` (its length last), ``trained`` or not. A token is trained
     when its characters overlap a trained part; a zero-width token (a sentencepiece "▁" or byte
     piece) takes the flag of the character where it sits (the last one at the end)::
 
         parts    "USER: hi "  "ASSISTANT:"  " "  "ok"      trained: .  .  x  x
         tokens   ▁USER : ▁hi ▁ASS IST ANT :  ▁ok                 ▁ok overlaps " " and "ok": x
     """
-    return _chunk_labels_kernel()(ids, starts, ends, lengths, trained, is_control)
+    return _chunk_labels_kernel()(ids, starts, ends, bounds, trained, is_control)
 
 
 @functools.cache
@@ -575,11 +564,8 @@ def _chunk_labels_kernel():
         return low
 
     @numba.njit(cache=True)
-    def kernel(ids, starts, ends, lengths, trained, is_control):
-        parts = len(lengths)
-        bounds = np.zeros(parts + 1, dtype=np.int64)
-        for p in range(parts):
-            bounds[p + 1] = bounds[p] + lengths[p]
+    def kernel(ids, starts, ends, bounds, trained, is_control):
+        parts = len(bounds) - 1
         total = bounds[parts]
         count = len(ids)
         mask = np.zeros(count, dtype=np.bool_)
