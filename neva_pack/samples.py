@@ -13,6 +13,8 @@ text never yields a control id (see SampleBuilder._encode_chunk).
 
 from __future__ import annotations
 
+import bisect
+import functools
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -203,7 +205,11 @@ class SampleBuilder:
         self.max_image_pixels = max_image_pixels
         self._image_run = layout.run()
         self._special_ids = self._resolve_specials()
-        self._control = np.fromiter(sorted(tokenizer.control_ids), dtype=np.int64, count=len(tokenizer.control_ids))
+        self._special_runs = {name: np.asarray([i], dtype=np.int64) for name, i in self._special_ids.items() if i is not None}
+        self._is_control = np.zeros(tokenizer.vocab_size, dtype=bool)
+        self._is_control[list(tokenizer.control_ids)] = True
+        empty = np.zeros(0, dtype=np.int64)
+        chunk_labels(empty, empty, empty, np.zeros(1, dtype=np.int64), np.zeros(0, dtype=bool), self._is_control)  # compile before a fork
         self._markers = self._resolve_markers() if self.tokenization.one_call else {}
         if tokenizer.vocab_size > MAX_EXACT_FLOAT32_ID:
             raise ConfigError(f"vocabulary of {tokenizer.vocab_size} ids does not fit NeMo's float32 packed format")
@@ -231,7 +237,7 @@ class SampleBuilder:
         for name, texts in candidates.items():
             ids = [self.tokenizer.token_to_id(text) for text in texts]
             if all(i is not None and i in self.tokenizer.control_ids for i in ids):
-                markers[name] = _Marker(name=name, text="".join(texts), ids=np.asarray(ids, dtype=np.int64))
+                markers[name] = _Marker(name=name, text="".join(texts), ids=np.asarray(ids, dtype=np.int64), id_list=ids)
         if "image" in markers and not np.array_equal(markers["image"].ids, [self.layout.start_id, self.layout.end_id]):
             del markers["image"]  # explicit image ids other than NeMo's pieces
         return markers
@@ -301,37 +307,37 @@ class SampleBuilder:
         mask_parts: list[np.ndarray] = []
         image_starts: list[int] = []
         position = 0
-        chunk: list[_Part] = []
-
+        chunk = _Chunk()
         continues = False  # the chunk goes on after a BOS/EOS: no new leading "▁"
 
         def flush():
-            nonlocal position
-            if chunk:
+            nonlocal position, chunk
+            if chunk.texts:
                 ids, mask, starts = self._encode_chunk(chunk, continues)
                 image_starts.extend(position + k for k in starts)
                 id_parts.append(ids)
                 mask_parts.append(mask)
                 position += len(ids)
-                chunk.clear()
+                chunk = _Chunk()
 
         for piece in pieces:
-            if piece.kind in ("text", "content"):
+            kind = piece.kind
+            if kind == "text" or kind == "content":
                 if piece.value:
-                    chunk.append(_Part(piece.value, piece.trained, piece.kind == "content", None, None))
+                    chunk.add(piece.value, piece.trained, kind == "content")
                 continue
-            name = "image" if piece.kind == "image" else piece.value
-            ids = self._image_run if piece.kind == "image" else np.asarray([self._special_ids[name]], dtype=np.int64)
+            name = "image" if kind == "image" else piece.value
+            ids = self._image_run if kind == "image" else self._special_runs[name]
             marker = self._markers.get(name)
             if marker is not None:
-                chunk.append(_Part(marker.text, piece.trained, False, marker, ids))
+                chunk.add_marker(marker, piece.trained, ids)
                 continue
             flush()
             # an image starts a new sentencepiece sentence under llava (tokenizer_image_token);
             # NeMo's one call and LLaVA's slow tokenizer (legacy=False) go on after BOS/EOS
             # a BOS that opens the sequence is the tokenizer's own: the text after it starts fresh
-            continues = (self.tokenization.one_call or piece.kind != "image") and position > 0
-            if piece.kind == "image":
+            continues = (self.tokenization.one_call or kind != "image") and position > 0
+            if kind == "image":
                 image_starts.append(position)
             id_parts.append(ids)
             mask_parts.append(np.full(len(ids), piece.trained))
@@ -339,9 +345,11 @@ class SampleBuilder:
         flush()
         if not id_parts:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool), []
+        if len(id_parts) == 1:
+            return id_parts[0], mask_parts[0], image_starts
         return np.concatenate(id_parts), np.concatenate(mask_parts), image_starts
 
-    def _encode_chunk(self, parts: list[_Part], continues: bool) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    def _encode_chunk(self, chunk: _Chunk, continues: bool) -> tuple[np.ndarray, np.ndarray, list[int]]:
         """One tokenizer call over the chunk's text, then two repairs, both by character span:
         a marker's pieces become its ids (an image run, BOS, EOS); a control id whose text a
         user typed (``</s>``, ``<extra_id_4>``, ``<|im_start|>``...) is spelled as ordinary
@@ -350,30 +358,80 @@ class SampleBuilder:
         ``continues``: the text follows a BOS/EOS id (or, under ``nemo``, a special the tokenizer
         has no piece for); it goes on without a new leading "▁", as in one call, and is spelled
         without any control id."""
-        text = "".join(p.text for p in parts)
-        lengths = [len(p.text) for p in parts]
-        trained_chars = np.repeat([p.trained for p in parts], lengths)
-        content_chars = np.repeat([p.content for p in parts], lengths)
+        text = "".join(chunk.texts)
         encoding = self.tokenizer.encode_literal(text) if continues else self.tokenizer.encode(text)
         ids = encoding.ids
-        mask = _trained_tokens(encoding.starts, encoding.ends, trained_chars)
-        flagged = np.flatnonzero(np.isin(ids, self._control))
+        mask, flagged, ordered = chunk_labels(
+            ids, encoding.starts, encoding.ends, np.array(chunk.bounds), np.array(chunk.trained), self._is_control
+        )
         if not len(flagged):
             return ids, mask, []
+        replaced = self._replace_markers(chunk, encoding, mask, flagged) if ordered else None
+        if replaced is not None:
+            return replaced
+        return self._repair(chunk, text, encoding, mask, flagged)
+
+    def _replace_markers(self, chunk: _Chunk, encoding, mask, flagged) -> tuple | None:
+        """The usual case of ``_repair``, cheaply, for tokens that are ordered, non-overlapping
+        spans (sentencepiece's): every control id of the chunk is a marker's own piece, exactly
+        where the marker's text is, or template text's (nvgpt's <extra_id_1>); None for anything
+        else (``_repair`` then decides, or raises)."""
+        ids, starts, ends = encoding.ids, encoding.starts, encoding.ends
+        firsts = np.searchsorted(ends, [slot[0] for slot in chunk.slots], side="right").tolist()  # first token past it
+        in_place = True
+        at_markers = 0
+        for (start, end, marker, new, _), first in zip(chunk.slots, firsts):
+            count = len(marker.id_list)
+            last = first + count - 1
+            if last >= len(ids) or starts[first] != start or ends[last] != end:
+                return None
+            if ids[first : last + 1].tolist() != marker.id_list:
+                return None
+            if count > 1 and not (ends[first : last + 1] > starts[first : last + 1]).all():
+                return None  # a zero-width token among its pieces
+            in_place = in_place and count == len(new) and marker.name != "image"
+            at_markers += count
+        if len(flagged) > at_markers:  # control ids besides the markers' own (all flagged)
+            markers = {first + j for (_, _, marker, _, _), first in zip(chunk.slots, firsts) for j in range(len(marker.id_list))}
+            for k in flagged.tolist():
+                if k not in markers and chunk.has_content(int(starts[k]), max(int(ends[k]), int(starts[k]) + 1)):
+                    return None  # a control id a user typed: spelled as text by _repair
+        if in_place:  # BOS/EOS: one id for one piece
+            for (_, _, marker, new, trained), first in zip(chunk.slots, firsts):
+                ids[first : first + len(new)] = new
+                mask[first : first + len(new)] = trained
+            return ids, mask, []
+        out_ids, out_mask, image_starts = [], [], []
+        previous = position = 0
+        for (_, _, marker, new, trained), first in zip(chunk.slots, firsts):
+            out_ids.append(ids[previous:first])
+            out_mask.append(mask[previous:first])
+            position += first - previous
+            if marker.name == "image":
+                image_starts.append(position)
+            out_ids.append(new)
+            out_mask.append(np.full(len(new), trained))
+            position += len(new)
+            previous = first + len(marker.id_list)
+        out_ids.append(ids[previous:])
+        out_mask.append(mask[previous:])
+        return np.concatenate(out_ids), np.concatenate(out_mask), image_starts
+
+    def _repair(self, chunk: _Chunk, text: str, encoding, mask, flagged) -> tuple[np.ndarray, np.ndarray, list[int]]:
+        """Every control id of the chunk, one by one: a marker's pieces must be exactly its ids
+        (they become its image run or BOS/EOS); one in text a user typed is spelled literally."""
+        ids = encoding.ids
+        lengths = np.diff(chunk.bounds)
+        trained_chars = np.repeat(np.array(chunk.trained, dtype=bool), lengths)
+        content_chars = np.repeat(np.array(chunk.content, dtype=bool), lengths)
         replace: dict[int, tuple[np.ndarray, np.ndarray, bool] | None] = {}
-        slots = {}
-        offset = 0
-        for part in parts:
-            if part.marker is not None:
-                slots[offset] = (offset + len(part.text), part)
-            offset += len(part.text)
-        for start, (end, part) in slots.items():
+        for start, end, marker, new_ids, trained in chunk.slots:
             inside = (encoding.starts >= start) & (encoding.ends <= end) & (encoding.ends > encoding.starts)
             straddle = (encoding.starts < end) & (encoding.ends > start) & ~inside
             found = np.flatnonzero(inside)
-            if straddle.any() or not np.array_equal(ids[found], part.marker.ids):
-                raise RuntimeError(f"{self.tokenizer.name} did not keep {part.marker.text!r} as its own pieces")
-            replace[int(found[0])] = (part.ids, np.full(len(part.ids), part.trained), part.marker.name == "image")
+            if straddle.any() or not np.array_equal(ids[found], marker.ids):
+                raise RuntimeError(f"{self.tokenizer.name} did not keep {marker.text!r} as its own pieces")
+            replace[int(found[0])] = (new_ids, np.full(len(new_ids), trained), marker.name == "image")
             replace.update({int(k): None for k in found[1:]})
         for k in flagged:
             k = int(k)
@@ -437,20 +495,108 @@ class _Marker:
     """The special pieces' text, written into a one-call prompt."""
     ids: np.ndarray
     """The ids the tokenizer gives that text."""
+    id_list: list[int]
+    """The same, as Python ints (compared with a slice of ids, per record)."""
 
 
-@dataclass(frozen=True, slots=True)
-class _Part:
-    text: str
-    """Text of the chunk (a marker's text for a marker)."""
-    trained: bool
-    """Whether its tokens are label targets."""
-    content: bool
-    """Conversation text: a control id inside it is spelled as text."""
-    marker: _Marker | None
-    """Set when this part stands for ``ids``."""
-    ids: np.ndarray | None
-    """What a marker becomes: an image run or a BOS/EOS id."""
+class _Chunk:
+    """The text of one tokenizer call, part by part (parallel lists: one entry per part)."""
+
+    __slots__ = ("texts", "trained", "content", "bounds", "slots")
+
+    def __init__(self):
+        self.texts: list[str] = []
+        """Text of each part (a marker's special pieces for a marker)."""
+        self.trained: list[bool] = []
+        """Whether each part's tokens are label targets."""
+        self.content: list[bool] = []
+        """Conversation text: a control id inside it is spelled as text."""
+        self.bounds: list[int] = [0]
+        """Character offset where each part starts, and the text's length last."""
+        self.slots: list[tuple[int, int, _Marker, np.ndarray, bool]] = []
+        """(start, end, marker, what it becomes: an image run or a BOS/EOS id, trained) per marker."""
+
+    def add(self, text: str, trained: bool, content: bool) -> None:
+        self.texts.append(text)
+        self.trained.append(trained)
+        self.content.append(content)
+        self.bounds.append(self.bounds[-1] + len(text))
+
+    def add_marker(self, marker: _Marker, trained: bool, ids: np.ndarray) -> None:
+        self.slots.append((self.bounds[-1], self.bounds[-1] + len(marker.text), marker, ids, trained))
+        self.add(marker.text, trained, False)
+
+    def has_content(self, start: int, end: int) -> bool:
+        """Whether characters start..end (exclusive) hold conversation text."""
+        part = bisect.bisect_right(self.bounds, start) - 1
+        while part < len(self.texts) and self.bounds[part] < end:
+            if self.content[part]:
+                return True
+            part += 1
+        return False
+
+
+def chunk_labels(ids, starts, ends, bounds, trained, is_control) -> tuple[np.ndarray, np.ndarray, bool]:
+    """Labels of a chunk's tokens in one compiled pass: (trained mask, positions of control ids,
+    whether the tokens are ordered non-overlapping spans).
+
+    The chunk's text is parts starting at ``bounds`` (its length last), ``trained`` or not. A token is trained
+    when its characters overlap a trained part; a zero-width token (a sentencepiece "▁" or byte
+    piece) takes the flag of the character where it sits (the last one at the end)::
+
+        parts    "USER: hi "  "ASSISTANT:"  " "  "ok"      trained: .  .  x  x
+        tokens   ▁USER : ▁hi ▁ASS IST ANT :  ▁ok                 ▁ok overlaps " " and "ok": x
+    """
+    return _chunk_labels_kernel()(ids, starts, ends, bounds, trained, is_control)
+
+
+@functools.cache
+def _chunk_labels_kernel():
+    """Compiled on first use (and cached on disk), like the tokenizer's kernels."""
+    import numba
+
+    @numba.njit(cache=True)
+    def part_of(bounds, position):
+        """Index of the last part starting at or before ``position`` (bounds[0] = 0)."""
+        low, high = 0, len(bounds) - 1
+        while high - low > 1:
+            middle = (low + high) // 2
+            if bounds[middle] <= position:
+                low = middle
+            else:
+                high = middle
+        return low
+
+    @numba.njit(cache=True)
+    def kernel(ids, starts, ends, bounds, trained, is_control):
+        parts = len(bounds) - 1
+        total = bounds[parts]
+        count = len(ids)
+        mask = np.zeros(count, dtype=np.bool_)
+        flagged = np.empty(count, dtype=np.int64)
+        flags = 0
+        ordered = True
+        for k in range(count):
+            start, end = starts[k], ends[k]
+            if is_control[ids[k]]:
+                flagged[flags] = k
+                flags += 1
+            if start > end or (k > 0 and start < ends[k - 1]):
+                ordered = False
+            if total == 0:
+                continue
+            if end > start:
+                p = part_of(bounds, start)
+                while p < parts and bounds[p] < end:
+                    if trained[p]:
+                        mask[k] = True
+                        break
+                    p += 1
+            else:
+                mask[k] = trained[part_of(bounds, min(start, total - 1))]
+        return mask, flagged[:flags], ordered
+
+    return kernel
 
 
 def _trained_tokens(starts: np.ndarray, ends: np.ndarray, trained_chars: np.ndarray) -> np.ndarray:

@@ -13,6 +13,7 @@ everything else is not.
 
 from __future__ import annotations
 
+import functools
 import importlib.resources
 import re
 from dataclasses import dataclass
@@ -229,6 +230,15 @@ def _strip_end(pieces: list[Piece]) -> None:
 
 def _add_text(pieces: list[Piece], text: str, trained: bool) -> None:
     """Append text, turning ``{bos}``/``{eos}`` into special pieces."""
+    if text:
+        pieces.extend(_text_pieces(text, trained))
+
+
+@functools.lru_cache(maxsize=1024)
+def _text_pieces(text: str, trained: bool) -> tuple[Piece, ...]:
+    """The pieces of one template string, split once: a template has a handful of strings and
+    every record renders them again (pieces are immutable, so shared)."""
+    pieces = []
     position = 0
     for match in _SPECIAL_REFERENCE.finditer(text):
         if match.start() > position:
@@ -237,6 +247,7 @@ def _add_text(pieces: list[Piece], text: str, trained: bool) -> None:
         position = match.end()
     if position < len(text):
         pieces.append(Piece("text", text[position:], trained))
+    return tuple(pieces)
 
 
 def _parse_template(data, source: str) -> Template:

@@ -68,14 +68,29 @@ class SentencePieceTokenizer:
         self.vocab_size = self._sp.GetPieceSize()
         self.bos_id = _none_if_negative(self._sp.bos_id())
         self.eos_id = _none_if_negative(self._sp.eos_id())
-        kinds = self._model_proto().pieces
+        proto = self._model_proto()
+        kinds = proto.pieces
         self.control_ids = frozenset(i for i, p in enumerate(kinds) if p.type in (p.CONTROL, p.USER_DEFINED))
         self._literal = None
-        piece_table(np.zeros(0, dtype=np.uint8))  # load the kernel here, once, before workers are forked
+        # ids -> offsets without sentencepiece's offsets, where the model spells its input unchanged
+        self._widths = _spelled_widths(proto) if _spells_input_unchanged(proto) else None
+        self._literal_widths = None
+        self._dummy_prefix = int(proto.normalizer_spec.add_dummy_prefix)
+        piece_table(np.zeros(0, dtype=np.uint8))  # load the kernels here, once, before workers are forked
+        spelled_offsets(np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64), 0, 0)
 
     def encode(self, text: str) -> Encoding:
-        # the serialized SentencePieceText, read by a compiled loop: building protobuf objects and
-        # reading 3 attributes per piece in Python cost more than the tokenization itself
+        if self._widths is not None:
+            ids = np.array(self._sp.encode(text), dtype=np.int64)
+            skip = self._dummy_prefix if text else 0
+            starts, ends, spelled = spelled_offsets(ids, self._widths, skip, len(text))
+            if spelled:
+                return Encoding(ids=ids, starts=starts, ends=ends)
+        return self._encode_with_offsets(text)
+
+    def _encode_with_offsets(self, text: str) -> Encoding:
+        """sentencepiece's own offsets, for any model: the serialized SentencePieceText, read by a
+        compiled loop (protobuf objects read in Python cost more than the tokenization itself)."""
         table = piece_table(np.frombuffer(self._sp.encode(text, out_type="serialized_proto"), dtype=np.uint8))
         if text.isascii():  # one byte per character: the byte offsets are the character offsets
             return Encoding(ids=table[:, 0], starts=table[:, 1], ends=table[:, 2])
@@ -87,6 +102,14 @@ class SentencePieceTokenizer:
         then spells them from ordinary pieces); any control id left is spelled as bytes."""
         if self._literal is None:
             self._literal = self._literal_processor()
+            if self._widths is not None:  # the same spelling; a control id left takes the path below
+                self._literal_widths = self._widths.copy()
+                self._literal_widths[list(self.control_ids)] = _NOT_TEXT
+        if self._literal_widths is not None:
+            ids = np.array(self._literal.encode(text), dtype=np.int64)
+            starts, ends, spelled = spelled_offsets(ids, self._literal_widths, 0, len(text))
+            if spelled:
+                return Encoding(ids=ids, starts=starts, ends=ends)
         pieces = self._literal.encode(text, out_type="proto").pieces
         char_of_byte = _char_index_of_bytes(text)
         rows = []
@@ -212,6 +235,84 @@ def _char_index_of_bytes(text: str) -> np.ndarray:
     data = np.frombuffer(text.encode("utf-8", "surrogatepass"), dtype=np.uint8)
     starts_char = (data & 0xC0) != 0x80  # every byte but a continuation byte (10xxxxxx) starts a character
     return np.append(np.cumsum(starts_char, dtype=np.int64) - 1, len(text))
+
+
+_NOT_TEXT = -3
+"""Width of a piece that does not spell input text (unknown, control, unused): its offsets are
+sentencepiece's to tell."""
+_BYTE = -1
+"""Width of a byte piece (<0xNN>) that is not a UTF-8 continuation byte."""
+_CONTINUATION_BYTE = -2
+"""Width of a byte piece <0x80>..<0xBF>: part of the character its predecessors began."""
+
+
+def _spells_input_unchanged(proto) -> bool:
+    """Whether the model's pieces spell its input character for character: an identity normaliser
+    (no NFKC map, no rules), whitespace neither collapsed nor moved to the end of pieces. Only
+    spaces become "▁" (one character for one), plus a leading "▁" (the dummy prefix). LLaMA,
+    Mistral and the sample tokenizer are such models."""
+    spec = proto.normalizer_spec
+    return (
+        spec.name == "identity"
+        and not spec.precompiled_charsmap
+        and not spec.normalization_rule_tsv
+        and not spec.remove_extra_whitespaces
+        and not proto.trainer_spec.treat_whitespace_as_suffix
+    )
+
+
+def _spelled_widths(proto) -> np.ndarray:
+    """Characters of input each id spells (int64 per id), or one of the negative kinds above."""
+    kind = proto.SentencePiece
+    widths = np.empty(len(proto.pieces), dtype=np.int64)
+    for index, piece in enumerate(proto.pieces):
+        if piece.type in (kind.NORMAL, kind.USER_DEFINED):
+            widths[index] = len(piece.piece)
+        elif piece.type == kind.BYTE:
+            widths[index] = _CONTINUATION_BYTE if 0x80 <= int(piece.piece[3:5], 16) <= 0xBF else _BYTE
+        else:
+            widths[index] = _NOT_TEXT
+    return widths
+
+
+def spelled_offsets(ids: np.ndarray, widths: np.ndarray, skip: int, length: int) -> tuple[np.ndarray, np.ndarray, bool]:
+    """Character offsets of ids whose pieces spell a text of ``length`` characters, preceded by
+    ``skip`` characters that are not in it (the dummy prefix "▁"): (starts, ends, spelled), where
+    spelled is False when the pieces do not add up to the text (the caller asks sentencepiece).
+
+    Offsets as sentencepiece gives them: the dummy "▁" alone is (0, 0); a character spelled as
+    byte pieces is covered by its last one, the others are zero-width at its start::
+
+        text  "é x"      pieces  ▁  <0xC3> <0xA9>  ▁x
+        starts                   0    0      0     1
+        ends                     0    0      1     3
+    """
+    return _spelled_offsets_kernel()(ids, widths, skip, length)
+
+
+@functools.cache
+def _spelled_offsets_kernel():
+    import numba
+
+    @numba.njit(cache=True)
+    def kernel(ids, widths, skip, length):
+        count = len(ids)
+        starts = np.empty(count, dtype=np.int64)
+        ends = np.empty(count, dtype=np.int64)
+        position = -skip
+        for k in range(count):
+            width = widths[ids[k]]
+            if width < 0:
+                if width == _NOT_TEXT:
+                    return starts, ends, False
+                # a byte piece ends its character unless a continuation byte follows
+                width = 0 if k + 1 < count and widths[ids[k + 1]] == _CONTINUATION_BYTE else 1
+            starts[k] = max(position, 0)
+            position += width
+            ends[k] = max(position, 0)
+        return starts, ends, position == length
+
+    return kernel
 
 
 def piece_table(serialized: np.ndarray) -> np.ndarray:
