@@ -1,11 +1,13 @@
 #!/usr/bin/env python
 """Throughput of ``neva-pack preprocess`` against the floor of its per-record work, in one run.
 
-    python benchmarks/bench_pipeline.py [--image_records 3000] [--text_records 20000]
-                                        [--workers 1 2 4] [--memory_records 10000 100000]
+    python benchmarks/bench_pipeline.py [--image_records 4000] [--text_records 100000 [20000 ...]]
+                                        [--workers 1 2 4] [--compact_workers 2]
+                                        [--memory_records 10000 100000]
 
 Workloads (benchmarks/workloads.py, seeded): LLaVA-style records over real photos (v1 template,
-``pad``, CLIP-L/14-336, near_optimal at 4096), and text-only records (v1, the sample tokenizer).
+``pad``, CLIP-L/14-336, near_optimal at 4096), and text-only records (v1, the sample tokenizer),
+one table per workload and size.
 
 Floor = the unavoidable work, timed (wall clock, like the runs) in this process on one core,
 divided by the cores the run can use (min(workers, CPUs)):
@@ -14,11 +16,22 @@ divided by the cores the run can use (min(workers, CPUs)):
 Pipeline = the real command in a fresh process, stage by stage: start-up (process start to the
 first record in the main process), encode (to the last record stored; "(import)" is the part of it
 the main process spends importing Megatron-Core for the store writer when the first sample arrives,
-and "x floor*" the encode stage without it), pack, write (packs, plan, stats, meta), then
-``neva-pack verify``; peak RSS of the main process and the sum of the
+0 once nothing imports it, and "x floor*" the encode stage without it), pack, write (packs, plan,
+stats, meta), then ``neva-pack verify``; peak RSS of the main process and the sum of the
 workers' peaks (a forked worker's RSS counts the pages it shares with the main process).
-``--memory_records`` runs text-only workloads of those sizes (2 workers) for the main process's
-peak RSS against the record count.
+Rows: ``nemo`` output for each of ``--workers``, and ``compact`` output for each of ``--compact_workers``.
+
+Fixed costs apart from per-record cost:
+  steady x   (total - start-up) / floor: the run without its start-up;
+  x floor    (after encode) encode / floor: the per-record stage alone;
+  CPU        seconds of CPU of the main process, of the workers together (getrusage of the
+             command's children) and of ``verify``; "x floor CPU" = workers' CPU / the floor's CPU
+             on one core: the per-record cost of the workers' work, whatever else loads the machine.
+A line per 2-worker run says whether the goal of issue 12 is met (image <= 1.25x its floor, text-only
+<= 3x). ``--memory_records`` runs text-only workloads of those sizes (2 workers) for the main
+process's peak RSS against the record count (a size already run above is not run again).
+
+The defaults take about 7 minutes on a quiet 2-core machine once the goals are met (longer before).
 """
 
 from __future__ import annotations
@@ -27,6 +40,7 @@ import argparse
 import io
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -60,9 +74,9 @@ def timed(owner, name, key):
 
 for method in ("append", "skip"):
     original = getattr(store.SampleStoreWriter, method)
-    def first(self, item, _original=original):
+    def first(self, *args, _original=original, **kwargs):
         stages.setdefault("first_record", time.time())
-        return _original(self, item)
+        return _original(self, *args, **kwargs)
     setattr(store.SampleStoreWriter, method, first)
 original_encode = pipeline._encode_samples
 def encode(*args, **kwargs):
@@ -71,7 +85,8 @@ def encode(*args, **kwargs):
     finally:
         stages["encode_end"] = time.time()
 pipeline._encode_samples = encode
-timed(store, "_megatron", "megatron_import")  # cached: only its first call costs (the import)
+if hasattr(store, "_megatron"):  # the store writer's Megatron-Core, while it has one
+    timed(store, "_megatron", "megatron_import")  # cached: only its first call costs (the import)
 timed(pipeline, "pack", "pack")
 timed(pipeline, "_write_prefix", "write_prefix")
 
@@ -87,12 +102,19 @@ stages["main_start"] = time.time()
 code = main(sys.argv[3:])
 stages["end"] = time.time()
 stages["maxrss_kb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+cpu = lambda who: resource.getrusage(who).ru_utime + resource.getrusage(who).ru_stime
+stages["main_cpu"] = cpu(resource.RUSAGE_SELF)
+stages["workers_cpu"] = cpu(resource.RUSAGE_CHILDREN)  # the DataLoader's workers, joined by now
 print(json.dumps({"code": code, **stages}))
 """
 
+GOALS = {"image": 1.25, "text": 3.0}
+"""Issue 12's goals with 2 workers: total <= this many times the floor."""
+GOAL_WORKERS = 2
 
-def image_floor(data_path: Path, image_folder: Path) -> tuple[float, int]:
-    """Seconds of the unavoidable image work on one core, and the number of image instances."""
+
+def image_floor(data_path: Path, image_folder: Path) -> tuple[float, float, int]:
+    """Seconds (wall, CPU) of the unavoidable image work on one core, and the number of image instances."""
     from PIL import Image
 
     from neva_pack.encoders import resolve_encoder
@@ -105,27 +127,32 @@ def image_floor(data_path: Path, image_folder: Path) -> tuple[float, int]:
     for record in json.loads(data_path.read_text()):
         image = record.get("image")
         names += [] if image is None else [image] if isinstance(image, str) else image
-    started = time.perf_counter()
+    started, started_cpu = time.perf_counter(), time.process_time()
     for name in names:
         data = (image_folder / name).read_bytes()
         image = Image.open(io.BytesIO(data))
         image.load()
         pixels = geometry.apply(expand_to_square(image.convert("RGB"), background))
         normalisation.apply(pixels[None])
-    return time.perf_counter() - started, len(names)
+    return time.perf_counter() - started, time.process_time() - started_cpu, len(names)
 
 
-def text_floor(data_path: Path) -> tuple[float, int]:
-    """Seconds of sentencepiece encoding of every turn on one core, and the number of turns."""
+def text_floor(data_path: Path) -> tuple[float, float, int]:
+    """Seconds (wall, CPU) of sentencepiece encoding of every turn on one core, and the number of turns."""
     import sentencepiece
 
     sp = sentencepiece.SentencePieceProcessor()
     sp.Load(str(TOKENIZER))
     texts = [turn["value"] for record in json.loads(data_path.read_text()) for turn in record["conversations"]]
-    started = time.perf_counter()
+    started, started_cpu = time.perf_counter(), time.process_time()
     for text in texts:
         sp.encode(text)
-    return time.perf_counter() - started, len(texts)
+    return time.perf_counter() - started, time.process_time() - started_cpu, len(texts)
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def run_pipeline(args: list[str], workdir: Path) -> dict:
@@ -141,7 +168,7 @@ def run_pipeline(args: list[str], workdir: Path) -> dict:
     stages = json.loads(result.stdout.strip().splitlines()[-1])
     workers = [json.loads(p.read_text())["maxrss_kb"] for p in report_dir.glob("worker_*.json")]
     output_dir = Path(args[args.index("--output_dir") + 1])
-    verify_started = time.time()
+    verify_started, verify_cpu = time.time(), _children_cpu()
     subprocess.run([sys.executable, "-m", "neva_pack.cli", "verify", "--quiet", str(output_dir)], check=True,
                    capture_output=True)  # fmt: skip
     verify = time.time() - verify_started
@@ -154,59 +181,91 @@ def run_pipeline(args: list[str], workdir: Path) -> dict:
         "pack": stages.get("pack", 0.0),
         "write": stages.get("write_prefix", 0.0) - stages.get("pack", 0.0),
         "verify": verify,
+        "verify_cpu": _children_cpu() - verify_cpu,
+        "main_cpu": stages["main_cpu"],
+        "workers_cpu": stages["workers_cpu"],
         "main_rss_mb": stages["maxrss_kb"] / 1024,
         "workers_rss_mb": sum(workers) / 1024,
         "worker_rss_mb": [w / 1024 for w in workers],
     }
 
 
+HEADER = (f"{'workers':>7} {'format':>7} {'floor s':>8} {'total s':>8} {'x floor':>8} {'start-up':>9} {'steady x':>9} "
+          f"{'encode':>7} {'x floor':>8} {'(import)':>9} {'x floor*':>9} {'pack':>6} {'write':>6} {'verify':>7} "
+          f"{'main CPU':>9} {'workers CPU':>12} {'x floor CPU':>12} {'verify CPU':>11} "
+          f"{'main RSS MB':>12} {'workers RSS MB':>15}")  # fmt: skip
+
+
+def row(workers: int, fmt: str, floor: float, floor_cpu: float, m: dict) -> str:
+    per_worker = "+".join(f"{w:.0f}" for w in m["worker_rss_mb"])
+    steady = m["encode"] - m["megatron_import"]
+    return (f"{workers:>7} {fmt:>7} {floor:>8.2f} {m['total']:>8.2f} {m['total'] / floor:>8.2f} {m['startup']:>9.2f} "
+            f"{(m['total'] - m['startup']) / floor:>9.2f} {m['encode']:>7.2f} {m['encode'] / floor:>8.2f} "
+            f"{m['megatron_import']:>9.2f} {steady / floor:>9.2f} {m['pack']:>6.2f} {m['write']:>6.2f} {m['verify']:>7.2f} "
+            f"{m['main_cpu']:>9.2f} {m['workers_cpu']:>12.2f} {m['workers_cpu'] / floor_cpu:>12.2f} {m['verify_cpu']:>11.2f} "
+            f"{m['main_rss_mb']:>12.0f} {m['workers_rss_mb']:>9.0f} ({per_worker})")  # fmt: skip
+
+
+def goal_line(kind: str, fmt: str, floor: float, m: dict) -> str:
+    ratio, goal = m["total"] / floor, GOALS[kind]
+    verdict = "met" if ratio <= goal else "NOT met"
+    return (f"  goal {kind} <= {goal}x floor with {GOAL_WORKERS} workers ({fmt}): {verdict} "
+            f"({ratio:.2f}x; {(m['total'] - m['startup']) / floor:.2f}x without start-up)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--image_records", type=int, default=3000)
-    parser.add_argument("--text_records", type=int, default=20000)
-    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--image_records", type=int, default=4000)
+    parser.add_argument("--text_records", type=int, nargs="+", default=[100_000], help="one text-only table per size")
+    parser.add_argument("--workers", type=int, nargs="*", default=[1, 2, 4], help="nemo output rows")
+    parser.add_argument("--compact_workers", type=int, nargs="*", default=[GOAL_WORKERS], help="compact output rows")
     parser.add_argument("--memory_records", type=int, nargs="*", default=[10_000, 100_000])
     args = parser.parse_args()
     cpus = os.cpu_count() or 1
     print(f"machine: {cpus} CPUs; load average at start {os.getloadavg()[0]:.2f}")
+    common = ["--tokenizer_path", str(TOKENIZER), "--conv_template", "v1", "--packing_algorithm", "near_optimal",
+              "--max_seq_length", "4096"]  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         image = image_workload(tmp / "image", args.image_records, seed=0)
-        text = text_workload(tmp / "text.json", args.text_records, seed=0)
-        image_seconds, images = image_floor(image["data_path"], image["image_folder"])
-        text_seconds, turns = text_floor(text)
-        workloads = {
-            f"image: {args.image_records:,} records, {images:,} images (v1, pad, CLIP-L/14-336)": (
-                image_seconds,
-                ["--data_path", str(image["data_path"]), "--image_folder", str(image["image_folder"]),
-                 "--image_aspect_ratio", "pad", "--hf_vision_encoder", ENCODER],
-            ),
-            f"text-only: {args.text_records:,} records, {turns:,} turns (v1)": (text_seconds, ["--data_path", str(text)]),
-        }  # fmt: skip
-        common = ["--tokenizer_path", str(TOKENIZER), "--conv_template", "v1", "--packing_algorithm", "near_optimal",
-                  "--max_seq_length", "4096"]  # fmt: skip
-        header = (f"{'workers':>7} {'floor s':>8} {'total s':>8} {'x floor':>8} {'start-up':>9} {'encode':>7} "
-                  f"{'x floor':>8} {'(import)':>9} {'x floor*':>9} {'pack':>6} {'write':>6} {'verify':>7} "
-                  f"{'main RSS MB':>12} {'workers RSS MB':>15}")  # fmt: skip
-        for title, (floor_one_core, flags) in workloads.items():
-            print(f"\n{title}: floor on one core {floor_one_core:.2f} s")
-            print(header)
-            for workers in args.workers:
+        image_seconds, image_cpu, images = image_floor(image["data_path"], image["image_folder"])
+        workloads = [(
+            "image", args.image_records, f"image: {args.image_records:,} records, {images:,} images (v1, pad, CLIP-L/14-336)",
+            image_seconds, image_cpu,
+            ["--data_path", str(image["data_path"]), "--image_folder", str(image["image_folder"]),
+             "--image_aspect_ratio", "pad", "--hf_vision_encoder", ENCODER],
+        )]  # fmt: skip
+        for records in args.text_records:
+            text = text_workload(tmp / f"text_{records}_seed0.json", records, seed=0)
+            text_seconds, text_cpu, turns = text_floor(text)
+            workloads.append(("text", records, f"text-only: {records:,} records, {turns:,} turns (v1)", text_seconds, text_cpu,
+                              ["--data_path", str(text)]))  # fmt: skip
+        memory = {}
+        for kind, records, title, floor_one_core, floor_cpu, flags in workloads:
+            print(f"\n{title}: floor on one core {floor_one_core:.2f} s ({floor_cpu:.2f} s CPU)")
+            print(HEADER)
+            goals = []
+            runs = [(workers, "nemo") for workers in args.workers] + [(workers, "compact") for workers in args.compact_workers]
+            for workers, fmt in runs:
                 floor = floor_one_core / min(workers, cpus)
                 out = tmp / "out"
-                m = run_pipeline([*flags, *common, "--output_dir", str(out), "--num_workers", str(workers)], tmp)
-                per_worker = "+".join(f"{w:.0f}" for w in m["worker_rss_mb"])
-                steady = m["encode"] - m["megatron_import"]
-                print(f"{workers:>7} {floor:>8.2f} {m['total']:>8.2f} {m['total'] / floor:>8.2f} {m['startup']:>9.2f} "
-                      f"{m['encode']:>7.2f} {m['encode'] / floor:>8.2f} {m['megatron_import']:>9.2f} {steady / floor:>9.2f} "
-                      f"{m['pack']:>6.2f} {m['write']:>6.2f} "
-                      f"{m['verify']:>7.2f} {m['main_rss_mb']:>12.0f} {m['workers_rss_mb']:>9.0f} ({per_worker})")  # fmt: skip
+                m = run_pipeline([*flags, *common, "--output_dir", str(out), "--num_workers", str(workers),
+                                  "--output_format", fmt], tmp)  # fmt: skip
+                print(row(workers, fmt, floor, floor_cpu, m), flush=True)
+                if workers == GOAL_WORKERS:
+                    goals.append(goal_line(kind, fmt, floor, m))
+                    if kind == "text" and fmt == "nemo":
+                        memory[records] = m
+            print("\n".join(goals))
         if args.memory_records:
-            print("\nmain process peak RSS against the record count (text-only, 2 workers)")
+            print(f"\nmain process peak RSS against the record count (text-only, {GOAL_WORKERS} workers)")
             print(f"{'records':>9} {'total s':>8} {'main RSS MB':>12} {'workers RSS MB':>15}")
             for records in args.memory_records:
-                data = text_workload(tmp / f"text_{records}.json", records, seed=1)
-                m = run_pipeline(["--data_path", str(data), *common, "--output_dir", str(tmp / "mem"), "--num_workers", "2"], tmp)
+                m = memory.get(records)
+                if m is None:
+                    data = text_workload(tmp / f"text_{records}.json", records, seed=1)
+                    m = run_pipeline(["--data_path", str(data), *common, "--output_dir", str(tmp / "mem"),
+                                      "--num_workers", str(GOAL_WORKERS)], tmp)  # fmt: skip
                 print(f"{records:>9,} {m['total']:>8.1f} {m['main_rss_mb']:>12.0f} {m['workers_rss_mb']:>15.0f}")
         print(f"\nload average at end {os.getloadavg()[0]:.2f}")
 

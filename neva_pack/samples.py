@@ -616,22 +616,34 @@ def _trained_tokens(starts: np.ndarray, ends: np.ndarray, trained_chars: np.ndar
 class SampleStream(IterableDataset):
     """Records of ``data_path`` -> lists of Sample | Skipped, for a multi-worker DataLoader.
 
-    Records are dealt in batches of ``batch_size`` consecutive records, batch k to worker
-    k mod W, and a worker sends a whole batch as one message (one round trip per batch, not
-    per record). The DataLoader takes one message from each worker in turn, so batches, and
-    the records in them, arrive in input order whatever W is: the outputs are byte-identical
-    for any number of workers::
+    Records are dealt in messages of consecutive records, message k to worker k mod W: each
+    worker's first message holds ``first_batch_size`` records (the first record reaches the main
+    process after one record's work, not a whole batch's), every later one ``batch_size`` (one
+    round trip per batch, not per record). The DataLoader takes one message from each worker in
+    turn, so messages, and the records in them, arrive in input order whatever W is: the outputs
+    are byte-identical for any number of workers::
 
-        records   0..31   32..63   64..95   96..127  ...
-        worker      0        1        0        1     ...     (W = 2, batch_size = 32)
+        records   0   1   2..33   34..65   66..97  ...
+        worker    0   1     0        1        0    ...     (W = 2, first_batch_size 1, batch_size 32)
     """
 
-    def __init__(self, data_path, builder: SampleBuilder, start: int = 0, end: int | None = None, batch_size: int = 32):
+    def __init__(
+        self, data_path, builder: SampleBuilder, start: int = 0, end: int | None = None, batch_size: int = 32,
+        first_batch_size: int | None = None,
+    ):  # fmt: skip
         self.data_path = data_path
         self.builder = builder
         self.start = start
         self.end = end
         self.batch_size = batch_size
+        self.first_batch_size = batch_size if first_batch_size is None else first_batch_size
+
+    def _message(self, offset: int, workers: int) -> int:
+        """Number of the message that carries the record ``offset`` records after ``start``."""
+        first = workers * self.first_batch_size
+        if offset < first:
+            return offset // self.first_batch_size
+        return workers + (offset - first) // self.batch_size
 
     def __iter__(self):
         info = get_worker_info()
@@ -641,13 +653,14 @@ class SampleStream(IterableDataset):
         for raw in iter_raw_records(self.data_path, self.builder.record_limits):
             if self.end is not None and raw.index >= self.end:
                 break
-            if raw.index < self.start or ((raw.index - self.start) // self.batch_size) % workers != worker:
+            offset = raw.index - self.start
+            if offset < 0 or (message := self._message(offset, workers)) % workers != worker:
                 continue
             item = self.builder.build(raw)
             if isinstance(item, Sample):  # the store's per-sample work, done here in the worker
                 item = replace(item, store=store_document(item, run, ignore_index, shape))
             batch.append(item)
-            if len(batch) == self.batch_size:
+            if self._message(offset + 1, workers) != message:
                 yield batch
                 batch = []
         if batch:

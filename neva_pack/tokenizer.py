@@ -76,7 +76,7 @@ class SentencePieceTokenizer:
         self._widths = _spelled_widths(proto) if _spells_input_unchanged(proto) else None
         self._literal_widths = None
         self._dummy_prefix = int(proto.normalizer_spec.add_dummy_prefix)
-        piece_table(np.zeros(0, dtype=np.uint8))  # load the kernels here, once, before workers are forked
+        piece_table(np.frombuffer(b"", dtype=np.uint8))  # load the kernels (for read-only buffers) once, before workers are forked
         spelled_offsets(np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64), 0, 0)
 
     def encode(self, text: str) -> Encoding:
@@ -322,57 +322,11 @@ def piece_table(serialized: np.ndarray) -> np.ndarray:
 
 @functools.cache
 def _piece_table_kernel():
-    """Compiled on first use (and cached on disk): a process that never tokenizes never pays for it."""
-    import numba
+    """Imported on first use (compiled once, then loaded from numba's disk cache): a process
+    that never tokenizes never pays for it."""
+    from neva_pack.piece_table import piece_table_kernel
 
-    @numba.njit(cache=True)
-    def varint(buf, pos):
-        value = 0
-        shift = 0
-        while True:
-            byte = buf[pos]
-            pos += 1
-            value |= (np.int64(byte) & 0x7F) << shift
-            if byte < 0x80:
-                return value, pos
-            shift += 7
-
-    @numba.njit(cache=True)
-    def skip(buf, pos, wire_type):
-        if wire_type == 0:
-            return varint(buf, pos)[1]
-        if wire_type == 1:
-            return pos + 8
-        if wire_type == 2:
-            length, pos = varint(buf, pos)
-            return pos + length
-        return pos + 4  # wire type 5 (fixed32: the score)
-
-    # SentencePieceText: field 2 = repeated SentencePiece {1 piece, 2 id, 3 surface, 4 begin, 5 end}
-    @numba.njit(cache=True)
-    def kernel(buf):
-        out = np.zeros((len(buf) // 2 + 1, 3), dtype=np.int64)  # a piece takes at least 2 bytes
-        count = 0
-        pos = 0
-        while pos < len(buf):
-            key, pos = varint(buf, pos)
-            if key >> 3 != 2 or key & 7 != 2:
-                pos = skip(buf, pos, key & 7)
-                continue
-            length, pos = varint(buf, pos)
-            end = pos + length
-            while pos < end:
-                field_key, pos = varint(buf, pos)
-                field = field_key >> 3
-                if field_key & 7 == 0 and (field == 2 or field == 4 or field == 5):
-                    value, pos = varint(buf, pos)
-                    out[count, 0 if field == 2 else (1 if field == 4 else 2)] = value
-                else:
-                    pos = skip(buf, pos, field_key & 7)
-            count += 1
-        return out[:count]
-
-    return kernel
+    return piece_table_kernel
 
 
 def _none_if_negative(value: int) -> int | None:

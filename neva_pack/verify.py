@@ -15,6 +15,7 @@ Checked, for every prefix of the output (each --pack_sizes size) and every pack 
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -87,36 +88,76 @@ def _verify_prefix(prefix: Path, data_path, progress: bool, result: Verification
     except InputError as exc:
         out.add(str(exc))
         return
-    _verify_checksums(prefix, meta, out)
+    # the files are hashed in a thread (reading and xxh3 release the GIL) while this one imports
+    # the reader's Megatron-Core (seconds) and checks the packs; problems keep their order:
+    # checksums first, then what the reader found
+    checks = _Deferred(out)
+    hashing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify-checksums")
+    try:
+        checksums = {
+            name: hashing.submit(layout.file_checksum, prefix.parent / name) if (prefix.parent / name).is_file() else None
+            for name in meta.checksums
+        }
+        out.checked["files"] = sorted(set(out.checked.get("files", [])) | set(meta.checksums))
+        plan = _verify_reader(prefix, meta, fmt, checks, progress)
+        _verify_checksums(meta, checksums, out)
+    finally:
+        hashing.shutdown(wait=True, cancel_futures=True)
+    checks.replay(out)
+    if data_path is not None and plan is not None:
+        _verify_accounting(prefix, plan, Path(data_path), out)
+
+
+class _Deferred:
+    """Holds the reader's problems while the checksums are still being computed (their count,
+    and the first MAX_REPORTED of them, which is all a Verification keeps)."""
+
+    def __init__(self, out: _Labelled):
+        self.problems: list[str] = []
+        self.count = 0
+        self.checked = out.checked
+
+    def add(self, problem: str) -> None:
+        self.count += 1
+        if len(self.problems) < MAX_REPORTED:
+            self.problems.append(problem)
+
+    def replay(self, out: _Labelled) -> None:
+        for problem in self.problems:
+            out.add(problem)
+        out.result.problem_count += self.count - len(self.problems)
+
+
+def _verify_reader(prefix: Path, meta: PackedMeta, fmt, out, progress: bool):
+    """The format's structure and every pack's invariants, read through the format's reader;
+    the plan table, or None when the output cannot be read."""
     try:
         reader = fmt.Reader(prefix, meta)
         plan = reader.plan_table()
     except Exception as exc:  # a corrupt file makes Megatron/numpy fail in many ways: report, don't crash
         out.add(f"cannot read the packed dataset: {exc.__class__.__name__}: {exc}")
-        return
+        return None
     try:
         fmt.check(reader, out)
         _verify_packs(reader, meta, plan, out, progress)
     except Exception as exc:  # noqa: BLE001 - same reason: a corrupt output must give a report
         out.add(f"cannot read the packed dataset: {exc.__class__.__name__}: {exc}")
-        return
+        return None
     finally:
         reader.close()
-    if data_path is not None:
-        _verify_accounting(prefix, plan, Path(data_path), out)
+    return plan
 
 
-def _verify_checksums(prefix: Path, meta: PackedMeta, result) -> None:
+def _verify_checksums(meta: PackedMeta, checksums: dict, result) -> None:
+    """``checksums``: file name -> the future of its checksum (None: the file is missing)."""
     files = meta.checksums
     if not files:
         result.add("the meta lists no checksums")
     for name, expected in files.items():
-        path = prefix.parent / name
-        if not path.is_file():
+        if checksums[name] is None:
             result.add(f"{name}: missing")
-        elif layout.file_checksum(path) != expected:
+        elif checksums[name].result() != expected:
             result.add(f"{name}: checksum mismatch (the file was changed or corrupted)")
-    result.checked["files"] = sorted(set(result.checked.get("files", [])) | set(files))
 
 
 def _verify_packs(reader, meta: PackedMeta, plan, result, progress: bool) -> None:

@@ -190,6 +190,38 @@ def test_verify_checks_invariants_beyond_checksums(uninterrupted, tmp_path, caps
     assert code == 1 and "pack 0: label at position 0" in report
 
 
+def test_verify_reports_checksums_first_and_counts_every_problem(uninterrupted, tmp_path, monkeypatch):
+    """The files are hashed while the reader checks the packs: the report keeps its order
+    (checksums, then packs) and counts the problems it does not list."""
+    import shutil
+
+    import numpy as np
+
+    from neva_pack import verify as verification
+    from neva_pack.formats import nemo
+
+    out = tmp_path / "copy"
+    shutil.copytree(uninterrupted, out)
+    reader = nemo.Reader(out / "packed_seq_dataset")
+    packs = len(reader)
+    data = bytearray((out / "packed_seq_dataset.bin").read_bytes())
+    wrong = [int(reader.pack(p).tokens[0]) + 1 for p in range(packs)]
+    for p in range(packs):  # label 0 of every pack := not the next token (checksum left stale)
+        first, _ = reader.items_of(p)
+        offset = int(reader.dataset.index.sequence_pointers[first + nemo.ITEM_LABELS])
+        data[offset : offset + 4] = np.float32(wrong[p]).tobytes()
+    reader.close()
+    (out / "packed_seq_dataset.bin").write_bytes(bytes(data))
+    monkeypatch.setattr(verification, "MAX_REPORTED", 2)
+    result = verification.verify(out, progress=False)
+    assert packs > 2 and result.problem_count == 1 + packs
+    assert result.problems == [
+        "packed_seq_dataset.bin: checksum mismatch (the file was changed or corrupted)",
+        f"pack 0: label at position 0 is {wrong[0]}, neither the next token nor -1",
+    ]
+    assert list(result.checked) == ["files", "packs", "samples"]
+
+
 def test_verify_of_something_that_is_not_an_output(tmp_path, capsys):
     assert main(["verify", str(tmp_path)]) == 2
     assert "not a complete neva_pack output" in capsys.readouterr().err

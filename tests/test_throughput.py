@@ -262,6 +262,28 @@ def test_batches_arrive_in_input_order_for_any_number_of_workers(workers, sample
     assert [item.index for batch in batches for item in batch] == list(range(2, 19))
 
 
+@pytest.mark.parametrize("workers", [0, 1, 3])
+def test_a_small_first_message_per_worker_keeps_the_input_order(workers, sample_tokenizer_path):
+    """Each worker's first message holds first_batch_size records (the first sample arrives after one
+    record's work), the later ones batch_size: same records, same order, for any number of workers."""
+    from torch.utils.data import DataLoader
+
+    from neva_pack.config import PreprocessConfig
+    from neva_pack.pipeline import build_sample_builder
+    from neva_pack.samples import SampleStream, passthrough
+    from tests.conftest import SAMPLE_DATA
+
+    config = PreprocessConfig(data_path=SAMPLE_DATA / "llava_sample.json", image_folder=SAMPLE_DATA / "images",
+                              tokenizer_path=sample_tokenizer_path, output_dir=Path("unused"),
+                              hf_vision_encoder="openai/clip-vit-base-patch32")  # fmt: skip
+    stream = SampleStream(config.data_path, build_sample_builder(config), start=2, end=19, batch_size=3, first_batch_size=1)
+    batches = list(DataLoader(stream, batch_size=None, num_workers=workers, collate_fn=passthrough))
+    firsts = max(workers, 1)  # without workers the main process is the one worker
+    rest = 17 - firsts
+    assert [len(batch) for batch in batches] == [1] * firsts + [3] * (rest // 3) + ([rest % 3] if rest % 3 else [])
+    assert [item.index for batch in batches for item in batch] == list(range(2, 19))
+
+
 def test_a_run_with_images_never_imports_transformers(tmp_path, sample_tokenizer_path):
     """The fast image paths make transformers (seconds, hundreds of MB per process) unnecessary."""
     import subprocess
