@@ -85,8 +85,6 @@ def encode(*args, **kwargs):
     finally:
         stages["encode_end"] = time.time()
 pipeline._encode_samples = encode
-if hasattr(store, "_megatron"):  # the store writer's Megatron-Core, while it has one
-    timed(store, "_megatron", "megatron_import")  # cached: only its first call costs (the import)
 timed(pipeline, "pack", "pack")
 timed(pipeline, "_write_prefix", "write_prefix")
 

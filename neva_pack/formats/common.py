@@ -9,24 +9,17 @@ import os
 import warnings
 from pathlib import Path
 
-import numpy as np
-
 
 @functools.cache
 def megatron():
-    """Megatron-Core's indexed dataset module; imported lazily (seconds, and noisy warnings)."""
+    """Megatron-Core's indexed dataset module, for reading an output as training reads it (nemo.Reader,
+    verify); imported lazily (seconds, and noisy warnings). Preprocessing writes and reads the same
+    file format with formats/indexed.py and never imports it."""
     logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)  # "No CUDA runtime" on CPU hosts
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Megatron warns about missing Apex / Transformer Engine
         from megatron.core.datasets import indexed_dataset
     return indexed_dataset
-
-
-def torch_view(array: np.ndarray):
-    import torch
-
-    return torch.from_numpy(np.ascontiguousarray(array))
-
 
 
 def fsync_close(file) -> None:

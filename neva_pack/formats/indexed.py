@@ -70,7 +70,8 @@ class IndexedWriter:
     ``add_document``, ``end_document``, ``add_index``), without a torch tensor or a copy per
     item. ``write_item`` takes an item's values already in the dataset's dtype (written as is)
     and ``skip_item`` an all-zero item, left as a hole in the file (no disk blocks, no write).
-    ``state``/``resume`` let a writer continue a file cut back to a checkpoint.
+    ``state()``, saved at a checkpoint, and the ``state=`` argument let a writer continue the file
+    cut back to that checkpoint; ``checksum=True`` hashes the bytes as they are written.
     """
 
     def __init__(
