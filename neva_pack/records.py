@@ -150,9 +150,16 @@ def iter_raw_records(path: Path, limits: RecordLimits = RecordLimits()) -> Itera
 
 def count_records(path: Path, progress: bool = False) -> int:
     """Number of records, checking a JSON list's structure: a broken list fails here, before any work.
-    Records are only delimited, not parsed."""
+    Records are only delimited, not parsed: a plain list by one compiled pass (``list_count``),
+    anything it is unsure of by the scanner, which says what is wrong and where."""
     from tqdm import tqdm
 
+    if input_format(path) == "json":
+        from neva_pack.list_count import count_list_records
+
+        fast = count_list_records(path)
+        if fast is not None:
+            return fast
     count = 0
     texts = _record_texts(path, RecordLimits(max_bytes=0, max_depth=MAX_RECORD_DEPTH_LIMIT))
     for _ in tqdm(texts, desc="read records", unit="rec", disable=not progress, mininterval=1):

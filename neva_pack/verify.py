@@ -89,33 +89,34 @@ def _verify_prefix(prefix: Path, data_path, progress: bool, result: Verification
         out.add(str(exc))
         return
     # the files are hashed in a thread (reading and xxh3 release the GIL) while this one imports
-    # the reader's Megatron-Core (seconds) and checks the packs; problems keep their order:
-    # checksums first, then what the reader found
-    checks = _Deferred(out)
-    hashing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify-checksums")
+    # the reader's Megatron-Core (seconds); then the format's structure (which reads the zero images
+    # of image-less packs: numpy releases the GIL too) is checked in a thread while this one checks
+    # the packs. Problems keep their order: checksums, structure, packs
+    threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="verify")
     try:
         checksums = {
-            name: hashing.submit(layout.file_checksum, prefix.parent / name) if (prefix.parent / name).is_file() else None
+            name: threads.submit(layout.file_checksum, prefix.parent / name) if (prefix.parent / name).is_file() else None
             for name in meta.checksums
         }
         out.checked["files"] = sorted(set(out.checked.get("files", [])) | set(meta.checksums))
-        plan = _verify_reader(prefix, meta, fmt, checks, progress)
+        found, plan = _verify_reader(prefix, meta, fmt, out, progress, threads)
         _verify_checksums(meta, checksums, out)
     finally:
-        hashing.shutdown(wait=True, cancel_futures=True)
-    checks.replay(out)
+        threads.shutdown(wait=True, cancel_futures=True)
+    for problems in found:
+        problems.replay(out)
     if data_path is not None and plan is not None:
         _verify_accounting(prefix, plan, Path(data_path), out)
 
 
 class _Deferred:
-    """Holds the reader's problems while the checksums are still being computed (their count,
-    and the first MAX_REPORTED of them, which is all a Verification keeps)."""
+    """Holds problems (their count, and the first MAX_REPORTED of them, which is all a Verification
+    keeps) and what was checked, to be reported in order once the checks before them are done."""
 
     def __init__(self, out: _Labelled):
         self.problems: list[str] = []
         self.count = 0
-        self.checked = out.checked
+        self.checked = dict(out.checked)
 
     def add(self, problem: str) -> None:
         self.count += 1
@@ -126,26 +127,43 @@ class _Deferred:
         for problem in self.problems:
             out.add(problem)
         out.result.problem_count += self.count - len(self.problems)
+        out.checked.update(self.checked)
 
 
-def _verify_reader(prefix: Path, meta: PackedMeta, fmt, out, progress: bool):
-    """The format's structure and every pack's invariants, read through the format's reader;
-    the plan table, or None when the output cannot be read."""
+def _unreadable(out: _Deferred, check, *args, **kwargs) -> bool:
+    """Run ``check(*args, out, **kwargs)``; a corrupt file makes Megatron/numpy fail in many ways:
+    report it (True), don't crash."""
+    try:
+        check(*args, out, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - a corrupt output must give a report
+        out.add(f"cannot read the packed dataset: {exc.__class__.__name__}: {exc}")
+        return True
+    return False
+
+
+def _verify_reader(prefix: Path, meta: PackedMeta, fmt, out: _Labelled, progress: bool, threads):
+    """The format's structure and every pack's invariants, read through the format's reader:
+    (the problems found, to report in this order; the plan table, or None when the output cannot
+    be read). What the pack checks found is dropped when the structure could not be read (it
+    stops verify before the packs)."""
+    opened = _Deferred(out)
     try:
         reader = fmt.Reader(prefix, meta)
         plan = reader.plan_table()
     except Exception as exc:  # a corrupt file makes Megatron/numpy fail in many ways: report, don't crash
-        out.add(f"cannot read the packed dataset: {exc.__class__.__name__}: {exc}")
-        return None
+        opened.add(f"cannot read the packed dataset: {exc.__class__.__name__}: {exc}")
+        return [opened], None
+    structure, packs = _Deferred(out), _Deferred(out)
+    structure_failed = threads.submit(_unreadable, structure, fmt.check, reader)
     try:
-        fmt.check(reader, out)
-        _verify_packs(reader, meta, plan, out, progress)
-    except Exception as exc:  # noqa: BLE001 - same reason: a corrupt output must give a report
-        out.add(f"cannot read the packed dataset: {exc.__class__.__name__}: {exc}")
-        return None
+        packs_failed = _unreadable(packs, _verify_packs, reader, meta, plan, progress=progress)
+        if structure_failed.result():
+            return [structure], None
     finally:
+        if not structure_failed.cancel():
+            structure_failed.exception()  # the thread may still read through the reader: wait before closing it
         reader.close()
-    return plan
+    return [structure, packs], None if packs_failed else plan
 
 
 def _verify_checksums(meta: PackedMeta, checksums: dict, result) -> None:

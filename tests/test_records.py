@@ -3,6 +3,8 @@
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from neva_pack.errors import InputError
 from neva_pack.records import RawRecord, RecordError, count_records, iter_raw_records, parse_record
@@ -93,4 +95,68 @@ def test_a_broken_json_list_fails_before_any_work_with_one_line(tmp_path):
     path = tmp_path / "data.json"
     path.write_text('[{"id": 1}, {"id": ')
     with pytest.raises(InputError, match="invalid JSON list"):
+        count_records(path)
+
+
+# the fast count (one compiled pass) against the scanner it stands in for
+
+SOUP = st.text(alphabet=st.sampled_from('[]{}",\\ a1:\n\t\r\f\ufeffü'), max_size=40)
+
+
+def scanner_count(path) -> int | None:
+    """The scanner's own count (count_records without the fast path), None where it refuses the file."""
+    from neva_pack.records import MAX_RECORD_DEPTH_LIMIT, RecordLimits, _record_texts
+
+    try:
+        return sum(1 for _ in _record_texts(path, RecordLimits(max_bytes=0, max_depth=MAX_RECORD_DEPTH_LIMIT)))
+    except InputError:
+        return None
+
+
+@settings(max_examples=400, deadline=None)
+@given(text=st.one_of(SOUP, SOUP.map(lambda t: f"[{t}]"), SOUP.map(lambda t: f'[{{"a": "{t}"}}, [{t}]]')),
+       chunk=st.integers(1, 9))  # fmt: skip
+def test_property_the_fast_count_is_the_scanners_or_none(tmp_path_factory, text, chunk):
+    import neva_pack.list_count as list_count
+
+    path = tmp_path_factory.mktemp("count") / "data.json"
+    path.write_text(text, encoding="utf-8")
+    saved, list_count._CHUNK = list_count._CHUNK, chunk
+    try:
+        fast = list_count.count_list_records(path)
+    finally:
+        list_count._CHUNK = saved
+    assert fast is None or fast == scanner_count(path)
+
+
+@settings(max_examples=100, deadline=None)
+@given(values=st.lists(st.recursive(st.text(alphabet=st.sampled_from('ab"\\[]{} ü'), max_size=6),
+                                    lambda children: st.lists(children, max_size=3)
+                                    | st.dictionaries(st.text(max_size=3), children, max_size=3), max_leaves=8)
+                       .filter(lambda v: isinstance(v, (str, list, dict))), max_size=6),
+       indent=st.sampled_from([None, 1]), chunk=st.integers(1, 9))  # fmt: skip
+def test_property_the_fast_count_counts_every_plain_list(tmp_path_factory, values, indent, chunk):
+    """Lists of arrays, objects and strings (any nesting, escapes) never need the scanner."""
+    import neva_pack.list_count as list_count
+
+    path = tmp_path_factory.mktemp("count") / "data.json"
+    path.write_text(json.dumps(values, indent=indent, ensure_ascii=False), encoding="utf-8")
+    saved, list_count._CHUNK = list_count._CHUNK, chunk
+    try:
+        assert list_count.count_list_records(path) == len(values) == scanner_count(path)
+    finally:
+        list_count._CHUNK = saved
+
+
+def test_the_fast_count_leaves_numbers_and_broken_lists_to_the_scanner(tmp_path):
+    from neva_pack.list_count import count_list_records
+
+    for text, records in [('[1, {"a": 2}]', 2), ("\ufeff[{}]", 1), ('[{"a": "]"}, "x\\"y"]', 2)]:
+        path = tmp_path / "data.json"
+        path.write_text(text, encoding="utf-8")
+        assert count_records(path) == records
+    assert count_list_records(tmp_path / "data.json") == 2
+    path.write_text('[{"id": 1}, {"id": 2},]')
+    assert count_list_records(path) is None
+    with pytest.raises(InputError, match="trailing ','"):
         count_records(path)

@@ -222,6 +222,28 @@ def test_verify_reports_checksums_first_and_counts_every_problem(uninterrupted, 
     assert list(result.checked) == ["files", "packs", "samples"]
 
 
+def test_verify_stops_at_a_structure_it_cannot_read(uninterrupted, tmp_path, monkeypatch):
+    """The structure is checked beside the packs, yet reported as if first: when it cannot be
+    read, nothing the pack checks found is reported, and the packs do not count as checked."""
+    import shutil
+
+    from neva_pack import verify as verification
+    from neva_pack.formats import nemo
+
+    out = tmp_path / "copy"
+    shutil.copytree(uninterrupted, out)
+
+    def unreadable(reader, result):
+        result.add("pack 0: a structure problem")
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(nemo, "check", unreadable)
+    monkeypatch.setattr(verification, "_verify_packs", lambda *args, **kwargs: args[3].add("a pack problem"))
+    result = verification.verify(out, progress=False)
+    assert result.problems == ["pack 0: a structure problem", "cannot read the packed dataset: OSError: disk gone"]
+    assert list(result.checked) == ["files"]
+
+
 def test_verify_of_something_that_is_not_an_output(tmp_path, capsys):
     assert main(["verify", str(tmp_path)]) == 2
     assert "not a complete neva_pack output" in capsys.readouterr().err
