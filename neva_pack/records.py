@@ -210,6 +210,8 @@ def _decode(index: int, data: bytes | None, problem: tuple[str, str] | None, lim
                          reason="record_too_deep")  # fmt: skip
     except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as exc:
         return RawRecord(index, None, error=str(exc))
+    if _plainly_within(data, limits.max_depth):
+        return RawRecord(index, value)
     depth, surrogate = _depth_and_surrogates(value)
     if depth > limits.max_depth:
         return RawRecord(index, None, error=f"{depth} levels > --max_record_depth {limits.max_depth}",
@@ -224,6 +226,22 @@ def _reject_constant(name: str):
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_SURROGATE_SOURCE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+"""Where a decoded string can get a surrogate from: a \\uD800..\\uDFFF escape (paired ones too),
+or its UTF-8-like bytes ED A0..ED BF, which json.loads decodes with surrogatepass."""
+
+
+def _plainly_within(data: bytes, max_depth: int) -> bool:
+    """What _depth_and_surrogates finds, known from the text alone for ordinary records: UTF-8
+    (as json.loads detects it: no NUL in the first bytes, no UTF-16/32 byte-order mark), no
+    source of a surrogate, and at most max_depth brackets/braces in all (each level opens with
+    one; those inside strings only loosen the bound). False: walk the value."""
+    return (
+        b"\x00" not in data[:4]
+        and data[:1] not in (b"\xff", b"\xfe")
+        and data.count(b"[") + data.count(b"{") <= max_depth
+        and _SURROGATE_SOURCE.search(data) is None
+    )
 
 
 def _depth_and_surrogates(value) -> tuple[int, str | None]:
