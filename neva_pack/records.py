@@ -25,6 +25,7 @@ IMAGE_PLACEHOLDER = "<image>"
 
 USER_ROLES = frozenset({"human", "user"})
 ASSISTANT_ROLES = frozenset({"gpt", "assistant"})
+_ROLE_OF = {**dict.fromkeys(USER_ROLES, "user"), **dict.fromkeys(ASSISTANT_ROLES, "assistant")}
 
 SKIP_REASONS = {
     "malformed_json": "the JSONL line is not valid JSON",
@@ -462,11 +463,8 @@ def parse_record(raw: RawRecord, max_conversation_chars: int = DEFAULT_MAX_CONVE
         speaker = turn.get("from")
         if not isinstance(speaker, str):
             raise RecordError("unknown_role", f"turn {position} has from={speaker!r:.80} (not a string)")
-        if speaker in USER_ROLES:
-            role = "user"
-        elif speaker in ASSISTANT_ROLES:
-            role = "assistant"
-        else:
+        role = _ROLE_OF.get(speaker)
+        if role is None:
             raise RecordError("unknown_role", f"turn {position} has from={speaker!r}")
         value = turn.get("value")
         if not isinstance(value, str):
@@ -481,14 +479,18 @@ def parse_record(raw: RawRecord, max_conversation_chars: int = DEFAULT_MAX_CONVE
         turns = turns[1:]  # a leading non-human turn is dropped, as LLaVA and NeMo do
     if not turns:
         raise RecordError("empty_conversation", "no human turn to start the conversation")
+    placeholders = in_answers = 0
     for position, turn in enumerate(turns):
-        expected = "user" if position % 2 == 0 else "assistant"
+        expected = "assistant" if position & 1 else "user"
         if turn.role != expected:
             raise RecordError("roles_not_alternating", f"turn {position} is {turn.role}, expected {expected}")
+        if IMAGE_PLACEHOLDER in turn.text:
+            if position & 1:
+                in_answers += turn.text.count(IMAGE_PLACEHOLDER)
+            else:
+                placeholders += turn.text.count(IMAGE_PLACEHOLDER)
     if len(turns) < 2:
         raise RecordError("no_assistant_turn", "the conversation has no gpt turn")
-    placeholders = sum(t.text.count(IMAGE_PLACEHOLDER) for t in turns if t.role == "user")
-    in_answers = sum(t.text.count(IMAGE_PLACEHOLDER) for t in turns if t.role == "assistant")
     if in_answers:
         raise RecordError("placeholder_mismatch", f"{in_answers} <image> placeholder(s) in gpt turns")
     if placeholders != len(images):
