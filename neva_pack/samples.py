@@ -302,13 +302,18 @@ class SampleBuilder:
         for piece in pieces:
             kind = piece.kind
             if kind == "text" or kind == "content":
-                if piece.value:
+                value = piece.value
+                if value:
                     if chunk is None:
                         chunk = _Chunk()
                         segments.append(chunk)
-                    chunk.add(piece.value, piece.trained, kind == "content")
+                        texts, trained, content, bounds = chunk.texts, chunk.trained, chunk.content, chunk.bounds
+                    texts.append(value)  # chunk.add, inlined: the loop runs for every piece of every record
+                    trained.append(piece.trained)
+                    content.append(kind == "content")
+                    bounds.append(bounds[-1] + len(value))
                     if kind == "text":
-                        rendered += len(piece.value)
+                        rendered += len(value)
                 continue
             name = "image" if kind == "image" else piece.value
             ids = self._image_run if kind == "image" else self._special_runs[name]
@@ -317,6 +322,7 @@ class SampleBuilder:
                 if chunk is None:
                     chunk = _Chunk()
                     segments.append(chunk)
+                    texts, trained, content, bounds = chunk.texts, chunk.trained, chunk.content, chunk.bounds
                 chunk.add_marker(marker, piece.trained, ids)
                 continue
             chunk = None
