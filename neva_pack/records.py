@@ -25,6 +25,7 @@ IMAGE_PLACEHOLDER = "<image>"
 
 USER_ROLES = frozenset({"human", "user"})
 ASSISTANT_ROLES = frozenset({"gpt", "assistant"})
+_ROLE_OF = {**dict.fromkeys(USER_ROLES, "user"), **dict.fromkeys(ASSISTANT_ROLES, "assistant")}
 
 SKIP_REASONS = {
     "malformed_json": "the JSONL line is not valid JSON",
@@ -217,6 +218,8 @@ def _decode(index: int, data: bytes | None, problem: tuple[str, str] | None, lim
                          reason="record_too_deep")  # fmt: skip
     except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as exc:
         return RawRecord(index, None, error=str(exc))
+    if _plainly_within(data, limits.max_depth):
+        return RawRecord(index, value)
     depth, surrogate = _depth_and_surrogates(value)
     if depth > limits.max_depth:
         return RawRecord(index, None, error=f"{depth} levels > --max_record_depth {limits.max_depth}",
@@ -231,6 +234,22 @@ def _reject_constant(name: str):
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_SURROGATE_SOURCE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+"""Where a decoded string can get a surrogate from: a \\uD800..\\uDFFF escape (paired ones too),
+or its UTF-8-like bytes ED A0..ED BF, which json.loads decodes with surrogatepass."""
+
+
+def _plainly_within(data: bytes, max_depth: int) -> bool:
+    """What _depth_and_surrogates finds, known from the text alone for ordinary records: UTF-8
+    (as json.loads detects it: no NUL in the first bytes, no UTF-16/32 byte-order mark), no
+    source of a surrogate, and at most max_depth brackets/braces in all (each level opens with
+    one; those inside strings only loosen the bound). False: walk the value."""
+    return (
+        b"\x00" not in data[:4]
+        and data[:1] not in (b"\xff", b"\xfe")
+        and data.count(b"[") + data.count(b"{") <= max_depth
+        and _SURROGATE_SOURCE.search(data) is None
+    )
 
 
 def _depth_and_surrogates(value) -> tuple[int, str | None]:
@@ -451,11 +470,8 @@ def parse_record(raw: RawRecord, max_conversation_chars: int = DEFAULT_MAX_CONVE
         speaker = turn.get("from")
         if not isinstance(speaker, str):
             raise RecordError("unknown_role", f"turn {position} has from={speaker!r:.80} (not a string)")
-        if speaker in USER_ROLES:
-            role = "user"
-        elif speaker in ASSISTANT_ROLES:
-            role = "assistant"
-        else:
+        role = _ROLE_OF.get(speaker)
+        if role is None:
             raise RecordError("unknown_role", f"turn {position} has from={speaker!r}")
         value = turn.get("value")
         if not isinstance(value, str):
@@ -470,14 +486,18 @@ def parse_record(raw: RawRecord, max_conversation_chars: int = DEFAULT_MAX_CONVE
         turns = turns[1:]  # a leading non-human turn is dropped, as LLaVA and NeMo do
     if not turns:
         raise RecordError("empty_conversation", "no human turn to start the conversation")
+    placeholders = in_answers = 0
     for position, turn in enumerate(turns):
-        expected = "user" if position % 2 == 0 else "assistant"
+        expected = "assistant" if position & 1 else "user"
         if turn.role != expected:
             raise RecordError("roles_not_alternating", f"turn {position} is {turn.role}, expected {expected}")
+        if IMAGE_PLACEHOLDER in turn.text:
+            if position & 1:
+                in_answers += turn.text.count(IMAGE_PLACEHOLDER)
+            else:
+                placeholders += turn.text.count(IMAGE_PLACEHOLDER)
     if len(turns) < 2:
         raise RecordError("no_assistant_turn", "the conversation has no gpt turn")
-    placeholders = sum(t.text.count(IMAGE_PLACEHOLDER) for t in turns if t.role == "user")
-    in_answers = sum(t.text.count(IMAGE_PLACEHOLDER) for t in turns if t.role == "assistant")
     if in_answers:
         raise RecordError("placeholder_mismatch", f"{in_answers} <image> placeholder(s) in gpt turns")
     if placeholders != len(images):

@@ -206,6 +206,7 @@ class SampleBuilder:
         self._image_run = layout.run()
         self._special_ids = self._resolve_specials()
         self._special_runs = {name: np.asarray([i], dtype=np.int64) for name, i in self._special_ids.items() if i is not None}
+        self._run_masks: dict[tuple[str, bool], np.ndarray] = {}
         self._is_control = np.zeros(tokenizer.vocab_size, dtype=bool)
         self._is_control[list(tokenizer.control_ids)] = True
         empty = np.zeros(0, dtype=np.int64)
@@ -284,14 +285,7 @@ class SampleBuilder:
         system = self.system_prompt
         if self.template.system_from_record and conversation.system is not None:
             system = conversation.system
-        pieces = render(self.template, conversation.turns, system)
-        rendered = sum(len(piece.value) for piece in pieces if piece.kind == "text")
-        if rendered > self.max_conversation_chars:  # many short turns: the template's text counts too
-            raise RecordError(
-                "conversation_too_long",
-                f"{rendered:,} characters once templated > --max_conversation_chars {self.max_conversation_chars:,}",
-            )
-        return self._encode(pieces)
+        return self._encode(render(self.template, conversation.turns, system))
 
     def _encode(self, pieces: list[Piece]) -> tuple[np.ndarray, np.ndarray, list[int]]:
         """Pieces -> (ids, trained mask, start position of each image run).
@@ -302,52 +296,79 @@ class SampleBuilder:
         after an image starts a new sentencepiece sentence (a leading "▁"), while text after
         BOS/EOS goes on without one (LLaVA-1.5's slow tokenizer, legacy=False). The mask comes
         from the character offsets of the tokens actually emitted.
+
+        The pieces are first laid out as chunks and id runs, counting the template's text, so a
+        conversation too long once templated is refused before anything is tokenized.
         """
-        id_parts: list[np.ndarray] = []
-        mask_parts: list[np.ndarray] = []
-        image_starts: list[int] = []
-        position = 0
-        chunk = _Chunk()
-        continues = False  # the chunk goes on after a BOS/EOS: no new leading "▁"
-
-        def flush():
-            nonlocal position, chunk
-            if chunk.texts:
-                ids, mask, starts = self._encode_chunk(chunk, continues)
-                image_starts.extend(position + k for k in starts)
-                id_parts.append(ids)
-                mask_parts.append(mask)
-                position += len(ids)
-                chunk = _Chunk()
-
+        segments: list[_Chunk | tuple[np.ndarray, np.ndarray, bool]] = []
+        chunk = None
+        rendered = 0
         for piece in pieces:
             kind = piece.kind
             if kind == "text" or kind == "content":
-                if piece.value:
-                    chunk.add(piece.value, piece.trained, kind == "content")
+                value = piece.value
+                if value:
+                    if chunk is None:
+                        chunk = _Chunk()
+                        segments.append(chunk)
+                        texts, trained, content, bounds = chunk.texts, chunk.trained, chunk.content, chunk.bounds
+                    texts.append(value)  # chunk.add, inlined: the loop runs for every piece of every record
+                    trained.append(piece.trained)
+                    content.append(kind == "content")
+                    bounds.append(bounds[-1] + len(value))
+                    if kind == "text":
+                        rendered += len(value)
                 continue
             name = "image" if kind == "image" else piece.value
             ids = self._image_run if kind == "image" else self._special_runs[name]
             marker = self._markers.get(name)
             if marker is not None:
+                if chunk is None:
+                    chunk = _Chunk()
+                    segments.append(chunk)
+                    texts, trained, content, bounds = chunk.texts, chunk.trained, chunk.content, chunk.bounds
                 chunk.add_marker(marker, piece.trained, ids)
                 continue
-            flush()
-            # an image starts a new sentencepiece sentence under llava (tokenizer_image_token);
-            # NeMo's one call and LLaVA's slow tokenizer (legacy=False) go on after BOS/EOS
-            # a BOS that opens the sequence is the tokenizer's own: the text after it starts fresh
-            continues = (self.tokenization.one_call or kind != "image") and position > 0
-            if kind == "image":
-                image_starts.append(position)
+            chunk = None
+            segments.append((ids, self._run_mask(name, piece.trained), kind == "image"))
+        if rendered > self.max_conversation_chars:  # many short turns: the template's text counts too
+            raise RecordError(
+                "conversation_too_long",
+                f"{rendered:,} characters once templated > --max_conversation_chars {self.max_conversation_chars:,}",
+            )
+        id_parts: list[np.ndarray] = []
+        mask_parts: list[np.ndarray] = []
+        image_starts: list[int] = []
+        position = 0
+        continues = False  # the chunk goes on after a BOS/EOS: no new leading "▁"
+        for segment in segments:
+            if type(segment) is _Chunk:
+                ids, mask, starts = self._encode_chunk(segment, continues)
+                image_starts.extend(position + k for k in starts)
+            else:
+                ids, mask, image = segment
+                # an image starts a new sentencepiece sentence under llava (tokenizer_image_token);
+                # NeMo's one call and LLaVA's slow tokenizer (legacy=False) go on after BOS/EOS;
+                # a BOS that opens the sequence is the tokenizer's own: the text after it starts fresh
+                continues = (self.tokenization.one_call or not image) and position > 0
+                if image:
+                    image_starts.append(position)
             id_parts.append(ids)
-            mask_parts.append(np.full(len(ids), piece.trained))
+            mask_parts.append(mask)
             position += len(ids)
-        flush()
         if not id_parts:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool), []
-        if len(id_parts) == 1:
+        if len(segments) == 1 and type(segments[0]) is _Chunk:  # the ids are this sample's own
             return id_parts[0], mask_parts[0], image_starts
         return np.concatenate(id_parts), np.concatenate(mask_parts), image_starts
+
+    def _run_mask(self, name: str, trained: bool) -> np.ndarray:
+        """The mask of an image run or a BOS/EOS id (shared: only ever copied into a sample)."""
+        key = (name, trained)
+        if key not in self._run_masks:
+            length = len(self._image_run) if name == "image" else 1
+            self._run_masks[key] = np.full(length, trained)
+        return self._run_masks[key]
 
     def _encode_chunk(self, chunk: _Chunk, continues: bool) -> tuple[np.ndarray, np.ndarray, list[int]]:
         """One tokenizer call over the chunk's text, then two repairs, both by character span:

@@ -283,9 +283,9 @@ def spelled_offsets(ids: np.ndarray, widths: np.ndarray, skip: int, length: int)
     Offsets as sentencepiece gives them: the dummy "▁" alone is (0, 0); a character spelled as
     byte pieces is covered by its last one, the others are zero-width at its start::
 
-        text  "é x"      pieces  ▁  <0xC3> <0xA9>  ▁x
-        starts                   0    0      0     1
-        ends                     0    0      1     3
+        text "ü a" (sample tokenizer)   pieces  ▁  <0xC3> <0xBC>  ▁a
+                                        starts  0    0      0     1
+                                        ends    0    0      1     3
     """
     return _spelled_offsets_kernel()(ids, widths, skip, length)
 
