@@ -17,7 +17,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Iterator, Literal
+from typing import BinaryIO, Callable, Iterator, Literal
 
 from neva_pack.errors import InputError
 
@@ -139,14 +139,22 @@ def input_format(path: Path) -> Literal["json", "jsonl"]:
     return "json" if head.startswith(b"[") else "jsonl"
 
 
-def iter_raw_records(path: Path, limits: RecordLimits = RecordLimits()) -> Iterator[RawRecord]:
+def iter_raw_records(
+    path: Path, limits: RecordLimits = RecordLimits(), wanted: Callable[[int], bool] | None = None,
+    end: int | None = None,
+) -> Iterator[RawRecord]:  # fmt: skip
     """Yield every record of the file in order, streaming (the file is never loaded whole).
 
     No record can cost more than ``limits``: one that is too long or too deep is measured while
-    it is read and yielded as an error, unparsed; the rest of the file is read on.
+    it is read and yielded as an error, unparsed; the rest of the file is read on. ``wanted``
+    (record index -> bool) and ``end`` restrict it to some records of the first ``end``: the others
+    are only delimited, never decoded (a DataLoader worker decodes its own records, not all).
     """
     for index, (data, problem) in enumerate(_record_texts(path, limits)):
-        yield _decode(index, data, problem, limits)
+        if end is not None and index >= end:
+            return
+        if wanted is None or wanted(index):
+            yield _decode(index, data, problem, limits)
 
 
 def count_records(path: Path, progress: bool = False) -> int:

@@ -573,51 +573,10 @@ def chunk_labels(ids, starts, ends, bounds, trained, is_control) -> tuple[np.nda
 
 @functools.cache
 def _chunk_labels_kernel():
-    """Compiled on first use (and cached on disk), like the tokenizer's kernels."""
-    import numba
+    """Loaded on first use: a process that never tokenizes never imports numba."""
+    from neva_pack.text_kernels import chunk_labels_kernel
 
-    @numba.njit(cache=True)
-    def part_of(bounds, position):
-        """Index of the last part starting at or before ``position`` (bounds[0] = 0)."""
-        low, high = 0, len(bounds) - 1
-        while high - low > 1:
-            middle = (low + high) // 2
-            if bounds[middle] <= position:
-                low = middle
-            else:
-                high = middle
-        return low
-
-    @numba.njit(cache=True)
-    def kernel(ids, starts, ends, bounds, trained, is_control):
-        parts = len(bounds) - 1
-        total = bounds[parts]
-        count = len(ids)
-        mask = np.zeros(count, dtype=np.bool_)
-        flagged = np.empty(count, dtype=np.int64)
-        flags = 0
-        ordered = True
-        for k in range(count):
-            start, end = starts[k], ends[k]
-            if is_control[ids[k]]:
-                flagged[flags] = k
-                flags += 1
-            if start > end or (k > 0 and start < ends[k - 1]):
-                ordered = False
-            if total == 0:
-                continue
-            if end > start:
-                p = part_of(bounds, start)
-                while p < parts and bounds[p] < end:
-                    if trained[p]:
-                        mask[k] = True
-                        break
-                    p += 1
-            else:
-                mask[k] = trained[part_of(bounds, min(start, total - 1))]
-        return mask, flagged[:flags], ordered
-
-    return kernel
+    return chunk_labels_kernel
 
 
 def _trained_tokens(starts: np.ndarray, ends: np.ndarray, trained_chars: np.ndarray) -> np.ndarray:
@@ -671,12 +630,12 @@ class SampleStream(IterableDataset):
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
         run, ignore_index, shape = self.builder.layout.run(), self.builder.ignore_index, self.builder.preprocessor.shape
         batch = []
-        for raw in iter_raw_records(self.data_path, self.builder.record_limits):
-            if self.end is not None and raw.index >= self.end:
-                break
+        def mine(index: int) -> bool:
+            return index >= self.start and self._message(index - self.start, workers) % workers == worker
+
+        for raw in iter_raw_records(self.data_path, self.builder.record_limits, wanted=mine, end=self.end):
             offset = raw.index - self.start
-            if offset < 0 or (message := self._message(offset, workers)) % workers != worker:
-                continue
+            message = self._message(offset, workers)
             item = self.builder.build(raw)
             if isinstance(item, Sample):  # the store's per-sample work, done here in the worker
                 item = replace(item, store=store_document(item, run, ignore_index, shape))

@@ -101,10 +101,12 @@ class SentencePieceTokenizer:
         """The same model without its dummy prefix and with user-defined pieces unused (the BPE
         then spells them from ordinary pieces); any control id left is spelled as bytes."""
         if self._literal is None:
+            from neva_pack import text_kernels
+
             self._literal = self._literal_processor()
             if self._widths is not None:  # the same spelling; a control id left takes the path below
                 self._literal_widths = self._widths.copy()
-                self._literal_widths[list(self.control_ids)] = _NOT_TEXT
+                self._literal_widths[list(self.control_ids)] = text_kernels.NOT_TEXT
         if self._literal_widths is not None:
             ids = np.array(self._literal.encode(text), dtype=np.int64)
             starts, ends, spelled = spelled_offsets(ids, self._literal_widths, 0, len(text))
@@ -237,15 +239,6 @@ def _char_index_of_bytes(text: str) -> np.ndarray:
     return np.append(np.cumsum(starts_char, dtype=np.int64) - 1, len(text))
 
 
-_NOT_TEXT = -3
-"""Width of a piece that does not spell input text (unknown, control, unused): its offsets are
-sentencepiece's to tell."""
-_BYTE = -1
-"""Width of a byte piece (<0xNN>) that is not a UTF-8 continuation byte."""
-_CONTINUATION_BYTE = -2
-"""Width of a byte piece <0x80>..<0xBF>: part of the character its predecessors began."""
-
-
 def _spells_input_unchanged(proto) -> bool:
     """Whether the model's pieces spell its input character for character: an identity normaliser
     (no NFKC map, no rules), whitespace neither collapsed nor moved to the end of pieces. Only
@@ -262,16 +255,18 @@ def _spells_input_unchanged(proto) -> bool:
 
 
 def _spelled_widths(proto) -> np.ndarray:
-    """Characters of input each id spells (int64 per id), or one of the negative kinds above."""
+    """Characters of input each id spells (int64 per id), or one of ``text_kernels``' negative kinds."""
+    from neva_pack import text_kernels
+
     kind = proto.SentencePiece
     widths = np.empty(len(proto.pieces), dtype=np.int64)
     for index, piece in enumerate(proto.pieces):
         if piece.type in (kind.NORMAL, kind.USER_DEFINED):
             widths[index] = len(piece.piece)
         elif piece.type == kind.BYTE:
-            widths[index] = _CONTINUATION_BYTE if 0x80 <= int(piece.piece[3:5], 16) <= 0xBF else _BYTE
+            widths[index] = text_kernels.CONTINUATION_BYTE if 0x80 <= int(piece.piece[3:5], 16) <= 0xBF else text_kernels.BYTE
         else:
-            widths[index] = _NOT_TEXT
+            widths[index] = text_kernels.NOT_TEXT
     return widths
 
 
@@ -292,27 +287,9 @@ def spelled_offsets(ids: np.ndarray, widths: np.ndarray, skip: int, length: int)
 
 @functools.cache
 def _spelled_offsets_kernel():
-    import numba
+    from neva_pack.text_kernels import spelled_offsets_kernel
 
-    @numba.njit(cache=True)
-    def kernel(ids, widths, skip, length):
-        count = len(ids)
-        starts = np.empty(count, dtype=np.int64)
-        ends = np.empty(count, dtype=np.int64)
-        position = -skip
-        for k in range(count):
-            width = widths[ids[k]]
-            if width < 0:
-                if width == _NOT_TEXT:
-                    return starts, ends, False
-                # a byte piece ends its character unless a continuation byte follows
-                width = 0 if k + 1 < count and widths[ids[k + 1]] == _CONTINUATION_BYTE else 1
-            starts[k] = max(position, 0)
-            position += width
-            ends[k] = max(position, 0)
-        return starts, ends, position == length
-
-    return kernel
+    return spelled_offsets_kernel
 
 
 def piece_table(serialized: np.ndarray) -> np.ndarray:
@@ -324,7 +301,7 @@ def piece_table(serialized: np.ndarray) -> np.ndarray:
 def _piece_table_kernel():
     """Imported on first use (compiled once, then loaded from numba's disk cache): a process
     that never tokenizes never pays for it."""
-    from neva_pack.piece_table import piece_table_kernel
+    from neva_pack.text_kernels import piece_table_kernel
 
     return piece_table_kernel
 

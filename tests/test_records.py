@@ -91,6 +91,22 @@ def test_json_list_is_streamed_and_counted(tmp_path):
     assert [r.value for r in iter_raw_records(path)][2] == {"x": 1.5}
 
 
+@pytest.mark.parametrize("suffix", ["json", "jsonl"])
+def test_only_the_wanted_records_before_end_are_decoded(tmp_path, monkeypatch, suffix):
+    """A DataLoader worker decodes its own records only: the others are delimited, not parsed."""
+    from neva_pack import records
+
+    values = [{"n": n} for n in range(7)]
+    path = tmp_path / f"data.{suffix}"
+    path.write_text(json.dumps(values) if suffix == "json" else "".join(json.dumps(v) + "\n" for v in values))
+    decoded = []
+    original = records._decode
+    monkeypatch.setattr(records, "_decode", lambda index, *rest: decoded.append(index) or original(index, *rest))
+    raws = list(iter_raw_records(path, wanted=lambda index: index % 2 == 1, end=6))
+    assert [(r.index, r.value) for r in raws] == [(1, {"n": 1}), (3, {"n": 3}), (5, {"n": 5})]
+    assert decoded == [1, 3, 5]
+
+
 def test_a_broken_json_list_fails_before_any_work_with_one_line(tmp_path):
     path = tmp_path / "data.json"
     path.write_text('[{"id": 1}, {"id": ')
