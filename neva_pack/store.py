@@ -15,6 +15,7 @@ Format modules ask this module for paths; nothing else spells a file name.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -135,13 +136,67 @@ def output_paths(output_dir: Path) -> list[Path]:
 _SIZED = re.compile(rf"(?:{PACKED_NAME}|skipped)_(\d+)\.")
 
 
+_ZEROS = memoryview(bytes(1 << 20))
+"""What a hole is hashed as, a MiB at a time (xxh3 has no shortcut for zeros; a buffer that stays
+in the CPU cache hashes fastest)."""
+
+
+def data_extents(fd: int, size: int) -> list[tuple[int, int]] | None:
+    """The [start, end) byte ranges of an open file's first ``size`` bytes that hold data; the rest
+    are holes, which read as zeros (a sparse file: the nemo writer leaves zero images as holes).
+
+    From ``lseek(SEEK_DATA / SEEK_HOLE)``; None where the OS or the filesystem cannot tell (then
+    every byte must be read). A filesystem without holes reports the whole file as data.
+    Moves the file's position.
+    """
+    if not hasattr(os, "SEEK_DATA"):
+        return None
+    extents: list[tuple[int, int]] = []
+    position = 0
+    try:
+        while position < size:
+            try:
+                start = os.lseek(fd, position, os.SEEK_DATA)
+            except OSError as exc:
+                if exc.errno == errno.ENXIO:  # nothing but a hole from position to the end
+                    break
+                raise
+            if start >= size:
+                break
+            end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
+            extents.append((start, end))
+            position = end
+    except OSError:  # SEEK_DATA not supported here: read everything
+        return None
+    return extents
+
+
 def file_checksum(path: Path) -> str:
+    """xxh3-128 of the file's bytes; its holes are hashed as the zeros they read as, without reading them."""
     import xxhash
 
     digest = xxhash.xxh3_128()
-    with open(path, "rb") as f:
-        while chunk := f.read(_READ_CHUNK):
-            digest.update(chunk)
+    view = memoryview(bytearray(_READ_CHUNK))
+    with open(path, "rb", buffering=0) as f:
+        size = os.fstat(f.fileno()).st_size
+        extents = data_extents(f.fileno(), size)
+        f.seek(0)
+        if extents is None:
+            while read := f.readinto(view):
+                digest.update(view[:read])
+            return digest.hexdigest()
+        position = 0
+        for start, end in extents + [(size, size)]:  # the last one: a hole to the end
+            for offset in range(position, start, len(_ZEROS)):  # the hole before this extent
+                digest.update(_ZEROS[: min(len(_ZEROS), start - offset)])
+            f.seek(start)
+            position = start
+            while position < end:
+                read = f.readinto(view[: min(len(view), end - position)])
+                if not read:  # the file shrank while read: what was there
+                    return digest.hexdigest()
+                digest.update(view[:read])
+                position += read
     return digest.hexdigest()
 
 

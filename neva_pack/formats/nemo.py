@@ -21,6 +21,7 @@ are followed by pad ids (labels: the ignore value) and cu_seqlens holds the padd
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from pathlib import Path
@@ -32,7 +33,7 @@ from neva_pack.formats.base import Checkpoint, WriteSpec, publish
 from neva_pack.formats.indexed import IndexedWriter
 from neva_pack.formats.common import megatron as _megatron
 from neva_pack.formats.meta import PackedMeta, PlanTable, ReadPack, read_meta
-from neva_pack.store import bin_path, idx_path, meta_path, plan_path
+from neva_pack.store import bin_path, data_extents, idx_path, meta_path, plan_path
 
 NAME = "nemo"
 PACKED_DTYPE = np.float32
@@ -184,6 +185,7 @@ class Reader:
         self.dataset = _megatron().IndexedDataset(str(self.prefix))
         self._plan = None
         self._multimodal = None
+        self._holes: _Holes | None = None
 
     def plan_table(self) -> PlanTable:
         if self._plan is None:
@@ -229,6 +231,14 @@ class Reader:
         values = torch.from_numpy(self.dataset[start + ITEM_IMAGE].astype(np.float32).reshape(-1, *self.image_shape))
         return values if device is None and dtype is None else values.to(device=device, dtype=dtype)
 
+    def zero_item(self, i: int) -> bool:
+        """Whether item i is all zeros. What of it lies in a hole of the .bin is zeros without
+        reading it (the writer leaves the zero image of an image-less pack as a hole); the rest
+        is read through the IndexedDataset."""
+        if self._holes is None:
+            self._holes = _Holes(bin_path(self.prefix))
+        return self._holes.zero_item(self.dataset, i)
+
     def close(self) -> None:
         self.dataset = self._multimodal = None
 
@@ -250,7 +260,7 @@ def check(reader: Reader, result) -> None:
         if values % image_size or values == 0:
             result.add(f"pack {p}: image item of {values} values is not whole (3, H, W) images")
         elif p + 1 < len(plan.offsets) and plan.num_images[plan.offsets[p] : plan.offsets[p + 1]].sum() == 0:
-            if values != image_size or np.any(reader.dataset[first + ITEM_IMAGE]):
+            if values != image_size or not reader.zero_item(first + ITEM_IMAGE):
                 result.add(f"pack {p}: no image, so one zero image was expected")
 
 
@@ -261,6 +271,7 @@ def read_packs_from_index(prefix: Path, image_values: int) -> dict:
     image, to tell the zero image of an image-less pack from a real one).
     """
     dataset = _megatron().IndexedDataset(str(prefix))
+    holes = _Holes(bin_path(prefix))
     documents = dataset.document_indices
     sizes = dataset.index.sequence_lengths
     offsets, lengths, pack_images = [0], [], []
@@ -270,7 +281,7 @@ def read_packs_from_index(prefix: Path, image_values: int) -> dict:
         lengths.append(np.diff(cu))
         offsets.append(offsets[-1] + len(cu) - 1)
         images = int(sizes[first + ITEM_IMAGE]) // image_values
-        if images == 1 and not np.any(dataset[first + ITEM_IMAGE]):
+        if images == 1 and holes.zero_item(dataset, first + ITEM_IMAGE):
             images = 0
         pack_images.append(images)
     return {
@@ -278,3 +289,31 @@ def read_packs_from_index(prefix: Path, image_values: int) -> dict:
         "length": np.concatenate(lengths) if lengths else np.zeros(0, np.int64),
         "pack_images": np.asarray(pack_images, dtype=np.int64),
     }
+
+
+class _Holes:
+    """Where a .bin's holes are (read once), to tell an all-zero item without reading its holes."""
+
+    def __init__(self, path: Path):
+        with open(path, "rb", buffering=0) as f:
+            self.size = os.fstat(f.fileno()).st_size
+            extents = data_extents(f.fileno(), self.size)
+        self.known = extents is not None  # else: every item is read
+        self.starts = np.asarray([start for start, _ in extents or ()], dtype=np.int64)
+        self.ends = np.asarray([end for _, end in extents or ()], dtype=np.int64)
+
+    def zero_item(self, dataset, i: int) -> bool:
+        """Whether item i of ``dataset`` (an IndexedDataset of this .bin) is all zeros; its parts in data extents are read."""
+        itemsize = np.dtype(dataset.index.dtype).itemsize
+        start = int(dataset.index.sequence_pointers[i])
+        end = start + int(dataset.index.sequence_lengths[i]) * itemsize
+        if not self.known or end > self.size:  # past the end: the dataset's read fails, as it should
+            return not np.any(dataset[i])
+        k = int(np.searchsorted(self.ends, start, side="right"))  # the first extent ending after start
+        while k < len(self.starts) and self.starts[k] < end:
+            first = (max(int(self.starts[k]), start) - start) // itemsize
+            last = -(-(min(int(self.ends[k]), end) - start) // itemsize)
+            if np.any(dataset.get(i, offset=first, length=last - first)):
+                return False
+            k += 1
+        return True
