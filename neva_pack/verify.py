@@ -88,9 +88,10 @@ def _verify_prefix(prefix: Path, data_path, progress: bool, result: Verification
     except InputError as exc:
         out.add(str(exc))
         return
-    # the files are hashed in a thread (reading and xxh3 release the GIL) while this one imports
-    # the reader's Megatron-Core (seconds); then the format's structure (which reads the zero images
-    # of image-less packs: numpy releases the GIL too) is checked in a thread while this one checks
+    # the files are hashed in a thread (reading and xxh3 release the GIL; a .bin's holes, the zero
+    # images of image-less packs, are hashed as zeros unread) while this one imports the reader's
+    # Megatron-Core (seconds); then the format's structure (which reads what of those zero images
+    # is not a hole: numpy releases the GIL too) is checked in a thread while this one checks
     # the packs. Problems keep their order: checksums, structure, packs
     threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="verify")
     try:
