@@ -73,7 +73,7 @@ def timed(owner, name, key):
             stages[key] = stages.get(key, 0.0) + time.time() - started
     setattr(owner, name, wrapper)
 
-for method in ("append", "skip"):
+for method in ("append", "append_stored", "skip"):  # the first record reaches the store
     original = getattr(store.SampleStoreWriter, method)
     def first(self, *args, _original=original, **kwargs):
         stages.setdefault("first_record", time.time())

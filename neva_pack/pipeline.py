@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-import itertools
 import json
 import os
 import shutil
@@ -432,7 +431,7 @@ def _encode_samples(
     if start < end:
         loader = DataLoader(
             SampleStream(config.data_path, builder, start=start, end=end, batch_size=RECORDS_PER_MESSAGE,
-                         first_batch_size=FIRST_RECORDS_PER_MESSAGE),
+                         first_batch_size=FIRST_RECORDS_PER_MESSAGE, stored=True),
             batch_size=None,
             num_workers=config.num_workers,
             collate_fn=passthrough,
@@ -441,30 +440,42 @@ def _encode_samples(
         )
         bar = tqdm(total=end - first, initial=start - first, desc="tokenize + images", unit="rec", disable=not progress)
         items = iter(loader)
-        shown = start  # records the progress bar counts (updated once per message, not per record)
         checked = None  # skipped records when the skip fraction was last checked (it grows only with a skip)
+        done = start
         try:
-            for position, item in enumerate(itertools.chain.from_iterable(items), start=start):
-                if isinstance(item, Skipped):
-                    writer.skip(item)
-                    skipped += 1
+            for batch in items:
+                if batch.first_record != done:
+                    raise RuntimeError(f"a message starts at record {batch.first_record}, expected {done} (a bug)")
+                for stop in _record_stops(batch, config.checkpoint_every, first + SKIP_CHECK_AFTER):
+                    writer.append_stored(batch, done, stop)
+                    skipped += sum(done <= item.index < stop for item in batch.skipped)
+                    done = stop
+                    if done % config.checkpoint_every == 0 and done < end:
+                        writer.commit(done)
+                    if (done - first >= SKIP_CHECK_AFTER and skipped != checked) or done == end:
+                        _check_skip_fraction(config, writer, skipped, done - first, report_dir)
+                        checked = skipped
+                if batch.skipped:
                     bar.set_postfix(skipped=skipped, refresh=False)
-                else:
-                    writer.append(item)
-                done = position + 1
-                if done % config.checkpoint_every == 0 and done < end:
-                    writer.commit(done)
-                if (done - first >= SKIP_CHECK_AFTER and skipped != checked) or done == end:
-                    _check_skip_fraction(config, writer, skipped, done - first, report_dir)
-                    checked = skipped
-                if done % RECORDS_PER_MESSAGE == 0 or done == end:
-                    bar.update(done - shown)
-                    shown = done
+                bar.update(batch.records)
         except BaseException:
             _stop_workers(items)
             raise
         bar.close()
     writer.finish(end)
+
+
+def _record_stops(batch, checkpoint_every: int, skip_check_from: int) -> list[int]:
+    """Where to cut a message's records so that each checkpoint and skip-fraction check falls on
+    the same record as when records are written one by one: after each checkpoint's last record,
+    each skipped record, the record where checking starts, and the message's last record."""
+    end = batch.first_record + batch.records
+    stops = {end}
+    stops.update(range(-(-(batch.first_record + 1) // checkpoint_every) * checkpoint_every, end, checkpoint_every))
+    stops.update(item.index + 1 for item in batch.skipped)
+    if batch.first_record < skip_check_from < end:
+        stops.add(skip_check_from)
+    return sorted(stops)
 
 
 def _stop_workers(items) -> None:

@@ -21,7 +21,7 @@ import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
 from neva_pack.errors import ConfigError
-from neva_pack.formats.sample_store import StoreDocument, store_document
+from neva_pack.formats.sample_store import StoreDocument, store_document, stored_batch
 from neva_pack.invariants import image_run
 from neva_pack.images import DEFAULT_MAX_IMAGE_PIXELS, ImagePreprocessor, ImageSource, decode_image
 from neva_pack.records import (
@@ -605,11 +605,14 @@ class SampleStream(IterableDataset):
 
         records   0   1   2..33   34..65   66..97  ...
         worker    0   1     0        1        0    ...     (W = 2, first_batch_size 1, batch_size 32)
+
+    ``stored=True``: each message is one sample_store.StoredBatch (the store's bytes of its
+    records) instead of a list: one cheap object to unpickle per message in the main process.
     """
 
     def __init__(
         self, data_path, builder: SampleBuilder, start: int = 0, end: int | None = None, batch_size: int = 32,
-        first_batch_size: int | None = None,
+        first_batch_size: int | None = None, stored: bool = False,
     ):  # fmt: skip
         self.data_path = data_path
         self.builder = builder
@@ -617,6 +620,7 @@ class SampleStream(IterableDataset):
         self.end = end
         self.batch_size = batch_size
         self.first_batch_size = batch_size if first_batch_size is None else first_batch_size
+        self.stored = stored
 
     def _message(self, offset: int, workers: int) -> int:
         """Number of the message that carries the record ``offset`` records after ``start``."""
@@ -641,10 +645,10 @@ class SampleStream(IterableDataset):
                 item = replace(item, store=store_document(item, run, ignore_index, shape))
             batch.append(item)
             if self._message(offset + 1, workers) != message:
-                yield batch
+                yield stored_batch(batch, run, ignore_index, shape) if self.stored else batch
                 batch = []
         if batch:
-            yield batch
+            yield stored_batch(batch, run, ignore_index, shape) if self.stored else batch
 
 
 def passthrough(item):

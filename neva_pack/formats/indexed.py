@@ -160,6 +160,21 @@ class IndexedWriter:
             self._record(length, 0)
         self.end_document()
 
+    def add_documents_bytes(self, data, lengths: np.ndarray) -> None:
+        """Whole documents given as the raw bytes of their items' values, concatenated, and an
+        (documents, items per document) array of item lengths: one write and a few list extends
+        for many small documents (the sample store's batches), not a call per document."""
+        lengths = np.asarray(lengths, dtype=np.int64)
+        if len(data) != int(lengths.sum()) * self.dtype.itemsize or lengths.ndim != 2:
+            raise ValueError(f"{len(data)} bytes for documents of {lengths.shape} item lengths")
+        if len(data):
+            self._write(data)
+        first = len(self.sequence_lengths)
+        self.sequence_lengths.extend(lengths.ravel().tolist())
+        if self.multimodal:
+            self.sequence_modes.extend([0] * lengths.size)
+        self.document_indices.extend(range(first + lengths.shape[1], first + lengths.size + 1, lengths.shape[1]))
+
     def skip_item(self, count: int, mode: int = 0) -> None:
         """An item of ``count`` zeros, left as a hole: the file reads the same, nothing is written."""
         if count:

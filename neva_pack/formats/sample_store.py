@@ -152,6 +152,10 @@ class SampleStoreWriter:
     def append(self, sample) -> None:
         self._shard().append(sample)
 
+    def append_stored(self, batch: StoredBatch, start: int, stop: int) -> None:
+        """Append the batch's records in [start, stop) (a batch may straddle a checkpoint)."""
+        self._shard().append_stored(batch, start, stop)
+
     def skip(self, skipped) -> None:
         self._shard().skip(skipped)
 
@@ -310,6 +314,51 @@ def store_document(sample, image_run: np.ndarray, ignore_index: int, image_shape
     )
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoredBatch:
+    """The store's bytes of one message of consecutive records (samples.SampleStream), built by
+    a worker: the main process unpickles one object and makes a handful of writes per message,
+    not a pickled Sample (its arrays, one slow dataclass ``__setstate__``) and a write per record.
+    A batch can be written in record ranges (``SampleStoreWriter.append_stored``), so checkpoints
+    and skip checks fall on the same records as when samples are appended one by one."""
+
+    first_record: int
+    """Index of the batch's first record."""
+    records: int
+    """Consecutive records in the batch (samples and skipped)."""
+    text: bytes
+    """The samples' text documents (StoreDocument.text), concatenated."""
+    lengths: bytes
+    """int64 (samples, 3): each document's item lengths (StoreDocument.lengths)."""
+    rows: bytes
+    """The samples' SAMPLE_ROW records (record index, length, images, truncated)."""
+    image_keys: bytes
+    """16-byte content key of each image of the samples, in order."""
+    images: np.ndarray
+    """uint8 (images, 3, H, W), the samples' images in order (none for text-only samples)."""
+    skipped: tuple
+    """The batch's samples.Skipped records."""
+
+
+def stored_batch(items, image_run: np.ndarray, ignore_index: int, image_shape) -> StoredBatch:
+    """Consecutive records' Sample | Skipped items as one StoredBatch (pure: a worker runs it)."""
+    samples = [item for item in items if hasattr(item, "tokens")]
+    documents = [
+        item.store or store_document(item, image_run, ignore_index, image_shape) for item in samples
+    ]
+    images = [item.images for item in samples if len(item.images)]
+    return StoredBatch(
+        first_record=items[0].index if items else 0,
+        records=len(items),
+        text=b"".join(document.text for document in documents),
+        lengths=np.array([document.lengths for document in documents], dtype=np.int64).reshape(-1, _TEXT_ITEMS).tobytes(),
+        rows=b"".join(document.row for document in documents),
+        image_keys=b"".join(document.image_keys for document in documents),
+        images=np.concatenate(images) if images else np.zeros((0, *image_shape), dtype=STORE_IMAGE_DTYPE),
+        skipped=tuple(item for item in items if not hasattr(item, "tokens")),
+    )
+
+
 class _OpenShard:
     """The shard being written: its text file is created on first use (a shard of skipped records has none)."""
 
@@ -349,6 +398,31 @@ class _OpenShard:
         self.samples += 1
         self.images += len(sample.images)
         self.truncated += int(sample.truncated)
+
+    def append_stored(self, batch: StoredBatch, start: int, stop: int) -> None:
+        """Write the batch's records in [start, stop): few writes for many samples."""
+        rows = np.frombuffer(batch.rows, dtype=SAMPLE_ROW)
+        first, last = np.searchsorted(rows["record_index"], [start, stop]).tolist()
+        if last > first:
+            lengths = np.frombuffer(batch.lengths, dtype=np.int64).reshape(-1, _TEXT_ITEMS)
+            ends = np.concatenate([[0], np.cumsum(lengths.sum(axis=1))]) * np.dtype(STORE_TEXT_DTYPE).itemsize
+            if self._text is None:
+                self._text = IndexedWriter(bin_path(shard_text_prefix(self.directory, self.name)), STORE_TEXT_DTYPE, buffered=True)
+            self._text.add_documents_bytes(memoryview(batch.text)[ends[first] : ends[last]], lengths[first:last])
+            counts = rows["num_images"].astype(np.int64)
+            image_ends = np.concatenate([[0], np.cumsum(counts)]).tolist()
+            image_first, image_last = image_ends[first], image_ends[last]
+            keys = batch.image_keys
+            for k in range(image_first, image_last):
+                self._pool.add_keyed(keys[k * KEY_BYTES : (k + 1) * KEY_BYTES], batch.images[k])
+            self._refs.write(keys[image_first * KEY_BYTES : image_last * KEY_BYTES])
+            self._rows.write(batch.rows[first * SAMPLE_ROW.itemsize : last * SAMPLE_ROW.itemsize])
+            self.samples += last - first
+            self.images += image_last - image_first
+            self.truncated += int(rows["truncated"][first:last].sum())
+        for skipped in batch.skipped:
+            if start <= skipped.index < stop:
+                self.skip(skipped)
 
     def skip(self, skipped) -> None:
         line = {"index": skipped.index, "id": skipped.record_id, "reason": skipped.reason, "detail": skipped.detail}
