@@ -171,6 +171,12 @@ def data_extents(fd: int, size: int) -> list[tuple[int, int]] | None:
     return extents
 
 
+def hash_zeros(digest, size: int) -> None:
+    """Feed ``size`` zero bytes to ``digest``: what a hole reads as, hashed without reading it."""
+    for offset in range(0, size, len(_ZEROS)):
+        digest.update(_ZEROS[: min(len(_ZEROS), size - offset)])
+
+
 def file_checksum(path: Path) -> str:
     """xxh3-128 of the file's bytes; its holes are hashed as the zeros they read as, without reading them."""
     import xxhash
@@ -187,8 +193,7 @@ def file_checksum(path: Path) -> str:
             return digest.hexdigest()
         position = 0
         for start, end in extents + [(size, size)]:  # the last one: a hole to the end
-            for offset in range(position, start, len(_ZEROS)):  # the hole before this extent
-                digest.update(_ZEROS[: min(len(_ZEROS), start - offset)])
+            hash_zeros(digest, start - position)  # the hole before this extent
             f.seek(start)
             position = start
             while position < end:

@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from neva_pack.errors import InputError
+from neva_pack.store import bin_path, hash_zeros, idx_path
 
 INDEX_MAGIC = b"MMIDIDX\x00\x00"
 INDEX_VERSION = 1
@@ -51,16 +52,6 @@ DTYPE_CODES = {
 _HEADER = np.dtype([("magic", "S9"), ("version", "<u8"), ("code", "u1"), ("items", "<u8"), ("boundaries", "<u8")])
 """The fixed 34 bytes that open an .idx file."""
 _COPY_CHUNK = 16 << 20
-_ZEROS = memoryview(bytes(1 << 20))
-"""What a hole is fed to the checksum as, a MiB at a time."""
-
-
-def bin_path(prefix) -> Path:
-    return Path(str(prefix) + ".bin")
-
-
-def idx_path(prefix) -> Path:
-    return Path(str(prefix) + ".idx")
 
 
 class IndexedWriter:
@@ -183,8 +174,7 @@ class IndexedWriter:
             self.file.seek(self.position)
             self._hole = True
             if self._digest is not None:
-                for start in range(0, size, len(_ZEROS)):
-                    self._digest.update(_ZEROS[: min(len(_ZEROS), size - start)])
+                hash_zeros(self._digest, size)
         self._record(count, mode)
 
     def add_document(self, values, lengths, modes=None) -> None:
