@@ -1,6 +1,6 @@
 """preprocess(config): the stages wired together, each with a progress bar.
 
-    records --DataLoader workers--> Sample | Skipped --> sample store shards (committed at checkpoints)
+    records --DataLoader workers--> StoredBatch (the store bytes of 32 records, their skips) --> sample store shards (committed at checkpoints)
     store lengths --pack()--> PackingPlan --assemble--> typed packs --format writer (checkpointed)-->
     packed_seq_dataset.* (nemo: .bin/.idx/.plan.npz; compact: .tokens/.labels/.index.bin + the store's pool)
     --> stats.json, skipped.jsonl (skipped_<size>.jsonl: with the size's own skips) --> meta.json with checksums, last
@@ -44,7 +44,6 @@ from neva_pack.records import RecordLimits, count_records
 from neva_pack.samples import (
     SampleBuilder,
     SampleStream,
-    Skipped,
     check_token_ids,
     image_token_layout,
     missing_nemo_specials,

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import bisect
 import functools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
 from neva_pack.errors import ConfigError
-from neva_pack.formats.sample_store import StoreDocument, store_document, stored_batch
+from neva_pack.formats.sample_store import stored_batch
 from neva_pack.invariants import image_run
 from neva_pack.images import DEFAULT_MAX_IMAGE_PIXELS, ImagePreprocessor, ImageSource, decode_image
 from neva_pack.records import (
@@ -61,9 +61,6 @@ class Sample:
     """int32 position in tokens where each image run starts (to truncate again later)."""
     truncated: bool
     """Whether the ids were cut to max_seq_length + 1."""
-    store: StoreDocument | None = None
-    """The sample's bytes in the sample store, computed by the worker that built it (SampleStream),
-    so that the main process only writes them; None: the store computes them itself."""
 
     @property
     def length(self) -> int:
@@ -634,16 +631,14 @@ class SampleStream(IterableDataset):
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
         run, ignore_index, shape = self.builder.layout.run(), self.builder.ignore_index, self.builder.preprocessor.shape
         batch = []
+
         def mine(index: int) -> bool:
             return index >= self.start and self._message(index - self.start, workers) % workers == worker
 
         for raw in iter_raw_records(self.data_path, self.builder.record_limits, wanted=mine, end=self.end):
             offset = raw.index - self.start
             message = self._message(offset, workers)
-            item = self.builder.build(raw)
-            if isinstance(item, Sample):  # the store's per-sample work, done here in the worker
-                item = replace(item, store=store_document(item, run, ignore_index, shape))
-            batch.append(item)
+            batch.append(self.builder.build(raw))
             if self._message(offset + 1, workers) != message:
                 yield stored_batch(batch, run, ignore_index, shape) if self.stored else batch
                 batch = []

@@ -3,7 +3,6 @@ and gives back every token and label."""
 
 import json
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from neva_pack.errors import InputError
-from neva_pack.formats.sample_store import SampleStore, SampleStoreWriter, store_document
+from neva_pack.formats.sample_store import SampleStore, SampleStoreWriter, stored_batch
 from neva_pack.samples import Sample
 
 SHAPE = (3, 2, 2)
@@ -87,13 +86,14 @@ def test_store_elides_image_runs_and_reads_back_every_position(case):
         np.testing.assert_array_equal(text.labels, np.concatenate([samples[i].labels[:k] for i, k in zip(order, keep)]))
         for i, starts in zip(order, text.image_starts):
             np.testing.assert_array_equal(starts, samples[i].image_starts)
-        # samples that carry their store document (computed in a worker) give the same files
+        # the same samples as a worker sends them (one StoredBatch per shard's records) give the same files
         worker_built = Path(tmp) / "worker_built"
         store_writer = writer(worker_built, run)
-        for s in samples:
-            store_writer.append(replace(s, store=store_document(s, np.array(run), IGNORE, SHAPE)))
-            if (s.index + 1) % per_shard == 0:
-                store_writer.commit(s.index + 1)
+        for first in range(0, len(samples), per_shard):
+            chunk = samples[first : first + per_shard]
+            store_writer.append_stored(stored_batch(chunk, np.array(run), IGNORE, SHAPE), first, first + len(chunk))
+            if len(chunk) == per_shard:
+                store_writer.commit(first + per_shard)
         store_writer.finish(len(samples))
         for path in Path(tmp).glob("shard_*"):
             assert (worker_built / path.name).read_bytes() == path.read_bytes(), path.name

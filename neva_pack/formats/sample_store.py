@@ -343,9 +343,7 @@ class StoredBatch:
 def stored_batch(items, image_run: np.ndarray, ignore_index: int, image_shape) -> StoredBatch:
     """Consecutive records' Sample | Skipped items as one StoredBatch (pure: a worker runs it)."""
     samples = [item for item in items if hasattr(item, "tokens")]
-    documents = [
-        item.store or store_document(item, image_run, ignore_index, image_shape) for item in samples
-    ]
+    documents = [store_document(item, image_run, ignore_index, image_shape) for item in samples]
     images = [item.images for item in samples if len(item.images)]
     return StoredBatch(
         first_record=items[0].index if items else 0,
@@ -382,22 +380,9 @@ class _OpenShard:
         self.skipped_by_reason: dict[str, int] = {}
 
     def append(self, sample) -> None:
-        """Write the sample's store document: computed by the worker that built the sample
-        (``Sample.store``), or here for a sample built without one."""
-        document = getattr(sample, "store", None)
-        if document is None:
-            document = store_document(sample, self.image_run, self.ignore_index, self.image_shape)
-        if self._text is None:
-            self._text = IndexedWriter(bin_path(shard_text_prefix(self.directory, self.name)), STORE_TEXT_DTYPE, buffered=True)
-        self._text.add_document_bytes(document.text, document.lengths)
-        keys = document.image_keys
-        for k, image in enumerate(sample.images):
-            self._pool.add_keyed(keys[k * KEY_BYTES : (k + 1) * KEY_BYTES], image)
-        self._refs.write(keys)
-        self._rows.write(document.row)
-        self.samples += 1
-        self.images += len(sample.images)
-        self.truncated += int(sample.truncated)
+        """Write one sample (a caller without a worker's StoredBatch): the batch path, for one record."""
+        batch = stored_batch([sample], self.image_run, self.ignore_index, self.image_shape)
+        self.append_stored(batch, sample.index, sample.index + 1)
 
     def append_stored(self, batch: StoredBatch, start: int, stop: int) -> None:
         """Write the batch's records in [start, stop): few writes for many samples."""
