@@ -81,11 +81,9 @@ class SentencePieceTokenizer:
 
     def encode(self, text: str) -> Encoding:
         if self._widths is not None:
-            ids = np.array(self._sp.encode(text), dtype=np.int64)
-            skip = self._dummy_prefix if text else 0
-            starts, ends, spelled = spelled_offsets(ids, self._widths, skip, len(text))
-            if spelled:
-                return Encoding(ids=ids, starts=starts, ends=ends)
+            encoding = _encode_spelled(self._sp, self._widths, self._dummy_prefix if text else 0, text)
+            if encoding is not None:
+                return encoding
         return self._encode_with_offsets(text)
 
     def _encode_with_offsets(self, text: str) -> Encoding:
@@ -108,10 +106,9 @@ class SentencePieceTokenizer:
                 self._literal_widths = self._widths.copy()
                 self._literal_widths[list(self.control_ids)] = text_kernels.NOT_TEXT
         if self._literal_widths is not None:
-            ids = np.array(self._literal.encode(text), dtype=np.int64)
-            starts, ends, spelled = spelled_offsets(ids, self._literal_widths, 0, len(text))
-            if spelled:
-                return Encoding(ids=ids, starts=starts, ends=ends)
+            encoding = _encode_spelled(self._literal, self._literal_widths, 0, text)
+            if encoding is not None:
+                return encoding
         pieces = self._literal.encode(text, out_type="proto").pieces
         char_of_byte = _char_index_of_bytes(text)
         rows = []
@@ -268,6 +265,14 @@ def _spelled_widths(proto) -> np.ndarray:
         else:
             widths[index] = text_kernels.NOT_TEXT
     return widths
+
+
+def _encode_spelled(processor, widths: np.ndarray, skip: int, text: str) -> Encoding | None:
+    """The ids-only encode, with offsets from the pieces' spelled widths; None where the pieces do
+    not spell the text (the caller asks sentencepiece for its offsets)."""
+    ids = np.array(processor.encode(text), dtype=np.int64)
+    starts, ends, spelled = spelled_offsets(ids, widths, skip, len(text))
+    return Encoding(ids=ids, starts=starts, ends=ends) if spelled else None
 
 
 def spelled_offsets(ids: np.ndarray, widths: np.ndarray, skip: int, length: int) -> tuple[np.ndarray, np.ndarray, bool]:
