@@ -113,13 +113,13 @@ def plan_table(rows: np.ndarray, plan: PackingPlan, pad_to_multiple_of: int = 1)
 
 def assemble_packs(
     store, plan: PackingPlan, cuts: dict[int, tuple[int, int]], *, pad_to_multiple_of: int = 1, start: int = 0,
-    with_pixels: bool = True, pad_id: int, ignore_index: int,
+    stop: int | None = None, with_pixels: bool = True, pad_id: int, ignore_index: int,
 ) -> Iterator[AssembledPack]:  # fmt: skip
-    """Packs ``start``.. of the plan. ``cuts``: sample -> (tokens kept, images kept) for samples
+    """Packs ``start`` .. ``stop`` - 1 of the plan (to its last pack when ``stop`` is None). ``cuts``: sample -> (tokens kept, images kept) for samples
     longer than this pack size, cut as the sample builder would have cut them. ``pad_id`` and
     ``ignore_index`` fill the padded view (``padded_tokens``/``padded_labels``)."""
     uncut = np.iinfo(np.int64).max
-    for b in range(start, plan.num_bins):
+    for b in range(start, plan.num_bins if stop is None else stop):
         members = np.asarray(plan.bin(b), dtype=np.int64)
         keep = [cuts[i][0] if i in cuts else uncut for i in members.tolist()] if cuts else None
         text = store.texts(members, keep)

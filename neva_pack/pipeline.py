@@ -1,7 +1,7 @@
 """preprocess(config): the stages wired together, each with a progress bar.
 
-    records --DataLoader workers--> StoredBatch (the store bytes of 32 records, their skips) --> sample store shards (committed at checkpoints)
-    store lengths --pack()--> PackingPlan --assemble--> typed packs --format writer (checkpointed)-->
+    records --DataLoader workers--> StoredBatch (the store bytes of 32 records, 256 text-only; their skips) --> sample store shards (committed at checkpoints)
+    store lengths --pack()--> PackingPlan --assembled and checked (in workers for large plans)--> typed packs --format writer (checkpointed)-->
     packed_seq_dataset.* (nemo: .bin/.idx/.plan.npz; compact: .tokens/.labels/.index.bin + the store's pool)
     --> stats.json, skipped.jsonl (skipped_<size>.jsonl: with the size's own skips) --> meta.json with checksums, last
 
@@ -17,7 +17,6 @@ import heapq
 import json
 import os
 import shutil
-import signal
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -29,7 +28,7 @@ from tqdm import tqdm
 from neva_pack import __version__, invariants, shards
 from neva_pack import store as layout
 from neva_pack import output_dir as ownership
-from neva_pack.assemble import assemble_packs, padded_view, plan_table, rows_at
+from neva_pack.assemble import plan_table, rows_at
 from neva_pack.formats import format_module, sample_store
 from neva_pack.formats.base import WriteSpec
 from neva_pack.formats.meta import META_VERSION, Counts, ImageTokenIds, PackedMeta
@@ -40,6 +39,7 @@ from neva_pack.images import ImagePreprocessor, ImageSource
 from neva_pack.packing import RECOMMENDED_ALGORITHM, PackingPlan, pack
 from neva_pack.packing.alignment import aligned_capacity, padded_lengths
 from neva_pack.packing.balance import PackCosts, balance_order, reorder_plan, straggler_overhead
+from neva_pack.parallel_assembly import PackJob, checked_packs
 from neva_pack.records import RecordLimits, count_records
 from neva_pack.samples import (
     SampleBuilder,
@@ -47,12 +47,12 @@ from neva_pack.samples import (
     check_token_ids,
     image_token_layout,
     missing_nemo_specials,
-    passthrough,
 )
 from neva_pack.report import AlgorithmSuggestion, BalanceReport, RecordCounts, RunReport
 from neva_pack.stats import arrays_from_plan, global_batch_size_advice, packing_stats, training_overrides
 from neva_pack.templates import load_template
 from neva_pack.tokenizer import load_tokenizer
+from neva_pack.workers import passthrough, stop_workers, worker_init
 
 SKIP_CHECK_AFTER = 1_000
 """--max_skip_fraction is checked once this many records were read (and at the end)."""
@@ -61,6 +61,9 @@ SUGGEST_WHEN_SAVING = 0.01
 RECORDS_PER_MESSAGE = 32
 """Records a DataLoader worker encodes and sends as one message (a round trip per record costs more
 than tokenizing a short one)."""
+TEXT_RECORDS_PER_MESSAGE = 256
+"""Records per message of a run without an image folder: a text-only message is a few hundred KB,
+and each message costs the main process a round trip (~1.3 ms: 5 us a record at this size)."""
 FIRST_RECORDS_PER_MESSAGE = 1
 """Records of each worker's first message: the first sample reaches the main process after one
 record's work (~20 ms with an image), not a whole message's."""
@@ -245,7 +248,8 @@ def _write_prefix(config, builder, store, total: int, size: int, output_dir: Pat
     writer = fmt.Writer(prefix, spec, resume=config.resume)
     checks = pack_spec(config, builder, size)
     every = max(1, config.checkpoint_every // 10)
-    _write_packs(store, plan, cuts, multiple, fmt.NEEDS_PIXELS, writer, every, progress, checks)
+    job = PackJob(store=store, plan=plan, cuts=cuts, pad_to_multiple_of=multiple, checks=checks)
+    _write_packs(job, writer, every, progress, fmt.NEEDS_PIXELS, config.num_workers)
     report = _report(
         config, builder, store, rows, plan, padded, kept, len(unsupervised), balance, total, prefix, time.perf_counter() - started
     )
@@ -429,13 +433,13 @@ def _encode_samples(
     skipped = sum(sum(s.skipped_by_reason.values()) for s in writer.shards)
     if start < end:
         loader = DataLoader(
-            SampleStream(config.data_path, builder, start=start, end=end, batch_size=RECORDS_PER_MESSAGE,
+            SampleStream(config.data_path, builder, start=start, end=end, batch_size=records_per_message(config),
                          first_batch_size=FIRST_RECORDS_PER_MESSAGE, stored=True),
             batch_size=None,
             num_workers=config.num_workers,
             collate_fn=passthrough,
             prefetch_factor=MESSAGES_IN_FLIGHT if config.num_workers else None,
-            worker_init_fn=_worker_init,
+            worker_init_fn=worker_init,
         )
         bar = tqdm(total=end - first, initial=start - first, desc="tokenize + images", unit="rec", disable=not progress)
         items = iter(loader)
@@ -458,10 +462,16 @@ def _encode_samples(
                     bar.set_postfix(skipped=skipped, refresh=False)
                 bar.update(batch.records)
         except BaseException:
-            _stop_workers(items)
+            stop_workers(items)
             raise
         bar.close()
     writer.finish(end)
+
+
+def records_per_message(config: PreprocessConfig) -> int:
+    """Messages of an image run stay small (they bound the main process's memory); text-only runs,
+    whose samples are a few KB, send larger ones."""
+    return RECORDS_PER_MESSAGE if config.image_folder is not None else TEXT_RECORDS_PER_MESSAGE
 
 
 def _record_stops(batch, checkpoint_every: int, skip_check_from: int) -> list[int]:
@@ -475,38 +485,6 @@ def _record_stops(batch, checkpoint_every: int, skip_check_from: int) -> list[in
     if batch.first_record < skip_check_from < end:
         stops.add(skip_check_from)
     return sorted(stops)
-
-
-def _stop_workers(items) -> None:
-    """Kill the DataLoader's workers at once when the run stops early (Ctrl-C, SIGTERM, an error):
-    they hold nothing durable, and torch's own shutdown waits up to 5 s for each busy one. They
-    are first taken off torch's SIGCHLD watch list, or their death would raise in the main process."""
-    workers = [worker for worker in getattr(items, "_workers", ()) if worker.is_alive()]
-    if getattr(items, "_worker_pids_set", False):
-        from torch.utils.data import _utils
-
-        _utils.signal_handling._remove_worker_pids(id(items))
-        items._worker_pids_set = False
-    for worker in workers:
-        worker.kill()
-
-
-def _worker_init(_worker_id: int) -> None:
-    """A DataLoader worker leaves Ctrl-C to the main process (which shuts it down cleanly), dies
-    quietly on SIGTERM (not through the main process's handler, inherited by fork) and, on Linux,
-    is killed when the main process dies however it dies (even SIGKILL): no orphans."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        parent = os.getppid()
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != parent:  # the main process died before prctl took effect
-            os._exit(1)
-
-
-_PR_SET_PDEATHSIG = 1
 
 
 def _check_skip_fraction(config, writer, skipped: int, done: int, output_dir: Path) -> None:
@@ -544,22 +522,17 @@ def _plan_digest(plan: PackingPlan, padded: np.ndarray) -> str:
 
 
 def _write_packs(
-    store, plan: PackingPlan, cuts: dict, multiple: int, with_pixels: bool, writer, every: int, progress: bool,
-    checks: invariants.PackSpec,
+    job: PackJob, writer, every: int, progress: bool, with_pixels: bool, workers: int,
 ) -> None:  # fmt: skip
     first = writer.num_packs
+    plan = job.plan
     bar = tqdm(total=plan.num_bins, initial=first, desc=f"write packs of {plan.capacity}", unit="pack", disable=not progress)
-    packs = assemble_packs(store, plan, cuts, pad_to_multiple_of=multiple, start=first, with_pixels=with_pixels,
-                           pad_id=checks.pad_id, ignore_index=checks.ignore_index)  # fmt: skip
-    for b, assembled in enumerate(packs, start=first):
-        tokens, labels = padded_view(assembled, checks.pad_id, checks.ignore_index)  # the arrays the writer writes
-        cu_seqlens = np.concatenate([[0], np.cumsum(assembled.padded_lengths)])
-        problems = invariants.pack_problems(
-            checks, cu_seqlens, tokens, labels, len(assembled.image_indices), real_lengths=assembled.lengths
-        )
-        if problems:
-            raise OutputError(f"pack {b} of {plan.capacity}: {problems[0]}; nothing was published (a bug: please report it)")
-        writer.add(assembled)
+    packs = checked_packs(job, start=first, with_pixels=with_pixels, workers=workers)
+    for b, checked in enumerate(packs, start=first):
+        if checked.problem is not None:
+            packs.close()
+            raise OutputError(f"pack {b} of {plan.capacity}: {checked.problem}; nothing was published (a bug: please report it)")
+        writer.add(checked.pack)
         if (b + 1) % every == 0 and b + 1 < plan.num_bins:
             writer.checkpoint()
         bar.update()

@@ -645,7 +645,3 @@ class SampleStream(IterableDataset):
         if batch:
             yield stored_batch(batch, run, ignore_index, shape) if self.stored else batch
 
-
-def passthrough(item):
-    """DataLoader collate that leaves Sample/Skipped as they are (no tensor conversion)."""
-    return item

@@ -1,0 +1,85 @@
+"""Packs assembled in DataLoader workers (parallel_assembly) are the packs the main process
+would assemble, in the same order: the output bytes do not change, a bad pack still stops the run
+before anything is published, and no worker outlives it.
+
+The default sizes send only large plans to workers; here MIN_PACKS_PER_WORKER and
+PACKS_PER_MESSAGE are made tiny so that the small golden workloads go through them (the workers
+are forked, so they see the patched values)."""
+
+from __future__ import annotations
+
+import multiprocessing
+from pathlib import Path
+
+import pytest
+
+from neva_pack import parallel_assembly
+from neva_pack.cli import main
+from tests.test_throughput import GOLDEN, run_golden, workloads  # noqa: F401 (a fixture)
+
+
+@pytest.fixture()
+def packs_in_workers(monkeypatch):
+    monkeypatch.setattr(parallel_assembly, "MIN_PACKS_PER_WORKER", 1)
+    monkeypatch.setattr(parallel_assembly, "PACKS_PER_MESSAGE", 3)
+
+
+@pytest.mark.parametrize("name", ["image_v1_pad_clip336", "text_v1"])
+def test_packs_assembled_in_workers_give_the_golden_bytes(
+    name, packs_in_workers, workloads, tmp_path, sample_tokenizer_path, mistral_tokenizer_path  # noqa: F811
+):
+    got = run_golden(name, 2, workloads, tmp_path / "out", sample_tokenizer_path, mistral_tokenizer_path)
+    assert got == GOLDEN[name][2]
+
+
+def _files(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(directory.glob("packed_seq_dataset*")) if p.is_file() and "meta" not in p.name}
+
+
+def test_compact_output_is_the_same_from_workers(workloads, tmp_path, sample_tokenizer_path, monkeypatch):  # noqa: F811
+    def run(output_dir: Path) -> dict[str, bytes]:
+        code = main(["preprocess", "--quiet", *map(str, workloads["image"]), "--tokenizer_path", str(sample_tokenizer_path),
+                     "--conv_template", "v1", "--image_aspect_ratio", "pad", "--max_seq_length", "2048",
+                     "--output_dir", str(output_dir), "--num_workers", "3", "--output_format", "compact"])  # fmt: skip
+        assert code == 0
+        return _files(output_dir)
+
+    in_main = run(tmp_path / "main")
+    monkeypatch.setattr(parallel_assembly, "MIN_PACKS_PER_WORKER", 1)
+    monkeypatch.setattr(parallel_assembly, "PACKS_PER_MESSAGE", 2)
+    assert set(in_main) == {"packed_seq_dataset.tokens.bin", "packed_seq_dataset.labels.bin", "packed_seq_dataset.index.bin"}
+    assert run(tmp_path / "workers") == in_main
+
+
+def test_a_bad_pack_found_by_a_worker_stops_the_run_and_its_workers(
+    packs_in_workers, workloads, tmp_path, sample_tokenizer_path, monkeypatch, capsys  # noqa: F811
+):
+    sound = parallel_assembly.pack_problem
+    seen = []
+
+    def fails_late(pack, checks):  # runs in the workers, forked after this patch
+        seen.append(1)
+        return "a planted problem" if len(seen) > 2 else sound(pack, checks)
+
+    monkeypatch.setattr(parallel_assembly, "pack_problem", fails_late)
+    out = tmp_path / "out"
+    code = main(["preprocess", "--quiet", *map(str, workloads["text"]), "--tokenizer_path", str(sample_tokenizer_path),
+                 "--conv_template", "v1", "--max_seq_length", "1024", "--output_dir", str(out), "--num_workers", "2"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert "a planted problem; nothing was published" in err
+    assert not list(out.glob("*.meta.json"))
+    assert multiprocessing.active_children() == []
+
+
+def test_a_plan_too_small_for_workers_is_assembled_in_this_process(
+    workloads, tmp_path, sample_tokenizer_path, mistral_tokenizer_path, monkeypatch  # noqa: F811
+):
+    """The golden text run (a few dozen packs) starts no assembling worker: they would cost more than the packs."""
+
+    def no_workers(*args, **kwargs):
+        raise AssertionError("a DataLoader was started to assemble packs")
+
+    monkeypatch.setattr(parallel_assembly, "DataLoader", no_workers)
+    got = run_golden("text_v1", 2, workloads, tmp_path / "out", sample_tokenizer_path, mistral_tokenizer_path)
+    assert got == GOLDEN["text_v1"][2]
