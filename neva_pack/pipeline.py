@@ -528,14 +528,16 @@ def _write_packs(
     plan = job.plan
     bar = tqdm(total=plan.num_bins, initial=first, desc=f"write packs of {plan.capacity}", unit="pack", disable=not progress)
     packs = checked_packs(job, start=first, with_pixels=with_pixels, workers=workers)
-    for b, checked in enumerate(packs, start=first):
-        if checked.problem is not None:
-            packs.close()
-            raise OutputError(f"pack {b} of {plan.capacity}: {checked.problem}; nothing was published (a bug: please report it)")
-        writer.add(checked.pack)
-        if (b + 1) % every == 0 and b + 1 < plan.num_bins:
-            writer.checkpoint()
-        bar.update()
+    try:
+        for b, checked in enumerate(packs, start=first):
+            if checked.problem is not None:
+                raise OutputError(f"pack {b} of {plan.capacity}: {checked.problem}; nothing was published (a bug: please report it)")
+            writer.add(checked.pack)
+            if (b + 1) % every == 0 and b + 1 < plan.num_bins:
+                writer.checkpoint()
+            bar.update()
+    finally:
+        packs.close()  # stops the assembling workers at once when the loop ends early (an error, Ctrl-C)
     bar.close()
 
 

@@ -65,3 +65,16 @@ def sample_dataset(tmp_path) -> dict:
         "tokenizer_path": target / "tokenizer.model",
         "root": target,
     }
+
+
+@pytest.fixture(scope="session")
+def workloads(tmp_path_factory):
+    """The seeded workloads the golden checksums were computed on (60 image records, 300 text-only)."""
+    from benchmarks.workloads import image_workload, text_workload
+
+    root = tmp_path_factory.mktemp("workloads")
+    image = image_workload(root / "image", 60, seed=1)
+    return {
+        "image": ["--data_path", image["data_path"], "--image_folder", image["image_folder"]],
+        "text": ["--data_path", text_workload(root / "text.json", 300, seed=2)],
+    }

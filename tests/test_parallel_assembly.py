@@ -8,6 +8,7 @@ are forked, so they see the patched values)."""
 
 from __future__ import annotations
 
+import hashlib
 import multiprocessing
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pytest
 
 from neva_pack import parallel_assembly
 from neva_pack.cli import main
-from tests.test_throughput import GOLDEN, run_golden, workloads  # noqa: F401 (a fixture)
+from tests.test_throughput import GOLDEN, run_golden
 
 
 @pytest.fixture()
@@ -26,7 +27,7 @@ def packs_in_workers(monkeypatch):
 
 @pytest.mark.parametrize("name", ["image_v1_pad_clip336", "text_v1"])
 def test_packs_assembled_in_workers_give_the_golden_bytes(
-    name, packs_in_workers, workloads, tmp_path, sample_tokenizer_path, mistral_tokenizer_path  # noqa: F811
+    name, packs_in_workers, workloads, tmp_path, sample_tokenizer_path, mistral_tokenizer_path
 ):
     got = run_golden(name, 2, workloads, tmp_path / "out", sample_tokenizer_path, mistral_tokenizer_path)
     assert got == GOLDEN[name][2]
@@ -36,7 +37,7 @@ def _files(directory: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(directory.glob("packed_seq_dataset*")) if p.is_file() and "meta" not in p.name}
 
 
-def test_compact_output_is_the_same_from_workers(workloads, tmp_path, sample_tokenizer_path, monkeypatch):  # noqa: F811
+def test_compact_output_is_the_same_from_workers(workloads, tmp_path, sample_tokenizer_path, monkeypatch):
     def run(output_dir: Path) -> dict[str, bytes]:
         code = main(["preprocess", "--quiet", *map(str, workloads["image"]), "--tokenizer_path", str(sample_tokenizer_path),
                      "--conv_template", "v1", "--image_aspect_ratio", "pad", "--max_seq_length", "2048",
@@ -52,7 +53,7 @@ def test_compact_output_is_the_same_from_workers(workloads, tmp_path, sample_tok
 
 
 def test_a_bad_pack_found_by_a_worker_stops_the_run_and_its_workers(
-    packs_in_workers, workloads, tmp_path, sample_tokenizer_path, monkeypatch, capsys  # noqa: F811
+    packs_in_workers, workloads, tmp_path, sample_tokenizer_path, monkeypatch, capsys
 ):
     sound = parallel_assembly.pack_problem
     seen = []
@@ -73,7 +74,7 @@ def test_a_bad_pack_found_by_a_worker_stops_the_run_and_its_workers(
 
 
 def test_a_plan_too_small_for_workers_is_assembled_in_this_process(
-    workloads, tmp_path, sample_tokenizer_path, mistral_tokenizer_path, monkeypatch  # noqa: F811
+    workloads, tmp_path, sample_tokenizer_path, mistral_tokenizer_path, monkeypatch
 ):
     """The golden text run (a few dozen packs) starts no assembling worker: they would cost more than the packs."""
 
@@ -83,3 +84,31 @@ def test_a_plan_too_small_for_workers_is_assembled_in_this_process(
     monkeypatch.setattr(parallel_assembly, "DataLoader", no_workers)
     got = run_golden("text_v1", 2, workloads, tmp_path / "out", sample_tokenizer_path, mistral_tokenizer_path)
     assert got == GOLDEN["text_v1"][2]
+
+
+def test_a_write_interrupted_while_workers_assemble_resumes_to_the_golden_bytes(
+    packs_in_workers, workloads, tmp_path, sample_tokenizer_path, mistral_tokenizer_path, monkeypatch
+):
+    from neva_pack.cli import EXIT_INTERRUPTED
+    from neva_pack.formats import nemo
+
+    add = nemo.Writer.add
+    written = []
+
+    def interrupted_after_five(self, pack):
+        if len(written) == 5:
+            raise KeyboardInterrupt
+        written.append(1)
+        add(self, pack)
+
+    out = tmp_path / "out"
+    _, flags, expected = GOLDEN["image_v1_pad_clip336"]
+    args = ["preprocess", "--quiet", *map(str, workloads["image"]), *flags, "--tokenizer_path", str(sample_tokenizer_path),
+            "--output_dir", str(out), "--num_workers", "2", "--checkpoint_every", "20"]  # a writer checkpoint every 2 packs
+    monkeypatch.setattr(nemo.Writer, "add", interrupted_after_five)
+    assert main(args) == EXIT_INTERRUPTED
+    assert multiprocessing.active_children() == []
+    assert not list(out.glob("*.meta.json")) and list(out.glob("*.checkpoint.npz"))
+    monkeypatch.setattr(nemo.Writer, "add", add)
+    assert main([*args, "--resume"]) == 0
+    assert {name: hashlib.sha256((out / name).read_bytes()).hexdigest() for name in expected} == expected

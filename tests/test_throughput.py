@@ -201,19 +201,6 @@ FAST = {"image_v1_pad_clip336": 2, "text_v1": 0}
 """Cases in the default suite (with this many workers); the others run with -m slow."""
 
 
-@pytest.fixture(scope="module")
-def workloads(tmp_path_factory):
-    """The seeded workloads the golden checksums were computed on (60 image records, 300 text-only)."""
-    from benchmarks.workloads import image_workload, text_workload
-
-    root = tmp_path_factory.mktemp("workloads")
-    image = image_workload(root / "image", 60, seed=1)
-    return {
-        "image": ["--data_path", image["data_path"], "--image_folder", image["image_folder"]],
-        "text": ["--data_path", text_workload(root / "text.json", 300, seed=2)],
-    }
-
-
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
