@@ -47,6 +47,7 @@ from neva_pack.samples import (
     check_token_ids,
     image_token_layout,
     missing_nemo_specials,
+    received,
 )
 from neva_pack.report import AlgorithmSuggestion, BalanceReport, RecordCounts, RunReport
 from neva_pack.stats import arrays_from_plan, global_batch_size_advice, packing_stats, training_overrides
@@ -446,7 +447,7 @@ def _encode_samples(
         checked = None  # skipped records when the skip fraction was last checked (it grows only with a skip)
         done = start
         try:
-            for batch in items:
+            for batch in map(received, items):
                 if batch.first_record != done:
                     raise RuntimeError(f"a message starts at record {batch.first_record}, expected {done} (a bug)")
                 for stop in _record_stops(batch, config.checkpoint_every, first + SKIP_CHECK_AFTER):

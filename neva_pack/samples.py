@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import bisect
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
+import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from neva_pack.errors import ConfigError
-from neva_pack.formats.sample_store import stored_batch
+from neva_pack.formats.sample_store import StoredBatch, stored_batch
 from neva_pack.invariants import image_run
 from neva_pack.images import DEFAULT_MAX_IMAGE_PIXELS, ImagePreprocessor, ImageSource, decode_image
 from neva_pack.records import (
@@ -640,8 +641,24 @@ class SampleStream(IterableDataset):
             message = self._message(offset, workers)
             batch.append(self.builder.build(raw))
             if self._message(offset + 1, workers) != message:
-                yield stored_batch(batch, run, ignore_index, shape) if self.stored else batch
+                yield _shared(stored_batch(batch, run, ignore_index, shape)) if self.stored else batch
                 batch = []
         if batch:
-            yield stored_batch(batch, run, ignore_index, shape) if self.stored else batch
+            yield _shared(stored_batch(batch, run, ignore_index, shape)) if self.stored else batch
 
+
+
+def _shared(batch: StoredBatch) -> StoredBatch:
+    """The batch with its images as a torch tensor: a DataLoader worker hands a tensor over in
+    shared memory (only a handle crosses the pipe), where a NumPy array is pickled through the pipe
+    and copied twice more (~0.8 ms an image of 336 px in the main process). ``received`` undoes it."""
+    if not batch.images.size:
+        return batch
+    return replace(batch, images=torch.from_numpy(batch.images))
+
+
+def received(batch: StoredBatch) -> StoredBatch:
+    """A message as the main process receives it, its images a NumPy array again (no copy)."""
+    if isinstance(batch.images, torch.Tensor):
+        return replace(batch, images=batch.images.numpy())
+    return batch

@@ -5,14 +5,17 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from neva_pack.formats.indexed import IndexedWriter
 from neva_pack.formats.sample_store import STORE_TEXT_DTYPE, StoredBatch, stored_batch
 from neva_pack.pipeline import _record_stops
+from neva_pack import samples
 from neva_pack.samples import Skipped
-from tests.test_sample_store_runs import IGNORE, SHAPE, samples_and_run, writer
+from neva_pack.workers import passthrough
+from tests.test_sample_store_runs import IGNORE, SHAPE, sample, samples_and_run, writer
 
 
 def _files(directory: Path) -> dict[str, bytes]:
@@ -79,3 +82,32 @@ def test_a_message_is_cut_after_each_checkpoint_skip_and_where_checks_start():
         1004, 1022, 1032,
     ]  # fmt: skip
     assert _record_stops(_batch(5, 1, skipped=[5]), checkpoint_every=1, skip_check_from=0) == [6]
+
+
+class _Messages(torch.utils.data.IterableDataset):
+    def __init__(self, batches):
+        self.batches = batches
+
+    def __iter__(self):
+        return iter([samples._shared(batch) for batch in self.batches])
+
+
+def test_images_cross_the_dataloader_in_shared_memory_and_arrive_unchanged():
+    """A worker's images travel as a tensor in shared memory (a handle through the pipe, not the
+    pixels); the main process gets the same NumPy array back. Text-only batches are left as they are."""
+    run = np.array([1, 2, 3], dtype=STORE_TEXT_DTYPE)
+    with_images = stored_batch([sample(0, [10, 1, 2, 3, 11], [-100, -100, -100, 11, 12], [1]),
+                                sample(1, [12, 1, 2, 3, 1, 2, 3], [-100, -100, -100, -100, -100, -100, 40], [1, 4])],
+                               run, IGNORE, SHAPE)  # fmt: skip
+    text_only = stored_batch([sample(2, [10, 11], [11, 12], [])], run, IGNORE, SHAPE)
+    assert with_images.images.shape == (3, *SHAPE)
+    loader = torch.utils.data.DataLoader(_Messages([with_images, text_only]), batch_size=None, num_workers=1,
+                                         collate_fn=passthrough)  # fmt: skip
+    sent = list(loader)
+    assert isinstance(sent[0].images, torch.Tensor) and sent[0].images.is_shared()
+    assert isinstance(sent[1].images, np.ndarray)
+    got = [samples.received(batch) for batch in sent]
+    for before, after in zip([with_images, text_only], got):
+        assert isinstance(after.images, np.ndarray) and after.images.dtype == np.uint8
+        np.testing.assert_array_equal(after.images, before.images)
+        assert (after.text, after.rows, after.image_keys, after.lengths) == (before.text, before.rows, before.image_keys, before.lengths)
