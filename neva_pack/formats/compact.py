@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from neva_pack.formats.base import Checkpoint, WriteSpec, publish, reopen_at
+from neva_pack.formats.write_behind import WriteBehind
 from neva_pack.formats.image_pool import ImagePool, PoolPart
 from neva_pack.formats.meta import PackedMeta, PlanTable, ReadPack, read_meta
 from neva_pack.store import COMPACT_INDEX, COMPACT_LABELS, COMPACT_TOKENS, meta_path, prefix_file, relative_name
@@ -89,6 +90,7 @@ class Writer:
             for name in self._lists:
                 self._lists[name] = state[name].tolist()
             self.num_packs = int(state["packs"])
+        self._behind = [WriteBehind(f.fileno(), f.tell()) for f in self._files]
 
     def add(self, pack) -> None:
         keep = _stored_positions(len(pack.tokens), pack.image_starts, len(self._run))
@@ -99,6 +101,8 @@ class Writer:
         tokens, labels = pack.tokens[keep], pack.labels[keep]
         self._files[0].write(np.ascontiguousarray(tokens, dtype=ID_DTYPE).data)
         self._files[1].write(np.ascontiguousarray(labels, dtype=ID_DTYPE).data)
+        for f, behind in zip(self._files, self._behind):
+            behind.advance(f.tell())
         lists = self._lists
         lists["samples"].append(len(pack.lengths))
         lists["tokens"].append(len(tokens))

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from neva_pack.formats.write_behind import WriteBehind
 from neva_pack.store import pool_images_path, pool_keys_path
 
 KEY_BYTES = 16
@@ -52,6 +53,7 @@ class PoolWriter:
         self.added = 0
         self._images = None
         self._keys = None
+        self._behind: WriteBehind | None = None
 
     def add(self, image: np.ndarray) -> tuple[bytes, int]:
         """(key, pool index) of the image, storing it if new."""
@@ -65,7 +67,9 @@ class PoolWriter:
         if self._images is None:
             self._images = open(self.part.images_file, "wb")
             self._keys = open(self.part.keys_file, "wb")
+            self._behind = WriteBehind(self._images.fileno())
         self._images.write(np.ascontiguousarray(image, dtype=np.uint8).data)
+        self._behind.advance(self._images.tell())
         self._keys.write(key)
         index = self.next_index
         self.known[key] = index

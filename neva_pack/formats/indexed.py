@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from neva_pack.errors import InputError
+from neva_pack.formats.write_behind import WriteBehind
 from neva_pack.store import bin_path, hash_zeros, idx_path
 
 INDEX_MAGIC = b"MMIDIDX\x00\x00"
@@ -67,7 +68,7 @@ class IndexedWriter:
 
     def __init__(
         self, path: Path, dtype, multimodal: bool = False, *, state: dict | None = None, checksum: bool = False,
-        buffered: bool = False,
+        buffered: bool = False, write_behind: bool = False,
     ):  # fmt: skip
         self.path = Path(path)
         self.dtype = np.dtype(dtype)
@@ -91,6 +92,8 @@ class IndexedWriter:
             self.document_indices = state["document_indices"].tolist()
             self.sequence_modes = state["sequence_modes"].tolist() if multimodal else None
         self._hole = False  # the file ends with a skipped item not yet materialised by a truncate
+        # a large output (write_behind, unbuffered): streamed to disk, kept out of the page cache
+        self._behind = WriteBehind(self.file.fileno(), self.position) if write_behind and not buffered else None
         self._digest = None
         if checksum:  # xxh3-128 of the exact bytes as they are written: publish need not read the file again
             import xxhash
@@ -117,6 +120,8 @@ class IndexedWriter:
             written += self.file.write(view[written:])
         self.position += len(view)
         self._hole = False
+        if self._behind is not None:
+            self._behind.advance(self.position)
         if self._digest is not None:
             self._digest.update(view)
 
@@ -173,6 +178,8 @@ class IndexedWriter:
             self.position += size
             self.file.seek(self.position)
             self._hole = True
+            if self._behind is not None:
+                self._behind.advance(self.position)
             if self._digest is not None:
                 hash_zeros(self._digest, size)
         self._record(count, mode)

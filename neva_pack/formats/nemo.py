@@ -74,11 +74,13 @@ class Writer:
         state = self._checkpoint.load([bin_path(self._tmp)]) if resume else None
         if state is None:
             self._checkpoint.remove()
-            self._data = IndexedWriter(bin_path(self._tmp), PACKED_DTYPE, multimodal=True, checksum=True)
+            self._data = IndexedWriter(bin_path(self._tmp), PACKED_DTYPE, multimodal=True, checksum=True, write_behind=True)
             self.num_packs = 0
         else:  # continue the file cut back to the last checkpoint
             state = {**state, "bytes": state["bytes"][0]}
-            self._data = IndexedWriter(bin_path(self._tmp), PACKED_DTYPE, multimodal=True, state=state, checksum=True)
+            self._data = IndexedWriter(
+                bin_path(self._tmp), PACKED_DTYPE, multimodal=True, state=state, checksum=True, write_behind=True
+            )
             self.num_packs = int(state["packs"])
         self._image_values = int(np.prod(spec.image_shape))
         self._values = np.empty(0, dtype=PACKED_DTYPE)  # the normalised images of the pack being written

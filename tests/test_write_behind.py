@@ -1,0 +1,87 @@
+"""Write-behind (formats/write_behind.py) changes how a large output reaches the disk, never its
+bytes: every full window behind the writer is written back and the one before dropped from the
+page cache, holes stay holes, and a file system that refuses the calls gets plain writes."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from neva_pack.formats import write_behind
+from neva_pack.formats.indexed import IndexedReader, IndexedWriter
+from neva_pack.formats.write_behind import WriteBehind
+from neva_pack.store import bin_path
+
+pytestmark = pytest.mark.skipif(write_behind._sync_file_range() is None, reason="no sync_file_range (not Linux)")
+
+
+@pytest.fixture()
+def calls(monkeypatch):
+    """Every sync_file_range and fadvise call, as (name, offset, length, flags)."""
+    seen = []
+    real = write_behind._sync_file_range()
+
+    def sync_file_range(fd, offset, length, flags):
+        seen.append(("sync", offset, length, flags))
+        return real(fd, offset, length, flags)
+
+    def posix_fadvise(fd, offset, length, advice):
+        seen.append(("drop", offset, length, advice))
+
+    monkeypatch.setattr(write_behind, "_sync_file_range", lambda: sync_file_range)
+    monkeypatch.setattr(write_behind.os, "posix_fadvise", posix_fadvise)
+    return seen
+
+
+def test_each_full_window_is_written_back_and_the_one_before_dropped(tmp_path, calls):
+    with open(tmp_path / "f", "wb", buffering=0) as f:
+        behind = WriteBehind(f.fileno(), window=4096)
+        f.write(b"x" * 4095)
+        behind.advance(4095)
+        assert calls == []
+        f.write(b"x" * (3 * 4096 + 1))
+        behind.advance(4 * 4096)
+    write, wait = 2, 7
+    assert calls == [
+        ("sync", 0, 4096, write),
+        ("sync", 4096, 4096, write), ("sync", 0, 4096, wait), ("drop", 0, 4096, os.POSIX_FADV_DONTNEED),
+        ("sync", 8192, 4096, write), ("sync", 4096, 4096, wait), ("drop", 4096, 4096, os.POSIX_FADV_DONTNEED),
+        ("sync", 12288, 4096, write), ("sync", 8192, 4096, wait), ("drop", 8192, 4096, os.POSIX_FADV_DONTNEED),
+    ]  # fmt: skip
+
+
+def test_a_refusing_file_system_gets_plain_writes(tmp_path, monkeypatch):
+    refused = []
+    monkeypatch.setattr(write_behind, "_sync_file_range", lambda: lambda *args: refused.append(args) or -1)
+    with open(tmp_path / "f", "wb", buffering=0) as f:
+        behind = WriteBehind(f.fileno(), window=4096)
+        for _ in range(4):
+            f.write(b"y" * 4096)
+            behind.advance(f.tell())
+    assert len(refused) == 1 and not behind.enabled
+    assert (tmp_path / "f").read_bytes() == b"y" * 4 * 4096
+
+
+@settings(max_examples=25, deadline=None)
+@given(items=st.lists(st.tuples(st.integers(0, 3000), st.booleans()), min_size=1, max_size=30), window=st.sampled_from([512, 4096, 8192]))
+def test_an_indexed_file_written_behind_has_the_same_bytes(tmp_path_factory, items, window):
+    """Items and holes (skip_item) written with a tiny window read back exactly as written plainly."""
+    directory = tmp_path_factory.mktemp("wb")
+    rng = np.random.default_rng(len(items))
+    values = [rng.integers(-5, 5, n).astype(np.float32) if n and not hole else None for n, hole in items]
+    for name, behind in (("plain", False), ("behind", True)):
+        writer = IndexedWriter(bin_path(directory / name), np.float32, write_behind=behind)
+        if behind:
+            writer._behind.window = window
+        for (n, hole), value in zip(items, values):
+            writer.skip_item(n) if value is None else writer.write_item(value)
+            writer.end_document()
+        writer.finalize(directory / f"{name}.idx")
+    assert bin_path(directory / "behind").read_bytes() == bin_path(directory / "plain").read_bytes()
+    reader = IndexedReader(directory / "behind")
+    for i, ((n, _), value) in enumerate(zip(items, values)):
+        np.testing.assert_array_equal(reader[i], np.zeros(n, np.float32) if value is None else value)
