@@ -261,6 +261,24 @@ def test_a_reader_with_offsets_delimits_only_the_records_after_a_checkpoint(tmp_
     assert len(delimited) == 4 + 2 + 4  # 0..3, reading on 4..5 (nearer than a seek), from checkpoint 88 to 91
 
 
+def test_a_checkpoint_inside_the_read_buffer_is_reached_without_a_seek(tmp_path, monkeypatch):
+    from neva_pack import records
+    from neva_pack.records import index_records
+
+    path = tmp_path / "data.json"
+    path.write_text(json.dumps([{"n": n} for n in range(40)], separators=(",", ":")))  # 8 bytes a record
+    index = index_records(path, every=4)
+    monkeypatch.setattr(records, "_JUMP_CHUNK", 64)  # record 1 read: the buffer holds records 0..7
+    seeks = []
+    original = records._ListScanner.elements_from
+    monkeypatch.setattr(records._ListScanner, "elements_from",
+                        lambda self, offset: seeks.append(not self.offset <= offset < self.offset + len(self.buf))
+                        or original(self, offset))  # fmt: skip
+    raws = list(iter_raw_records(path, ranges=[(1, 2), (5, 6), (30, 31)], index=index))
+    assert [(raw.index, raw.value) for raw in raws] == [(1, {"n": 1}), (5, {"n": 5}), (30, {"n": 30})]
+    assert seeks == [True, False, True]  # to record 0, then within the buffer to 4, then a seek to 28
+
+
 def test_jsonl_and_lists_the_fast_pass_refuses_are_read_sequentially(tmp_path):
     """No offsets where the compiled pass cannot vouch for the record starts: the reader delimits all."""
     from neva_pack.records import index_records
