@@ -191,6 +191,8 @@ _JUMP_CHUNK = 64 << 10
 
 
 def _ranged_records(path: Path, limits: RecordLimits, ranges: Iterable[tuple[int, int]], index: RecordIndex):
+    """The records of ``ranges`` by the index's checkpoints. The list's structure outside them was
+    checked by the counting pass that found the offsets, so it is not read again."""
     with open(path, "rb", buffering=0) as f:
         scanner = _ListScanner(f, path, limits, chunk=_JUMP_CHUNK)
         texts, number = None, None  # the scanner's records from ``number`` on
@@ -204,12 +206,13 @@ def _ranged_records(path: Path, limits: RecordLimits, ranges: Iterable[tuple[int
             if texts is None or not checkpoint * index.every <= number <= first:
                 number = checkpoint * index.every
                 texts = scanner.elements_from(int(index.offsets[checkpoint]))
-            while number < first:
-                next(texts)
-                number += 1
             while number < stop:
-                data, problem = next(texts)
-                yield _decode(number, data, problem, limits)
+                text = next(texts, None)
+                if text is None:
+                    raise InputError(f"--data_path {path}: the list ends before record {number} of "
+                                     f"{index.count} (the file changed since it was counted?)")  # fmt: skip
+                if number >= first:
+                    yield _decode(number, *text, limits)
                 number += 1
 
 

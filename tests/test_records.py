@@ -313,5 +313,9 @@ def test_after_a_seek_a_broken_list_is_reported_by_its_byte_offset(tmp_path):
     stale = RecordIndex(count=4, every=2, offsets=np.array([2, text.index('{"c"') - 1]))  # the newline before
     with pytest.raises(InputError, match="no record starts at this checkpoint"):
         list(iter_raw_records(path, ranges=[(2, 4)], index=stale))
+    path.write_text('[{"a": 1}, {"b": 2}]')  # shorter than when it was counted
+    with pytest.raises(InputError, match=r"the list ends before record 2 of 6 \(the file changed"):
+        list(iter_raw_records(path, ranges=[(1, 6)], index=RecordIndex(count=6, every=4, offsets=np.array([1]))))
+    path.write_text(text)
     with pytest.raises(InputError, match="at line 4 "):  # the sequential scan still knows its lines
         list(iter_raw_records(path))
