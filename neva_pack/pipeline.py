@@ -40,7 +40,7 @@ from neva_pack.packing import RECOMMENDED_ALGORITHM, PackingPlan, pack
 from neva_pack.packing.alignment import aligned_capacity, padded_lengths
 from neva_pack.packing.balance import PackCosts, balance_order, reorder_plan, straggler_overhead
 from neva_pack.parallel_assembly import PackJob, checked_packs
-from neva_pack.records import RecordLimits, count_records
+from neva_pack.records import RecordIndex, RecordLimits, index_records
 from neva_pack.samples import (
     SampleBuilder,
     SampleStream,
@@ -192,10 +192,11 @@ def _run(config: PreprocessConfig, builder: SampleBuilder, output_dir: Path, pro
     """Every stage, while the output directory's lock is held. With --num_shards (and no
     --shard_index) this is the final step of a sharded run: the parts are checked and joined
     into the sample store instead of encoding, and the rest is the same."""
-    total = count_records(config.data_path, progress=progress)
+    index = index_records(config.data_path, every=records_per_message(config), progress=progress)
+    total = index.count
     store_directory = layout.store_dir(output_dir)
     if config.num_shards is None:
-        _encode_samples(config, builder, store_directory, output_dir, total, progress)
+        _encode_samples(config, builder, store_directory, output_dir, index, progress)
     else:
         resume_fingerprint = sample_fingerprint(config)
         fingerprint = shards.content_fingerprint(config, builder, total, resume_fingerprint)
@@ -374,7 +375,8 @@ def _encode_part(config: PreprocessConfig, builder: SampleBuilder, progress: boo
     output_dir = Path(config.output_dir)
     if output_dir.exists() and not output_dir.is_dir():
         raise ConfigError(f"--output_dir {output_dir}: exists and is not a directory")
-    total = count_records(config.data_path, progress=progress)
+    index = index_records(config.data_path, every=records_per_message(config), progress=progress)
+    total = index.count
     first, end = shards.shard_range(total, config.num_shards, config.shard_index)
     part = layout.part_dir(layout.store_dir(output_dir), config.num_shards, config.shard_index)
     try:
@@ -394,7 +396,7 @@ def _encode_part(config: PreprocessConfig, builder: SampleBuilder, progress: boo
             fingerprint=shards.content_fingerprint(config, builder, total, resume_fingerprint),
         )
         extra = {"partition": partition.to_json()}
-        _encode_samples(config, builder, part, part, total, progress, first=first, end=end, extra=extra)
+        _encode_samples(config, builder, part, part, index, progress, first=first, end=end, extra=extra)
     note = (
         f"shard {config.shard_index} of {config.num_shards}: records {first}..{end - 1} encoded into {part}; "
         f"once every shard is done, run the same command without --shard_index to pack"
@@ -418,14 +420,14 @@ def _prepare_part_dir(config: PreprocessConfig, part: Path) -> None:
 
 
 def _encode_samples(
-    config, builder, store_directory: Path, report_dir: Path, total: int, progress: bool, first: int = 0,
+    config, builder, store_directory: Path, report_dir: Path, index: RecordIndex, progress: bool, first: int = 0,
     end: int | None = None, extra: dict | None = None,
 ) -> None:
     """Stream samples of records [first, end) from the DataLoader into the store at ``store_directory``,
-    committing a store shard every checkpoint."""
+    committing a store shard every checkpoint. The workers seek to their records by ``index``."""
     from torch.utils.data import DataLoader
 
-    end = total if end is None else end
+    end = index.count if end is None else end
     writer = sample_store.SampleStoreWriter(
         store_directory, builder.preprocessor.shape, sample_fingerprint(config), resume=config.resume,
         first_record=first, extra=extra, image_run=builder.layout.run(), ignore_index=config.ignore_index,
@@ -435,7 +437,7 @@ def _encode_samples(
     if start < end:
         loader = DataLoader(
             SampleStream(config.data_path, builder, start=start, end=end, batch_size=records_per_message(config),
-                         first_batch_size=FIRST_RECORDS_PER_MESSAGE, stored=True),
+                         first_batch_size=FIRST_RECORDS_PER_MESSAGE, stored=True, index=index),
             batch_size=None,
             num_workers=config.num_workers,
             collate_fn=passthrough,

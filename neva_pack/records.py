@@ -13,11 +13,14 @@ travels end to end.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator, Literal
+from typing import BinaryIO, Iterable, Iterator, Literal
+
+import numpy as np
 
 from neva_pack.errors import InputError
 
@@ -139,36 +142,111 @@ def input_format(path: Path) -> Literal["json", "jsonl"]:
     return "json" if head.startswith(b"[") else "jsonl"
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecordIndex:
+    """How many records the input holds and, for a plain JSON list, where some of them start: a
+    reader seeks to the checkpoint before its records instead of delimiting every record before them."""
+
+    count: int
+    """Records in the file."""
+    every: int
+    """Records between two checkpoints (0 when there are none)."""
+    offsets: np.ndarray | None
+    """File offset (int64) of the first byte of records 0, every, 2 * every, ...; None for JSONL
+    and for lists only the scanner can read (a byte-order mark, a number among the records)."""
+
+
 def iter_raw_records(
-    path: Path, limits: RecordLimits = RecordLimits(), wanted: Callable[[int], bool] | None = None,
-    end: int | None = None,
+    path: Path, limits: RecordLimits = RecordLimits(), ranges: Iterable[tuple[int, int]] | None = None,
+    index: RecordIndex | None = None,
 ) -> Iterator[RawRecord]:  # fmt: skip
-    """Yield every record of the file in order, streaming (the file is never loaded whole).
+    """Yield the file's records in order, streaming (the file is never loaded whole).
 
     No record can cost more than ``limits``: one that is too long or too deep is measured while
-    it is read and yielded as an error, unparsed; the rest of the file is read on. ``wanted``
-    (record index -> bool) and ``end`` restrict it to some records of the first ``end``: the others
-    are only delimited, never decoded (a DataLoader worker decodes its own records, not all).
+    it is read and yielded as an error, unparsed; the rest of the file is read on. ``ranges``
+    (increasing, disjoint [first, stop) of record indices) restricts it to those records (a
+    DataLoader worker decodes its own, not all): with ``index`` offsets it seeks to the checkpoint
+    at or before each range, or reads on when that is nearer, and delimits only the few records
+    between; without, every record is delimited and only those in a range decoded.
     """
-    for index, (data, problem) in enumerate(_record_texts(path, limits)):
-        if end is not None and index >= end:
-            return
-        if wanted is None or wanted(index):
-            yield _decode(index, data, problem, limits)
+    if ranges is None:
+        for number, (data, problem) in enumerate(_record_texts(path, limits)):
+            yield _decode(number, data, problem, limits)
+    elif index is not None and index.offsets is not None:
+        yield from _ranged_records(path, limits, ranges, index)
+    else:
+        ranges = iter(ranges)
+        first, stop = next(ranges, (None, None))
+        for number, (data, problem) in enumerate(_record_texts(path, limits)):
+            while first is not None and number >= stop:
+                first, stop = next(ranges, (None, None))
+            if first is None:
+                return
+            if number >= first:
+                yield _decode(number, data, problem, limits)
+
+
+_JUMP_CHUNK = 64 << 10
+"""Bytes read per fill by a reader that seeks: a 32-record image message is about 40 KB."""
+
+
+def _ranged_records(path: Path, limits: RecordLimits, ranges: Iterable[tuple[int, int]], index: RecordIndex):
+    """The records of ``ranges`` by the index's checkpoints. The list's structure outside them was
+    checked by the counting pass that found the offsets, so it is not read again."""
+    with open(path, "rb", buffering=0) as f:
+        scanner = _ListScanner(f, path, limits, chunk=_JUMP_CHUNK)
+        texts, number = None, None  # the scanner's records from ``number`` on
+        for first, stop in ranges:
+            if first >= index.count:
+                return
+            stop = min(stop, index.count)
+            if first >= stop:
+                continue
+            checkpoint = first // index.every
+            if texts is None or not checkpoint * index.every <= number <= first:
+                number = checkpoint * index.every
+                texts = scanner.elements_from(int(index.offsets[checkpoint]))
+            while number < stop:
+                text = next(texts, None)
+                if text is None:
+                    raise InputError(f"--data_path {path}: the list ends before record {number} of "
+                                     f"{index.count} (the file changed since it was counted?)")  # fmt: skip
+                if number >= first:
+                    yield _decode(number, *text, limits)
+                number += 1
+
+
+def index_records(path: Path, every: int, progress: bool = False) -> RecordIndex:
+    """``count_records`` and, for a plain JSON list, the offset of every ``every``-th record, from
+    the same compiled pass (a few bytes per ``every`` records)."""
+    if every < 1:
+        raise ValueError(f"every must be at least 1, got {every}")
+    if input_format(path) == "json":
+        from neva_pack.list_count import index_list_records
+
+        fast = index_list_records(path, every)
+        if fast is not None:
+            count, offsets = fast
+            return RecordIndex(count=count, every=every, offsets=offsets)
+    return RecordIndex(count=_scanned_count(path, progress), every=0, offsets=None)
 
 
 def count_records(path: Path, progress: bool = False) -> int:
     """Number of records, checking a JSON list's structure: a broken list fails here, before any work.
     Records are only delimited, not parsed: a plain list by one compiled pass (``list_count``),
     anything it is unsure of by the scanner, which says what is wrong and where."""
-    from tqdm import tqdm
-
     if input_format(path) == "json":
         from neva_pack.list_count import count_list_records
 
         fast = count_list_records(path)
         if fast is not None:
             return fast
+    return _scanned_count(path, progress)
+
+
+def _scanned_count(path: Path, progress: bool) -> int:
+    from tqdm import tqdm
+
     count = 0
     texts = _record_texts(path, RecordLimits(max_bytes=0, max_depth=MAX_RECORD_DEPTH_LIMIT))
     for _ in tqdm(texts, desc="read records", unit="rec", disable=not progress, mininterval=1):
@@ -281,6 +359,7 @@ def _depth_and_surrogates(value) -> tuple[int, str | None]:
     return deepest, surrogate
 
 
+@functools.lru_cache(maxsize=None)
 def _fast_record_pattern(levels: int) -> re.Pattern:
     """A whole array, object or string nested at most ``levels`` deep, matched in one C call
     (possessive, so it never backtracks): the fast path for ordinary records."""
@@ -291,11 +370,21 @@ def _fast_record_pattern(levels: int) -> re.Pattern:
     return re.compile(rb"\[" + inside + rb"\]|\{" + inside + rb"\}|" + string)
 
 
-_FAST_RECORD = _fast_record_pattern(8)
+_FAST_LEVELS = 8
+_FAST_RECORD = _fast_record_pattern(_FAST_LEVELS)
+
+
+def _within_depth(text: bytes, max_depth: int) -> bool:
+    """Whether a record that _FAST_RECORD matched nests at most ``max_depth`` levels, as the
+    byte-by-byte scan would count them (only a --max_record_depth under 8 needs a look)."""
+    if max_depth >= _FAST_LEVELS or text.count(b"[") + text.count(b"{") <= max_depth:
+        return True
+    return _fast_record_pattern(max_depth).fullmatch(text) is not None
 _CHUNK = 1 << 20
 _STRUCTURAL = re.compile(rb'[\[\]{}"]')
 _SCALAR_END = re.compile(rb"[,\]\s]")
 _NOT_WHITESPACE = re.compile(rb"[^ \t\r\n]")
+_NEWLINE = b"\n"
 
 
 class _ListScanner:
@@ -311,29 +400,33 @@ class _ListScanner:
           ^-- record 0 --^   ^-- record 1 --^  ^ record 2 (json.loads says what is wrong)
     """
 
-    def __init__(self, f: BinaryIO, path: Path, limits: RecordLimits):
+    def __init__(self, f: BinaryIO, path: Path, limits: RecordLimits, chunk: int = _CHUNK):
         self.f = f
+        self.chunk = chunk
         self.path = path
         self.limits = limits
+        self.too_large = ("record_too_large", f"more than --max_record_bytes {limits.max_bytes:,} bytes")
+        self.too_deep = ("record_too_deep", f"more than --max_record_depth {limits.max_depth} levels")
         self.buf = b""
         self.pos = 0
         self.mark = 0
         """Start of the bytes that must be kept (the current record's, while within its budget)."""
         self.offset = 0
         """File offset of buf[0]."""
-        self.line = 1
-        """Line number of buf[0]."""
+        self.line: int | None = 1
+        """Line number of buf[0]; None after a seek (lines before it were never counted)."""
         self.eof = False
 
     def _fill(self) -> bool:
         """Read one more chunk, dropping what lies before ``mark``; False at the end of the file."""
         if self.eof:
             return False
-        chunk = self.f.read(_CHUNK)
+        chunk = self.f.read(self.chunk)
         if not chunk:
             self.eof = True
             return False
-        self.line += self.buf.count(b"\n", 0, self.mark)
+        if self.line is not None:
+            self.line += self.buf.count(b"\n", 0, self.mark)
         self.offset += self.mark
         self.buf = self.buf[self.mark :] + chunk
         self.pos -= self.mark
@@ -341,8 +434,10 @@ class _ListScanner:
         return True
 
     def _fail(self, what: str):
-        line = self.line + self.buf.count(b"\n", 0, self.pos)
-        raise InputError(f"--data_path {self.path}: invalid JSON list: {what} at line {line} (byte {self.offset + self.pos})")
+        where = f"byte {self.offset + self.pos}"
+        if self.line is not None:
+            where = f"line {self.line + self.buf.count(_NEWLINE, 0, self.pos)} ({where})"
+        raise InputError(f"--data_path {self.path}: invalid JSON list: {what} at {where}")
 
     def _next_char(self) -> bytes | None:
         """Skip whitespace; the next byte (not consumed), or None at the end of the file."""
@@ -366,18 +461,35 @@ class _ListScanner:
         if self._next_char() == b"]":
             self.pos += 1
         else:
-            while True:
-                yield self._record()
-                char = self._next_char()
-                self.pos += 1
-                if char == b"]":
-                    break
-                if char != b",":
-                    self._fail("expected ',' or ']' after a record" if char else "unexpected end of file")
-                if self._next_char() == b"]":
-                    self._fail("trailing ',' before ']'")
+            yield from self._elements()
         if self._next_char() is not None:
             self._fail("data after the closing ']'")
+
+    def elements_from(self, offset: int) -> Iterator[tuple[bytes | None, tuple[str, str] | None]]:
+        """The records from the one whose first byte is at file ``offset`` (a checkpoint of
+        ``index_records``) to the end of the list. Keeps the buffer when ``offset`` is in it."""
+        if self.offset <= offset < self.offset + len(self.buf):
+            self.pos = self.mark = offset - self.offset
+        else:
+            self.f.seek(offset)
+            self.buf, self.pos, self.mark, self.offset, self.eof = b"", 0, 0, offset, False
+            self.line = None
+        if self._next_char() not in (b"[", b"{", b'"') or self.offset + self.pos != offset:
+            self._fail("no record starts at this checkpoint (the file changed since it was counted?)")
+        return self._elements()
+
+    def _elements(self) -> Iterator[tuple[bytes | None, tuple[str, str] | None]]:
+        """The list's records from the current one (at ``pos``) to its closing ']' (consumed)."""
+        while True:
+            yield self._record()
+            char = self._next_char()
+            if char != b"," and char != b"]":
+                self._fail("expected ',' or ']' after a record" if char else "unexpected end of file")
+            self.pos += 1
+            if char == b"]":
+                return
+            if self._next_char() == b"]":
+                self._fail("trailing ',' before ']'")
 
     def _record(self) -> tuple[bytes | None, tuple[str, str] | None]:
         first = self._next_char()
@@ -385,21 +497,23 @@ class _ListScanner:
             self._fail("unexpected end of file")
         self.mark = start = self.pos
         start_offset = self.offset + start
-        problem = None
+        too_large, too_deep = self.too_large, self.too_deep
         fast = _FAST_RECORD.match(self.buf, start)
         if fast is not None:  # the whole record is in the buffer and not deep: no byte-by-byte scan
             self.pos = self.mark = fast.end()
             if fast.end() - start > self.limits.max_bytes:
-                return None, ("record_too_large", f"more than --max_record_bytes {self.limits.max_bytes:,} bytes")
+                return None, too_large
+            if not _within_depth(fast.group(), self.limits.max_depth):
+                return None, too_deep
             return fast.group(), None
+        large = deep = False
 
         def over_budget() -> bool:
-            nonlocal problem
-            if problem is None and self.offset + self.pos - start_offset > self.limits.max_bytes:
-                problem = ("record_too_large", f"more than --max_record_bytes {self.limits.max_bytes:,} bytes")
-            if problem is not None:
+            nonlocal large
+            large = large or self.offset + self.pos - start_offset > self.limits.max_bytes
+            if large or deep:
                 self.mark = self.pos  # keep nothing more of this record
-            return problem is not None
+            return large or deep
 
         if first not in (b"[", b"{", b'"'):  # number, true, false, null: up to the next , ] or space
             while (match := _SCALAR_END.search(self.buf, self.pos)) is None:
@@ -428,14 +542,13 @@ class _ListScanner:
                     depth += 1
                     if depth > deepest:
                         deepest = depth
-                        if depth > self.limits.max_depth and problem is None:
-                            problem = ("record_too_deep", f"more than --max_record_depth {self.limits.max_depth} levels")
+                        deep = depth > self.limits.max_depth
                 else:
                     depth -= 1
                     if depth <= 0:
                         break
-        if over_budget():
-            return None, problem
+        if over_budget():  # the whole record measured: the same answer wherever the buffer was refilled
+            return None, too_large if large else too_deep
         return self.buf[self.mark : self.pos], None
 
     def _skip_string(self, over_budget) -> None:

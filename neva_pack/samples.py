@@ -30,6 +30,7 @@ from neva_pack.records import (
     Conversation,
     RawRecord,
     RecordError,
+    RecordIndex,
     RecordLimits,
     Turn,
     iter_raw_records,
@@ -606,13 +607,16 @@ class SampleStream(IterableDataset):
 
     ``stored=True``: each message is one sample_store.StoredBatch (the store's bytes of its
     records) instead of a list: one cheap object to unpickle per message in the main process.
+    ``index`` (records.index_records, taken before the workers fork): with its offsets a worker
+    seeks to its own messages instead of delimiting every record of the file.
     """
 
     def __init__(
         self, data_path, builder: SampleBuilder, start: int = 0, end: int | None = None, batch_size: int = 32,
-        first_batch_size: int | None = None, stored: bool = False,
+        first_batch_size: int | None = None, stored: bool = False, index: RecordIndex | None = None,
     ):  # fmt: skip
         self.data_path = data_path
+        self.index = index
         self.builder = builder
         self.start = start
         self.end = end
@@ -627,16 +631,31 @@ class SampleStream(IterableDataset):
             return offset // self.first_batch_size
         return workers + (offset - first) // self.batch_size
 
+    def _ranges(self, worker: int, workers: int):
+        """The record ranges [first, stop) of ``worker``'s messages, in order (endless when ``end``
+        is None: the file's end stops the reader)."""
+        message = worker
+        while True:
+            if message < workers:
+                first = self.start + message * self.first_batch_size
+                stop = first + self.first_batch_size
+            else:
+                first = self.start + workers * self.first_batch_size + (message - workers) * self.batch_size
+                stop = first + self.batch_size
+            if self.end is not None:
+                if first >= self.end:
+                    return
+                stop = min(stop, self.end)
+            yield first, stop
+            message += workers
+
     def __iter__(self):
         info = get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
         run, ignore_index, shape = self.builder.layout.run(), self.builder.ignore_index, self.builder.preprocessor.shape
         batch = []
-
-        def mine(index: int) -> bool:
-            return index >= self.start and self._message(index - self.start, workers) % workers == worker
-
-        for raw in iter_raw_records(self.data_path, self.builder.record_limits, wanted=mine, end=self.end):
+        ranges = self._ranges(worker, workers)
+        for raw in iter_raw_records(self.data_path, self.builder.record_limits, ranges=ranges, index=self.index):
             offset = raw.index - self.start
             message = self._message(offset, workers)
             batch.append(self.builder.build(raw))

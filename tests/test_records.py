@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -92,7 +93,7 @@ def test_json_list_is_streamed_and_counted(tmp_path):
 
 
 @pytest.mark.parametrize("suffix", ["json", "jsonl"])
-def test_only_the_wanted_records_before_end_are_decoded(tmp_path, monkeypatch, suffix):
+def test_only_the_records_in_the_ranges_are_decoded(tmp_path, monkeypatch, suffix):
     """A DataLoader worker decodes its own records only: the others are delimited, not parsed."""
     from neva_pack import records
 
@@ -102,7 +103,7 @@ def test_only_the_wanted_records_before_end_are_decoded(tmp_path, monkeypatch, s
     decoded = []
     original = records._decode
     monkeypatch.setattr(records, "_decode", lambda index, *rest: decoded.append(index) or original(index, *rest))
-    raws = list(iter_raw_records(path, wanted=lambda index: index % 2 == 1, end=6))
+    raws = list(iter_raw_records(path, ranges=[(1, 2), (3, 4), (5, 6)]))
     assert [(r.index, r.value) for r in raws] == [(1, {"n": 1}), (3, {"n": 3}), (5, {"n": 5})]
     assert decoded == [1, 3, 5]
 
@@ -176,3 +177,145 @@ def test_the_fast_count_leaves_numbers_and_broken_lists_to_the_scanner(tmp_path)
     assert count_list_records(path) is None
     with pytest.raises(InputError, match="trailing ','"):
         count_records(path)
+
+
+# reading record ranges by the offsets of the counting pass (what each DataLoader worker does)
+
+VALUES = st.lists(st.recursive(st.text(alphabet=st.sampled_from('ab"\\[]{},: \n\u00fc\U0001f600'), max_size=8),
+                               lambda children: st.lists(children, max_size=3)
+                               | st.dictionaries(st.text(alphabet="ab\"\\", max_size=3), children, max_size=3),
+                               max_leaves=8)
+                  .filter(lambda v: isinstance(v, (str, list, dict))), max_size=12)  # fmt: skip
+
+
+def sorted_ranges(count: int, cuts: list[int]) -> list[tuple[int, int]]:
+    """Increasing, disjoint [first, stop) ranges from arbitrary cut points (every other gap kept)."""
+    points = sorted({min(c, count + 2) for c in cuts})
+    return [(points[i], points[i + 1]) for i in range(0, len(points) - 1, 2)]
+
+
+def scanner_starts(path) -> list[int]:
+    """File offsets where the sequential scanner starts each record."""
+    from neva_pack import records
+
+    starts = []
+    original = records._ListScanner._record
+
+    def record(self):
+        self._next_char()
+        starts.append(self.offset + self.pos)
+        return original(self)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(records._ListScanner, "_record", record)
+        list(iter_raw_records(path))
+    return starts
+
+
+@settings(max_examples=200, deadline=None)
+@given(values=VALUES, indent=st.sampled_from([None, 0, 2]), separator=st.sampled_from([",", ", ", " ,\n\t", "\r\n,"]),
+       ascii_only=st.booleans(), every=st.integers(1, 5), cuts=st.lists(st.integers(0, 14), max_size=8),
+       max_bytes=st.integers(2, 40), max_depth=st.integers(1, 4), chunk=st.integers(1, 9),
+       jump_chunk=st.integers(1, 64))  # fmt: skip
+def test_property_ranged_reading_is_the_sequential_scan(tmp_path_factory, values, indent, separator,
+                                                        ascii_only, every, cuts, max_bytes, max_depth, chunk,
+                                                        jump_chunk):  # fmt: skip
+    """Seeking to checkpoints gives the very records (indices, values, skips and their reasons) that
+    the sequential scan gives for the same ranges, and the checkpoints are where the scanner starts
+    those records; whatever the chunk sizes of the counting pass and of the reader."""
+    import neva_pack.list_count as list_count
+    from neva_pack import records
+    from neva_pack.records import RecordLimits, index_records
+
+    path = tmp_path_factory.mktemp("ranges") / "data.json"
+    text = json.dumps(values, indent=indent, separators=(separator, ": "), ensure_ascii=ascii_only)
+    path.write_text(" \n" + text + "\n ", encoding="utf-8")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(list_count, "_CHUNK", chunk)
+        index = index_records(path, every=every)
+    assert index.count == len(values) and index.every == every
+    assert index.offsets.tolist() == scanner_starts(path)[::every]
+    limits = RecordLimits(max_bytes=max_bytes, max_depth=max_depth)
+    ranges = sorted_ranges(len(values), cuts)
+    sequential = list(iter_raw_records(path, limits))
+    expected = [raw for raw in sequential if any(first <= raw.index < stop for first, stop in ranges)]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(records, "_JUMP_CHUNK", jump_chunk)
+        assert list(iter_raw_records(path, limits, ranges=ranges, index=index)) == expected
+    assert list(iter_raw_records(path, limits, ranges=ranges)) == expected  # no index: delimit all
+
+
+def test_a_reader_with_offsets_delimits_only_the_records_after_a_checkpoint(tmp_path, monkeypatch):
+    """What the offsets are for: a worker that wants records 90..91 of 100 does not scan 0..89."""
+    from neva_pack import records
+    from neva_pack.records import index_records
+
+    path = tmp_path / "data.json"
+    path.write_text(json.dumps([{"n": n, "text": "x" * n} for n in range(100)], indent=1))
+    index = index_records(path, every=8)
+    delimited = []
+    original = records._ListScanner._record
+    monkeypatch.setattr(records._ListScanner, "_record", lambda self: delimited.append(1) or original(self))
+    raws = list(iter_raw_records(path, ranges=[(3, 4), (5, 6), (90, 92)], index=index))
+    assert [(raw.index, raw.value["n"]) for raw in raws] == [(3, 3), (5, 5), (90, 90), (91, 91)]
+    assert len(delimited) == 4 + 2 + 4  # 0..3, reading on 4..5 (nearer than a seek), from checkpoint 88 to 91
+
+
+def test_a_checkpoint_inside_the_read_buffer_is_reached_without_a_seek(tmp_path, monkeypatch):
+    from neva_pack import records
+    from neva_pack.records import index_records
+
+    path = tmp_path / "data.json"
+    path.write_text(json.dumps([{"n": n} for n in range(40)], separators=(",", ":")))  # 8 bytes a record
+    index = index_records(path, every=4)
+    monkeypatch.setattr(records, "_JUMP_CHUNK", 64)  # record 1 read: the buffer holds records 0..7
+    seeks = []
+    original = records._ListScanner.elements_from
+    monkeypatch.setattr(records._ListScanner, "elements_from",
+                        lambda self, offset: seeks.append(not self.offset <= offset < self.offset + len(self.buf))
+                        or original(self, offset))  # fmt: skip
+    raws = list(iter_raw_records(path, ranges=[(1, 2), (5, 6), (30, 31)], index=index))
+    assert [(raw.index, raw.value) for raw in raws] == [(1, {"n": 1}), (5, {"n": 5}), (30, {"n": 30})]
+    assert seeks == [True, False, True]  # to record 0, then within the buffer to 4, then a seek to 28
+
+
+def test_jsonl_and_lists_the_fast_pass_refuses_are_read_sequentially(tmp_path):
+    """No offsets where the compiled pass cannot vouch for the record starts: the reader delimits all."""
+    from neva_pack.records import index_records
+
+    values = [{"n": n} for n in range(9)]
+    cases = {
+        "data.jsonl": "".join(json.dumps(v) + "\n" for v in values),
+        "bom.json": "\ufeff" + json.dumps(values),
+        "number.json": json.dumps(values[:4] + [5] + values[5:]),
+    }
+    for name, text in cases.items():
+        path = tmp_path / name
+        path.write_text(text, encoding="utf-8")
+        index = index_records(path, every=2)
+        assert index.count == 9 and index.offsets is None, name
+        raws = list(iter_raw_records(path, ranges=[(1, 3), (6, 20)], index=index))
+        assert [raw.index for raw in raws] == [1, 2, 6, 7, 8], name
+        assert raws == [raw for raw in iter_raw_records(path) if raw.index in (1, 2, 6, 7, 8)], name
+
+
+def test_after_a_seek_a_broken_list_is_reported_by_its_byte_offset(tmp_path):
+    """Lines before a checkpoint are never counted: the error names the byte, not a wrong line."""
+    from neva_pack.records import RecordIndex
+
+    path = tmp_path / "data.json"
+    text = '[\n{"a": 1},\n{"b": 2},\n{"c": 3} {"d": 4}]'
+    path.write_text(text)
+    index = RecordIndex(count=4, every=2, offsets=np.array([2, text.index('{"c"')]))
+    after = text.index('{"d')
+    with pytest.raises(InputError, match=rf"expected ',' or '\]' after a record at byte {after}$"):
+        list(iter_raw_records(path, ranges=[(2, 4)], index=index))
+    stale = RecordIndex(count=4, every=2, offsets=np.array([2, text.index('{"c"') - 1]))  # the newline before
+    with pytest.raises(InputError, match="no record starts at this checkpoint"):
+        list(iter_raw_records(path, ranges=[(2, 4)], index=stale))
+    path.write_text('[{"a": 1}, {"b": 2}]')  # shorter than when it was counted
+    with pytest.raises(InputError, match=r"the list ends before record 2 of 6 \(the file changed"):
+        list(iter_raw_records(path, ranges=[(1, 6)], index=RecordIndex(count=6, every=4, offsets=np.array([1]))))
+    path.write_text(text)
+    with pytest.raises(InputError, match="at line 4 "):  # the sequential scan still knows its lines
+        list(iter_raw_records(path))
