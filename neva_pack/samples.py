@@ -666,7 +666,6 @@ class SampleStream(IterableDataset):
             yield _shared(stored_batch(batch, run, ignore_index, shape)) if self.stored else batch
 
 
-
 def _shared(batch: StoredBatch) -> StoredBatch:
     """The batch with its images as a torch tensor: a DataLoader worker hands a tensor over in
     shared memory (only a handle crosses the pipe), where a NumPy array is pickled through the pipe
