@@ -178,13 +178,18 @@ class Writer:
 
 
 class Reader:
-    """Reads a packed prefix through Megatron-Core's IndexedDataset, as NeMo's training does."""
+    """Reads a packed prefix through Megatron-Core's IndexedDataset, as NeMo's training does.
+
+    With its file reader (``mmap=False``), not the memory map: a fault on a page not cached reads
+    ahead up to megabytes, and after an image-less pack's text comes its zero image, a hole, which
+    readahead fills the page cache with (16 GB for 100,000 text-only records: verify of an output
+    no longer cached took 33 s here instead of 10 s). The bytes read are the same."""
 
     def __init__(self, prefix: Path, meta: PackedMeta | None = None):
         self.prefix = Path(prefix)
         self.meta = meta if meta is not None else read_meta(meta_path(self.prefix))
         self.image_shape = tuple(self.meta.image_shape)
-        self.dataset = _megatron().IndexedDataset(str(self.prefix))
+        self.dataset = _megatron().IndexedDataset(str(self.prefix), mmap=False)
         self._plan = None
         self._multimodal = None
         self._holes: _Holes | None = None
@@ -198,7 +203,7 @@ class Reader:
     def item_modes(self) -> np.ndarray:
         """The multimodal mode of every item (NeMo's reader ignores them; verify checks them)."""
         if self._multimodal is None:  # kept open: its memory map backs the returned array
-            self._multimodal = _megatron().IndexedDataset(str(self.prefix), multimodal=True)
+            self._multimodal = _megatron().IndexedDataset(str(self.prefix), multimodal=True, mmap=False)
         return self._multimodal.index.sequence_modes
 
     def __len__(self) -> int:
@@ -272,7 +277,7 @@ def read_packs_from_index(prefix: Path, image_values: int) -> dict:
     Reads only the small cu_seqlens items (and the image item of packs that carry exactly one
     image, to tell the zero image of an image-less pack from a real one).
     """
-    dataset = _megatron().IndexedDataset(str(prefix))
+    dataset = _megatron().IndexedDataset(str(prefix), mmap=False)  # no readahead into holes (see Reader)
     holes = _Holes(bin_path(prefix))
     documents = dataset.document_indices
     sizes = dataset.index.sequence_lengths
