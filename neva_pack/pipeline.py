@@ -437,7 +437,8 @@ def _encode_samples(
     if start < end:
         loader = DataLoader(
             SampleStream(config.data_path, builder, start=start, end=end, batch_size=records_per_message(config),
-                         first_batch_size=FIRST_RECORDS_PER_MESSAGE, stored=True, index=index),
+                         first_batch_size=FIRST_RECORDS_PER_MESSAGE, stored=True, index=index,
+                         share_images=images_in_shared_memory(config, builder.preprocessor.shape)),
             batch_size=None,
             num_workers=config.num_workers,
             collate_fn=passthrough,
@@ -475,6 +476,25 @@ def records_per_message(config: PreprocessConfig) -> int:
     """Messages of an image run stay small (they bound the main process's memory); text-only runs,
     whose samples are a few KB, send larger ones."""
     return RECORDS_PER_MESSAGE if config.image_folder is not None else TEXT_RECORDS_PER_MESSAGE
+
+
+SHARED_IMAGES_PER_RECORD = 4
+"""Images a record is taken to carry when sizing the shared memory that messages in flight need."""
+SHARED_MEMORY = Path("/dev/shm")
+
+
+def images_in_shared_memory(config: PreprocessConfig, image_shape) -> bool:
+    """Whether the workers' images may cross in shared memory (torch puts a tensor in /dev/shm):
+    only where /dev/shm holds twice what the messages in flight could take (a container's is
+    often 64 MB, where torch's workers die of a bus error); otherwise they go through the pipe."""
+    if config.image_folder is None or config.num_workers == 0:
+        return False
+    in_flight = config.num_workers * (MESSAGES_IN_FLIGHT + 1) * RECORDS_PER_MESSAGE * SHARED_IMAGES_PER_RECORD
+    try:
+        free = shutil.disk_usage(SHARED_MEMORY).free
+    except OSError:  # no /dev/shm (not Linux)
+        return False
+    return free >= 2 * in_flight * int(np.prod(image_shape))
 
 
 def _record_stops(batch, checkpoint_every: int, skip_check_from: int) -> list[int]:

@@ -608,14 +608,17 @@ class SampleStream(IterableDataset):
     ``stored=True``: each message is one sample_store.StoredBatch (the store's bytes of its
     records) instead of a list: one cheap object to unpickle per message in the main process.
     ``index`` (records.index_records, taken before the workers fork): with its offsets a worker
-    seeks to its own messages instead of delimiting every record of the file.
+    seeks to its own messages instead of delimiting every record of the file. ``share_images``: a
+    stored message's images cross to the main process in shared memory (``received`` takes them back).
     """
 
     def __init__(
         self, data_path, builder: SampleBuilder, start: int = 0, end: int | None = None, batch_size: int = 32,
         first_batch_size: int | None = None, stored: bool = False, index: RecordIndex | None = None,
+        share_images: bool = False,
     ):  # fmt: skip
         self.data_path = data_path
+        self.share_images = share_images
         self.index = index
         self.builder = builder
         self.start = start
@@ -655,15 +658,16 @@ class SampleStream(IterableDataset):
         run, ignore_index, shape = self.builder.layout.run(), self.builder.ignore_index, self.builder.preprocessor.shape
         batch = []
         ranges = self._ranges(worker, workers)
+        send = _shared if self.share_images else _as_is
         for raw in iter_raw_records(self.data_path, self.builder.record_limits, ranges=ranges, index=self.index):
             offset = raw.index - self.start
             message = self._message(offset, workers)
             batch.append(self.builder.build(raw))
             if self._message(offset + 1, workers) != message:
-                yield _shared(stored_batch(batch, run, ignore_index, shape)) if self.stored else batch
+                yield send(stored_batch(batch, run, ignore_index, shape)) if self.stored else batch
                 batch = []
         if batch:
-            yield _shared(stored_batch(batch, run, ignore_index, shape)) if self.stored else batch
+            yield send(stored_batch(batch, run, ignore_index, shape)) if self.stored else batch
 
 
 def _shared(batch: StoredBatch) -> StoredBatch:
@@ -673,6 +677,10 @@ def _shared(batch: StoredBatch) -> StoredBatch:
     if not batch.images.size:
         return batch
     return replace(batch, images=torch.from_numpy(batch.images))
+
+
+def _as_is(batch: StoredBatch) -> StoredBatch:
+    return batch
 
 
 def received(batch: StoredBatch) -> StoredBatch:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from neva_pack import parallel_assembly
+from neva_pack import parallel_assembly, samples
 from neva_pack.cli import main
 from tests.test_throughput import GOLDEN, run_golden
 
@@ -112,3 +112,22 @@ def test_a_write_interrupted_while_workers_assemble_resumes_to_the_golden_bytes(
     monkeypatch.setattr(nemo.Writer, "add", add)
     assert main([*args, "--resume"]) == 0
     assert {name: hashlib.sha256((out / name).read_bytes()).hexdigest() for name in expected} == expected
+
+
+@pytest.mark.parametrize("shm_free, shared", [(64 << 20, False), (64 << 30, True)])
+def test_images_cross_in_shared_memory_only_where_dev_shm_has_room(
+    shm_free, shared, workloads, tmp_path, sample_tokenizer_path, mistral_tokenizer_path, monkeypatch
+):
+    """A container's 64 MB /dev/shm would kill torch's workers with a bus error: there the images go
+    through the pipe. Either way the bytes are the golden ones."""
+    from collections import namedtuple
+
+    from neva_pack import pipeline
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(pipeline.shutil, "disk_usage", lambda path: usage(shm_free, 0, shm_free))
+    arrived = []
+    monkeypatch.setattr(pipeline, "received", lambda batch: arrived.append(type(batch.images).__name__) or samples.received(batch))
+    got = run_golden("image_v1_pad_clip336", 2, workloads, tmp_path / "out", sample_tokenizer_path, mistral_tokenizer_path)
+    assert got == GOLDEN["image_v1_pad_clip336"][2]
+    assert ("Tensor" in arrived) == shared and ("ndarray" in arrived)  # text-only messages are never shared
