@@ -1,0 +1,89 @@
+"""``invariants.pack_problems`` as one compiled pass that answers only "sound or not".
+
+The writer checks every pack before writing it and ``verify`` every pack it reads: ~0.1 ms of
+NumPy calls a pack in ``pack_problems`` (1.2 s of 100,000 text records' write stage). A sound pack,
+the only kind a correct run makes, is told apart here in a few microseconds; for anything else the
+caller asks ``pack_problems``, which says what is wrong. ``pack_is_sound`` is True exactly when
+``pack_problems`` returns no problem (a hypothesis test holds the two together).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from neva_pack.invariants import PackSpec
+
+_NONE = -1  # a start or end id that the layout does not have
+
+
+def pack_is_sound(spec: PackSpec, cu_seqlens, tokens, labels, num_images: int, real_lengths=None) -> bool:
+    """True when ``invariants.pack_problems`` would find nothing wrong with the pack (same arguments)."""
+    cu = np.asarray(cu_seqlens, dtype=np.int64)
+    real = np.diff(cu) if real_lengths is None else np.asarray(real_lengths, dtype=np.int64)
+    run = spec.image_run() if spec.image_positions > 0 else np.zeros(0, dtype=np.int64)
+    return _sound(
+        cu, np.asarray(tokens), np.asarray(labels), real, int(num_images), spec.max_seq_length, spec.ignore_index,
+        spec.pad_id, spec.image_positions, spec.patch_id, _NONE if spec.start_id is None else spec.start_id,
+        _NONE if spec.end_id is None else spec.end_id, run,
+    )  # fmt: skip
+
+
+@numba.njit(cache=True, nogil=True)
+def _sound(cu, tokens, labels, real, num_images, capacity, ignore, pad_id, positions, patch_id, start_id, end_id, run):
+    n = len(tokens)
+    if len(labels) != n or n > capacity:
+        return False
+    samples = len(cu) - 1
+    if samples < 1 or cu[0] != 0 or cu[samples] != n:
+        return False
+    for i in range(samples):
+        if cu[i + 1] <= cu[i]:
+            return False
+    if len(real) != samples:
+        return False
+    for i in range(samples):
+        if real[i] < 1 or real[i] > cu[i + 1] - cu[i]:
+            return False
+    # labels: the next token or ignored inside a sample (its last real position is free); padding: pad / ignore
+    for i in range(samples):
+        real_end = cu[i] + real[i]
+        for k in range(cu[i], real_end - 1):
+            label = labels[k]
+            if label != ignore and label != (tokens[k + 1] if k + 1 < n else 0):
+                return False
+        for k in range(real_end, cu[i + 1]):
+            if tokens[k] != pad_id or labels[k] != ignore:
+                return False
+    # image runs: whole, and as many as images
+    if positions <= 0:
+        return num_images == 0
+    runs = 0
+    length = len(run)
+    if start_id != _NONE:
+        for k in range(n):
+            if tokens[k] == start_id:
+                if k + length > n:
+                    return False
+                for j in range(length):
+                    if tokens[k + j] != run[j]:
+                        return False
+                runs += 1
+    elif end_id != _NONE:
+        for k in range(n):
+            if tokens[k] == end_id:
+                if k + 1 < positions:
+                    return False
+                for j in range(length):
+                    if tokens[k + 1 - positions + j] != run[j]:
+                        return False
+                runs += 1
+    else:
+        count = 0
+        for k in range(n + 1):
+            if k < n and tokens[k] == patch_id:
+                count += 1
+            else:
+                runs += count // positions
+                count = 0
+    return runs == num_images
