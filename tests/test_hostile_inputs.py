@@ -527,7 +527,8 @@ def alive(pid: int) -> bool:
 def test_a_signal_exits_with_one_line_resume_advice_and_no_orphans(tmp_path, signum, code, word):
     slow = {"id": "slow", "image": ["chelsea.jpg"] * 4,
             "conversations": conversation("<image>" * 4 + "\nWhat?", "Cats.")}  # fmt: skip
-    data = write_data(tmp_path / "data.jsonl", [slow] * 400, "jsonl")
+    # long enough (~40 s of work) that the signal always lands mid-run: the run is stopped within seconds
+    data = write_data(tmp_path / "data.jsonl", [slow] * 2000, "jsonl")
     out = tmp_path / "out"
     process = subprocess.Popen(
         [sys.executable, "-m", "neva_pack.cli", "preprocess", "--quiet", "--data_path", str(data), "--image_folder",
