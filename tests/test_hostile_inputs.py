@@ -519,6 +519,13 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+def _as_in_a_terminal() -> None:
+    """The run starts as a terminal's foreground job does, Ctrl-C not ignored: a job started in the
+    background by a non-interactive shell (``cmd &``, as some CI runners do) inherits SIGINT ignored,
+    and Python then never raises KeyboardInterrupt (the run ends normally, exit 0)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
 @pytest.mark.parametrize(
     "signum, code, word",
@@ -527,13 +534,12 @@ def alive(pid: int) -> bool:
 def test_a_signal_exits_with_one_line_resume_advice_and_no_orphans(tmp_path, signum, code, word):
     slow = {"id": "slow", "image": ["chelsea.jpg"] * 4,
             "conversations": conversation("<image>" * 4 + "\nWhat?", "Cats.")}  # fmt: skip
-    # long enough (~40 s of work) that the signal always lands mid-run: the run is stopped within seconds
-    data = write_data(tmp_path / "data.jsonl", [slow] * 2000, "jsonl")
+    data = write_data(tmp_path / "data.jsonl", [slow] * 400, "jsonl")
     out = tmp_path / "out"
     process = subprocess.Popen(
         [sys.executable, "-m", "neva_pack.cli", "preprocess", "--quiet", "--data_path", str(data), "--image_folder",
          str(SAMPLE_DATA / "images"), "--tokenizer_path", str(TOKENIZER), "--output_dir", str(out), "--num_workers", "2"],
-        stderr=subprocess.PIPE, text=True,
+        stderr=subprocess.PIPE, text=True, preexec_fn=_as_in_a_terminal,
     )  # fmt: skip
     deadline = time.monotonic() + 60
     workers: set[int] = set()
