@@ -20,13 +20,13 @@ from dataclasses import dataclass, replace
 from typing import Iterator
 
 import numpy as np
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torch.utils.data import IterableDataset, get_worker_info
 
 from neva_pack import invariants
 from neva_pack.assemble import AssembledPack, assemble_packs, padded_view
 from neva_pack.invariant_kernels import pack_is_sound
 from neva_pack.packing import PackingPlan
-from neva_pack.workers import passthrough, stop_workers, worker_init
+from neva_pack.workers import worker_messages
 
 PACKS_PER_MESSAGE = 32
 """Packs a worker assembles and sends as one message (a text-only pack of 4K positions is ~64 KB)."""
@@ -96,17 +96,12 @@ def checked_packs(job: PackJob, *, start: int = 0, with_pixels: bool, workers: i
     if workers == 0 or stop - start < workers * MIN_PACKS_PER_WORKER:
         yield from job.checked(start, stop, with_pixels)
         return
-    loader = DataLoader(
-        PackStream(job, start, stop, PACKS_PER_MESSAGE), batch_size=None, num_workers=workers, collate_fn=passthrough, prefetch_factor=MESSAGES_IN_FLIGHT,
-        worker_init_fn=worker_init,
-    )  # fmt: skip
-    items = iter(loader)
+    messages = worker_messages(PackStream(job, start, stop, PACKS_PER_MESSAGE), workers, MESSAGES_IN_FLIGHT)
     try:
-        for message in items:
+        for message in messages:
             for checked in message:
                 if with_pixels:
                     checked = replace(checked, pack=replace(checked.pack, pixels=job.store.pool.read(checked.pack.image_indices)))
                 yield checked
-    except BaseException:  # an error, Ctrl-C, or the caller closing this generator early
-        stop_workers(items)
-        raise
+    finally:  # this generator closed early (an error, Ctrl-C): the workers are killed at once
+        messages.close()

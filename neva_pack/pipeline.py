@@ -53,7 +53,7 @@ from neva_pack.report import AlgorithmSuggestion, BalanceReport, RecordCounts, R
 from neva_pack.stats import arrays_from_plan, global_batch_size_advice, packing_stats, training_overrides
 from neva_pack.templates import load_template
 from neva_pack.tokenizer import load_tokenizer
-from neva_pack.workers import passthrough, stop_workers, worker_init
+from neva_pack.workers import worker_messages
 
 SKIP_CHECK_AFTER = 1_000
 """--max_skip_fraction is checked once this many records were read (and at the end)."""
@@ -425,8 +425,6 @@ def _encode_samples(
 ) -> None:
     """Stream samples of records [first, end) from the DataLoader into the store at ``store_directory``,
     committing a store shard every checkpoint. The workers seek to their records by ``index``."""
-    from torch.utils.data import DataLoader
-
     end = index.count if end is None else end
     writer = sample_store.SampleStoreWriter(
         store_directory, builder.preprocessor.shape, sample_fingerprint(config), resume=config.resume,
@@ -435,22 +433,17 @@ def _encode_samples(
     start = writer.next_record
     skipped = sum(sum(s.skipped_by_reason.values()) for s in writer.shards)
     if start < end:
-        loader = DataLoader(
-            SampleStream(config.data_path, builder, start=start, end=end, batch_size=records_per_message(config),
-                         first_batch_size=FIRST_RECORDS_PER_MESSAGE, stored=True, index=index,
-                         share_images=images_in_shared_memory(config, builder.preprocessor.shape)),
-            batch_size=None,
-            num_workers=config.num_workers,
-            collate_fn=passthrough,
-            prefetch_factor=MESSAGES_IN_FLIGHT if config.num_workers else None,
-            worker_init_fn=worker_init,
-        )
+        stream = SampleStream(
+            config.data_path, builder, start=start, end=end, batch_size=records_per_message(config),
+            first_batch_size=FIRST_RECORDS_PER_MESSAGE, stored=True, index=index,
+            share_images=images_in_shared_memory(config, builder.preprocessor.shape),
+        )  # fmt: skip
         bar = tqdm(total=end - first, initial=start - first, desc="tokenize + images", unit="rec", disable=not progress)
-        items = iter(loader)
+        messages = worker_messages(stream, config.num_workers, MESSAGES_IN_FLIGHT)
         checked = None  # skipped records when the skip fraction was last checked (it grows only with a skip)
         done = start
         try:
-            for batch in map(received, items):
+            for batch in map(received, messages):
                 if batch.first_record != done:
                     raise RuntimeError(f"a message starts at record {batch.first_record}, expected {done} (a bug)")
                 for stop in _record_stops(batch, config.checkpoint_every, first + SKIP_CHECK_AFTER):
@@ -465,9 +458,8 @@ def _encode_samples(
                 if batch.skipped:
                     bar.set_postfix(skipped=skipped, refresh=False)
                 bar.update(batch.records)
-        except BaseException:
-            stop_workers(items)
-            raise
+        finally:  # kills the workers at once when the run stops early (an error, Ctrl-C, SIGTERM)
+            messages.close()
         bar.close()
     writer.finish(end)
 

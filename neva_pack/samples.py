@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import itertools
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -634,23 +635,22 @@ class SampleStream(IterableDataset):
             return offset // self.first_batch_size
         return workers + (offset - first) // self.batch_size
 
+    def _first_record(self, message: int, workers: int) -> int:
+        """The record message number ``message`` starts with (the inverse of ``_message``)."""
+        if message < workers:
+            return self.start + message * self.first_batch_size
+        return self.start + workers * self.first_batch_size + (message - workers) * self.batch_size
+
     def _ranges(self, worker: int, workers: int):
         """The record ranges [first, stop) of ``worker``'s messages, in order (endless when ``end``
         is None: the file's end stops the reader)."""
-        message = worker
-        while True:
-            if message < workers:
-                first = self.start + message * self.first_batch_size
-                stop = first + self.first_batch_size
-            else:
-                first = self.start + workers * self.first_batch_size + (message - workers) * self.batch_size
-                stop = first + self.batch_size
+        for message in itertools.count(worker, workers):
+            first, stop = self._first_record(message, workers), self._first_record(message + 1, workers)
             if self.end is not None:
                 if first >= self.end:
                     return
                 stop = min(stop, self.end)
             yield first, stop
-            message += workers
 
     def __iter__(self):
         info = get_worker_info()

@@ -1,12 +1,13 @@
 """DataLoader workers that behave: they leave Ctrl-C to the main process, die with it however it
-dies, and are killed at once when a run stops early. Shared by the encoding workers
-(``pipeline``) and the pack-assembling workers (``parallel_assembly``)."""
+dies, and are killed at once when a run stops early. ``worker_messages`` is how the encoding
+workers (``pipeline``) and the pack-assembling workers (``parallel_assembly``) are run."""
 
 from __future__ import annotations
 
 import os
 import signal
 import sys
+from typing import Iterator
 
 _PR_SET_PDEATHSIG = 1
 
@@ -43,3 +44,21 @@ def stop_workers(items) -> None:
 def passthrough(item):
     """DataLoader collate that leaves a worker's message as it is (no tensor conversion)."""
     return item
+
+
+def worker_messages(dataset, workers: int, in_flight: int) -> Iterator:
+    """The messages of an IterableDataset from ``workers`` DataLoader workers (in this process
+    with 0), in the order the DataLoader takes them, each worker ``in_flight`` messages ahead.
+    Closing the generator early (``close()``, in the caller's ``finally``) kills the workers at once."""
+    from torch.utils.data import DataLoader
+
+    loader = DataLoader(
+        dataset, batch_size=None, num_workers=workers, collate_fn=passthrough,
+        prefetch_factor=in_flight if workers else None, worker_init_fn=worker_init,
+    )  # fmt: skip
+    items = iter(loader)
+    try:
+        yield from items
+    except BaseException:  # an error, Ctrl-C, or the caller closing this generator early
+        stop_workers(items)
+        raise

@@ -81,7 +81,7 @@ def test_a_plan_too_small_for_workers_is_assembled_in_this_process(
     def no_workers(*args, **kwargs):
         raise AssertionError("a DataLoader was started to assemble packs")
 
-    monkeypatch.setattr(parallel_assembly, "DataLoader", no_workers)
+    monkeypatch.setattr(parallel_assembly, "worker_messages", no_workers)
     got = run_golden("text_v1", 2, workloads, tmp_path / "out", sample_tokenizer_path, mistral_tokenizer_path)
     assert got == GOLDEN["text_v1"][2]
 

@@ -499,11 +499,11 @@ class SampleStore:
         shard = int(np.searchsorted(self._first_sample, i, side="right")) - 1
         return shard, i - int(self._first_sample[shard])
 
-    def _dataset(self, cache: dict, shard: int, kind: str):
-        if shard not in cache:
-            prefix = shard_text_prefix(self.directory, self.shards[shard].name)
-            cache[shard] = IndexedReader(prefix)
-        return cache[shard]
+    def _text_reader(self, shard: int) -> IndexedReader:
+        """The shard's text file, opened on first use."""
+        if shard not in self._text:
+            self._text[shard] = IndexedReader(shard_text_prefix(self.directory, self.shards[shard].name))
+        return self._text[shard]
 
     def tokens_labels(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         text = self.texts([i])
@@ -511,7 +511,7 @@ class SampleStore:
 
     def image_starts(self, i: int) -> np.ndarray:
         shard, local = self._locate(i)
-        return self._dataset(self._text, shard, "text")[_TEXT_ITEMS * local + 2]
+        return self._text_reader(shard)[_TEXT_ITEMS * local + 2]
 
     def texts(self, indices, keep=None) -> "StoredTexts":
         """Tokens and labels of samples ``indices``, concatenated, each cut to ``keep[k]`` positions
@@ -528,7 +528,7 @@ class SampleStore:
         elide = max(len(self.image_run) - 1, 0)
         stored, bits, starts, trained_counts = [], [], [], []
         for i, shard, length in zip(indices.tolist(), shards.tolist(), lengths.tolist()):
-            values, sizes = self._dataset(self._text, shard, "text").raw_document(i - int(self._first_sample[shard]))
+            values, sizes = self._text_reader(shard).raw_document(i - int(self._first_sample[shard]))
             stored.append(values[: sizes[0]])
             bits.append(values[sizes[0] : sizes[0] + sizes[1]])
             sample_starts = values[sizes[0] + sizes[1] :]
