@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Throughput of ``neva-pack preprocess`` against the floor of its per-record work, in one run.
 
-    python benchmarks/bench_pipeline.py [--image_records 4000] [--text_records 100000 [20000 ...]]
+    python benchmarks/bench_pipeline.py [--image_records 4000 (0: none)] [--text_records 100000 [20000 ...]]
                                         [--workers 1 2 4] [--compact_workers 2]
                                         [--memory_records 10000 100000]
 
@@ -227,7 +227,7 @@ def warm_up(workdir: Path, common: list[str]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--image_records", type=int, default=4000)
+    parser.add_argument("--image_records", type=int, default=4000, help="0: no image workload")
     parser.add_argument("--text_records", type=int, nargs="+", default=[100_000], help="one text-only table per size")
     parser.add_argument("--workers", type=int, nargs="*", default=[1, 2, 4], help="nemo output rows")
     parser.add_argument("--compact_workers", type=int, nargs="*", default=[GOAL_WORKERS], help="compact output rows")
@@ -240,14 +240,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         warm_up(tmp, common)
-        image = image_workload(tmp / "image", args.image_records, seed=0)
-        image_seconds, image_cpu, images = image_floor(image["data_path"], image["image_folder"])
-        workloads = [(
-            "image", args.image_records, f"image: {args.image_records:,} records, {images:,} images (v1, pad, CLIP-L/14-336)",
-            image_seconds, image_cpu,
-            ["--data_path", str(image["data_path"]), "--image_folder", str(image["image_folder"]),
-             "--image_aspect_ratio", "pad", "--hf_vision_encoder", ENCODER],
-        )]  # fmt: skip
+        workloads = []
+        if args.image_records > 0:
+            image = image_workload(tmp / "image", args.image_records, seed=0)
+            image_seconds, image_cpu, images = image_floor(image["data_path"], image["image_folder"])
+            workloads.append((
+                "image", args.image_records, f"image: {args.image_records:,} records, {images:,} images (v1, pad, CLIP-L/14-336)",
+                image_seconds, image_cpu,
+                ["--data_path", str(image["data_path"]), "--image_folder", str(image["image_folder"]),
+                 "--image_aspect_ratio", "pad", "--hf_vision_encoder", ENCODER],
+            ))  # fmt: skip
         for records in args.text_records:
             text = text_workload(tmp / f"text_{records}_seed0.json", records, seed=0)
             text_seconds, text_cpu, turns = text_floor(text)

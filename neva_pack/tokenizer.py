@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
+from itertools import chain
 from typing import Protocol
 
 import numpy as np
@@ -76,12 +78,18 @@ class SentencePieceTokenizer:
         self._widths = _spelled_widths(proto) if _spells_input_unchanged(proto) else None
         self._literal_widths = None
         self._dummy_prefix = int(proto.normalizer_spec.add_dummy_prefix)
+        self._by_words = self._widths is not None and _no_piece_spans_a_space(proto)
+        self._ids = _plain_ids(self._sp)
+        if self._by_words:
+            proto.normalizer_spec.add_dummy_prefix = False  # the cache adds the leading space itself
+            self._ids = WordCache(_processor(proto), dummy_prefix=bool(self._dummy_prefix))
+        self._literal_ids = None
         piece_table(np.frombuffer(b"", dtype=np.uint8))  # load the kernels (for read-only buffers) once, before workers are forked
         spelled_offsets(np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64), 0, 0)
 
     def encode(self, text: str) -> Encoding:
         if self._widths is not None:
-            encoding = _encode_spelled(self._sp, self._widths, self._dummy_prefix if text else 0, text)
+            encoding = _encode_spelled(self._ids, self._widths, self._dummy_prefix if text else 0, text)
             if encoding is not None:
                 return encoding
         return self._encode_with_offsets(text)
@@ -102,11 +110,12 @@ class SentencePieceTokenizer:
             from neva_pack import text_kernels
 
             self._literal = self._literal_processor()
+            self._literal_ids = WordCache(self._literal, dummy_prefix=False) if self._by_words else _plain_ids(self._literal)
             if self._widths is not None:  # the same spelling; a control id left takes the path below
                 self._literal_widths = self._widths.copy()
                 self._literal_widths[list(self.control_ids)] = text_kernels.NOT_TEXT
         if self._literal_widths is not None:
-            encoding = _encode_spelled(self._literal, self._literal_widths, 0, text)
+            encoding = _encode_spelled(self._literal_ids, self._literal_widths, 0, text)
             if encoding is not None:
                 return encoding
         pieces = self._literal.encode(text, out_type="proto").pieces
@@ -130,14 +139,12 @@ class SentencePieceTokenizer:
         return proto
 
     def _literal_processor(self):
-        import sentencepiece
-
         proto = self._model_proto()
         for piece in proto.pieces:
             if piece.type == piece.USER_DEFINED:
                 piece.type = piece.UNUSED
         proto.normalizer_spec.add_dummy_prefix = False
-        return sentencepiece.SentencePieceProcessor(model_proto=proto.SerializeToString())
+        return _processor(proto)
 
     def token_to_id(self, token: str) -> int | None:
         token_id = self._sp.PieceToId(token)
@@ -267,10 +274,82 @@ def _spelled_widths(proto) -> np.ndarray:
     return widths
 
 
-def _encode_spelled(processor, widths: np.ndarray, skip: int, text: str) -> Encoding | None:
+def _no_piece_spans_a_space(proto) -> bool:
+    """Whether a BPE model's pieces never span the start of a space-led word: no normal or
+    user-defined piece has a "▁" after a character that is not one (a leading run of them is
+    fine: "▁▁the"), and "▁" is itself a piece (so no run of unknown characters can reach across).
+
+    Then sentencepiece's BPE never merges across such a boundary (every merge makes a piece),
+    its user-defined symbols never straddle one, and the ids of a text are the ids of its words
+    tokenized one at a time, which is what ``WordCache`` relies on. LLaMA, Mistral and the
+    sample tokenizer are such models; a unigram model is left to sentencepiece (its best path
+    could break ties differently)."""
+    if proto.trainer_spec.model_type != proto.trainer_spec.BPE:
+        return False
+    kind = proto.SentencePiece
+    pieces = [p.piece for p in proto.pieces if p.type in (kind.NORMAL, kind.USER_DEFINED)]
+    return "▁" in pieces and not any("▁" in piece.lstrip("▁") for piece in pieces)
+
+
+_WORDS = re.compile("[ \u2581]*[^ \u2581]+|[ \u2581]+")
+"""A text's space-led words: a run of spaces (or literal "▁", the same piece once normalised)
+with the characters after it up to the next run; a trailing run is a word of its own."""
+_LEAD_SPACE = " ".__add__
+
+
+class WordCache(dict):
+    """Ids of a text as the concatenation of its space-led words' ids, each word tokenized by
+    sentencepiece once per process (as the BPE caches of Hugging Face tokenizers do): a prompt
+    repeats most of its words, and a dict lookup costs a fraction of sentencepiece's call.
+
+    Only for models where ``_no_piece_spans_a_space``: the ids are then exactly sentencepiece's
+    for the whole text (tests/test_tokenizer.py holds them equal). ``processor`` adds no dummy
+    prefix; ``dummy_prefix`` says whether the model does (it is then written as a leading space).
+    The cache is emptied when it holds ``LIMIT`` words, and words longer than ``LONGEST``
+    characters are not kept: memory stays bounded whatever the data."""
+
+    LIMIT = 1 << 18
+    LONGEST = 64
+
+    def __init__(self, processor, dummy_prefix: bool):
+        super().__init__()
+        self._encode = processor.EncodeAsIds
+        self._dummy_prefix = dummy_prefix
+
+    def __missing__(self, word: str) -> list[int]:
+        ids = self._encode(word)
+        if len(word) <= self.LONGEST:
+            if len(self) >= self.LIMIT:
+                self.clear()
+            self[word] = ids
+        return ids
+
+    def __call__(self, text: str) -> np.ndarray:
+        if not text:
+            return np.zeros(0, dtype=np.int64)
+        if "  " in text or "\u2581" in text or text[0] == " ":
+            words = _WORDS.findall(" " + text if self._dummy_prefix else text)
+        else:  # the usual text: single spaces only, so str.split finds the words (twice as fast)
+            split = text.split(" ")
+            words = map(_LEAD_SPACE, split) if self._dummy_prefix else chain(split[:1], map(_LEAD_SPACE, split[1:]))
+        return np.array(list(chain.from_iterable(map(self.__getitem__, words))), dtype=np.int64)
+
+
+def _plain_ids(processor):
+    """Ids of a whole text in one sentencepiece call (models ``WordCache`` cannot serve)."""
+    return lambda text: np.array(processor.EncodeAsIds(text), dtype=np.int64)
+
+
+def _processor(proto):
+    import sentencepiece
+
+    return sentencepiece.SentencePieceProcessor(model_proto=proto.SerializeToString())
+
+
+def _encode_spelled(ids_of, widths: np.ndarray, skip: int, text: str) -> Encoding | None:
     """The ids-only encode, with offsets from the pieces' spelled widths; None where the pieces do
     not spell the text (the caller asks sentencepiece for its offsets)."""
-    ids = np.array(processor.encode(text), dtype=np.int64)
+    ids = ids_of(text)
     starts, ends, spelled = spelled_offsets(ids, widths, skip, len(text))
     return Encoding(ids=ids, starts=starts, ends=ends) if spelled else None
 

@@ -8,6 +8,11 @@ edges: leading/double spaces (the dummy "▁"), newlines and tabs and NULs (byte
 outside the vocabulary (byte fallback, several bytes per character), a literal "▁", and strings
 that are, or look like, control and user-defined pieces. Models outside the shortcut's reach
 (whitespace collapsed, no byte fallback) must give the protobuf answer as well.
+
+The ids themselves come from a per-word cache (``WordCache``) for BPE models none of whose pieces
+span the start of a space-led word; a model with such a piece, and a unigram model, are in the
+fixture to show the cache stays out of their way. The tokenizers are shared across examples, so
+the cache is warm with words seen in other texts, as in a worker.
 """
 
 from __future__ import annotations
@@ -22,10 +27,10 @@ from hypothesis import strategies as st
 from sentencepiece import sentencepiece_model_pb2
 
 from nemo_tokenizer import build_nemo_specials_tokenizer
-from neva_pack.tokenizer import SentencePieceTokenizer
+from neva_pack.tokenizer import SentencePieceTokenizer, WordCache
 
 FRAGMENTS = [
-    " ", "  ", "\n", "\t", "\x00", "▁", "▁▁", "é", "日本語", "🙂", "a\u0301", "\u200b", "\r\n",
+    " ", "  ", "\n", "\t", "xy z", " y z", "\x00", "▁", "▁▁", "é", "日本語", "🙂", "a\u0301", "\u200b", "\r\n",
     "<s>", "</s>", "<unk>", "<extra_id_4>", "<extra_id_5>", "<extra_id_7>", "<0x0A>", "<extra_id_", "USER:", " ASSISTANT:",
 ]  # fmt: skip
 """Pieces of text at the shortcut's edges (dummy prefix, byte pieces, specials typed as text)."""
@@ -55,6 +60,16 @@ def _no_byte_fallback(proto) -> None:
             piece.type = piece.UNUSED
 
 
+def _piece_across_a_space(proto) -> None:
+    """A user-defined "y▁z": sentencepiece matches it in "xy z", across the words "xy" and " z"."""
+    piece = proto.pieces.add()
+    piece.piece, piece.score, piece.type = "y▁z", 0.0, piece.USER_DEFINED
+
+
+def _as_unigram(proto) -> None:
+    proto.trainer_spec.model_type = proto.trainer_spec.UNIGRAM
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory, sample_tokenizer_path, mistral_tokenizer_path) -> dict[str, Path]:
     """Identity-normalised models (the shortcut) and two it must leave to sentencepiece."""
@@ -65,6 +80,8 @@ def models(tmp_path_factory, sample_tokenizer_path, mistral_tokenizer_path) -> d
         "mistral_nemo": build_nemo_specials_tokenizer(tmp),  # Mistral + <extra_id_0..7> user-defined
         "sample_collapsing_whitespace": _modified(sample_tokenizer_path, tmp / "collapse.model", _collapse_whitespace),
         "sample_without_byte_fallback": _modified(sample_tokenizer_path, tmp / "nobytes.model", _no_byte_fallback),
+        "sample_with_piece_across_a_space": _modified(sample_tokenizer_path, tmp / "across.model", _piece_across_a_space),
+        "sample_as_unigram": _modified(sample_tokenizer_path, tmp / "unigram.model", _as_unigram),
     }
 
 
@@ -143,3 +160,25 @@ def test_identity_models_never_ask_sentencepiece_for_offsets(tokenizers, monkeyp
     tokenizers["sample_collapsing_whitespace"].encode("a  b")
     tokenizers["sample_without_byte_fallback"].encode("日本語")
     assert asked == ["a  b", "日本語"]
+
+
+def test_word_cache_serves_only_models_no_piece_spans(tokenizers, references):
+    """BPE models without a piece across a word's start get their ids from the cache; the others
+    from sentencepiece's whole-text call, which is what makes "xy z" one piece where it is one."""
+    cached = {name for name, tokenizer in tokenizers.items() if isinstance(tokenizer._ids, WordCache)}
+    assert cached == {"sample", "mistral", "mistral_nemo", "sample_without_byte_fallback"}
+    across = tokenizers["sample_with_piece_across_a_space"]
+    spanning = across.token_to_id("y▁z")
+    assert spanning in across.encode("xy z").ids.tolist()
+    _check(across.encode("xy z"), _protobuf_offsets(references["sample_with_piece_across_a_space"][0], "xy z"), "xy z")
+
+
+def test_word_cache_is_bounded_and_exact_when_emptied(sample_tokenizer_path, references, monkeypatch):
+    """Emptied when full and long words never kept: memory is bounded, and the ids do not change."""
+    monkeypatch.setattr(WordCache, "LIMIT", 3)
+    monkeypatch.setattr(WordCache, "LONGEST", 6)
+    tokenizer = SentencePieceTokenizer(sample_tokenizer_path)
+    texts = ["the cat sat on the mat", "a  sesquipedalian ▁word", " leading and trailing ", "the cat"]
+    for text in texts * 2:
+        _check(tokenizer.encode(text), _protobuf_offsets(references["sample"][0], text), text)
+        assert len(tokenizer._ids) <= 3 and all(len(word) <= 6 for word in tokenizer._ids)
