@@ -319,3 +319,34 @@ def test_after_a_seek_a_broken_list_is_reported_by_its_byte_offset(tmp_path):
     path.write_text(text)
     with pytest.raises(InputError, match="at line 4 "):  # the sequential scan still knows its lines
         list(iter_raw_records(path))
+
+
+_SCALARS = st.sampled_from(['1', '"s"', '"]}"', '"\\"{["', '"\\\\"', ",", ":", " ", "\n", "null", "\\"])
+_RECORD_TEXTS = st.recursive(
+    _SCALARS,
+    lambda inner: st.tuples(st.sampled_from("[{"), st.lists(inner, max_size=4), st.sampled_from("]}")).map(
+        lambda parts: parts[0] + "".join(parts[1]) + parts[2]
+    ),
+    max_leaves=12,
+).filter(lambda text: text[:1] in "[{")
+
+
+@settings(max_examples=300, deadline=None)
+@given(texts=st.lists(_RECORD_TEXTS, min_size=1, max_size=5), max_depth=st.integers(1, 10))
+def test_property_fast_record_pattern_delimits_as_the_scanner(tmp_path_factory, texts, max_depth):
+    """The one-call pattern finds the records the byte-by-byte scanner finds, with the same
+    values and reasons: brackets and braces open and close levels alike in both (a mismatched
+    pair is then refused by json.loads, in both), and depth is counted the same way."""
+    import re
+
+    from neva_pack import records
+    from neva_pack.records import RecordLimits
+
+    path = tmp_path_factory.mktemp("fast") / "data.json"
+    path.write_text("[" + ",".join(texts) + "]", encoding="utf-8")
+    limits = RecordLimits(max_bytes=1000, max_depth=max_depth)
+    fast = list(iter_raw_records(path, limits))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(records, "_fast_record_pattern", lambda levels: re.compile(rb"(?!)"))
+        assert list(iter_raw_records(path, limits)) == fast
+    assert len(fast) == len(texts)
