@@ -205,6 +205,26 @@ def file_checksum(path: Path) -> str:
     return digest.hexdigest()
 
 
+def digest_of_first_bytes(path: Path, size: int):
+    """An xxh3-128 state fed the first ``size`` bytes of ``path``: a writer that continues a file
+    after a checkpoint feeds it what it appends, and has the file's checksum at the end without
+    reading the file again. The file must hold ``size`` bytes (ValueError otherwise)."""
+    import xxhash
+
+    digest = xxhash.xxh3_128()
+    if size:
+        view = memoryview(bytearray(min(_READ_CHUNK, size)))
+        with open(path, "rb", buffering=0) as f:
+            remaining = size
+            while remaining:
+                read = f.readinto(view[: min(len(view), remaining)])
+                if not read:
+                    raise ValueError(f"{path}: shorter than its checkpoint ({size} bytes)")
+                digest.update(view[:read])
+                remaining -= read
+    return digest
+
+
 def write_json_atomic(path: Path, data) -> None:
     """Write JSON under a temporary name, then rename: readers never see half a file."""
     path = Path(path)

@@ -291,9 +291,13 @@ def test_nemo_writer_failure_in_its_thread_reaches_the_caller(tmp_path):
         writer.checkpoint()
 
 
-def test_nemo_checksum_computed_while_writing_is_the_files(tmp_path):
-    meta = write_tiny(tmp_path, "nemo")
-    assert meta.checksums["packed_seq_dataset.bin"] == layout.file_checksum(tmp_path / "packed_seq_dataset.bin")
-    write_tiny(tmp_path / "resumed", "nemo", stop_after=1)
-    meta = write_tiny(tmp_path / "resumed", "nemo", resume=True)
-    assert meta.checksums["packed_seq_dataset.bin"] == layout.file_checksum(tmp_path / "packed_seq_dataset.bin")
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_checksums_computed_while_writing_are_the_files(tmp_path, name):
+    """The nemo .bin and the compact tokens/labels are hashed as written (and, resumed, from the
+    checkpoint's bytes on): the meta's checksums are those of the files, read back."""
+    for directory, resumed in ((tmp_path / "whole", False), (tmp_path / "resumed", True)):
+        if resumed:
+            assert write_tiny(directory, name, stop_after=1) is None
+        meta = write_tiny(directory, name, resume=resumed)
+        for file, checksum in meta.checksums.items():
+            assert checksum == layout.file_checksum(directory / file), (name, resumed, file)

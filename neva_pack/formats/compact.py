@@ -43,7 +43,7 @@ from neva_pack.formats.base import Checkpoint, WriteSpec, publish, reopen_at
 from neva_pack.formats.write_behind import WriteBehind
 from neva_pack.formats.image_pool import ImagePool, PoolPart
 from neva_pack.formats.meta import PackedMeta, PlanTable, ReadPack, read_meta
-from neva_pack.store import COMPACT_INDEX, COMPACT_LABELS, COMPACT_TOKENS, meta_path, prefix_file, relative_name
+from neva_pack.store import COMPACT_INDEX, COMPACT_LABELS, COMPACT_TOKENS, digest_of_first_bytes, meta_path, prefix_file, relative_name
 
 NAME = "compact"
 ID_DTYPE = np.dtype("<i4")
@@ -91,6 +91,9 @@ class Writer:
                 self._lists[name] = state[name].tolist()
             self.num_packs = int(state["packs"])
         self._behind = [WriteBehind(f.fileno(), f.tell()) for f in self._files]
+        # xxh3-128 of the tokens and labels as they are written (after the checkpoint's bytes):
+        # publish need not read them again
+        self._digests = [digest_of_first_bytes(path, f.tell()) for path, f in zip(self._paths, self._files)]
 
     def add(self, pack) -> None:
         keep = _stored_positions(len(pack.tokens), pack.image_starts, len(self._run))
@@ -99,9 +102,10 @@ class Writer:
         if not (np.array_equal(pack.tokens[dropped], runs) and np.all(pack.labels[dropped] == self.spec.ignore_index)):
             raise ValueError("an image run of the pack is not the layout's ids with ignored labels")
         tokens, labels = pack.tokens[keep], pack.labels[keep]
-        self._files[0].write(np.ascontiguousarray(tokens, dtype=ID_DTYPE).data)
-        self._files[1].write(np.ascontiguousarray(labels, dtype=ID_DTYPE).data)
-        for f, behind in zip(self._files, self._behind):
+        for f, behind, digest, values in zip(self._files, self._behind, self._digests, (tokens, labels)):
+            data = np.ascontiguousarray(values, dtype=ID_DTYPE).data
+            f.write(data)
+            digest.update(data)
             behind.advance(f.tell())
         lists = self._lists
         lists["samples"].append(len(pack.lengths))
@@ -158,7 +162,8 @@ class Writer:
         renames = {prefix_file(self.prefix, suffix): prefix_file(tmp, suffix) for suffix in (TOKENS, LABELS, INDEX)}
         pool_files = [path for p in parts for path in (p.images_file, p.keys_file)]
         meta = meta.replace(format=NAME, num_packs=self.num_packs, layout=layout)
-        meta = publish(self.prefix, renames, [*pool_files, *extra_files], meta)
+        written = {prefix_file(tmp, suffix): digest.hexdigest() for suffix, digest in zip((TOKENS, LABELS), self._digests)}
+        meta = publish(self.prefix, renames, [*pool_files, *extra_files], meta, known=written)
         self._checkpoint.remove()
         return meta
 

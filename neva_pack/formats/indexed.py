@@ -35,7 +35,7 @@ import numpy as np
 
 from neva_pack.errors import InputError
 from neva_pack.formats.write_behind import WriteBehind
-from neva_pack.store import bin_path, hash_zeros, idx_path
+from neva_pack.store import bin_path, digest_of_first_bytes, hash_zeros, idx_path
 
 INDEX_MAGIC = b"MMIDIDX\x00\x00"
 INDEX_VERSION = 1
@@ -96,17 +96,10 @@ class IndexedWriter:
         self._behind = WriteBehind(self.file.fileno(), self.position) if write_behind and not buffered else None
         self._digest = None
         if checksum:  # xxh3-128 of the exact bytes as they are written: publish need not read the file again
-            import xxhash
-
-            self._digest = xxhash.xxh3_128()
-            with open(self.path, "rb") as f:  # a resumed file: the bytes before the checkpoint
-                remaining = self.position
-                while remaining:
-                    chunk = f.read(min(_COPY_CHUNK, remaining))
-                    if not chunk:
-                        raise InputError(f"{self.path}: shorter than its checkpoint ({self.position} bytes)")
-                    self._digest.update(chunk)
-                    remaining -= len(chunk)
+            try:
+                self._digest = digest_of_first_bytes(self.path, self.position)
+            except ValueError as exc:
+                raise InputError(str(exc)) from None
 
     def _record(self, length: int, mode: int) -> None:
         self.sequence_lengths.append(length)
