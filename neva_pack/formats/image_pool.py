@@ -120,6 +120,8 @@ class ImagePool:
         """uint8 (len(indices), 3, H, W)."""
         indices = np.asarray(indices, dtype=np.int64)
         out = np.empty((len(indices), *self.image_shape), dtype=np.uint8)
+        if not len(indices):  # a text-only pack
+            return out
         if len(indices) and (indices.min() < 0 or indices.max() >= len(self)):
             raise IndexError(f"image index outside the pool of {len(self)} images")
         parts = np.searchsorted(self.starts, indices, side="right") - 1

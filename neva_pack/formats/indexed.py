@@ -172,7 +172,7 @@ class IndexedWriter:
             self.file.seek(self.position)
             self._hole = True
             if self._behind is not None:
-                self._behind.advance(self.position)
+                self._behind.skip(self.position)
             if self._digest is not None:
                 hash_zeros(self._digest, size)
         self._record(count, mode)

@@ -17,7 +17,7 @@ import functools
 import os
 
 WINDOW = 32 << 20
-"""Bytes written back as one range; two windows at most are in flight or dirty."""
+"""Bytes of data written back as one range; two ranges at most are in flight or dirty."""
 
 _WRITE = 2  # SYNC_FILE_RANGE_WRITE: start write-back of the range's dirty pages
 _WAIT = 1 | 2 | 4  # WAIT_BEFORE | WRITE | WAIT_AFTER: the range is on disk when it returns
@@ -37,27 +37,42 @@ def _sync_file_range():
 
 class WriteBehind:
     """Follows a file being written from offset ``start`` on: ``advance(end)`` after each write
-    (``end``: the offset the file is written to, holes included) writes back every full window
-    behind it and drops the one before the last from the page cache."""
+    (the file is written up to ``end``), ``skip(end)`` after a hole (a seek to ``end``, nothing
+    written). Once the range behind the writer holds ``window`` bytes of data, its write-back is
+    started, and the range before it is waited for and dropped from the page cache.
+
+    Holes count for nothing: a nemo output of text-only packs (32 KB of ids, then a 1.35 MB zero
+    image left as a hole) is written back in a range per 32 MB of ids, not a range per 32 MB of
+    file, which had the writer wait on the disk once every 23 packs."""
 
     def __init__(self, fd: int, start: int = 0, window: int | None = None):
         self.fd = fd
-        self.window = window = WINDOW if window is None else window
-        self.started = start - start % window  # windows before the writer's start are not its own
-        self.pending: int | None = None
-        """Offset of the window whose write-back was started last."""
+        self.window = WINDOW if window is None else window
+        self.started = self.end = start
+        """Start of the range not yet written back, and where the writer is."""
+        self.data = 0
+        """Bytes written in [started, end)."""
+        self.pending: tuple[int, int] | None = None
+        """(offset, length) of the range whose write-back was started last."""
         self.enabled = _sync_file_range() is not None and hasattr(os, "posix_fadvise")
 
     def advance(self, end: int) -> None:
-        while self.enabled and end - self.started >= self.window:
-            offset, self.started = self.started, self.started + self.window
-            self._call(offset, _WRITE)
-            if self.pending is not None:
-                self._call(self.pending, _WAIT)
-                if self.enabled:
-                    os.posix_fadvise(self.fd, self.pending, self.window, os.POSIX_FADV_DONTNEED)
-            self.pending = offset
+        self.data += end - self.end
+        self.end = end
+        if not self.enabled or self.data < self.window:
+            return
+        written = (self.started, end - self.started)
+        self.started, self.data = end, 0
+        self._call(*written, _WRITE)
+        if self.pending is not None:
+            self._call(*self.pending, _WAIT)
+            if self.enabled:
+                os.posix_fadvise(self.fd, *self.pending, os.POSIX_FADV_DONTNEED)
+        self.pending = written
 
-    def _call(self, offset: int, flags: int) -> None:
-        if self.enabled and _sync_file_range()(self.fd, offset, self.window, flags) != 0:
+    def skip(self, end: int) -> None:
+        self.end = end
+
+    def _call(self, offset: int, length: int, flags: int) -> None:
+        if self.enabled and _sync_file_range()(self.fd, offset, length, flags) != 0:
             self.enabled = False  # refused here (e.g. a file system without it): plain writes from now on
