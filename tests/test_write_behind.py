@@ -69,8 +69,24 @@ def test_holes_count_for_nothing(tmp_path, calls):
             f.seek(f.tell() + 100_000)
             behind.skip(f.tell())
             assert len(calls) == (0 if k < 3 else 1 if k < 7 else 4), k
-    first, second = (0, 3 * 101_024 + 1024), (3 * 101_024 + 1024, 4 * 101_024)  # the hole after the first is in the second
+    page = write_behind._PAGE  # a range ends where the page the next write continues begins
+    cuts = [end - end % page for end in (3 * 101_024 + 1024, 7 * 101_024 + 1024)]
+    first, second = (0, cuts[0]), (cuts[0], cuts[1] - cuts[0])  # the hole after the first is in the second
     assert calls == [("sync", *first, 2), ("sync", *second, 2), ("sync", *first, 7), ("drop", *first, os.POSIX_FADV_DONTNEED)]
+
+
+def test_a_range_ends_where_the_page_being_written_begins(tmp_path, calls):
+    """The partly written page at the writer's end is left to the next range: handed to the disk
+    now, the next write into it would wait for the disk (stable pages)."""
+    page = write_behind._PAGE
+    with open(tmp_path / "f", "wb", buffering=0) as f:
+        behind = WriteBehind(f.fileno(), window=page)
+        f.write(b"z" * (2 * page + 100))
+        behind.advance(f.tell())
+        assert calls == [("sync", 0, 2 * page, 2)] and behind.data == 100
+        f.write(b"z" * (page - 100))
+        behind.advance(f.tell())
+        assert calls[-3:] == [("sync", 2 * page, page, 2), ("sync", 0, 2 * page, 7), ("drop", 0, 2 * page, os.POSIX_FADV_DONTNEED)]
 
 
 def test_a_refusing_file_system_gets_plain_writes(tmp_path, monkeypatch):

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import mmap
 import os
 
 WINDOW = 32 << 20
 """Bytes of data written back as one range; two ranges at most are in flight or dirty."""
 
+_PAGE = mmap.PAGESIZE
 _WRITE = 2  # SYNC_FILE_RANGE_WRITE: start write-back of the range's dirty pages
 _WAIT = 1 | 2 | 4  # WAIT_BEFORE | WRITE | WAIT_AFTER: the range is on disk when it returns
 
@@ -61,8 +63,9 @@ class WriteBehind:
         self.end = end
         if not self.enabled or self.data < self.window:
             return
-        written = (self.started, end - self.started)
-        self.started, self.data = end, 0
+        cut = end - end % _PAGE  # a page the next write continues is not handed to the disk (it would wait for it)
+        written = (self.started, cut - self.started)
+        self.started, self.data = cut, end - cut
         self._call(*written, _WRITE)
         if self.pending is not None:
             self._call(*self.pending, _WAIT)
