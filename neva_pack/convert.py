@@ -58,7 +58,7 @@ def convert(source: Path, dest: Path, to: str, progress: bool = True) -> list[Pa
         packs = _packs(reader, plan, pool, progress, f"convert {prefix.name} to {to}")
         if pool is not None:
             packs = list(packs)  # text only (the pixels went to the pool): the part is complete before publish
-            parts.append(pool_part(pool.part.images_file.parent, f"pool_{k:05d}", pool.close()))
+            parts.append(pool_part(pool.part.images_file.parent, f"pool_{k:05d}", pool.close(), pool.checksums()))
         spec = WriteSpec(
             image_shape=tuple(meta.image_shape),
             normalisation=meta.normalisation,

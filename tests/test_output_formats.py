@@ -258,3 +258,31 @@ def test_a_compact_output_tells_nemo_users_to_convert_first(sample_runs):
     assert f"neva-pack convert {sample_runs / 'compact'} {sample_runs / 'compact_nemo'} --to nemo" in summary
     nemo = json.loads((sample_runs / "nemo" / "stats.json").read_text())
     assert f"model.data.data_prefix={sample_runs / 'nemo' / 'packed_seq_dataset'}" in nemo["training_overrides"]
+
+
+def test_a_compact_publish_reads_no_pool_file_back(tmp_path, monkeypatch):
+    """The pool parts' checksums come from the sample store, which hashed each part as it wrote it
+    (a pool is GBs at scale, written behind, out of the page cache): publish reads none of them
+    back, and verify finds them right. A store from before (no checksums recorded) is read back."""
+    from pathlib import Path
+
+    from neva_pack.formats import base
+    from neva_pack.formats.sample_store import SampleStore
+    from neva_pack.store import file_checksum
+
+    read = []
+    monkeypatch.setattr(base, "file_checksum", lambda path: read.append(Path(path).name) or file_checksum(path))
+    out = tmp_path / "c"
+    preprocess(SAMPLE_DATA / "llava_sample.json", SAMPLE_DATA / "images", out, "--max_seq_length", 2048, "--output_format", "compact")
+    assert read and not any(name.endswith((".images", ".image_keys")) for name in read)
+    assert main(["verify", "--quiet", str(out)]) == 0
+    (part,) = SampleStore(out / "packed_seq_dataset").pool_parts
+    assert part.known_checksums() == {path: file_checksum(path) for path in (part.images_file, part.keys_file)}
+
+    progress = out / "packed_seq_dataset" / "progress.json"
+    state = json.loads(progress.read_text())
+    for shard in state["shards"]:
+        del shard["pool_checksums"]
+    progress.write_text(json.dumps(state))
+    (part,) = SampleStore(out / "packed_seq_dataset").pool_parts
+    assert part.checksums is None and part.known_checksums() == {}

@@ -88,12 +88,12 @@ def publish(
     """Checksum, rename the temporary files into place, write the meta last. Returns the meta written.
 
     ``renames``: final path -> temporary path; ``checksummed``: other files the output consists of;
-    ``known``: temporary path -> checksum computed while it was written (not read again).
+    ``known``: (temporary or other) path -> checksum computed while it was written (not read again).
     """
     output_dir = Path(prefix).parent
     known = known or {}
     checksums = {relative_name(output_dir, final): known.get(tmp) or file_checksum(tmp) for final, tmp in renames.items()}
-    checksums.update({relative_name(output_dir, path): file_checksum(path) for path in checksummed})
+    checksums.update({relative_name(output_dir, path): known.get(path) or file_checksum(path) for path in checksummed})
     for final, tmp in renames.items():
         os.replace(tmp, final)
     meta = meta.replace(checksums=checksums)

@@ -163,6 +163,8 @@ class Writer:
         pool_files = [path for p in parts for path in (p.images_file, p.keys_file)]
         meta = meta.replace(format=NAME, num_packs=self.num_packs, layout=layout)
         written = {prefix_file(tmp, suffix): digest.hexdigest() for suffix, digest in zip((TOKENS, LABELS), self._digests)}
+        for part in parts:  # the pool's parts hashed when the store wrote them
+            written.update(part.known_checksums())
         meta = publish(self.prefix, renames, [*pool_files, *extra_files], meta, known=written)
         self._checkpoint.remove()
         return meta

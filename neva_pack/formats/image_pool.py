@@ -37,10 +37,22 @@ class PoolPart:
     """The part's 16-byte keys, one per image."""
     count: int
     """Images in the part."""
+    checksums: dict[str, str] | None = None
+    """xxh3-128 of the images and keys files ({"images": hex, "keys": hex}), computed as they were
+    written: a compact output, whose pool these files are, publishes them without reading GBs of
+    pixels back. None where not known (a part with no image, a store from an earlier version)."""
+
+    def known_checksums(self) -> dict[Path, str]:
+        """file -> checksum, for the files whose checksum the part knows."""
+        if not self.checksums or not self.count:
+            return {}
+        return {self.images_file: self.checksums["images"], self.keys_file: self.checksums["keys"]}
 
 
-def pool_part(directory: Path, name: str, count: int) -> PoolPart:
-    return PoolPart(images_file=pool_images_path(directory, name), keys_file=pool_keys_path(directory, name), count=count)
+def pool_part(directory: Path, name: str, count: int, checksums: dict[str, str] | None = None) -> PoolPart:
+    return PoolPart(
+        images_file=pool_images_path(directory, name), keys_file=pool_keys_path(directory, name), count=count, checksums=checksums
+    )
 
 
 class PoolWriter:
@@ -54,6 +66,7 @@ class PoolWriter:
         self._images = None
         self._keys = None
         self._behind: WriteBehind | None = None
+        self._digests = None
 
     def add(self, image: np.ndarray) -> tuple[bytes, int]:
         """(key, pool index) of the image, storing it if new."""
@@ -65,12 +78,18 @@ class PoolWriter:
         if index is not None:
             return key, index
         if self._images is None:
+            import xxhash
+
             self._images = open(self.part.images_file, "wb")
             self._keys = open(self.part.keys_file, "wb")
             self._behind = WriteBehind(self._images.fileno())
-        self._images.write(np.ascontiguousarray(image, dtype=np.uint8).data)
+            self._digests = {"images": xxhash.xxh3_128(), "keys": xxhash.xxh3_128()}
+        pixels = np.ascontiguousarray(image, dtype=np.uint8).data
+        self._images.write(pixels)
         self._behind.advance(self._images.tell())
         self._keys.write(key)
+        self._digests["images"].update(pixels)
+        self._digests["keys"].update(key)
         index = self.next_index
         self.known[key] = index
         self.next_index += 1
@@ -85,6 +104,12 @@ class PoolWriter:
                 os.fsync(file.fileno())
                 file.close()
         return self.added
+
+    def checksums(self) -> dict[str, str] | None:
+        """What the part's files hash to (``PoolPart.checksums``), None when it holds no image."""
+        if self._digests is None:
+            return None
+        return {name: digest.hexdigest() for name, digest in self._digests.items()}
 
 
 def load_keys(parts: list[PoolPart]) -> dict[bytes, int]:

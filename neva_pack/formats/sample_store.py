@@ -88,6 +88,8 @@ class ShardInfo:
     """Truncated samples in the shard."""
     skipped_by_reason: dict
     """Skipped records of the shard, by reason."""
+    pool_checksums: dict | None = None
+    """Checksums of the shard's pool part, computed as it was written (``PoolPart.checksums``)."""
 
 
 class SampleStoreWriter:
@@ -126,7 +128,7 @@ class SampleStoreWriter:
         self._open = None
 
     def pool_parts(self) -> list[PoolPart]:
-        return [pool_part(self.directory, s.name, s.pool_images) for s in self.shards]
+        return [pool_part(self.directory, s.name, s.pool_images, s.pool_checksums) for s in self.shards]
 
     @property
     def next_record(self) -> int:
@@ -238,6 +240,7 @@ def join_part(writer: SampleStoreWriter, part: Path, first_record: int, end_reco
             pool_images=pool.close(),
             truncated=sum(chunk.truncated for chunk in chunks),
             skipped_by_reason=_sum_counts(chunk.skipped_by_reason for chunk in chunks),
+            pool_checksums=pool.checksums(),
         )
     )
     writer._write_progress(complete=False)
@@ -430,6 +433,7 @@ class _OpenShard:
             pool_images=pool_images,
             truncated=self.truncated,
             skipped_by_reason=dict(self.skipped_by_reason),
+            pool_checksums=self._pool.checksums(),
         )
 
 
@@ -471,7 +475,7 @@ class SampleStore:
         self._first_sample = np.cumsum([0] + [s.samples for s in self.shards])
         self._first_image = np.cumsum([0] + [s.images for s in self.shards])
         self._sample_first_image = np.concatenate([[0], np.cumsum(self.rows["num_images"].astype(np.int64))])
-        self.pool_parts = [pool_part(self.directory, s.name, s.pool_images) for s in self.shards]
+        self.pool_parts = [pool_part(self.directory, s.name, s.pool_images, s.pool_checksums) for s in self.shards]
         self.pool = ImagePool(self.pool_parts, self.image_shape, mmap=False)
         self._known = None
         self._text = {}
