@@ -4,7 +4,9 @@
                                   wheel's (RGB, L, RGBA, P/animated GIF; 14x25 to 1411x1411, aspect
                                   up to 2.6), ~80% of the records with one image, ~5% with two,
                                   the rest text-only, 1-3 turns of generated text (some non-ASCII)
-    text_workload(path, records)  text-only records: 1-4 turns, mix665k-like sizes (~1.4 KB)
+    text_workload(path, records)  text-only records: 1-4 turns, mix665k-like sizes (~1.4 KB); with
+                                  vocabulary=N, words drawn from N compound words with Zipf weights
+                                  (like natural text: most words rare) instead of ~70 common ones
 
 Everything is a pure function of the record count and the seed, so a test can pin the bytes of a
 run over it.
@@ -52,12 +54,36 @@ def image_files() -> list[Path]:
     return files + [data / name for name in SKIMAGE_IMAGES if (data / name).is_file()]
 
 
-def _sentence(rng: random.Random, words: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(words)).capitalize() + "."
+def _sentence(rng: random.Random, words: int, vocabulary=None) -> str:
+    if vocabulary is None:
+        chosen = [rng.choice(WORDS) for _ in range(words)]
+    else:
+        chosen = rng.choices(vocabulary[0], cum_weights=vocabulary[1], k=words)
+    return " ".join(chosen).capitalize() + "."
 
 
-def _answer(rng: random.Random, sentences: tuple[int, int]) -> str:
-    return " ".join(_sentence(rng, rng.randint(6, 18)) for _ in range(rng.randint(*sentences)))
+def _answer(rng: random.Random, sentences: tuple[int, int], vocabulary=None) -> str:
+    return " ".join(_sentence(rng, rng.randint(6, 18), vocabulary) for _ in range(rng.randint(*sentences)))
+
+
+def zipf_vocabulary(size: int, seed: int = 0) -> tuple[list[str], list[float]]:
+    """``size`` distinct words made of one to three of ``WORDS`` and an optional suffix
+    ("coffeetable", "galaxylighted"), and their cumulative Zipf weights (1 / rank): text whose
+    words repeat as natural text's do (most of them rare), spelled from pieces a tokenizer knows."""
+    rng = random.Random(seed)
+    stems = [word for word in WORDS if word.isalpha()]
+    suffixes = ("", "", "", "s", "ed", "ing", "er", "ly", ",")
+    words, seen = [], set()
+    while len(words) < size:
+        word = "".join(rng.choice(stems) for _ in range(rng.choice((1, 1, 2, 3)))) + rng.choice(suffixes)
+        if word not in seen:
+            seen.add(word)
+            words.append(word)
+    total, cumulative = 0.0, []
+    for rank in range(1, size + 1):
+        total += 1.0 / rank
+        cumulative.append(total)
+    return words, cumulative
 
 
 def image_workload(directory: Path, records: int, seed: int = 0) -> dict:
@@ -92,17 +118,19 @@ def image_workload(directory: Path, records: int, seed: int = 0) -> dict:
     return {"data_path": data, "image_folder": images}
 
 
-def text_workload(path: Path, records: int, seed: int = 0) -> Path:
-    """Write a JSON list of text-only records (mix665k's text-only part is ShareGPT-like: long, multi-turn)."""
+def text_workload(path: Path, records: int, seed: int = 0, vocabulary: int | None = None) -> Path:
+    """Write a JSON list of text-only records (mix665k's text-only part is ShareGPT-like: long,
+    multi-turn), with words from ``zipf_vocabulary(vocabulary)`` when given."""
     rng = random.Random(seed)
+    words = None if vocabulary is None else zipf_vocabulary(vocabulary, seed)
     path = Path(path)
     with open(path, "w", encoding="utf-8") as f:
         f.write("[\n")
         for i in range(records):
             turns = []
             for _ in range(rng.choice((1, 2, 3, 4))):
-                turns.append({"from": "human", "value": _sentence(rng, rng.randint(6, 24))})
-                turns.append({"from": "gpt", "value": _answer(rng, (2, 8))})
+                turns.append({"from": "human", "value": _sentence(rng, rng.randint(6, 24), words)})
+                turns.append({"from": "gpt", "value": _answer(rng, (2, 8), words)})
             f.write(json.dumps({"id": f"txt-{i}", "conversations": turns}, ensure_ascii=False))
             f.write(",\n" if i + 1 < records else "\n")
         f.write("]\n")
