@@ -37,22 +37,24 @@ class PoolPart:
     """The part's 16-byte keys, one per image."""
     count: int
     """Images in the part."""
-    checksums: dict[str, str] | None = None
-    """xxh3-128 of the images and keys files ({"images": hex, "keys": hex}), computed as they were
-    written: a compact output, whose pool these files are, publishes them without reading GBs of
-    pixels back. None where not known (a part with no image, a store from an earlier version)."""
+    checksums: tuple[str, str] | None = None
+    """xxh3-128 (hex) of the images and of the keys file, computed as they were written: a compact
+    output, whose pool these files are, publishes them without reading GBs of pixels back. None
+    where not known (a part with no image, a store from an earlier version)."""
 
     def known_checksums(self) -> dict[Path, str]:
         """file -> checksum, for the files whose checksum the part knows."""
-        if not self.checksums or not self.count:
+        if self.checksums is None or not self.count:
             return {}
-        return {self.images_file: self.checksums["images"], self.keys_file: self.checksums["keys"]}
+        return dict(zip((self.images_file, self.keys_file), self.checksums))
 
 
 def pool_part(directory: Path, name: str, count: int, checksums: dict[str, str] | None = None) -> PoolPart:
+    """``checksums``: ``PoolWriter.checksums()`` as the sample store keeps it ({"images", "keys"})."""
     return PoolPart(
-        images_file=pool_images_path(directory, name), keys_file=pool_keys_path(directory, name), count=count, checksums=checksums
-    )
+        images_file=pool_images_path(directory, name), keys_file=pool_keys_path(directory, name), count=count,
+        checksums=None if checksums is None else (checksums["images"], checksums["keys"]),
+    )  # fmt: skip
 
 
 class PoolWriter:
@@ -147,7 +149,7 @@ class ImagePool:
         out = np.empty((len(indices), *self.image_shape), dtype=np.uint8)
         if not len(indices):  # a text-only pack
             return out
-        if len(indices) and (indices.min() < 0 or indices.max() >= len(self)):
+        if indices.min() < 0 or indices.max() >= len(self):
             raise IndexError(f"image index outside the pool of {len(self)} images")
         parts = np.searchsorted(self.starts, indices, side="right") - 1
         for k, (index, part) in enumerate(zip(indices.tolist(), parts.tolist())):
