@@ -275,20 +275,23 @@ def _spelled_widths(proto) -> np.ndarray:
 
 
 def _no_piece_spans_a_space(proto) -> bool:
-    """Whether a BPE model's pieces never span the start of a space-led word: no normal or
-    user-defined piece has a "▁" after a character that is not one (a leading run of them is
-    fine: "▁▁the"), and "▁" is itself a piece (so no run of unknown characters can reach across).
+    """Whether a BPE model's pieces never span the start of a space-led word: spaces are written
+    "▁" (``escape_whitespaces``), no piece of any kind has a "▁" after a character that is not
+    one (a leading run of them is fine: "▁▁the"; unused pieces count too, since BPE merges into
+    them before splitting them back), and "▁" is itself a piece (so no run of unknown characters
+    can reach across).
 
     Then sentencepiece's BPE never merges across such a boundary (every merge makes a piece),
     its user-defined symbols never straddle one, and the ids of a text are the ids of its words
     tokenized one at a time, which is what ``WordCache`` relies on. LLaMA, Mistral and the
     sample tokenizer are such models; a unigram model is left to sentencepiece (its best path
     could break ties differently)."""
-    if proto.trainer_spec.model_type != proto.trainer_spec.BPE:
+    if proto.trainer_spec.model_type != proto.trainer_spec.BPE or not proto.normalizer_spec.escape_whitespaces:
         return False
     kind = proto.SentencePiece
-    pieces = [p.piece for p in proto.pieces if p.type in (kind.NORMAL, kind.USER_DEFINED)]
-    return "▁" in pieces and not any("▁" in piece.lstrip("▁") for piece in pieces)
+    if not any(p.piece == "▁" and p.type in (kind.NORMAL, kind.USER_DEFINED) for p in proto.pieces):
+        return False
+    return not any("▁" in p.piece.lstrip("▁") for p in proto.pieces)
 
 
 _WORDS = re.compile("[ \u2581]*[^ \u2581]+|[ \u2581]+")

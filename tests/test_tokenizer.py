@@ -10,8 +10,9 @@ that are, or look like, control and user-defined pieces. Models outside the shor
 (whitespace collapsed, no byte fallback) must give the protobuf answer as well.
 
 The ids themselves come from a per-word cache (``WordCache``) for BPE models none of whose pieces
-span the start of a space-led word; a model with such a piece, and a unigram model, are in the
-fixture to show the cache stays out of their way. The tokenizers are shared across examples, so
+span the start of a space-led word; models with such a piece (user-defined, unused, or a "y z"
+where spaces are not written "▁"), and a unigram model, are in the fixture to show the cache stays
+out of their way. The tokenizers are shared across examples, so
 the cache is warm with words seen in other texts, as in a worker.
 """
 
@@ -66,6 +67,22 @@ def _piece_across_a_space(proto) -> None:
     piece.piece, piece.score, piece.type = "y▁z", 0.0, piece.USER_DEFINED
 
 
+def _unused_piece_across_a_space(proto) -> None:
+    """Unused "y▁" and "y▁z": BPE merges into them, then splits them back, having changed the
+    merges around them ("y z" is then ▁y ▁ z, not ▁ y ▁ z)."""
+    for text in ("y▁", "y▁z"):
+        piece = proto.pieces.add()
+        piece.piece, piece.score, piece.type = text, 0.0, piece.UNUSED
+
+
+def _spaces_not_escaped(proto) -> None:
+    """Spaces kept as " ", and a normal piece "y z" across a word's start without any "▁"."""
+    proto.normalizer_spec.escape_whitespaces = False
+    for text in (" ", "y ", "y z"):
+        piece = proto.pieces.add()
+        piece.piece, piece.score, piece.type = text, 0.0, piece.NORMAL
+
+
 def _as_unigram(proto) -> None:
     proto.trainer_spec.model_type = proto.trainer_spec.UNIGRAM
 
@@ -82,6 +99,8 @@ def models(tmp_path_factory, sample_tokenizer_path, mistral_tokenizer_path) -> d
         "sample_without_byte_fallback": _modified(sample_tokenizer_path, tmp / "nobytes.model", _no_byte_fallback),
         "sample_with_piece_across_a_space": _modified(sample_tokenizer_path, tmp / "across.model", _piece_across_a_space),
         "sample_as_unigram": _modified(sample_tokenizer_path, tmp / "unigram.model", _as_unigram),
+        "sample_with_unused_piece_across_a_space": _modified(sample_tokenizer_path, tmp / "unused.model", _unused_piece_across_a_space),
+        "sample_not_escaping_spaces": _modified(sample_tokenizer_path, tmp / "spaces.model", _spaces_not_escaped),
     }
 
 
@@ -170,7 +189,9 @@ def test_word_cache_serves_only_models_no_piece_spans(tokenizers, references):
     across = tokenizers["sample_with_piece_across_a_space"]
     spanning = across.token_to_id("y▁z")
     assert spanning in across.encode("xy z").ids.tolist()
-    _check(across.encode("xy z"), _protobuf_offsets(references["sample_with_piece_across_a_space"][0], "xy z"), "xy z")
+    for name in ("sample_with_piece_across_a_space", "sample_with_unused_piece_across_a_space", "sample_not_escaping_spaces"):
+        for text in ("xy z", "y z", "ay zb"):
+            _check(tokenizers[name].encode(text), _protobuf_offsets(references[name][0], text), (name, text))
 
 
 def test_word_cache_is_bounded_and_exact_when_emptied(sample_tokenizer_path, references, monkeypatch):

@@ -120,3 +120,17 @@ def test_an_indexed_file_written_behind_has_the_same_bytes(tmp_path_factory, ite
     reader = IndexedReader(directory / "behind")
     for i, ((n, _), value) in enumerate(zip(items, values)):
         np.testing.assert_array_equal(reader[i], np.zeros(n, np.float32) if value is None else value)
+
+
+def test_a_window_under_a_page_never_hands_over_a_zero_length(tmp_path, calls):
+    """A length of 0 means "to the end of the file" to both calls: until a whole page is written
+    there is nothing to hand over."""
+    page = write_behind._PAGE
+    with open(tmp_path / "f", "wb", buffering=0) as f:
+        behind = WriteBehind(f.fileno(), window=page // 4)
+        f.write(b"w" * (page // 2))
+        behind.advance(f.tell())
+        assert calls == []
+        f.write(b"w" * page)
+        behind.advance(f.tell())
+    assert calls == [("sync", 0, page, 2)]

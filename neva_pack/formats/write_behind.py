@@ -64,6 +64,8 @@ class WriteBehind:
         if not self.enabled or self.data < self.window:
             return
         cut = end - end % _PAGE  # a page the next write continues is not handed to the disk (it would wait for it)
+        if cut <= self.started:  # a window under a page: nothing whole yet (a length of 0 would mean "to the end")
+            return
         written = (self.started, cut - self.started)
         self.started, self.data = cut, end - cut
         self._call(*written, _WRITE)
