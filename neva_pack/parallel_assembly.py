@@ -24,7 +24,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from neva_pack import invariants
 from neva_pack.assemble import AssembledPack, assemble_packs, padded_view
-from neva_pack.invariant_kernels import pack_is_sound
+from neva_pack.invariant_kernels import fast_pack_problems
 from neva_pack.packing import PackingPlan
 from neva_pack.workers import worker_messages
 
@@ -48,10 +48,7 @@ def pack_problem(pack: AssembledPack, checks: invariants.PackSpec) -> str | None
     """The first problem of an assembled pack, as the writer would write it, or None."""
     tokens, labels = padded_view(pack, checks.pad_id, checks.ignore_index)
     cu_seqlens = np.concatenate([[0], np.cumsum(pack.padded_lengths)])
-    arguments = (checks, cu_seqlens, tokens, labels, len(pack.image_indices))
-    if pack_is_sound(*arguments, real_lengths=pack.lengths):  # compiled: a sound pack costs microseconds
-        return None
-    problems = invariants.pack_problems(*arguments, real_lengths=pack.lengths)
+    problems = fast_pack_problems(checks, cu_seqlens, tokens, labels, len(pack.image_indices), real_lengths=pack.lengths)
     return problems[0] if problems else None
 
 

@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from neva_pack.invariant_kernels import pack_is_sound
+from neva_pack.invariant_kernels import fast_pack_problems, pack_is_sound
 from neva_pack.invariants import PackSpec, pack_problems
 
 IGNORE, PAD, PATCH = -100, 0, 3
@@ -50,6 +50,7 @@ def packs(draw):
 def _agree(spec, cu, tokens, labels, images, real):
     problems = pack_problems(spec, cu, tokens, labels, images, real_lengths=real)
     assert pack_is_sound(spec, cu, tokens, labels, images, real_lengths=real) == (not problems), problems
+    assert fast_pack_problems(spec, cu, tokens, labels, images, real_lengths=real) == problems
 
 
 @settings(max_examples=300, deadline=None)
