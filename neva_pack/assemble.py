@@ -111,6 +111,11 @@ def plan_table(rows: np.ndarray, plan: PackingPlan, pad_to_multiple_of: int = 1)
     )
 
 
+PACKS_PER_READ = 32
+"""Packs whose samples' text is read back with one ``SampleStore.texts`` call: its array work
+(~70 us) is paid once per group, not once per pack."""
+
+
 def assemble_packs(
     store, plan: PackingPlan, cuts: dict[int, tuple[int, int]], *, pad_to_multiple_of: int = 1, start: int = 0,
     stop: int | None = None, with_pixels: bool = True, pad_id: int, ignore_index: int,
@@ -118,31 +123,56 @@ def assemble_packs(
     """Packs ``start`` .. ``stop`` - 1 of the plan (to its last pack when ``stop`` is None). ``cuts``: sample -> (tokens kept, images kept) for samples
     longer than this pack size, cut as the sample builder would have cut them. ``pad_id`` and
     ``ignore_index`` fill the padded view (``padded_tokens``/``padded_labels``)."""
+    stop = plan.num_bins if stop is None else stop
+    for first in range(start, stop, PACKS_PER_READ):
+        yield from _assemble_group(
+            store, plan, cuts, first, min(first + PACKS_PER_READ, stop), pad_to_multiple_of, with_pixels, pad_id, ignore_index
+        )
+
+
+def _assemble_group(
+    store, plan: PackingPlan, cuts, start: int, stop: int, multiple: int, with_pixels: bool, pad_id: int, ignore_index: int
+) -> Iterator[AssembledPack]:  # fmt: skip
+    """Packs [start, stop): their samples' text read at once, then cut into packs::
+
+        group members  [s7 s2 | s4 s9 s1]      sample_bounds [0, 2, 5]
+        text.lengths   [5  3  | 2  6  4 ]      token_bounds  [0, 8, 20]
+    """
     uncut = np.iinfo(np.int64).max
-    for b in range(start, plan.num_bins if stop is None else stop):
-        members = np.asarray(plan.bin(b), dtype=np.int64)
-        keep = [cuts[i][0] if i in cuts else uncut for i in members.tolist()] if cuts else None
-        text = store.texts(members, keep)
-        positions = np.cumsum(text.lengths) - text.lengths  # where each sample starts in the pack
-        indices, starts = [], []
-        for k, i in enumerate(members.tolist()):
-            sample_images = store.image_indices(i)
-            if i in cuts:
-                sample_images = sample_images[: cuts[i][1]]
-            indices.append(sample_images)
-            starts.append(positions[k] + text.image_starts[k][: len(sample_images)])
-        image_indices = np.concatenate(indices).astype(np.int64)
-        padded = padded_lengths(text.lengths, pad_to_multiple_of)
+    members = np.asarray(plan.indices[plan.offsets[start] : plan.offsets[stop]], dtype=np.int64)
+    sample_bounds = np.asarray(plan.offsets[start : stop + 1], dtype=np.int64) - int(plan.offsets[start])
+    keep = [cuts[i][0] if i in cuts else uncut for i in members.tolist()] if cuts else None
+    text = store.texts(members, keep)
+    token_bounds = np.concatenate([[0], np.cumsum(text.lengths)])
+    padded = padded_lengths(text.lengths, multiple)
+    record_indices = store.rows["record_index"][members].astype(np.int64)
+    with_images = np.flatnonzero(store.rows["num_images"][members] > 0).tolist()
+    indices = [np.zeros(0, dtype=np.int64)] * len(members)
+    starts = [np.zeros(0, dtype=np.int64)] * len(members)
+    for k in with_images:  # text-only samples need no per-sample work
+        i = int(members[k])
+        sample_images = store.image_indices(i)
+        if i in cuts:
+            sample_images = sample_images[: cuts[i][1]]
+        indices[k] = sample_images.astype(np.int64)
+        starts[k] = text.image_starts[k][: len(sample_images)]
+    for b in range(stop - start):
+        low, high = int(sample_bounds[b]), int(sample_bounds[b + 1])
+        first_token, end_token = int(token_bounds[low]), int(token_bounds[high])
+        lengths, pack_padded = text.lengths[low:high], padded[low:high]
+        tokens, labels = text.tokens[first_token:end_token], text.labels[first_token:end_token]
+        positions = token_bounds[low:high] - first_token  # where each sample starts in the pack
+        image_indices = np.concatenate(indices[low:high]) if with_images else indices[0]
         yield AssembledPack(
-            lengths=text.lengths,
-            padded_lengths=padded,
-            tokens=text.tokens,
-            labels=text.labels,
-            record_indices=store.rows["record_index"][members].astype(np.int64),
-            num_images=np.array([len(sample) for sample in indices], dtype=np.int64),
+            lengths=lengths,
+            padded_lengths=pack_padded,
+            tokens=tokens,
+            labels=labels,
+            record_indices=record_indices[low:high],
+            num_images=np.array([len(sample) for sample in indices[low:high]], dtype=np.int64),
             image_indices=image_indices,
-            image_starts=np.concatenate(starts),
+            image_starts=np.concatenate([positions[k] + starts[low + k] for k in range(high - low)]) if with_images else indices[0],
             pixels=store.pool.read(image_indices) if with_pixels else None,
-            padded_tokens=with_padding(text.tokens, text.lengths, padded, pad_id),
-            padded_labels=with_padding(text.labels, text.lengths, padded, ignore_index),
+            padded_tokens=with_padding(tokens, lengths, pack_padded, pad_id),
+            padded_labels=with_padding(labels, lengths, pack_padded, ignore_index),
         )

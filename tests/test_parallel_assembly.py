@@ -52,6 +52,41 @@ def test_compact_output_is_the_same_from_workers(workloads, tmp_path, sample_tok
     assert run(tmp_path / "workers") == in_main
 
 
+@pytest.mark.parametrize("per_read, per_handoff", [(1, 1), (2, 3)])
+@pytest.mark.parametrize("name", ["image_v1_pad_clip336", "text_v1"])
+def test_packs_read_and_handed_to_the_writer_in_groups_of_any_size_give_the_golden_bytes(
+    name, per_read, per_handoff, workloads, tmp_path, sample_tokenizer_path, mistral_tokenizer_path, monkeypatch
+):
+    from neva_pack import assemble
+    from neva_pack.formats import nemo
+
+    monkeypatch.setattr(assemble, "PACKS_PER_READ", per_read)
+    monkeypatch.setattr(nemo, "TEXT_PACKS_PER_HANDOFF", per_handoff)
+    got = run_golden(name, 2, workloads, tmp_path / "out", sample_tokenizer_path, mistral_tokenizer_path)
+    assert got == GOLDEN[name][2]
+
+
+def test_cut_and_padded_samples_read_in_groups_give_the_packs_read_one_by_one(
+    workloads, tmp_path, sample_tokenizer_path, monkeypatch
+):
+    """Samples cut for the smaller pack size and padded to a multiple, read a pack at a time and
+    in groups (PACKS_PER_READ 3 straddles packs with and without images): the same bytes."""
+    from neva_pack import assemble
+
+    def run(output_dir: Path) -> dict[str, bytes]:
+        code = main(["preprocess", "--quiet", *map(str, workloads["image"]), "--tokenizer_path", str(sample_tokenizer_path),
+                     "--conv_template", "v1", "--image_aspect_ratio", "pad", "--pack_sizes", "700", "2048",
+                     "--pad_to_multiple_of", "8", "--output_dir", str(output_dir), "--num_workers", "0"])  # fmt: skip
+        assert code == 0
+        return _files(output_dir)
+
+    monkeypatch.setattr(assemble, "PACKS_PER_READ", 1)
+    one_by_one = run(tmp_path / "one")
+    assert any("700" in name for name in one_by_one) and any("2048" in name for name in one_by_one)
+    monkeypatch.setattr(assemble, "PACKS_PER_READ", 3)
+    assert run(tmp_path / "groups") == one_by_one
+
+
 def test_a_bad_pack_found_by_a_worker_stops_the_run_and_its_workers(
     packs_in_workers, workloads, tmp_path, sample_tokenizer_path, monkeypatch, capsys
 ):

@@ -46,7 +46,10 @@ PACK_MODES = (0, 0, 0, IMAGE_MODE)
 NEEDS_PIXELS = True
 """The writer stores every image instance's values: assembly must read the pixels."""
 QUEUED_PACKS = 2
-"""Packs assembled ahead of the writer thread (each holds its uint8 pixels)."""
+"""Hand-overs queued ahead of the writer thread (each holds at most one pack's uint8 pixels)."""
+TEXT_PACKS_PER_HANDOFF = 32
+"""Image-less packs handed to the writer thread together: one hand-over a pack cost more than
+writing it (a thread switch through the GIL each, on cores the assembling workers keep busy)."""
 
 
 class Writer:
@@ -85,6 +88,7 @@ class Writer:
         self._image_values = int(np.prod(spec.image_shape))
         self._values = np.empty(0, dtype=PACKED_DTYPE)  # the normalised images of the pack being written
         self._queue: queue.Queue = queue.Queue(maxsize=QUEUED_PACKS)
+        self._pending: list = []  # packs not yet handed to the writer thread
         self._thread: threading.Thread | None = None
         self._failure: BaseException | None = None
 
@@ -94,8 +98,16 @@ class Writer:
         if self._thread is None:
             self._thread = threading.Thread(target=self._write_packs, name="nemo-writer", daemon=True)
             self._thread.start()
-        self._queue.put((*self._text_items(pack), pack.pixels))
+        pixels = pack.pixels
+        self._pending.append((*self._text_items(pack), pixels))
         self.num_packs += 1
+        if len(self._pending) >= TEXT_PACKS_PER_HANDOFF or (pixels is not None and len(pixels)):
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        if self._pending:
+            self._queue.put(self._pending)
+            self._pending = []
 
     def _text_items(self, pack) -> tuple[np.ndarray, tuple[int, int, int]]:
         """cu_seqlens, tokens and labels of the pack as one float32 array, and the three lengths."""
@@ -111,14 +123,14 @@ class Writer:
         return text, (boundaries, total, total)
 
     def _write_packs(self) -> None:
-        """The writer thread: packs from the queue, in order, until None; the first failure is kept for the caller."""
+        """The writer thread: lists of packs from the queue, in order, until None; the first failure is kept for the caller."""
         while True:
             job = self._queue.get()
             try:
                 if job is None:
                     return
-                if self._failure is None:
-                    self._write(*job)
+                for pack in job if self._failure is None else ():
+                    self._write(*pack)
             except BaseException as exc:  # re-raised in the caller's thread by _raise_failure
                 self._failure = exc
             finally:
@@ -142,6 +154,7 @@ class Writer:
     def _drain(self) -> None:
         """Wait until every pack added is written; raise what the writer thread raised."""
         if self._thread is not None:
+            self._hand_over()
             self._queue.join()
         self._raise_failure()
 
