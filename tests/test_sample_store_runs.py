@@ -53,9 +53,9 @@ def samples_and_run(draw):
     return run, samples, draw(st.integers(1, 3))
 
 
-@settings(max_examples=30, deadline=None)
-@given(case=samples_and_run())
-def test_store_elides_image_runs_and_reads_back_every_position(case):
+@settings(max_examples=40, deadline=None)
+@given(case=samples_and_run(), reverse=st.booleans())
+def test_store_elides_image_runs_and_reads_back_every_position(case, reverse):
     """Property: whatever the run and the mix of text and images, the text files hold each sample's
     length minus (run - 1) per image, and the reader returns exactly the tokens and labels written."""
     run, samples, per_shard = case
@@ -77,8 +77,9 @@ def test_store_elides_image_runs_and_reads_back_every_position(case):
             np.testing.assert_array_equal(tokens, s.tokens)
             np.testing.assert_array_equal(labels, s.labels)
             np.testing.assert_array_equal(store.image_starts(i), s.image_starts)
-        # several samples at once (a pack), in any order, some cut: what each gives alone, concatenated
-        order = list(reversed(range(len(samples))))
+        # several samples at once (a pack, or a group of packs read together), in an order that
+        # crosses shards back and forth, some cut: what each gives alone, concatenated
+        order = list(reversed(range(len(samples)))) if reverse else list(range(0, len(samples), 2)) + list(range(1, len(samples), 2))
         keep = [len(samples[i].tokens) // (1 + i % 2) for i in order]
         text = store.texts(order, keep)
         assert text.lengths.tolist() == keep
@@ -100,6 +101,26 @@ def test_store_elides_image_runs_and_reads_back_every_position(case):
 
 
 RUN = [5, 6, 6, 7]
+
+
+def test_a_stored_image_run_that_leaves_its_sample_is_refused_on_read(tmp_path):
+    """A store whose text file was altered (an image start moved past the sample's end) is not
+    read back as tokens: the elided positions would land in another sample."""
+    from neva_pack.formats.indexed import IndexedReader
+
+    store_writer = writer(tmp_path, RUN)
+    store_writer.append(sample(0, [10, 11, 5, 6, 6, 7, 12], [IGNORE] * 7, [2]))
+    store_writer.append(sample(1, [10, 11, 12], [11, 12, IGNORE], []))
+    store_writer.finish(2)
+    store = SampleStore(tmp_path)
+    assert store.texts([1, 0]).tokens.tolist() == [10, 11, 12, 10, 11, 5, 6, 6, 7, 12]
+    prefix = tmp_path / f"{store.shards[0].name}_text"
+    start_item = IndexedReader(prefix).sequence_pointers[2]  # document 0's image starts
+    with open(prefix.with_suffix(".bin"), "r+b") as f:
+        f.seek(int(start_item))
+        f.write(np.int32(5).tobytes())  # a run of 4 from position 5 of 7 positions
+    with pytest.raises(ValueError, match=r"image runs at \[5\] overlap or leave the sample of 7 positions"):
+        SampleStore(tmp_path).texts([1, 0])
 
 
 @pytest.mark.parametrize(

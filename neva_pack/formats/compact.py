@@ -96,12 +96,14 @@ class Writer:
         self._digests = [digest_of_first_bytes(path, f.tell()) for path, f in zip(self._paths, self._files)]
 
     def add(self, pack) -> None:
-        keep = _stored_positions(len(pack.tokens), pack.image_starts, len(self._run))
-        dropped = ~keep
-        runs = np.tile(self._run[:-1], len(pack.image_starts))
-        if not (np.array_equal(pack.tokens[dropped], runs) and np.all(pack.labels[dropped] == self.spec.ignore_index)):
-            raise ValueError("an image run of the pack is not the layout's ids with ignored labels")
-        tokens, labels = pack.tokens[keep], pack.labels[keep]
+        tokens, labels = pack.tokens, pack.labels
+        if len(pack.image_starts) and len(self._run) > 1:  # the runs' first N - 1 positions are not stored
+            keep = _stored_positions(len(pack.tokens), pack.image_starts, len(self._run))
+            dropped = ~keep
+            runs = np.tile(self._run[:-1], len(pack.image_starts))
+            if not (np.array_equal(tokens[dropped], runs) and np.all(labels[dropped] == self.spec.ignore_index)):
+                raise ValueError("an image run of the pack is not the layout's ids with ignored labels")
+            tokens, labels = tokens[keep], labels[keep]
         for f, behind, digest, values in zip(self._files, self._behind, self._digests, (tokens, labels)):
             data = np.ascontiguousarray(values, dtype=ID_DTYPE).data
             f.write(data)

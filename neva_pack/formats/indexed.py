@@ -357,6 +357,27 @@ class IndexedReader:
             return np.zeros(0, dtype=self.dtype), lengths
         return self._read(int(self.sequence_pointers[first]), sum(lengths)), lengths
 
+    def raw_documents(self, documents: np.ndarray, items: int) -> tuple[np.ndarray, np.ndarray]:
+        """Documents of ``items`` items each, one read per document: their values concatenated in
+        the order asked, and an int64 (len(documents), items) table of their items' lengths."""
+        documents = np.asarray(documents, dtype=np.int64)
+        first = self.document_indices[documents].astype(np.int64)
+        if np.any(self.document_indices[documents + 1] - first != items):
+            bad = int(documents[np.flatnonzero(self.document_indices[documents + 1] - first != items)[0]])
+            raise InputError(f"{idx_path(self.prefix)}: document {bad} does not have {items} items")
+        lengths = self.sequence_lengths[first[:, None] + np.arange(items)].astype(np.int64)
+        counts = lengths.sum(axis=1)
+        if self._map is not None or len(documents) == 0:
+            parts = [self._read(int(p), int(c)) for p, c in zip(self.sequence_pointers[first].tolist(), counts.tolist())]
+            return (np.concatenate(parts) if parts else np.zeros(0, dtype=self.dtype)), lengths
+        size = self.dtype.itemsize
+        pointers, sizes = self.sequence_pointers[first].tolist(), (counts * size).tolist()
+        data = b"".join([os.pread(self._fd, n, offset) for offset, n in zip(pointers, sizes)])
+        if len(data) != sum(sizes):
+            short = next(k for k, (o, n) in enumerate(zip(pointers, sizes)) if len(os.pread(self._fd, n, o)) != n)
+            self._read(pointers[short], sizes[short] // size)  # raises: the file ends before this document
+        return np.frombuffer(data, dtype=self.dtype), lengths
+
     def document(self, d: int) -> list[np.ndarray]:
         """The items of document d."""
         first, end = int(self.document_indices[d]), int(self.document_indices[d + 1])

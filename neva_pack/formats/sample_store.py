@@ -519,54 +519,59 @@ class SampleStore:
 
     def texts(self, indices, keep=None) -> "StoredTexts":
         """Tokens and labels of samples ``indices``, concatenated, each cut to ``keep[k]`` positions
-        when given (None: whole), with one file read per sample and array work per call, not per
-        sample: what assembly needs for one pack.
+        when given (None: whole), with one file read per sample and one compiled pass over them all
+        (``store_kernels.decode_texts``): what assembly needs for a group of packs.
 
             stored (per sample)   [t0 t2 t3 | last label]  bits [1 0 1]  starts [1]     (run S P, N = 2)
             ids (per sample)      [t0 S  t2 t3 | last label]        S filled in from the image run
             tokens                [t0 S  t2 t3]       labels  = next id where trained, else ignore
         """
+        from neva_pack.formats.store_kernels import SOUND, decode_texts  # numba: imported on first read
+
         indices = np.asarray(indices, dtype=np.int64)
-        shards = np.searchsorted(self._first_sample, indices, side="right") - 1
         lengths = self.rows["length"][indices].astype(np.int64)
-        elide = max(len(self.image_run) - 1, 0)
-        stored, bits, starts, trained_counts = [], [], [], []
-        for i, shard, length in zip(indices.tolist(), shards.tolist(), lengths.tolist()):
-            values, sizes = self._text_reader(shard).raw_document(i - int(self._first_sample[shard]))
-            stored.append(values[: sizes[0]])
-            bits.append(values[sizes[0] : sizes[0] + sizes[1]])
-            sample_starts = values[sizes[0] + sizes[1] :]
-            if len(sample_starts):
-                _run_positions(sample_starts, len(self.image_run), length)  # refuses overlapping or outside runs
-            starts.append(sample_starts)
-            trained_counts.append(length - elide * len(sample_starts))
-        ends = np.cumsum(lengths + 1)  # per sample: its ids, then its last label
-        first = ends - lengths - 1
-        ids = np.empty(int(ends[-1]) if len(ends) else 0, dtype=STORE_TEXT_DTYPE)
-        kept = np.ones(len(ids), dtype=bool)
-        counts = np.array([len(s) for s in starts], dtype=np.int64)
-        if elide and counts.sum():
-            at = np.concatenate(starts).astype(np.int64) + np.repeat(first, counts)
-            elided = (at[:, None] + np.arange(elide)).ravel()
-            kept[elided] = False
-            ids[elided] = np.tile(self.image_run[:-1], int(counts.sum()))
-        ids[kept] = np.concatenate(stored) if stored else ids[:0]
-        is_token = np.ones(len(ids), dtype=bool)
-        is_token[ends - 1] = False
-        trained = np.zeros(len(ids), dtype=bool)
-        unpacked = [np.unpackbits(b.view(np.uint8), count=n) for b, n in zip(bits, trained_counts)]
-        trained[kept & is_token] = np.concatenate(unpacked).astype(bool) if unpacked else trained[:0]
-        if keep is not None:
-            keep = np.minimum(np.asarray(keep, dtype=np.int64), lengths)
-            is_token &= np.arange(len(ids)) - np.repeat(first, lengths + 1) < np.repeat(keep, lengths + 1)
-            lengths = keep
-        following = np.append(ids[1:], STORE_TEXT_DTYPE(self.ignore_index))[is_token]
+        keep = lengths if keep is None else np.minimum(np.asarray(keep, dtype=np.int64), lengths)
+        raw, items = self._raw_texts(indices)  # per sample: stored ids + last label | trained bits | image starts
+        total = int(keep.sum())
+        tokens = np.empty(total, dtype=STORE_TEXT_DTYPE)
+        labels = np.empty(total, dtype=STORE_TEXT_DTYPE)
+        run_prefix = self.image_run[:-1].astype(STORE_TEXT_DTYPE)
+        bad = decode_texts(raw, items, lengths, keep, run_prefix, STORE_TEXT_DTYPE(self.ignore_index), tokens, labels)
+        sizes = items.sum(axis=1)
+        starts_at = (np.cumsum(sizes) - items[:, 2]).tolist()
+        if bad != SOUND:
+            k = int(bad)
+            sample_starts = raw[starts_at[k] : starts_at[k] + int(items[k, 2])]
+            _run_positions(sample_starts, len(self.image_run), int(lengths[k]))  # raises when the runs are at fault
+            raise ValueError(f"sample {int(indices[k])}: its stored text does not fit its {int(lengths[k])} positions (a bug)")
+        no_images = np.zeros(0, dtype=np.int64)
         return StoredTexts(
-            tokens=ids[is_token],
-            labels=np.where(trained[is_token], following, STORE_TEXT_DTYPE(self.ignore_index)).astype(STORE_TEXT_DTYPE),
-            lengths=lengths,
-            image_starts=[s.astype(np.int64) for s in starts],
+            tokens=tokens,
+            labels=labels,
+            lengths=keep,
+            image_starts=[raw[at : at + n].astype(np.int64) if n else no_images for at, n in zip(starts_at, items[:, 2].tolist())],
         )
+
+    def _raw_texts(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The samples' stored text values, concatenated in the order asked (one read per sample),
+        and the lengths of their three items."""
+        shards = np.searchsorted(self._first_sample, indices, side="right") - 1
+        present = np.unique(shards)
+        if len(present) == 1:  # the usual case: read in order, nothing to reorder
+            shard = int(present[0])
+            return self._text_reader(shard).raw_documents(indices - self._first_sample[shard], _TEXT_ITEMS)
+        items = np.zeros((len(indices), _TEXT_ITEMS), dtype=np.int64)
+        parts = []
+        for shard in present.tolist():
+            chosen = np.flatnonzero(shards == shard)
+            values, items[chosen] = self._text_reader(shard).raw_documents(indices[chosen] - self._first_sample[shard], _TEXT_ITEMS)
+            parts.append((chosen, values))
+        sizes = items.sum(axis=1)
+        block = np.cumsum(sizes) - sizes
+        raw = np.empty(int(sizes.sum()), dtype=STORE_TEXT_DTYPE)
+        for chosen, values in parts:  # each shard's samples to their places in the order asked
+            raw[np.repeat(block[chosen] - (np.cumsum(sizes[chosen]) - sizes[chosen]), sizes[chosen]) + np.arange(len(values))] = values
+        return raw, items
 
     def image_indices(self, i: int) -> np.ndarray:
         """Pool index of each image of sample i, in placeholder order."""

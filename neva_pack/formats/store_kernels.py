@@ -1,0 +1,80 @@
+"""numba kernel of the sample store's reader: stored sample text -> tokens and labels.
+
+A pack group's samples (~270 for 32 text-only packs) are decoded in one compiled pass over their
+positions; per-sample NumPy calls cost ~5 us a sample, a pass over every position in NumPy
+(masks, gathers) ~20 ns a position, more than the samples' file reads. What is decoded, for one
+sample of ``length`` positions whose image runs are N ids long (``sample_store.SampleStore.texts``)::
+
+    raw        [ stored ids + last label | trained bits (int32 words) | image starts ]
+    ids        stored ids, with the first N - 1 ids of the run put back at each image start
+    tokens     ids[:keep]          labels  ids[p + 1] where position p is trained, else ignore
+
+The trained bits are np.packbits' order: byte j of the words (little-endian int32) holds
+positions 8j .. 8j + 7, the first in its highest bit; elided run positions have no bit.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+SOUND = -1
+"""``decode_texts``' answer when every sample was decoded."""
+
+
+@numba.njit(cache=True, nogil=True)
+def decode_texts(raw, items, lengths, keep, run_prefix, ignore, tokens, labels):
+    """Fills ``tokens`` and ``labels`` (sum(keep) each) with the samples' first keep[k] positions;
+    returns SOUND, or the index of the first sample whose stored items do not fit its length or
+    whose image runs overlap or leave it (the caller says which)."""
+    elide = len(run_prefix)
+    run = elide + 1
+    base = 0
+    out = 0
+    for k in range(len(lengths)):
+        length = lengths[k]
+        n_ids, n_words, n_starts = items[k, 0], items[k, 1], items[k, 2]
+        first_word = base + n_ids
+        first_start = first_word + n_words
+        trained_count = length - elide * n_starts
+        if n_ids != trained_count + 1 or n_words * 32 < trained_count:
+            return k
+        previous_end = 0
+        for s in range(n_starts):
+            start = raw[first_start + s]
+            if start < previous_end or start + run > length:
+                return k
+            previous_end = start + run
+        cut = keep[k]
+        stored = base  # next stored id
+        bit = 0  # next trained bit
+        next_start = 0
+        p = 0
+        while p < cut:
+            if next_start < n_starts and p == raw[first_start + next_start]:
+                # the run's first N - 1 positions: ids from the layout, never trained
+                for r in range(elide):
+                    if p + r < cut:
+                        tokens[out + p + r] = run_prefix[r]
+                        labels[out + p + r] = ignore
+                p += elide
+                next_start += 1
+                continue
+            word = raw[first_word + (bit >> 5)]
+            byte = (word >> (8 * ((bit >> 3) & 3))) & 0xFF
+            trained = (byte >> (7 - (bit & 7))) & 1
+            tokens[out + p] = raw[stored]
+            if trained:
+                # the next position's id: stored next, or the run's first id if a run starts there
+                if next_start < n_starts and p + 1 == raw[first_start + next_start] and elide > 0:
+                    labels[out + p] = run_prefix[0]
+                else:
+                    labels[out + p] = raw[stored + 1]
+            else:
+                labels[out + p] = ignore
+            stored += 1
+            bit += 1
+            p += 1
+        out += cut
+        base = first_start + n_starts
+    return SOUND
