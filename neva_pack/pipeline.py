@@ -12,6 +12,7 @@ checkpoint; the result is byte-identical to an uninterrupted run.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import heapq
 import json
@@ -39,7 +40,7 @@ from neva_pack.images import ImagePreprocessor, ImageSource
 from neva_pack.packing import RECOMMENDED_ALGORITHM, PackingPlan, pack
 from neva_pack.packing.alignment import aligned_capacity, padded_lengths
 from neva_pack.packing.balance import PackCosts, balance_order, reorder_plan, straggler_overhead
-from neva_pack.parallel_assembly import PackJob, checked_packs
+from neva_pack.parallel_assembly import PackJob, pack_batches
 from neva_pack.records import RecordIndex, RecordLimits, index_records
 from neva_pack.samples import (
     SampleBuilder,
@@ -250,7 +251,8 @@ def _write_prefix(config, builder, store, total: int, size: int, output_dir: Pat
     writer = fmt.Writer(prefix, spec, resume=config.resume)
     checks = pack_spec(config, builder, size)
     every = max(1, config.checkpoint_every // 10)
-    job = PackJob(store=store, plan=plan, cuts=cuts, pad_to_multiple_of=multiple, checks=checks)
+    job = PackJob(store=store, plan=plan, cuts=cuts, pad_to_multiple_of=multiple, checks=checks,
+                  prepare=functools.partial(fmt.prepare, spec=spec))
     _write_packs(job, writer, every, progress, fmt.NEEDS_PIXELS, config.num_workers)
     report = _report(
         config, builder, store, rows, plan, padded, kept, len(unsupervised), balance, total, prefix, time.perf_counter() - started
@@ -536,23 +538,24 @@ def _plan_digest(plan: PackingPlan, padded: np.ndarray) -> str:
     return digest.hexdigest()
 
 
-def _write_packs(
-    job: PackJob, writer, every: int, progress: bool, with_pixels: bool, workers: int,
-) -> None:  # fmt: skip
+def _write_packs(job: PackJob, writer, every: int, progress: bool, with_pixels: bool, workers: int) -> None:
     first = writer.num_packs
     plan = job.plan
     bar = tqdm(total=plan.num_bins, initial=first, desc=f"write packs of {plan.capacity}", unit="pack", disable=not progress)
-    packs = checked_packs(job, start=first, with_pixels=with_pixels, workers=workers)
+    batches = pack_batches(job, start=first, workers=workers)
     try:
-        for b, checked in enumerate(packs, start=first):
-            if checked.problem is not None:
-                raise OutputError(f"pack {b} of {plan.capacity}: {checked.problem}; nothing was published (a bug: please report it)")
-            writer.add(checked.pack)
-            if (b + 1) % every == 0 and b + 1 < plan.num_bins:
+        for batch in batches:
+            for b, problem in enumerate(batch.problems, start=batch.start):
+                if problem is not None:
+                    raise OutputError(f"pack {b} of {plan.capacity}: {problem}; nothing was published (a bug: please report it)")
+            pixels = (job.store.pool.read(indices) for indices in batch.image_indices) if with_pixels else [None] * len(batch)
+            writer.add_prepared(batch.prepared, pixels)
+            end = batch.start + len(batch)
+            if end // every > batch.start // every and end < plan.num_bins:
                 writer.checkpoint()
-            bar.update()
+            bar.update(len(batch))
     finally:
-        packs.close()  # stops the assembling workers at once when the loop ends early (an error, Ctrl-C)
+        batches.close()  # stops the assembling workers at once when the loop ends early (an error, Ctrl-C)
     bar.close()
 
 

@@ -66,9 +66,10 @@ def tiny_meta(num_packs: int) -> PackedMeta:
     )  # fmt: skip
 
 
-def write_tiny(directory, name: str, stop_after: int | None = None, resume: bool = False):
+def write_tiny(directory, name: str, stop_after: int | None = None, resume: bool = False, groups: list[int] | None = None):
     """Write the tiny packs in format ``name`` into directory; with ``stop_after``, stop after
-    checkpointing that many packs and writing one more (a run killed before its next checkpoint)."""
+    checkpointing that many packs and writing one more (a run killed before its next checkpoint);
+    with ``groups``, hand them to the writer prepared, that many packs at a time (as from workers)."""
     store = layout.store_dir(directory)
     store.mkdir(parents=True, exist_ok=True)
     known: dict = {}
@@ -78,6 +79,9 @@ def write_tiny(directory, name: str, stop_after: int | None = None, resume: bool
                      pool=(pool_part(store, "shard_00000", pool.close()),), plan_digest="tiny", image_run=(START, PATCH))  # fmt: skip
     fmt = FORMATS[name]
     writer = fmt.Writer(layout.packed_prefix(directory), spec, resume=resume)
+    for first, count in zip(np.cumsum([0, *(groups or [])]).tolist(), groups or []):
+        group = packs[first : first + count]
+        writer.add_prepared(fmt.prepare(group, spec), [p.pixels for p in group])
     for p in range(writer.num_packs, len(packs)):
         writer.add(packs[p])
         if stop_after is not None and p + 1 == stop_after:
@@ -163,6 +167,17 @@ def test_writer_resumes_after_its_last_checkpoint_with_the_same_bytes(tmp_path, 
     meta = read_meta(layout.meta_path(layout.packed_prefix(tmp_path / "whole")))
     for file in meta.checksums:
         assert (tmp_path / "killed" / file).read_bytes() == (tmp_path / "whole" / file).read_bytes(), file
+
+
+@pytest.mark.parametrize("groups", [[3], [1, 2], [2, 1]])
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_packs_prepared_in_groups_are_written_as_packs_added_one_by_one(tmp_path, name, groups):
+    """What workers send (``fmt.prepare`` of a group of packs) writes the bytes ``add`` writes."""
+    write_tiny(tmp_path / "one_by_one", name)
+    write_tiny(tmp_path / "grouped", name, groups=groups)
+    meta = read_meta(layout.meta_path(layout.packed_prefix(tmp_path / "one_by_one")))
+    for file in meta.checksums:
+        assert (tmp_path / "grouped" / file).read_bytes() == (tmp_path / "one_by_one" / file).read_bytes(), file
 
 
 @pytest.mark.parametrize("name", sorted(FORMATS))

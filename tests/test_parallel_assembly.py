@@ -127,24 +127,24 @@ def test_a_write_interrupted_while_workers_assemble_resumes_to_the_golden_bytes(
     from neva_pack.cli import EXIT_INTERRUPTED
     from neva_pack.formats import nemo
 
-    add = nemo.Writer.add
+    add = nemo.Writer.add_prepared
     written = []
 
-    def interrupted_after_five(self, pack):
-        if len(written) == 5:
+    def interrupted_after_two_messages(self, prepared, pixels):  # 6 packs (3 a message), checkpointed
+        if len(written) == 2:
             raise KeyboardInterrupt
         written.append(1)
-        add(self, pack)
+        add(self, prepared, pixels)
 
     out = tmp_path / "out"
     _, flags, expected = GOLDEN["image_v1_pad_clip336"]
     args = ["preprocess", "--quiet", *map(str, workloads["image"]), *flags, "--tokenizer_path", str(sample_tokenizer_path),
             "--output_dir", str(out), "--num_workers", "2", "--checkpoint_every", "20"]  # a writer checkpoint every 2 packs
-    monkeypatch.setattr(nemo.Writer, "add", interrupted_after_five)
+    monkeypatch.setattr(nemo.Writer, "add_prepared", interrupted_after_two_messages)
     assert main(args) == EXIT_INTERRUPTED
     assert multiprocessing.active_children() == []
     assert not list(out.glob("*.meta.json")) and list(out.glob("*.checkpoint.npz"))
-    monkeypatch.setattr(nemo.Writer, "add", add)
+    monkeypatch.setattr(nemo.Writer, "add_prepared", add)
     assert main([*args, "--resume"]) == 0
     assert {name: hashlib.sha256((out / name).read_bytes()).hexdigest() for name in expected} == expected
 

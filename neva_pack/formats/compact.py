@@ -35,6 +35,7 @@ meta's normalisation (bit-identical to the processor), an image-less pack gets o
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -80,7 +81,6 @@ class Writer:
         self._paths = [prefix_file(tmp, TOKENS), prefix_file(tmp, LABELS)]
         state = self._checkpoint.load(self._paths) if resume else None
         self._lists: dict[str, list] = {name: [] for name in (*_PER_PACK, *_PER_SAMPLE, "image_indices", "image_starts")}
-        self._run = np.asarray(spec.image_run, dtype=np.int64)
         if state is None:
             self._checkpoint.remove()
             self._files = [open(path, "wb") for path in self._paths]
@@ -96,30 +96,18 @@ class Writer:
         self._digests = [digest_of_first_bytes(path, f.tell()) for path, f in zip(self._paths, self._files)]
 
     def add(self, pack) -> None:
-        tokens, labels = pack.tokens, pack.labels
-        if len(pack.image_starts) and len(self._run) > 1:  # the runs' first N - 1 positions are not stored
-            keep = _stored_positions(len(pack.tokens), pack.image_starts, len(self._run))
-            dropped = ~keep
-            runs = np.tile(self._run[:-1], len(pack.image_starts))
-            if not (np.array_equal(tokens[dropped], runs) and np.all(labels[dropped] == self.spec.ignore_index)):
-                raise ValueError("an image run of the pack is not the layout's ids with ignored labels")
-            tokens, labels = tokens[keep], labels[keep]
-        for f, behind, digest, values in zip(self._files, self._behind, self._digests, (tokens, labels)):
-            data = np.ascontiguousarray(values, dtype=ID_DTYPE).data
+        self.add_prepared(prepare([pack], self.spec))
+
+    def add_prepared(self, prepared: "PreparedPacks", pixels=None) -> None:
+        """Packs as ``prepare`` gave them (compact stores no pixels: ``pixels`` is ignored)."""
+        for f, behind, digest, values in zip(self._files, self._behind, self._digests, (prepared.tokens, prepared.labels)):
+            data = values.data
             f.write(data)
             digest.update(data)
             behind.advance(f.tell())
-        lists = self._lists
-        lists["samples"].append(len(pack.lengths))
-        lists["tokens"].append(len(tokens))
-        lists["image_starts"] += pack.image_starts.tolist()
-        lists["images"].append(len(pack.image_indices))
-        lists["length"] += pack.lengths.tolist()
-        lists["padded_length"] += pack.padded_lengths.tolist()
-        lists["record_index"] += pack.record_indices.tolist()
-        lists["num_images"] += pack.num_images.tolist()
-        lists["image_indices"] += pack.image_indices.tolist()
-        self.num_packs += 1
+        for name, values in prepared.lists.items():
+            self._lists[name] += values.tolist()
+        self.num_packs += len(prepared.lists["samples"])
 
     def checkpoint(self) -> None:
         self._checkpoint.save(self._files, packs=np.int64(self.num_packs),
@@ -266,6 +254,57 @@ class Reader:
     def close(self) -> None:
         self.pool.close()
         self.tokens = self.labels = None
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedPacks:
+    """Packs as the compact files store them: what ``Writer.add_prepared`` writes. ``prepare``
+    is pure, so that the processes that assemble the packs can run it."""
+
+    tokens: np.ndarray
+    """int32 stored positions of the packs, back to back (the tokens file's bytes)."""
+    labels: np.ndarray
+    """int32, aligned with the tokens."""
+    lists: dict[str, np.ndarray]
+    """The packs' entries of the index arrays, in ``Writer._lists``' names: int64 per pack
+    (samples, tokens, images), per sample and per image."""
+
+
+def prepare(packs, spec: WriteSpec) -> PreparedPacks:
+    """The packs' bytes and index entries; an image run that is not the layout's ids with ignored
+    labels (before its last position) raises ValueError."""
+    run = np.asarray(spec.image_run, dtype=np.int64)
+    tokens, labels = [], []
+    for pack in packs:
+        pack_tokens, pack_labels = pack.tokens, pack.labels
+        if len(pack.image_starts) and len(run) > 1:  # the runs' first N - 1 positions are not stored
+            keep = _stored_positions(len(pack_tokens), pack.image_starts, len(run))
+            dropped = ~keep
+            if not (np.array_equal(pack_tokens[dropped], np.tile(run[:-1], len(pack.image_starts)))
+                    and np.all(pack_labels[dropped] == spec.ignore_index)):  # fmt: skip
+                raise ValueError("an image run of the pack is not the layout's ids with ignored labels")
+            pack_tokens, pack_labels = pack_tokens[keep], pack_labels[keep]
+        tokens.append(pack_tokens)
+        labels.append(pack_labels)
+
+    def joined(arrays, dtype=np.int64) -> np.ndarray:
+        return np.ascontiguousarray(np.concatenate(arrays) if arrays else np.zeros(0), dtype=dtype)
+
+    return PreparedPacks(
+        tokens=joined(tokens, ID_DTYPE),
+        labels=joined(labels, ID_DTYPE),
+        lists={
+            "samples": np.array([len(p.lengths) for p in packs], dtype=np.int64),
+            "tokens": np.array([len(t) for t in tokens], dtype=np.int64),
+            "images": np.array([len(p.image_indices) for p in packs], dtype=np.int64),
+            "image_starts": joined([p.image_starts for p in packs]),
+            "length": joined([p.lengths for p in packs]),
+            "padded_length": joined([p.padded_lengths for p in packs]),
+            "record_index": joined([p.record_indices for p in packs]),
+            "num_images": joined([p.num_images for p in packs]),
+            "image_indices": joined([p.image_indices for p in packs]),
+        },
+    )
 
 
 def _stored_positions(length: int, image_starts: np.ndarray, run: int) -> np.ndarray:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -94,33 +95,27 @@ class Writer:
 
     def add(self, pack) -> None:
         """One assembled pack: padded tokens/labels, padded cu_seqlens, normalised float32 images."""
+        self.add_prepared(prepare([pack], self.spec), [pack.pixels])
+
+    def add_prepared(self, prepared: "PreparedPacks", pixels) -> None:
+        """Packs as ``prepare`` gave them, and each pack's uint8 pixels (an iterable read pack by
+        pack: a lazy one keeps one pack's pixels in memory at a time)."""
         self._raise_failure()
         if self._thread is None:
             self._thread = threading.Thread(target=self._write_packs, name="nemo-writer", daemon=True)
             self._thread.start()
-        pixels = pack.pixels
-        self._pending.append((*self._text_items(pack), pixels))
-        self.num_packs += 1
-        if len(self._pending) >= TEXT_PACKS_PER_HANDOFF or (pixels is not None and len(pixels)):
-            self._hand_over()
+        ends = np.cumsum(prepared.item_lengths.sum(axis=1)).tolist()
+        for k, pack_pixels in zip(range(len(ends)), pixels, strict=True):
+            text = prepared.text[ends[k - 1] if k else 0 : ends[k]]
+            self._pending.append((text, tuple(prepared.item_lengths[k].tolist()), pack_pixels))
+            self.num_packs += 1
+            if len(self._pending) >= TEXT_PACKS_PER_HANDOFF or (pack_pixels is not None and len(pack_pixels)):
+                self._hand_over()
 
     def _hand_over(self) -> None:
         if self._pending:
             self._queue.put(self._pending)
             self._pending = []
-
-    def _text_items(self, pack) -> tuple[np.ndarray, tuple[int, int, int]]:
-        """cu_seqlens, tokens and labels of the pack as one float32 array, and the three lengths."""
-        spec = self.spec
-        boundaries = len(pack.padded_lengths) + 1
-        total = int(np.sum(pack.padded_lengths))
-        text = np.empty(boundaries + 2 * total, dtype=PACKED_DTYPE)
-        text[0] = 0
-        text[1:boundaries] = np.cumsum(pack.padded_lengths)
-        tokens, labels = assemble.padded_view(pack, spec.pad_id, spec.ignore_index)
-        text[boundaries : boundaries + total] = tokens
-        text[boundaries + total :] = labels
-        return text, (boundaries, total, total)
 
     def _write_packs(self) -> None:
         """The writer thread: lists of packs from the queue, in order, until None; the first failure is kept for the caller."""
@@ -136,10 +131,10 @@ class Writer:
             finally:
                 self._queue.task_done()
 
-    def _write(self, text: np.ndarray, lengths: tuple[int, int, int], pixels: np.ndarray) -> None:
+    def _write(self, text: np.ndarray, lengths: tuple[int, int, int], pixels: np.ndarray | None) -> None:
         data = self._data
         data.write_items(text, lengths, PACK_MODES[:3])
-        if len(pixels) == 0:
+        if pixels is None or len(pixels) == 0:
             data.skip_item(self._image_values, IMAGE_MODE)  # one zero image, as a hole
         else:
             if pixels.shape[1:] != tuple(self.spec.image_shape):
@@ -188,6 +183,37 @@ class Writer:
         meta = publish(self.prefix, renames, extra_files, meta, known={bin_path(self._tmp): self._data.checksum()})
         self._checkpoint.remove()
         return meta
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedPacks:
+    """Packs' text items as float32, what ``Writer.add_prepared`` writes with their images.
+    ``prepare`` is pure, so that the processes that assemble the packs can run it."""
+
+    text: np.ndarray
+    """float32: each pack's cu_seqlens, tokens and labels, pack after pack."""
+    item_lengths: np.ndarray
+    """int64 (packs, 3): the lengths of those three items of each pack."""
+
+
+def prepare(packs, spec: WriteSpec) -> PreparedPacks:
+    """The packs' padded cu_seqlens, tokens and labels, converted once into one float32 array."""
+    parts, lengths = [], []
+    for pack in packs:
+        boundaries = len(pack.padded_lengths) + 1
+        total = int(np.sum(pack.padded_lengths))
+        text = np.empty(boundaries + 2 * total, dtype=PACKED_DTYPE)
+        text[0] = 0
+        text[1:boundaries] = np.cumsum(pack.padded_lengths)
+        tokens, labels = assemble.padded_view(pack, spec.pad_id, spec.ignore_index)
+        text[boundaries : boundaries + total] = tokens
+        text[boundaries + total :] = labels
+        parts.append(text)
+        lengths.append((boundaries, total, total))
+    return PreparedPacks(
+        text=np.concatenate(parts) if parts else np.zeros(0, dtype=PACKED_DTYPE),
+        item_lengths=np.array(lengths, dtype=np.int64).reshape(-1, 3),
+    )
 
 
 class Reader:

@@ -16,7 +16,6 @@ positions 8j .. 8j + 7, the first in its highest bit; elided run positions have 
 from __future__ import annotations
 
 import numba
-import numpy as np
 
 SOUND = -1
 """``decode_texts``' answer when every sample was decoded."""
