@@ -111,7 +111,7 @@ def test_an_indexed_file_written_behind_has_the_same_bytes(tmp_path_factory, ite
     for name, behind in (("plain", False), ("behind", True)):
         writer = IndexedWriter(bin_path(directory / name), np.float32, write_behind=behind)
         if behind:
-            writer._behind.window = window
+            writer.file._behind.window = window
         for (n, hole), value in zip(items, values):
             writer.skip_item(n) if value is None else writer.write_item(value)
             writer.end_document()

@@ -74,14 +74,6 @@ class Checkpoint:
         self.path.unlink(missing_ok=True)
 
 
-def reopen_at(path: Path, size: int):
-    """Open a partial file for appending after cutting it back to ``size`` bytes."""
-    f = open(path, "r+b")
-    f.truncate(size)
-    f.seek(size)
-    return f
-
-
 def publish(
     prefix: Path, renames: dict[Path, Path], checksummed: list[Path], meta: PackedMeta, known: dict[Path, str] | None = None
 ) -> PackedMeta:  # fmt: skip

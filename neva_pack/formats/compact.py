@@ -40,11 +40,11 @@ from pathlib import Path
 
 import numpy as np
 
-from neva_pack.formats.base import Checkpoint, WriteSpec, publish, reopen_at
-from neva_pack.formats.write_behind import WriteBehind
+from neva_pack.formats.base import Checkpoint, WriteSpec, publish
+from neva_pack.formats.output_file import OutputFile
 from neva_pack.formats.image_pool import ImagePool, PoolPart
 from neva_pack.formats.meta import PackedMeta, PlanTable, ReadPack, read_meta
-from neva_pack.store import COMPACT_INDEX, COMPACT_LABELS, COMPACT_TOKENS, digest_of_first_bytes, meta_path, prefix_file, relative_name
+from neva_pack.store import COMPACT_INDEX, COMPACT_LABELS, COMPACT_TOKENS, meta_path, prefix_file, relative_name
 
 NAME = "compact"
 ID_DTYPE = np.dtype("<i4")
@@ -83,28 +83,23 @@ class Writer:
         self._lists: dict[str, list] = {name: [] for name in (*_PER_PACK, *_PER_SAMPLE, "image_indices", "image_starts")}
         if state is None:
             self._checkpoint.remove()
-            self._files = [open(path, "wb") for path in self._paths]
+            sizes = [None, None]
             self.num_packs = 0
         else:
-            self._files = [reopen_at(path, int(size)) for path, size in zip(self._paths, state["bytes"])]
+            sizes = [int(size) for size in state["bytes"]]
             for name in self._lists:
                 self._lists[name] = state[name].tolist()
             self.num_packs = int(state["packs"])
-        self._behind = [WriteBehind(f.fileno(), f.tell()) for f in self._files]
-        # xxh3-128 of the tokens and labels as they are written (after the checkpoint's bytes):
-        # publish need not read them again
-        self._digests = [digest_of_first_bytes(path, f.tell()) for path, f in zip(self._paths, self._files)]
+        # the tokens and labels, hashed as they are written (publish need not read them again)
+        self._files = [OutputFile(path, resume_at=size, write_behind=True) for path, size in zip(self._paths, sizes)]
 
     def add(self, pack) -> None:
         self.add_prepared(prepare([pack], self.spec))
 
     def add_prepared(self, prepared: "PreparedPacks", pixels=None) -> None:
         """Packs as ``prepare`` gave them (compact stores no pixels: ``pixels`` is ignored)."""
-        for f, behind, digest, values in zip(self._files, self._behind, self._digests, (prepared.tokens, prepared.labels)):
-            data = values.data
-            f.write(data)
-            digest.update(data)
-            behind.advance(f.tell())
+        for f, values in zip(self._files, (prepared.tokens, prepared.labels)):
+            f.write(values.data)
         for name, values in prepared.lists.items():
             self._lists[name] += values.tolist()
         self.num_packs += len(prepared.lists["samples"])
@@ -128,8 +123,6 @@ class Writer:
         """Write the index; rename the files into place; write the meta (with the pool's parts) last."""
         del plan  # the index holds the plan table (pack_offsets, record_index, length, ...)
         for f in self._files:
-            f.flush()
-            os.fsync(f.fileno())
             f.close()
         tmp = self._checkpoint.tmp
         arrays, offset = {}, 0
@@ -152,7 +145,7 @@ class Writer:
         renames = {prefix_file(self.prefix, suffix): prefix_file(tmp, suffix) for suffix in (TOKENS, LABELS, INDEX)}
         pool_files = [path for p in parts for path in (p.images_file, p.keys_file)]
         meta = meta.replace(format=NAME, num_packs=self.num_packs, layout=layout)
-        written = {prefix_file(tmp, suffix): digest.hexdigest() for suffix, digest in zip((TOKENS, LABELS), self._digests)}
+        written = {f.path: f.checksum() for f in self._files}
         for part in parts:  # the pool's parts hashed when the store wrote them
             written.update(part.known_checksums())
         meta = publish(self.prefix, renames, [*pool_files, *extra_files], meta, known=written)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from neva_pack.formats.write_behind import WriteBehind
+from neva_pack.formats.output_file import OutputFile
 from neva_pack.store import pool_images_path, pool_keys_path
 
 KEY_BYTES = 16
@@ -65,10 +65,8 @@ class PoolWriter:
         self.known = known
         self.next_index = first_index
         self.added = 0
-        self._images = None
-        self._keys = None
-        self._behind: WriteBehind | None = None
-        self._digests = None
+        self._images: OutputFile | None = None  # opened with the first new image: an empty part has no files
+        self._keys: OutputFile | None = None
 
     def add(self, image: np.ndarray) -> tuple[bytes, int]:
         """(key, pool index) of the image, storing it if new."""
@@ -80,18 +78,10 @@ class PoolWriter:
         if index is not None:
             return key, index
         if self._images is None:
-            import xxhash
-
-            self._images = open(self.part.images_file, "wb")
-            self._keys = open(self.part.keys_file, "wb")
-            self._behind = WriteBehind(self._images.fileno())
-            self._digests = {"images": xxhash.xxh3_128(), "keys": xxhash.xxh3_128()}
-        pixels = np.ascontiguousarray(image, dtype=np.uint8).data
-        self._images.write(pixels)
-        self._behind.advance(self._images.tell())
+            self._images = OutputFile(self.part.images_file, write_behind=True)
+            self._keys = OutputFile(self.part.keys_file)
+        self._images.write(np.ascontiguousarray(image, dtype=np.uint8).data)
         self._keys.write(key)
-        self._digests["images"].update(pixels)
-        self._digests["keys"].update(key)
         index = self.next_index
         self.known[key] = index
         self.next_index += 1
@@ -102,16 +92,14 @@ class PoolWriter:
         """Make the part durable; the number of images it holds."""
         for file in (self._images, self._keys):
             if file is not None:
-                file.flush()
-                os.fsync(file.fileno())
                 file.close()
         return self.added
 
     def checksums(self) -> dict[str, str] | None:
         """What the part's files hash to (``PoolPart.checksums``), None when it holds no image."""
-        if self._digests is None:
+        if self._images is None:
             return None
-        return {name: digest.hexdigest() for name, digest in self._digests.items()}
+        return {"images": self._images.checksum(), "keys": self._keys.checksum()}
 
 
 def load_keys(parts: list[PoolPart]) -> dict[bytes, int]:

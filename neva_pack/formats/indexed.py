@@ -34,8 +34,8 @@ from pathlib import Path
 import numpy as np
 
 from neva_pack.errors import InputError
-from neva_pack.formats.write_behind import WriteBehind
-from neva_pack.store import bin_path, digest_of_first_bytes, hash_zeros, idx_path
+from neva_pack.formats.output_file import OutputFile
+from neva_pack.store import bin_path, idx_path
 
 INDEX_MAGIC = b"MMIDIDX\x00\x00"
 INDEX_VERSION = 1
@@ -75,31 +75,28 @@ class IndexedWriter:
         if self.dtype not in DTYPE_CODES:
             raise ValueError(f"dtype {self.dtype} is not one the IndexedDataset format stores")
         self.multimodal = multimodal
-        # self.file: the .bin; unbuffered unless ``buffered`` (many small items); ``flush`` before using its size
-        buffering = -1 if buffered else 0
         if state is None:
-            self.file = open(self.path, "wb", buffering=buffering)
             self.sequence_lengths: list[int] = []
             self.document_indices: list[int] = [0]
             self.sequence_modes: list[int] | None = [] if multimodal else None
-            self.position = 0
         else:
-            self.position = int(state["bytes"])
-            self.file = open(self.path, "r+b", buffering=buffering)
-            self.file.truncate(self.position)
-            self.file.seek(self.position)
             self.sequence_lengths = state["sequence_lengths"].tolist()
             self.document_indices = state["document_indices"].tolist()
             self.sequence_modes = state["sequence_modes"].tolist() if multimodal else None
-        self._hole = False  # the file ends with a skipped item not yet materialised by a truncate
-        # a large output (write_behind, unbuffered): streamed to disk, kept out of the page cache
-        self._behind = WriteBehind(self.file.fileno(), self.position) if write_behind and not buffered else None
-        self._digest = None
-        if checksum:  # xxh3-128 of the exact bytes as they are written: publish need not read the file again
-            try:
-                self._digest = digest_of_first_bytes(self.path, self.position)
-            except ValueError as exc:
-                raise InputError(str(exc)) from None
+        # the .bin: unbuffered unless ``buffered`` (many small items); a large output (write_behind,
+        # unbuffered) streamed to disk past the page cache; hashed as written with ``checksum``
+        try:
+            self.file = OutputFile(
+                self.path, resume_at=None if state is None else int(state["bytes"]), buffered=buffered,
+                write_behind=write_behind and not buffered, checksum=checksum,
+            )  # fmt: skip
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
+
+    @property
+    def position(self) -> int:
+        """Bytes of the .bin written (holes included)."""
+        return self.file.position
 
     def _record(self, length: int, mode: int) -> None:
         self.sequence_lengths.append(length)
@@ -107,16 +104,7 @@ class IndexedWriter:
             self.sequence_modes.append(mode)
 
     def _write(self, data) -> None:
-        view = memoryview(data).cast("B")
-        written = 0
-        while written < len(view):
-            written += self.file.write(view[written:])
-        self.position += len(view)
-        self._hole = False
-        if self._behind is not None:
-            self._behind.advance(self.position)
-        if self._digest is not None:
-            self._digest.update(view)
+        self.file.write(data)
 
     def add_item(self, values, mode: int = 0) -> None:
         """One item: ``values`` converted to the dataset's dtype (as Megatron's ``add_item``)."""
@@ -166,15 +154,7 @@ class IndexedWriter:
 
     def skip_item(self, count: int, mode: int = 0) -> None:
         """An item of ``count`` zeros, left as a hole: the file reads the same, nothing is written."""
-        if count:
-            size = count * self.dtype.itemsize
-            self.position += size
-            self.file.seek(self.position)
-            self._hole = True
-            if self._behind is not None:
-                self._behind.skip(self.position)
-            if self._digest is not None:
-                hash_zeros(self._digest, size)
+        self.file.skip(count * self.dtype.itemsize)
         self._record(count, mode)
 
     def add_document(self, values, lengths, modes=None) -> None:
@@ -204,14 +184,10 @@ class IndexedWriter:
     def flush(self) -> None:
         """Write out what is buffered and materialise a trailing hole: the file's size is ``position``."""
         self.file.flush()
-        if self._hole:
-            self.file.truncate(self.position)
-            self._hole = False
 
     def sync(self) -> None:
         """Make the bytes written so far durable (a checkpoint or a publish depends on them)."""
-        self.flush()
-        os.fsync(self.file.fileno())
+        self.file.sync()
 
     def state(self) -> dict[str, np.ndarray]:
         """What ``IndexedWriter(..., state=)`` needs to continue after this point (call ``sync`` first)."""
@@ -226,19 +202,16 @@ class IndexedWriter:
 
     def finalize(self, path: Path, sync: bool = True) -> None:
         """Close the .bin (durable when ``sync``) and write the .idx at ``path``."""
-        self.flush()
-        if sync:
-            os.fsync(self.file.fileno())
-        self.file.close()
+        self.file.close(sync=sync)
         write_index(path, self.dtype, self.sequence_lengths, self.document_indices, self.sequence_modes, sync=sync)
 
     def checksum(self) -> str:
         """xxh3-128 hex digest of the .bin (a writer created with ``checksum=True``): store.file_checksum's value."""
-        return self._digest.hexdigest()
+        return self.file.checksum()
 
     def close(self) -> None:
         """Abandon the writer (the files stay as they are)."""
-        self.file.close()
+        self.file.abandon()
 
 
 def write_index(path: Path, dtype, sequence_lengths, document_indices, sequence_modes=None, sync: bool = True) -> None:
