@@ -23,25 +23,19 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.peak_rss import SOURCE as PEAK_RSS_SOURCE  # noqa: E402
+
 WORDS = (
     "the a picture shows image cat coffee rocket galaxy person table light colour blue green red large small "
     "near far left right under over because while there is are was were has have what why how which describe "
     "explain count answer question detail background foreground pack sequence token model train"
 ).split()
 
-MEASURE = r"""
+MEASURE = PEAK_RSS_SOURCE + r"""
 import json, resource, sys, runpy
 mode, path = sys.argv[1], sys.argv[2]
-
-def peak_rss_kb():
-    # this process's own peak RSS (VmHWM): ru_maxrss would include this benchmark's RSS, which
-    # Linux carries into a child across fork and exec
-    try:
-        with open("/proc/self/status") as status:
-            return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
-    except (OSError, StopIteration):
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-
 if mode == "json.load":
     with open(path) as f:
         data = json.load(f)

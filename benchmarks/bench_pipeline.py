@@ -56,23 +56,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.peak_rss import SOURCE as PEAK_RSS_SOURCE  # noqa: E402
 from benchmarks.workloads import image_workload, text_workload  # noqa: E402
 
 TOKENIZER = ROOT / "sample_data" / "tokenizer.model"
 ENCODER = "openai/clip-vit-large-patch14-336"
 
-HARNESS = r"""
+HARNESS = PEAK_RSS_SOURCE + r"""
 import json, os, resource, sys, time
 stages = {"process_start": float(sys.argv[1])}
-
-def peak_rss_kb():
-    # this process's own peak RSS (VmHWM): ru_maxrss would include the benchmark's own RSS,
-    # which Linux carries into a child across fork and exec
-    try:
-        with open("/proc/self/status") as status:
-            return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
-    except (OSError, StopIteration):
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 report_dir = sys.argv[2]
 from neva_pack import pipeline, samples
 from neva_pack.formats import sample_store as store
