@@ -147,8 +147,9 @@ def _assemble_group(
     padded = padded_lengths(text.lengths, multiple)
     record_indices = store.rows["record_index"][members].astype(np.int64)
     with_images = np.flatnonzero(store.rows["num_images"][members] > 0).tolist()
-    indices = [np.zeros(0, dtype=np.int64)] * len(members)
-    starts = [np.zeros(0, dtype=np.int64)] * len(members)
+    no_images = np.zeros(0, dtype=np.int64)
+    indices = [no_images] * len(members)
+    starts = [no_images] * len(members)
     for k in with_images:  # text-only samples need no per-sample work
         i = int(members[k])
         sample_images = store.image_indices(i)
@@ -162,7 +163,7 @@ def _assemble_group(
         lengths, pack_padded = text.lengths[low:high], padded[low:high]
         tokens, labels = text.tokens[first_token:end_token], text.labels[first_token:end_token]
         positions = token_bounds[low:high] - first_token  # where each sample starts in the pack
-        image_indices = np.concatenate(indices[low:high]) if with_images else indices[0]
+        image_indices = np.concatenate(indices[low:high]) if with_images else no_images
         yield AssembledPack(
             lengths=lengths,
             padded_lengths=pack_padded,
@@ -171,7 +172,7 @@ def _assemble_group(
             record_indices=record_indices[low:high],
             num_images=np.array([len(sample) for sample in indices[low:high]], dtype=np.int64),
             image_indices=image_indices,
-            image_starts=np.concatenate([positions[k] + starts[low + k] for k in range(high - low)]) if with_images else indices[0],
+            image_starts=np.concatenate([positions[k] + starts[low + k] for k in range(high - low)]) if with_images else no_images,
             pixels=store.pool.read(image_indices) if with_pixels else None,
             padded_tokens=with_padding(tokens, lengths, pack_padded, pad_id),
             padded_labels=with_padding(labels, lengths, pack_padded, ignore_index),

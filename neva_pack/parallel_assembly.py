@@ -113,11 +113,11 @@ def pack_batches(job: PackJob, *, start: int = 0, workers: int) -> Iterator[Pack
     at a time: by ``workers`` DataLoader workers (in this process with 0, or when there are too
     few packs for them)."""
     stop = job.plan.num_bins
+    stream = PackStream(job, start, stop, PACKS_PER_MESSAGE)
     if workers == 0 or stop - start < workers * MIN_PACKS_PER_WORKER:
-        for first in range(start, stop, PACKS_PER_MESSAGE):
-            yield job.batch(first, min(first + PACKS_PER_MESSAGE, stop))
+        yield from stream  # iterated here, outside any worker: every range, in order
         return
-    messages = worker_messages(PackStream(job, start, stop, PACKS_PER_MESSAGE), workers, MESSAGES_IN_FLIGHT)
+    messages = worker_messages(stream, workers, MESSAGES_IN_FLIGHT)
     try:
         yield from messages
     finally:  # this generator closed early (an error, Ctrl-C): the workers are killed at once

@@ -345,9 +345,10 @@ class IndexedReader:
             return (np.concatenate(parts) if parts else np.zeros(0, dtype=self.dtype)), lengths
         size = self.dtype.itemsize
         pointers, sizes = self.sequence_pointers[first].tolist(), (counts * size).tolist()
-        data = b"".join([os.pread(self._fd, n, offset) for offset, n in zip(pointers, sizes)])
+        reads = [os.pread(self._fd, n, offset) for offset, n in zip(pointers, sizes)]
+        data = b"".join(reads)
         if len(data) != sum(sizes):
-            short = next(k for k, (o, n) in enumerate(zip(pointers, sizes)) if len(os.pread(self._fd, n, o)) != n)
+            short = next(k for k, (read, n) in enumerate(zip(reads, sizes)) if len(read) != n)
             self._read(pointers[short], sizes[short] // size)  # raises: the file ends before this document
         return np.frombuffer(data, dtype=self.dtype), lengths
 
