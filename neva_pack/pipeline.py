@@ -41,7 +41,7 @@ from neva_pack.packing import RECOMMENDED_ALGORITHM, PackingPlan, pack
 from neva_pack.packing.alignment import aligned_capacity, padded_lengths
 from neva_pack.packing.balance import PackCosts, balance_order, reorder_plan, straggler_overhead
 from neva_pack.parallel_assembly import PackJob, pack_batches
-from neva_pack.records import RecordIndex, RecordLimits, index_records
+from neva_pack.records import RecordIndex, RecordLimits, index_records, record_ids
 from neva_pack.samples import (
     SampleBuilder,
     SampleStream,
@@ -216,15 +216,18 @@ def _run(config: PreprocessConfig, builder: SampleBuilder, output_dir: Path, pro
         )
     reports = {}
     for size in config.sizes:
-        reports[size] = _write_prefix(config, builder, store, total, size, output_dir, progress, started)
+        reports[size] = _write_prefix(config, builder, store, index, size, output_dir, progress, started)
     if config.drop_store:
         _drop_store(output_dir, [layout.packed_prefix(output_dir, size if len(config.sizes) > 1 else None) for size in config.sizes])
     strict_failure = config.strict and any(report.records.skipped > 0 for report in reports.values())
     return RunResult(reports=reports, exit_code=1 if strict_failure else 0)
 
 
-def _write_prefix(config, builder, store, total: int, size: int, output_dir: Path, progress: bool, started) -> RunReport:
+def _write_prefix(
+    config, builder, store, index: RecordIndex, size: int, output_dir: Path, progress: bool, started
+) -> RunReport:
     """Pack the store for one pack size and publish its prefix (skipped when --resume finds it complete)."""
+    total = index.count
     named_size = size if len(config.sizes) > 1 else None
     prefix = layout.packed_prefix(output_dir, named_size)
     stats_file = layout.stats_path(output_dir, named_size)
@@ -261,7 +264,9 @@ def _write_prefix(config, builder, store, total: int, size: int, output_dir: Pat
     if problem is not None:
         raise OutputError(f"{prefix}: {problem}; nothing was published (run again with --overwrite)")
     skipped_file = layout.skipped_path(output_dir, named_size)
-    _write_size_skipped(output_dir / layout.SKIPPED_FILE, skipped_file, store, unsupervised, size)
+    cut_records = np.sort(store.rows["record_index"][unsupervised]).astype(np.int64)
+    ids = record_ids(config.data_path, cut_records, builder.record_limits, index) if len(cut_records) else {}
+    _write_size_skipped(output_dir / layout.SKIPPED_FILE, skipped_file, cut_records, ids, size)
     layout.write_json_atomic(stats_file, report.to_json())
     writer.publish(
         plan_table(rows, plan, multiple),
@@ -312,14 +317,20 @@ def _pack_kept(config: PreprocessConfig, padded: np.ndarray, kept: np.ndarray, s
     return replace(plan, indices=kept[plan.indices])
 
 
-def _write_size_skipped(run_file: Path, target: Path, store, unsupervised: np.ndarray, size: int) -> None:
-    """One prefix's skipped list (atomically): the run's lines and this size's own, by record index.
-    Without own skips at the run's own size (a single-size run), the run's list is already it."""
-    if target == run_file and len(unsupervised) == 0:
+def _write_size_skipped(
+    run_file: Path, target: Path, records: np.ndarray, ids: dict[int, str | None], size: int
+) -> None:
+    """One prefix's skipped list (atomically): the run's lines and this size's own (the
+    ``records``, increasing, that its cut leaves without a trained label; ``ids``: their ids),
+    by record index. Without own skips at the run's own size (a single-size run), the run's list
+    is already it."""
+    if target == run_file and len(records) == 0:
         return
-    records = store.rows["record_index"][unsupervised].astype(np.int64)
     detail = f"no trained label after truncation to pack size {size}"
-    skips = ({"index": int(index), "id": None, "reason": "no_supervised_tokens", "detail": detail} for index in np.sort(records))
+    skips = (
+        {"index": int(index), "id": ids.get(int(index)), "reason": "no_supervised_tokens", "detail": detail}
+        for index in records
+    )
     own = [(skip["index"], json.dumps(skip) + "\n") for skip in skips]
     tmp = target.with_name(target.name + ".tmp")
     with open(run_file, encoding="utf-8") as run, open(tmp, "w", encoding="utf-8") as out:
@@ -437,7 +448,7 @@ def _encode_samples(
     if start < end:
         stream = SampleStream(
             config.data_path, builder, start=start, end=end, batch_size=records_per_message(config),
-            first_batch_size=FIRST_RECORDS_PER_MESSAGE, stored=True, index=index,
+            first_batch_size=FIRST_RECORDS_PER_MESSAGE, index=index,
             share_images=images_in_shared_memory(config, builder.preprocessor.shape),
         )  # fmt: skip
         bar = tqdm(total=end - first, initial=start - first, desc="tokenize + images", unit="rec", disable=not progress)

@@ -121,6 +121,12 @@ class RawRecord:
     reason: str = "malformed_json"
     """The skip reason of ``error``: malformed_json, record_too_large, record_too_deep, invalid_unicode."""
 
+    @property
+    def record_id(self) -> str | None:
+        """The record's "id" as text (what skipped.jsonl names a record by), or None without one."""
+        value = self.value.get("id") if isinstance(self.value, dict) else None
+        return None if value is None else str(value)
+
 
 _UTF16_32_BOMS = (b"\xff\xfe", b"\xfe\xff")
 _UTF8_BOM = b"\xef\xbb\xbf"
@@ -214,6 +220,15 @@ def _ranged_records(path: Path, limits: RecordLimits, ranges: Iterable[tuple[int
                 if number >= first:
                     yield _decode(number, *text, limits)
                 number += 1
+
+
+def record_ids(
+    path: Path, indices: np.ndarray, limits: RecordLimits = RecordLimits(), index: RecordIndex | None = None
+) -> dict[int, str | None]:
+    """The "id" of the records at ``indices`` (increasing, distinct), read again from the input: a
+    record skipped after the encode (cut for a pack size) is named as the encode's skips are."""
+    ranges = [(int(record), int(record) + 1) for record in indices]
+    return {raw.index: raw.record_id for raw in iter_raw_records(path, limits, ranges=ranges, index=index)}
 
 
 def index_records(path: Path, every: int, progress: bool = False) -> RecordIndex:
@@ -583,8 +598,7 @@ def parse_record(raw: RawRecord, max_conversation_chars: int = DEFAULT_MAX_CONVE
     record = raw.value
     if not isinstance(record, dict):
         raise RecordError("malformed_record", f"expected an object, got {type(record).__name__}")
-    record_id = record.get("id")
-    record_id = None if record_id is None else str(record_id)
+    record_id = raw.record_id
     images = _image_list(record.get("image"))
     conversations = record.get("conversations")
     if not isinstance(conversations, list):

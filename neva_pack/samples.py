@@ -244,12 +244,10 @@ class SampleBuilder:
         return markers
 
     def build(self, raw: RawRecord) -> Sample | Skipped:
-        record_id = raw.value.get("id") if isinstance(raw.value, dict) else None
-        record_id = None if record_id is None else str(record_id)
         try:
             return self._build(raw)
         except RecordError as error:
-            return Skipped(index=raw.index, record_id=record_id, reason=error.reason, detail=error.detail)
+            return Skipped(index=raw.index, record_id=raw.record_id, reason=error.reason, detail=error.detail)
 
     def _build(self, raw: RawRecord) -> Sample:
         conversation = parse_record(raw, self.max_conversation_chars)
@@ -594,7 +592,7 @@ def _trained_tokens(starts: np.ndarray, ends: np.ndarray, trained_chars: np.ndar
 
 
 class SampleStream(IterableDataset):
-    """Records of ``data_path`` -> lists of Sample | Skipped, for a multi-worker DataLoader.
+    """Records of ``data_path`` -> sample_store.StoredBatch messages, for a multi-worker DataLoader.
 
     Records are dealt in messages of consecutive records, message k to worker k mod W: each
     worker's first message holds ``first_batch_size`` records (the first record reaches the main
@@ -606,8 +604,8 @@ class SampleStream(IterableDataset):
         records   0   1   2..33   34..65   66..97  ...
         worker    0   1     0        1        0    ...     (W = 2, first_batch_size 1, batch_size 32)
 
-    ``stored=True``: each message is one sample_store.StoredBatch (the store's bytes of its
-    records) instead of a list: one cheap object to unpickle per message in the main process.
+    A message is one StoredBatch (the store's bytes of its records' samples, and its skips), not
+    a list of Samples: one cheap object to unpickle per message in the main process.
     ``index`` (records.index_records, taken before the workers fork): with its offsets a worker
     seeks to its own messages instead of delimiting every record of the file. ``share_images``: a
     stored message's images cross to the main process in shared memory (``received`` takes them back).
@@ -615,7 +613,7 @@ class SampleStream(IterableDataset):
 
     def __init__(
         self, data_path, builder: SampleBuilder, start: int = 0, end: int | None = None, batch_size: int = 32,
-        first_batch_size: int | None = None, stored: bool = False, index: RecordIndex | None = None,
+        first_batch_size: int | None = None, index: RecordIndex | None = None,
         share_images: bool = False,
     ):  # fmt: skip
         self.data_path = data_path
@@ -626,7 +624,6 @@ class SampleStream(IterableDataset):
         self.end = end
         self.batch_size = batch_size
         self.first_batch_size = batch_size if first_batch_size is None else first_batch_size
-        self.stored = stored
 
     def _message(self, offset: int, workers: int) -> int:
         """Number of the message that carries the record ``offset`` records after ``start``."""
@@ -664,10 +661,10 @@ class SampleStream(IterableDataset):
             message = self._message(offset, workers)
             batch.append(self.builder.build(raw))
             if self._message(offset + 1, workers) != message:
-                yield send(stored_batch(batch, run, ignore_index, shape)) if self.stored else batch
+                yield send(stored_batch(batch, run, ignore_index, shape))
                 batch = []
         if batch:
-            yield send(stored_batch(batch, run, ignore_index, shape)) if self.stored else batch
+            yield send(stored_batch(batch, run, ignore_index, shape))
 
 
 def _shared(batch: StoredBatch) -> StoredBatch:

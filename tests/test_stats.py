@@ -3,7 +3,6 @@
 import json
 import shutil
 import struct
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -13,7 +12,6 @@ from neva_pack import output_dir as ownership
 from neva_pack.dataset import PackedSeqDataset
 from neva_pack.errors import ConfigError
 from neva_pack.explore import explore, load_lengths
-from neva_pack.formats.sample_store import SAMPLE_ROW
 from neva_pack.pipeline import _write_size_skipped
 from neva_pack.report import (
     AlgorithmSuggestion,
@@ -242,7 +240,9 @@ def test_several_pack_sizes_write_one_prefix_each_from_one_store(tmp_path, capsy
     assert main(preprocess_args(single, "--max_seq_length", "1024", "--packing_algorithm", "near_optimal",
                                 "--max_skip_fraction", "1")) == 0  # fmt: skip
     single_skips = [json.loads(line) for line in (single / "skipped.jsonl").read_text().splitlines()]
-    assert [(line["index"], line["reason"]) for line in single_skips] == [(line["index"], line["reason"]) for line in own]
+    named = [(line["index"], line["id"], line["reason"]) for line in own]
+    assert [(line["index"], line["id"], line["reason"]) for line in single_skips] == named
+    assert all(record_id is not None for _, record_id, _ in named)  # named as the encode's own skips are
     single_plan = np.load(single / "packed_seq_dataset.plan.npz")
     for key in ("offsets", "record_index", "length", "num_images"):
         assert np.array_equal(small_plan[key], single_plan[key]), key
@@ -257,13 +257,11 @@ def test_several_pack_sizes_write_one_prefix_each_from_one_store(tmp_path, capsy
 def test_a_sizes_skipped_list_merges_the_runs_lines_and_its_own_by_record_index(tmp_path):
     run_file = tmp_path / "skipped.jsonl"
     run_file.write_text("".join(json.dumps({"index": i, "id": f"r{i}", "reason": "too_long", "detail": "x"}) + "\n" for i in (1, 7)))
-    rows = np.zeros(3, dtype=SAMPLE_ROW)
-    rows["record_index"] = [0, 4, 9]
-    _write_size_skipped(run_file, tmp_path / "skipped_64.jsonl", SimpleNamespace(rows=rows), np.array([2, 1]), 64)
+    _write_size_skipped(run_file, tmp_path / "skipped_64.jsonl", np.array([4, 9]), {4: "r4", 9: None}, 64)
     lines = [json.loads(line) for line in (tmp_path / "skipped_64.jsonl").read_text().splitlines()]
-    assert [(line["index"], line["reason"]) for line in lines] == [
-        (1, "too_long"), (4, "no_supervised_tokens"), (7, "too_long"), (9, "no_supervised_tokens")]  # fmt: skip
-    assert lines[1] == {"index": 4, "id": None, "reason": "no_supervised_tokens",
+    assert [(line["index"], line["id"], line["reason"]) for line in lines] == [
+        (1, "r1", "too_long"), (4, "r4", "no_supervised_tokens"), (7, "r7", "too_long"), (9, None, "no_supervised_tokens")]  # fmt: skip
+    assert lines[1] == {"index": 4, "id": "r4", "reason": "no_supervised_tokens",
                         "detail": "no trained label after truncation to pack size 64"}  # fmt: skip
     assert not (tmp_path / "skipped_64.jsonl.tmp").exists()
 

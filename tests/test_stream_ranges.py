@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import SAMPLE_DATA
+from tests.test_throughput import record_indices
 
 
 class FakeWorker:
@@ -42,5 +43,5 @@ def test_each_worker_reads_the_same_batches_by_offsets(builder, monkeypatch, wor
             read[name, worker] = [pickle.dumps(batch) for batch in stream]
         assert read["offsets", worker] == read["scan", worker]
     messages = [pickle.loads(batch) for worker in range(workers) for batch in read["offsets", worker]]
-    indices = sorted(item.index for batch in messages for item in batch)
+    indices = sorted(index for batch in messages for index in record_indices(batch))
     assert indices == list(range(start, 20 if end is None else end))  # every record, once
