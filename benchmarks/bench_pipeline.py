@@ -16,11 +16,11 @@ divided by the cores the run can use (min(workers, CPUs)):
   image: read + decode + convert RGB + pad to square + resize/crop + normalise, per image instance;
   text:  sentencepiece encode (ids only) of every turn.
 Pipeline = the real command in a fresh process, into an empty output directory (as a new user's
-first run), stage by stage: start-up (process start to the first record in the main process), encode (to the last record stored), pack, write (packs, plan,
-stats, meta), then ``neva-pack verify``; "megatron": whether the preprocess process imported
-megatron-core (seconds of CPU; it should not: its stores are written by formats.indexed); peak
-RSS of the main process and the sum of the
-workers' peaks (VmHWM; a forked worker's RSS counts the pages it shares with the main process).
+first run), stage by stage: start-up (process start to the first record in the main process),
+encode (to the last record stored), pack, write (packs, plan, stats, meta), then ``neva-pack
+verify``; "megatron": whether the preprocess process imported megatron-core (seconds of CPU; it
+should not: its stores are written by formats.indexed); peak RSS of the main process and the sum
+of the workers' peaks (VmHWM; a forked worker's RSS counts the pages it shares with the main process).
 Rows: ``nemo`` output for each of ``--workers``, and ``compact`` output for each of ``--compact_workers``.
 
 Fixed costs apart from per-record cost:
@@ -33,9 +33,9 @@ A line per 2-worker run says whether the goal of issue 12 is met (image <= 1.25x
 <= 3x). ``--memory_records`` runs text-only workloads of those sizes (2 workers) for the main
 process's peak RSS against the record count (a size already run above is not run again).
 
-The package's bytecode is compiled (as pip does on install) and a small untimed run of each workload comes
-first (numba's disk cache then holds every kernel).
-The defaults take about 7 minutes on a quiet 2-core machine once the goals are met (longer before).
+The package's bytecode is compiled (as pip does on install) and a small untimed run of each
+workload comes first (numba's disk cache then holds every kernel).
+The defaults take 15-20 minutes on this project's 2-core machine.
 """
 
 from __future__ import annotations
