@@ -53,7 +53,9 @@ class Candidate:
     samples_per_pack_mean: float
     samples_per_pack_max: int
     clipped: int
-    """Samples longer than this pack size (they would be truncated to it)."""
+    """Samples a run at this size would truncate (and keep), as its report counts them."""
+    skipped: int
+    """Samples a run at this size would skip: its cut leaves them no trained label (known from the store only)."""
     pad_to_multiple_of: int
     """Every sample was padded to a multiple of this before packing (1: no padding)."""
     padding_overhead: float
@@ -88,8 +90,11 @@ def load_lengths(path: Path) -> SampleLengths:
     if reader is not None:
         table, meta = reader.plan_table(), reader.meta
         reader.close()
+        # the table lists samples in pack order; a run packs them in input order (a seeded algorithm's
+        # result depends on it)
+        input_order = np.argsort(table.record_index, kind="stable")
         return SampleLengths(
-            lengths=table.length.astype(np.int64),
+            lengths=table.length[input_order].astype(np.int64),
             truncated=int(meta.counts.truncated),
             cut_at=int(meta.max_seq_length),
             source=str(reader.prefix),
@@ -113,19 +118,20 @@ def _output_meta(output_dir: Path) -> dict:
     return {}
 
 
-def _cut_lengths(sample_lengths: SampleLengths, capacity: int) -> np.ndarray:
-    """Lengths as a run at this capacity packs them: from the store, cut before the first image run
-    that does not fit whole, without the samples the cut leaves untrained (a run skips those at this
-    size); from a plan table alone (no image positions to go by), cut at the capacity."""
+def _cut_lengths(sample_lengths: SampleLengths, capacity: int) -> tuple[np.ndarray, int]:
+    """Lengths as a run at this capacity packs them, and how many samples it skips: from the store,
+    cut before the first image run that does not fit whole, without the samples the cut leaves
+    untrained (a run skips those at this size); from a plan table alone (no image positions to go
+    by), cut at the capacity."""
     lengths = sample_lengths.lengths
     if sample_lengths.store is None or not sample_lengths.image_positions or not np.any(lengths > capacity):
-        return np.minimum(lengths, capacity)
+        return np.minimum(lengths, capacity), 0
     from neva_pack.assemble import rows_at
 
     rows, _, untrained = rows_at(sample_lengths.store, capacity, int(sample_lengths.image_positions), sample_lengths.ignore_index)
     keep = np.ones(len(rows), dtype=bool)
     keep[untrained] = False
-    return rows["length"][keep].astype(np.int64)
+    return rows["length"][keep].astype(np.int64), int(np.count_nonzero(~keep))
 
 
 def explore(
@@ -152,7 +158,7 @@ def explore(
                 f"--pack_sizes {size}: samples padded to a multiple of {multiple} cannot fit packs of {size} positions"
             )
         capacity = aligned_capacity(size, multiple)
-        clipped = _cut_lengths(sample_lengths, capacity)
+        clipped, skipped = _cut_lengths(sample_lengths, capacity)
         padded = padded_lengths(clipped, multiple)
         real = int(clipped.sum())
         for algorithm in algorithms:
@@ -169,7 +175,8 @@ def explore(
                     efficiency=plan.efficiency,
                     samples_per_pack_mean=float(per_pack.mean()) if plan.num_bins else 0.0,
                     samples_per_pack_max=int(per_pack.max(initial=0)),
-                    clipped=int((sample_lengths.lengths > capacity).sum()),
+                    clipped=int((sample_lengths.lengths > capacity).sum()) - skipped,
+                    skipped=skipped,
                     pad_to_multiple_of=multiple,
                     padding_overhead=(int(padded.sum()) - real) / real if real else 0.0,
                     packed_global_batch_size=global_batch_size_advice(
@@ -185,14 +192,14 @@ def format_table(sample_lengths: SampleLengths, rows: list[Candidate]) -> str:
     lines = [
         f"{len(sample_lengths.lengths):,} samples from {sample_lengths.source}",
         f"{'size':>7}  {'algorithm':<21}{'packs':>10}{'LB':>10}{'eff %':>8}{'pad %':>7}{'n mean':>8}{'n max':>7}"
-        f"{'truncated':>10}{'GBS':>6}{'time s':>8}",
+        f"{'truncated':>10}{'skipped':>8}{'GBS':>6}{'time s':>8}",
     ]
     for row in rows:
         gbs = "-" if row.packed_global_batch_size is None else str(row.packed_global_batch_size)
         lines.append(
             f"{row.pack_size:>7}  {row.algorithm:<21}{row.packs:>10,}{row.lower_bound:>10,}{100 * row.efficiency:>8.2f}"
             f"{100 * row.padding_overhead:>7.2f}{row.samples_per_pack_mean:>8.2f}{row.samples_per_pack_max:>7}"
-            f"{row.clipped:>10,}{gbs:>6}{row.seconds:>8.3f}"
+            f"{row.clipped:>10,}{row.skipped:>8,}{gbs:>6}{row.seconds:>8.3f}"
         )
     if sample_lengths.truncated and sample_lengths.cut_at:
         larger = [r.pack_size for r in rows if r.pack_size > sample_lengths.cut_at]

@@ -13,6 +13,7 @@ from neva_pack.dataset import PackedSeqDataset
 from neva_pack.errors import ConfigError
 from neva_pack.explore import explore, load_lengths
 from neva_pack.pipeline import _write_size_skipped
+from neva_pack.packing import pack
 from neva_pack.report import (
     AlgorithmSuggestion,
     BalanceReport,
@@ -177,7 +178,8 @@ def test_plan_explores_sizes_from_the_store(output, capsys):
     long = int((lengths.lengths > 1024).sum())
     assert long > 0
     for row in rows:
-        assert row.clipped == (long if row.pack_size == 1024 else 0)
+        # counted as a run's report counts them: a sample the cut leaves untrained is skipped, not truncated
+        assert (row.clipped, row.skipped) == ((long - 2, 2) if row.pack_size == 1024 else (0, 0))
         clipped_bound = -(-int(np.minimum(lengths.lengths, row.pack_size).sum()) // row.pack_size)
         if row.pack_size == 1024:  # a run cuts before the image run that does not fit, and skips what is left untrained
             assert row.packs >= row.lower_bound < clipped_bound
@@ -195,6 +197,15 @@ def test_plan_falls_back_to_the_plan_table_without_the_store(output, tmp_path, c
     assert main(["plan", str(copy), "--pack_sizes", "4096", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert len(rows) == 2 and rows[0]["pack_size"] == 4096
+    # at the run's own size the table's samples are the run's, fed to the packer in input order as the
+    # run fed them (the table lists them in pack order): a seeded shuffle packs them as the run did
+    run_packs = json.loads((output / "stats.json").read_text())["packing"]["packs"]
+    for source in (output, copy):
+        assert main(["plan", str(source), "--pack_sizes", "2048", "--algorithms", "first_fit_shuffle", "--json"]) == 0
+        [row] = json.loads(capsys.readouterr().out)
+        assert row["packs"] == run_packs, source
+    in_pack_order = np.load(copy / "packed_seq_dataset.plan.npz")["length"]
+    assert pack(in_pack_order, 2048, algorithm="first_fit_shuffle", seed=0).num_bins != run_packs  # the order matters here
 
 
 def test_several_pack_sizes_write_one_prefix_each_from_one_store(tmp_path, capsys):
@@ -235,6 +246,7 @@ def test_several_pack_sizes_write_one_prefix_each_from_one_store(tmp_path, capsy
     assert main(["plan", str(out), "--pack_sizes", "1024", "--algorithms", "near_optimal", "--json"]) == 0
     [row] = json.loads(capsys.readouterr().out)
     assert row["packs"] == small["packing"]["packs"] and row["lower_bound"] == small["packing"]["lower_bound_packs"]
+    assert (row["clipped"], row["skipped"]) == (small["records"]["truncated"], small["records"]["skipped"])
     # the small prefix is what a run at 1024 alone writes: the same packs, the same skips
     single = tmp_path / "single"
     assert main(preprocess_args(single, "--max_seq_length", "1024", "--packing_algorithm", "near_optimal",

@@ -3,7 +3,7 @@
 Why: importing ``megatron.core`` costs about 4 s of CPU (it imports torch's and its own
 submodules), taken from the encoding workers on a small machine or spent on the critical path
 before the first pack is written. The format itself is a few arrays, so preprocessing writes it
-here and never imports Megatron. Training, ``verify`` and ``NevaDataset`` still read the output
+here and never imports Megatron. Training, ``verify`` and ``PackedSeqDataset`` still read the output
 with Megatron's own ``IndexedDataset`` (``formats/nemo.py`` Reader): the real consumer stays the
 judge, and tests/test_indexed_format.py checks this module byte for byte against Megatron's
 builder and reader.
