@@ -166,7 +166,8 @@ class PreprocessConfig:
             if value is not None and not isinstance(value, Path):
                 object.__setattr__(self, name, Path(value))
         if not self.data_path.is_file():
-            raise ConfigError(f"--data_path {self.data_path}: no such file")
+            what = "no such file" if not self.data_path.exists() else "not a regular file (a directory, device or FIFO)"
+            raise ConfigError(f"--data_path {self.data_path}: {what}")
         if not self.tokenizer_path.exists():
             raise ConfigError(f"--tokenizer_path {self.tokenizer_path}: no such file or directory")
         if self.image_folder is not None and not self.image_folder.exists():

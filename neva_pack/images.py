@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import stat
 import tarfile
 import warnings
@@ -47,6 +48,8 @@ class TarMember:
     """Byte offset of the member's data in the archive."""
     size: int
     """Size of the member's data in bytes."""
+    sparse: bool = False
+    """A sparse member (GNU/pax ``--sparse``): its data is not one run of bytes, so it is not read."""
 
 
 class ImageSource:
@@ -107,12 +110,19 @@ class ImageSource:
         """The file a name points at; outside_image_folder unless it stays inside the folder."""
         if self.allow_outside:
             return Path(os.path.normpath(self.root / name))
-        if os.path.isabs(name) or os.path.normpath(name).split(os.sep)[0] == os.pardir:
-            raise RecordError("outside_image_folder", f"{name}: not a relative path inside --image_folder {self.root}")
-        resolved = (self._resolved_root / name).resolve()
+        self._check_relative(name)
+        try:
+            resolved = (self._resolved_root / name).resolve()
+        except (OSError, RuntimeError, ValueError) as exc:  # a symlink loop (RuntimeError before Python 3.13)
+            raise RecordError("unreadable_image", f"{name}: its path cannot be resolved ({exc})") from None
         if not resolved.is_relative_to(self._resolved_root):
             raise RecordError("outside_image_folder", f"{name}: resolves to {resolved}, outside --image_folder {self.root}")
         return resolved
+
+    def _check_relative(self, name: str) -> None:
+        """The same names are outside the folder whether it is a directory or a .tar archive."""
+        if os.path.isabs(name) or os.path.normpath(name).split(os.sep)[0] == os.pardir:
+            raise RecordError("outside_image_folder", f"{name}: not a relative path inside --image_folder {self.root}")
 
     def _check_bytes(self, name: str, size: int) -> None:
         if size > self.max_bytes:
@@ -121,9 +131,13 @@ class ImageSource:
             )
 
     def _read_tar(self, name: str) -> bytes:
+        if not self.allow_outside:
+            self._check_relative(name)
         member = self._tar_index.get(_normalise_member_name(name))
         if member is None:
             raise RecordError("missing_image", f"{name}: not a member of {self.root}")
+        if member.sparse:
+            raise RecordError("unreadable_image", f"{name}: a sparse member of {self.root} (archive it without --sparse)")
         self._check_bytes(name, member.size)
         if self._tar_file is None:
             self._tar_file = open(self.root, "rb")
@@ -149,6 +163,7 @@ def decode_image(data: bytes, name: str, max_pixels: int = DEFAULT_MAX_IMAGE_PIX
     The size is read from the header and checked against ``max_pixels`` before any pixel is
     decoded. 16-bit grayscale (mode I;16, I) is scaled to 8 bits, not clipped (which whitens it).
     """
+    _allow_pixels(max_pixels)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # our own budget is checked first
@@ -160,8 +175,21 @@ def decode_image(data: bytes, name: str, max_pixels: int = DEFAULT_MAX_IMAGE_PIX
             if image.mode in _WIDE_GRAY_MODES:
                 image = _gray_to_8_bits(image)
             return image if image.mode == "RGB" else image.convert("RGB")  # no second copy of a large image
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+    except Image.DecompressionBombError as exc:  # over PIL's limit, which _allow_pixels keeps above ours
+        found = re.search(r"\((\d+) pixels\)", str(exc))
+        what = _too_many_pixels(name, "size", int(found[1]), max_pixels) if found else f"{name}: {exc}"
+        raise RecordError("image_too_large", what) from None
+    except (OSError, ValueError, SyntaxError) as exc:
         raise RecordError("unreadable_image", f"{name}: {exc.__class__.__name__}: {exc}") from None
+
+
+def _allow_pixels(max_pixels: int) -> None:
+    """PIL refuses an image of more than twice ``Image.MAX_IMAGE_PIXELS`` (178,956,970 by default)
+    in ``Image.open``, before its size can be checked against ``--max_image_pixels``; a budget above
+    that, which the user asked for, raises PIL's limit to it (never lowers it): our check from the
+    header then comes first, and PIL's only refuses what is over twice the budget."""
+    if Image.MAX_IMAGE_PIXELS is not None and max_pixels > 2 * Image.MAX_IMAGE_PIXELS:
+        Image.MAX_IMAGE_PIXELS = max_pixels
 
 
 _WIDE_GRAY_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
@@ -383,21 +411,50 @@ def _not_a_tar(path: Path) -> str:
 
 
 def _index_tar(path: Path) -> dict[str, TarMember]:
+    """Name -> data of every regular file, hard link and symlink (to a file in the archive), as
+    ``tar x`` would lay them out in a folder: the same dataset then reads the same either way."""
     size = path.stat().st_size
     try:
         with tarfile.open(path, "r:") as archive:
-            index = {}
+            index, symlinks = {}, {}
             for member in archive:
-                if member.isfile():
+                name = _normalise_member_name(member.name)
+                index.pop(name, None)  # a later member of the same name replaces it, as tar x does
+                symlinks.pop(name, None)
+                if member.issparse():  # its expanded size is not what the archive holds
+                    index[name] = TarMember(member.offset_data, member.size, sparse=True)
+                elif member.isfile():
                     if member.offset_data + member.size > size:
                         raise ConfigError(f"--image_folder {path}: truncated tar archive ({member.name} is cut short)")
-                    index[_normalise_member_name(member.name)] = TarMember(member.offset_data, member.size)
+                    index[name] = TarMember(member.offset_data, member.size)
+                elif member.islnk():  # a hard link's data is its target's, archived before it
+                    target = index.get(_normalise_member_name(member.linkname))
+                    if target is not None:
+                        index[name] = target
+                elif member.issym():
+                    symlinks[name] = os.path.join(os.path.dirname(name), member.linkname)
+            for name, link in symlinks.items():
+                target = _follow_symlinks(link, symlinks)
+                if target in index:
+                    index[name] = index[target]
             return index
     except (tarfile.TarError, OSError) as exc:
         reason = _not_a_tar(path)
         if reason.startswith("not a"):
             reason = f"truncated or corrupt tar archive ({exc})"
         raise ConfigError(f"--image_folder {path}: {reason}") from None
+
+
+def _follow_symlinks(link: str, symlinks: dict[str, str], hops: int = 40) -> str | None:
+    """The member a symlink ends at inside the archive; None when it leaves it or loops."""
+    for _ in range(hops):
+        if os.path.isabs(link) or os.path.normpath(link).split(os.sep)[0] == os.pardir:
+            return None
+        link = _normalise_member_name(link)
+        if link not in symlinks:
+            return link
+        link = symlinks[link]
+    return None
 
 
 def _normalise_member_name(name: str) -> str:

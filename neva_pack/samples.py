@@ -280,10 +280,8 @@ class SampleBuilder:
     def encode(self, conversation: Conversation) -> tuple[np.ndarray, np.ndarray, list[int]]:
         """The text side of a sample, before truncation: (ids, trained mask, start of each image
         run). No pixels are read; the parity tests against NeMo's and LLaVA's goldens call this."""
-        system = self.system_prompt
-        if self.template.system_from_record and conversation.system is not None:
-            system = conversation.system
-        return self._encode(render(self.template, conversation.turns, system))
+        record_system = conversation.system if self.template.system_from_record else None
+        return self._encode(render(self.template, conversation.turns, self.system_prompt, record_system))
 
     def _encode(self, pieces: list[Piece]) -> tuple[np.ndarray, np.ndarray, list[int]]:
         """Pieces -> (ids, trained mask, start position of each image run).

@@ -166,18 +166,25 @@ def load_template(name_or_path: str, tokenization: str = DEFAULT_TOKENIZATION) -
     return _parse_template(data, source=str(name_or_path))
 
 
-def render(template: Template, turns: tuple[Turn, ...], system: str | None = None) -> list[Piece]:
-    """Turns (starting with a user turn, alternating) -> pieces in sequence order."""
+def render(
+    template: Template, turns: tuple[Turn, ...], system: str | None = None, record_system: str | None = None
+) -> list[Piece]:
+    """Turns (starting with a user turn, alternating) -> pieces in sequence order.
+
+    ``system`` (--system_prompt) replaces the template's system prompt, as template text;
+    ``record_system`` (a record's own, for templates that read it) replaces both, as conversation text."""
     if template.one_round_only or template.requires_image:
         _check_shape(template, turns)
-    system_prompt = template.system if system is None else system
-    system_block = template.system_prefix + system_prompt + template.system_suffix
-    with_system = bool(system_prompt) or template.system_when_empty
+    if record_system is not None:
+        system_pieces = [Piece("content", record_system, False)] if record_system else []
+    else:
+        system_pieces = list(_text_pieces(template.system if system is None else system, False))
+    with_system = bool(system_pieces) or template.system_when_empty
     pieces: list[Piece] = []
     if template.bos:
         pieces.append(Piece("special", "bos", False))
     if with_system and template.system_placement == "before_first_turn":
-        _add_text(pieces, system_block, trained=False)
+        _add_system(pieces, template, system_pieces)
     for position, turn in enumerate(turns):
         if turn.role == "user":
             if position:
@@ -185,7 +192,7 @@ def render(template: Template, turns: tuple[Turn, ...], system: str | None = Non
             first = position == 0 and template.first_user_prefix is not None
             _add_text(pieces, template.first_user_prefix if first else template.user.prefix, trained=False)
             if position == 0 and with_system and template.system_placement == "in_first_user":
-                _add_text(pieces, system_block, trained=False)
+                _add_system(pieces, template, system_pieces)
             text = turn.text.strip() if template.strip_user_content else turn.text
             _add_content(pieces, text, images_only=template.user_content == "images_only")
             _add_text(pieces, template.user.suffix, trained=False)
@@ -207,6 +214,14 @@ def _check_shape(template: Template, turns: tuple[Turn, ...]) -> None:
         )
     if template.requires_image and not any(IMAGE_PLACEHOLDER in t.text for t in turns if t.role == "user"):
         raise RecordError("plain_record_shape", f"no <image>: template {template.name} captions an image")
+
+
+def _add_system(pieces: list[Piece], template: Template, system_pieces: list[Piece]) -> None:
+    """The system block: the template's prefix and suffix around the prompt's pieces (a record's
+    own prompt is content: a special token typed in it is spelled as text, ``{eos}`` is literal)."""
+    _add_text(pieces, template.system_prefix, trained=False)
+    pieces.extend(system_pieces)
+    _add_text(pieces, template.system_suffix, trained=False)
 
 
 def _add_content(pieces: list[Piece], text: str, images_only: bool) -> None:

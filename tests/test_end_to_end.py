@@ -248,6 +248,7 @@ def test_text_only_packs_carry_one_zero_image_and_long_samples_are_truncated(sam
     "change, message",
     [
         (("--data_path", "/nonexistent.json"), "--data_path /nonexistent.json: no such file"),
+        (("--data_path", "/"), "--data_path /: not a regular file (a directory, device or FIFO)"),
         (("--tokenizer_path", "/nonexistent.model"), "--tokenizer_path /nonexistent.model: no such file"),
         (("--conv_template", "vicuna"), "--conv_template 'vicuna': unknown template"),
         (("--hf_vision_encoder", "facebook/dino"), "--hf_vision_encoder 'facebook/dino': not a local directory"),

@@ -30,7 +30,7 @@ from benchmarks.bench_hostile import jpeg_claiming  # the same hostile header th
 from neva_pack.cli import main
 from neva_pack.invariants import PackSpec, accounting_problem, pack_problems
 from neva_pack.output_dir import LOCK_FILE, OutputLock
-from neva_pack.records import SKIP_REASONS, iter_raw_records
+from neva_pack.records import SKIP_REASONS, RecordError, iter_raw_records
 from neva_pack.samples import truncation
 from neva_pack.verify import verify
 from tests.conftest import SAMPLE_DATA
@@ -365,6 +365,81 @@ def test_a_relative_name_inside_the_folder_with_dots_is_fine(tmp_path, capsys, i
     assert run.code == 0 and run.reasons == {}
 
 
+def test_a_symlink_loop_is_an_unreadable_image_not_a_crash(tmp_path, capsys, images):
+    (images / "loop.jpg").symlink_to("loop.jpg")
+    run = run_with(tmp_path, capsys, images, image_record("loop.jpg"))
+    assert run.code == 0 and run.reasons == {HOSTILE_AT: "unreadable_image"}
+    assert "cannot be resolved" in json.loads((run.out / "skipped.jsonl").read_text())["detail"]
+    assert run.verified
+
+
+def image_tar(path: Path, images: Path, extra) -> Path:
+    """chelsea.jpg as a regular member, then whatever ``extra(tar)`` adds."""
+    import tarfile
+
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tar:
+        tar.add(images / "chelsea.jpg", arcname="chelsea.jpg")
+        extra(tar)
+    return path
+
+
+def test_a_tar_reads_hard_and_symbolic_links_as_the_folder_it_unpacks_to(tmp_path, capsys, images):
+    import tarfile
+
+    def links(tar):
+        for name, kind, target in (("copy.jpg", tarfile.LNKTYPE, "chelsea.jpg"), ("sub/alias.jpg", tarfile.SYMTYPE, "../chelsea.jpg"),
+                                   ("chain.jpg", tarfile.SYMTYPE, "sub/alias.jpg"), ("loop.jpg", tarfile.SYMTYPE, "loop.jpg"),
+                                   ("out.jpg", tarfile.SYMTYPE, "../chelsea.jpg")):  # fmt: skip
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = kind, target
+            tar.addfile(info)
+
+    archive = image_tar(tmp_path / "links.tar", images, links)
+    names = ["copy.jpg", "sub/alias.jpg", "chain.jpg", "loop.jpg", "out.jpg"]
+    data = write_data(tmp_path / "data.jsonl", GOOD[:1] + [image_record(name) for name in names], "jsonl")
+    run = run_on(tmp_path, capsys, data, archive, "--max_skip_fraction", "1")
+    # the three links to chelsea.jpg read its bytes; a looping or escaping link is no member
+    assert run.code == 0 and run.reasons == {4: "missing_image", 5: "missing_image"}
+    assert run.verified
+
+
+def test_a_tar_names_outside_and_sparse_members_as_a_folder_would(tmp_path, capsys, images):
+    import tarfile
+
+    data_bytes = (images / "chelsea.jpg").read_bytes()
+
+    def odd_members(tar):
+        for name in ("../up.jpg", "/abs.jpg"):
+            info = tarfile.TarInfo(name)
+            info.size = len(data_bytes)
+            tar.addfile(info, io.BytesIO(data_bytes))
+
+    archive = image_tar(tmp_path / "odd.tar", images, odd_members)
+    names = ["../up.jpg", "/abs.jpg", "x/../../up.jpg"]
+    data = write_data(tmp_path / "data.jsonl", GOOD[:1] + [image_record(name) for name in names], "jsonl")
+    run = run_on(tmp_path, capsys, data, archive, "--max_skip_fraction", "1")
+    assert run.code == 0 and run.reasons == dict.fromkeys((1, 2, 3), "outside_image_folder")
+    shutil.rmtree(run.out)
+    allowed = run_on(tmp_path, capsys, data, archive, "--allow_outside_image_folder")
+    assert allowed.code == 0 and allowed.reasons == {}
+    shutil.rmtree(allowed.out)
+
+    if shutil.which("tar") is None:
+        return
+    folder = tmp_path / "sparse"
+    folder.mkdir()
+    shutil.copyfile(images / "chelsea.jpg", folder / "chelsea.jpg")
+    with open(folder / "holes.jpg", "wb") as f:
+        f.write(data_bytes)
+        f.truncate(8 << 20)  # a long hole: GNU tar --sparse stores only the data
+    sparse = tmp_path / "sparse.tar"
+    subprocess.run(["tar", "--sparse", "-cf", str(sparse), "-C", str(folder), "chelsea.jpg", "holes.jpg"], check=True)
+    run = run_on(tmp_path, capsys, write_data(tmp_path / "s.jsonl", GOOD[:1] + [image_record("holes.jpg"), GOOD[1]], "jsonl"),
+                 sparse, "--max_skip_fraction", "1")  # fmt: skip
+    assert run.code == 0 and run.reasons == {1: "unreadable_image"}  # skipped, the archive itself is sound
+    assert "sparse" in json.loads((run.out / "skipped.jsonl").read_text())["detail"]
+
+
 # ---------------------------------------------------------------------------------------------
 # 4. One run per output directory; --overwrite deletes only our own files; checks before publishing
 
@@ -620,6 +695,22 @@ def test_a_108_megapixel_jpeg_is_image_too_large_naming_the_limit_and_flag(tmp_p
     detail = json.loads((run.out / "skipped.jsonl").read_text())["detail"]
     assert detail == "huge.jpg: 12000 x 9000 = 108,000,000 pixels > --max_image_pixels 36,000,000"
     assert run.verified
+
+
+def test_an_image_over_pils_own_limit_is_image_too_large_and_a_larger_budget_lifts_it(tmp_path, capsys, images, monkeypatch):
+    from neva_pack.images import decode_image
+
+    (images / "vast.jpg").write_bytes(jpeg_claiming(15_000, 15_000))  # PIL refuses over 178,956,970 in open
+    run = run_with(tmp_path, capsys, images, image_record("vast.jpg"))
+    assert run.code == 0 and run.reasons == {HOSTILE_AT: "image_too_large"}
+    detail = json.loads((run.out / "skipped.jsonl").read_text())["detail"]
+    assert detail == "vast.jpg: size = 225,000,000 pixels > --max_image_pixels 36,000,000"
+    # a budget the user raised above PIL's limit is the one checked, from the header, as below it
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", Image.MAX_IMAGE_PIXELS)  # restored after the test
+    with pytest.raises(RecordError) as caught:
+        decode_image(jpeg_claiming(15_000, 15_000), "vast.jpg", max_pixels=200_000_000)
+    assert (caught.value.reason, caught.value.detail) == (
+        "image_too_large", "vast.jpg: 15000 x 15000 = 225,000,000 pixels > --max_image_pixels 200,000,000")
 
 
 def test_a_sample_cut_before_its_answer_is_no_supervised_tokens(tmp_path, capsys, images):

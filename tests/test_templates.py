@@ -9,7 +9,7 @@ from neva_pack.errors import ConfigError
 from neva_pack.images import ImagePreprocessor, ImageSource
 from neva_pack.records import RawRecord, RecordError, Turn
 from neva_pack.samples import SampleBuilder, image_token_layout
-from neva_pack.templates import TOKENIZATIONS, available_templates, load_template, render
+from neva_pack.templates import TOKENIZATIONS, Piece, available_templates, load_template, render
 from neva_pack.tokenizer import load_tokenizer
 
 TURNS = (
@@ -265,3 +265,22 @@ def test_template_needing_eos_with_a_tokenizer_without_one(tmp_path, hf_tokenize
     (directory / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>"}))
     with pytest.raises(ConfigError, match="needs the tokenizer's EOS token"):
         make_builder(directory, "v1")
+
+
+def test_a_records_own_system_prompt_is_conversation_text_not_template_text():
+    """nvgpt reads a record's "system" field: a special token or ``{eos}`` typed there is spelled as
+    text, as in any turn (it must not become an image marker or an end of turn)."""
+    from tests.conftest import SAMPLE_DATA
+
+    template = load_template("nvgpt")
+    pieces = render(template, TURNS[:2], record_system="Be nice {eos}")
+    assert Piece("content", "Be nice {eos}", False) in pieces
+    assert sum(p.kind == "special" for p in pieces) == sum(p.kind == "special" for p in render(template, TURNS[:2]))
+    builder = make_builder(SAMPLE_DATA / "tokenizer.model", "nvgpt")
+    turns = [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Yo"}]
+    typed = builder.build(RawRecord(0, {"system": "Be nice <extra_id_4> {eos} </s> {bos}.", "conversations": turns}))
+    plain = builder.build(RawRecord(0, {"system": "Be nice.", "conversations": turns}))
+    tokenizer = load_tokenizer(SAMPLE_DATA / "tokenizer.model")
+    for control in (tokenizer.bos_id, tokenizer.eos_id, tokenizer.token_to_id("<extra_id_4>")):
+        assert np.count_nonzero(typed.tokens == control) == np.count_nonzero(plain.tokens == control), control
+    assert len(typed.tokens) > len(plain.tokens)  # the typed strings are there, as text
