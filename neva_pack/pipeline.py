@@ -31,8 +31,9 @@ from neva_pack import store as layout
 from neva_pack import output_dir as ownership
 from neva_pack.assemble import plan_table, rows_at
 from neva_pack.formats import format_module, sample_store
-from neva_pack.formats.base import WriteSpec
-from neva_pack.formats.meta import META_VERSION, Counts, ImageTokenIds, PackedMeta
+from neva_pack.formats.base import Checkpoint, WriteSpec
+from neva_pack.formats.meta import META_VERSION, Counts, ImageTokenIds, PackedMeta, read_meta_json
+from neva_pack.formats.sample_store import check_settings
 from neva_pack.config import PreprocessConfig
 from neva_pack.encoders import resolve_encoder
 from neva_pack.errors import ConfigError, InputError, OutputError
@@ -231,8 +232,11 @@ def _write_prefix(
     named_size = size if len(config.sizes) > 1 else None
     prefix = layout.packed_prefix(output_dir, named_size)
     stats_file = layout.stats_path(output_dir, named_size)
-    if config.resume and layout.meta_path(prefix).is_file() and stats_file.is_file():
-        return RunReport.from_json(json.loads(stats_file.read_text(encoding="utf-8")))  # published before the interruption
+    settings = write_settings(config, size)
+    if config.resume:
+        published = _resumed_prefix(prefix, stats_file, settings)
+        if published is not None:
+            return published  # published before the interruption, with these settings
     multiple = config.alignment
     rows, cuts, unsupervised = rows_at(store, aligned_capacity(size, multiple), builder.layout.positions, config.ignore_index)
     padded = padded_lengths(rows["length"], multiple)  # what is packed (== length when multiple is 1)
@@ -248,9 +252,10 @@ def _write_prefix(
         pad_id=config.pad_id,
         ignore_index=config.ignore_index,
         pool=tuple(store.pool_parts),
-        plan_digest=_plan_digest(plan, padded),
+        plan_digest=_plan_digest(plan, padded, settings),
         image_run=tuple(int(v) for v in builder.layout.run()),
     )
+    _remove_stale_tmp(prefix, spec.plan_digest)
     writer = fmt.Writer(prefix, spec, resume=config.resume)
     checks = pack_spec(config, builder, size)
     every = max(1, config.checkpoint_every // 10)
@@ -541,12 +546,72 @@ def _write_skipped(parts: list[Path], output_dir: Path) -> None:
     tmp.replace(target)
 
 
-def _plan_digest(plan: PackingPlan, padded: np.ndarray) -> str:
-    """Identifies what the writer writes: a resumed writer continues only for the same plan and padding."""
+def _plan_digest(plan: PackingPlan, padded: np.ndarray, settings: dict) -> str:
+    """Identifies what the writer writes: a resumed writer continues only for the same plan, padding
+    and writing settings (``write_settings``; kept readable so that a resume can name one that differs)."""
     digest = hashlib.sha256()
     for array in (plan.offsets, plan.indices, padded):
         digest.update(np.ascontiguousarray(array, dtype=np.int64).tobytes())
-    return digest.hexdigest()
+    return json.dumps({"plan": digest.hexdigest(), "settings": settings}, sort_keys=True)
+
+
+def write_settings(config: PreprocessConfig, size: int) -> dict:
+    """Every setting that decides the bytes of a pack size's published files beyond the samples
+    (``sample_fingerprint``, checked by the sample store): a resumed prefix, finished or not, must
+    have been written with exactly these (the sizes are in the prefix's name, its size is here)."""
+    return {
+        "output_format": config.output_format,
+        "max_seq_length": size,
+        "packing_algorithm": config.packing_algorithm,
+        "seed": config.seed,
+        "max_samples_per_pack": config.max_samples_per_pack,
+        "pad_to_multiple_of": config.alignment,  # the lcm with the parallel sizes' multiples
+        "pad_id": config.pad_id,
+        "ignore_index": config.ignore_index,
+        "balance_data_parallel": config.balance_data_parallel,
+        "global_batch_size": config.global_batch_size,  # stats.json's advice and training overrides
+    }
+
+
+META_SETTINGS = {"output_format": "format", "max_seq_length": "max_seq_length", "packing_algorithm": "algorithm",
+                 "seed": "seed", "max_samples_per_pack": "max_samples_per_pack",
+                 "pad_to_multiple_of": "pad_to_multiple_of", "pad_id": "pad_id", "ignore_index": "ignore_index",
+                 "balance_data_parallel": "balance_data_parallel"}  # fmt: skip
+"""write_settings key -> the meta field that records it (global_batch_size is in the stats file)."""
+
+
+def _resumed_prefix(prefix: Path, stats_file: Path, settings: dict) -> RunReport | None:
+    """--resume of one prefix: its report when it was published before the interruption (None when it
+    was not), once its meta -- or, unfinished, the writer's checkpoint -- shows that it was written with
+    these settings; otherwise ConfigError naming the setting (nothing is touched)."""
+    meta_file = layout.meta_path(prefix)
+    if meta_file.is_file() and stats_file.is_file():
+        report = RunReport.from_json(json.loads(stats_file.read_text(encoding="utf-8")))
+        meta = read_meta_json(meta_file)
+        stored = {key: meta[field] for key, field in META_SETTINGS.items() if field in meta}
+        stored["global_batch_size"] = report.global_batch_size
+        check_settings(stored, {key: settings[key] for key in stored})
+        return report
+    saved = Checkpoint(prefix, "").saved_digest()
+    try:
+        saved = json.loads(saved) if saved is not None else None
+    except ValueError:  # not a digest of this pipeline's: the writer will not continue it
+        saved = None
+    if isinstance(saved, dict) and isinstance(saved.get("settings"), dict):
+        check_settings(saved["settings"], settings)
+    return None
+
+
+def _remove_stale_tmp(prefix: Path, digest: str) -> None:
+    """Before a writer starts: unless the checkpoint beside the prefix is this plan's (which the writer
+    continues), every temporary file there is a leftover of another run -- maybe of the other format,
+    whose writer would never touch it -- and goes, so that none outlives the publish."""
+    if Checkpoint(prefix, digest).saved_digest() == digest:
+        leftovers = [Path(str(Checkpoint(prefix, digest).path) + ".tmp.npz")]
+    else:
+        leftovers = layout.writer_tmp_paths(prefix)
+    for path in leftovers:
+        path.unlink(missing_ok=True)
 
 
 def _write_packs(job: PackJob, writer, every: int, progress: bool, with_pixels: bool, workers: int) -> None:

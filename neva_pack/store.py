@@ -121,16 +121,24 @@ def output_paths(output_dir: Path) -> list[Path]:
     paths = [store_dir(output_dir), output_dir / SKIPPED_FILE, output_dir / (SKIPPED_FILE + ".tmp")]
     for size in sorted(set(sizes), key=lambda v: -1 if v is None else v):
         prefix = packed_prefix(output_dir, size)
-        tmp = tmp_prefix(prefix)
         stats = stats_path(output_dir, size)
         if size is not None:
             skipped = skipped_path(output_dir, size)
             paths += [skipped, skipped.with_name(skipped.name + ".tmp")]
-        paths += [meta_path(prefix), bin_path(prefix), idx_path(prefix), plan_path(prefix), bin_path(tmp),
-                  idx_path(tmp), Path(str(tmp) + CHECKPOINT_SUFFIX), Path(str(tmp) + PLAN_SUFFIX), stats,
+        paths += [meta_path(prefix), bin_path(prefix), idx_path(prefix), plan_path(prefix), stats,
                   stats.with_name(stats.name + ".tmp")]  # fmt: skip
-        paths += [prefix_file(p, suffix) for p in (prefix, tmp) for suffix in COMPACT_SUFFIXES]
+        paths += [prefix_file(prefix, suffix) for suffix in COMPACT_SUFFIXES]
+        paths += writer_tmp_paths(prefix)
     return paths
+
+
+def writer_tmp_paths(prefix: Path) -> list[Path]:
+    """Every temporary file a format writer (either format) may leave beside a prefix while it writes:
+    the temporary prefix's files and the writer's checkpoint (and the checkpoint's own temporary file)."""
+    tmp = tmp_prefix(prefix)
+    checkpoint = Path(str(tmp) + CHECKPOINT_SUFFIX)
+    return [bin_path(tmp), idx_path(tmp), checkpoint, Path(str(checkpoint) + ".tmp.npz"), Path(str(tmp) + PLAN_SUFFIX),
+            *(prefix_file(tmp, suffix) for suffix in COMPACT_SUFFIXES)]  # fmt: skip
 
 
 _SIZED = re.compile(rf"(?:{PACKED_NAME}|skipped)_(\d+)\.")

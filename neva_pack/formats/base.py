@@ -9,6 +9,7 @@ field to the module.
 from __future__ import annotations
 
 import os
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +35,9 @@ class WriteSpec:
     pool: tuple[PoolPart, ...]
     """The image pool the packs' image indices refer to (the sample store's parts)."""
     plan_digest: str
-    """Identifies the plan: a checkpoint of another plan is not resumed."""
+    """Identifies the plan and the settings it is written with: a checkpoint of another is not resumed
+    (the pipeline's digest is JSON, ``{"plan": ..., "settings": ...}``, so that a resume can name the
+    setting that differs)."""
     image_run: tuple[int, ...]
     """The token ids of one image's run of positions (formats may store it once instead of per image)."""
 
@@ -59,6 +62,16 @@ class Checkpoint:
             if f.stat().st_size < int(data["bytes"][k]):
                 return None
         return data
+
+    def saved_digest(self) -> str | None:
+        """The digest the checkpoint was saved with; None without a checkpoint, or an unreadable one."""
+        if not self.path.is_file():
+            return None
+        try:
+            with np.load(self.path) as state:
+                return str(state["plan_digest"])
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile):
+            return None
 
     def save(self, open_files: list, **arrays) -> None:
         sizes = []

@@ -41,7 +41,7 @@ import numpy as np
 
 from neva_pack.formats.common import fsync_close as _fsync_close
 from neva_pack.formats.common import read_versioned as _read_versioned
-from neva_pack.formats.indexed import IndexedReader, IndexedWriter, bin_path, idx_path
+from neva_pack.formats.indexed import IndexedReader, IndexedWriter, bin_path, idx_path, read_index
 from neva_pack.formats.image_pool import KEY_BYTES, ImagePool, PoolPart, PoolWriter, image_key, load_keys, pool_part
 from neva_pack.store import (
     STORE_PROGRESS,
@@ -113,8 +113,8 @@ class SampleStoreWriter:
         self.shards: list[ShardInfo] = []
         if resume and (self.directory / STORE_PROGRESS).is_file():
             progress = _read_progress(self.directory)
-            _check_fingerprint(progress["fingerprint"], fingerprint)
-            _check_fingerprint(
+            check_settings(progress["fingerprint"], fingerprint)
+            check_settings(
                 {"image_run": progress["image_run"], "ignore_index": progress["ignore_index"]},
                 {"image_run": _run_pairs(self.image_run), "ignore_index": self.ignore_index},
             )
@@ -225,7 +225,10 @@ def join_part(writer: SampleStoreWriter, part: Path, first_record: int, end_reco
         for path, target in zip(_CONCATENATED, targets):
             with open(path(part, chunk.name), "rb") as source:
                 shutil.copyfileobj(source, target)
-        _copy_new_images(pool_part(part, chunk.name, chunk.pool_images), pool, writer.image_shape)
+        source = pool_part(part, chunk.name, chunk.pool_images, chunk.pool_checksums)
+        read = _copy_new_images(source, pool, writer.image_shape)
+        if source.checksums is not None and read is not None and read != source.checksums[0]:
+            raise StoreDamage(f"{source.images_file.name} does not hash to the checksum its progress file records")
     for target in targets:
         _fsync_close(target)
     if text is not None:
@@ -250,14 +253,78 @@ _CONCATENATED = (shard_rows_path, shard_image_refs_path, shard_skipped_path)
 """Files of a store shard that join by concatenation."""
 
 
-def _copy_new_images(source: PoolPart, pool: PoolWriter, image_shape) -> None:
+class StoreDamage(ValueError):
+    """A store's files disagree with what its progress file records (``store_files_problem``, ``join_part``)."""
+
+
+_IMAGES_PER_READ = 32
+
+
+def _copy_new_images(source: PoolPart, pool: PoolWriter, image_shape) -> str | None:
+    """Add the images of ``source`` that ``pool`` lacks; returns the xxh3-128 of the source's images
+    file as read (every image is read: the check that the part arrived whole costs no extra read)."""
     if source.count == 0:
-        return
+        return None
+    import xxhash
+
     keys = source.keys_file.read_bytes()
-    images = np.memmap(source.images_file, dtype=STORE_IMAGE_DTYPE, mode="r", shape=(source.count, *image_shape))
-    for k in range(source.count):
-        pool.add_keyed(keys[k * KEY_BYTES : (k + 1) * KEY_BYTES], images[k])
-    del images
+    size = int(np.prod(image_shape))
+    digest = xxhash.xxh3_128()
+    with open(source.images_file, "rb") as f:
+        for first in range(0, source.count, _IMAGES_PER_READ):
+            count = min(_IMAGES_PER_READ, source.count - first)
+            data = f.read(count * size)
+            if len(data) != count * size:
+                raise StoreDamage(f"{source.images_file.name} ends before its image {first + len(data) // size}")
+            digest.update(data)
+            images = np.frombuffer(data, dtype=STORE_IMAGE_DTYPE).reshape(count, *image_shape)
+            for k in range(count):
+                pool.add_keyed(keys[(first + k) * KEY_BYTES : (first + k + 1) * KEY_BYTES], images[k])
+    return digest.hexdigest()
+
+
+def store_files_problem(directory: Path, progress: dict) -> str | None:
+    """What is wrong with the files of a store's committed shards, checked against what its progress
+    file records: each file's size (rows, image refs, the pool's images and keys; the text index's
+    documents and the size of the text it points into), the skipped lines' count, and the checksum of
+    each pool part's keys (a part's images are hashed as ``join_part`` copies them). None when all agree.
+    Cheap: reads the indexes and keys, never the text or the pixels."""
+    from neva_pack.errors import InputError
+    from neva_pack.store import file_checksum
+
+    directory = Path(directory)
+    image_bytes = int(np.prod(progress["image_shape"]))
+    for shard in (ShardInfo(**info) for info in progress["shards"]):
+        pool = pool_part(directory, shard.name, shard.pool_images, shard.pool_checksums)
+        sizes = [(shard_rows_path(directory, shard.name), shard.samples * SAMPLE_ROW.itemsize),
+                 (shard_image_refs_path(directory, shard.name), shard.images * KEY_BYTES)]  # fmt: skip
+        if pool.count:
+            sizes += [(pool.images_file, pool.count * image_bytes), (pool.keys_file, pool.count * KEY_BYTES)]
+        text = shard_text_prefix(directory, shard.name)
+        if shard.samples:
+            try:
+                index = read_index(idx_path(text))
+            except (OSError, InputError) as exc:
+                return f"{idx_path(text).name}: {exc.strerror if isinstance(exc, OSError) else exc}"
+            if len(index.sequence_lengths) != _TEXT_ITEMS * shard.samples or len(index.document_indices) != shard.samples + 1:
+                return f"{idx_path(text).name} indexes {len(index.document_indices) - 1} samples, {shard.samples} expected"
+            end = int(index.sequence_pointers[-1]) + int(index.sequence_lengths[-1]) * np.dtype(STORE_TEXT_DTYPE).itemsize
+            sizes.append((bin_path(text), end))
+        for path, expected in sizes:
+            if not path.is_file():
+                return f"{path.name} is missing"
+            if path.stat().st_size != expected:
+                return f"{path.name} is {path.stat().st_size:,} bytes, {expected:,} expected"
+        skipped = shard_skipped_path(directory, shard.name)
+        if not skipped.is_file():
+            return f"{skipped.name} is missing"
+        with open(skipped, "rb") as f:
+            lines = sum(1 for line in f if line.strip())
+        if lines != sum(shard.skipped_by_reason.values()):
+            return f"{skipped.name} lists {lines} records, {sum(shard.skipped_by_reason.values())} expected"
+        if pool.count and pool.checksums is not None and file_checksum(pool.keys_file) != pool.checksums[1]:
+            return f"{pool.keys_file.name} does not hash to the checksum its progress file records"
+    return None
 
 
 def _sum_counts(counts) -> dict:
@@ -624,7 +691,8 @@ def _read_progress(directory: Path) -> dict:
     return progress
 
 
-def _check_fingerprint(stored: dict, current: dict) -> None:
+def check_settings(stored: dict, current: dict) -> None:
+    """--resume: ConfigError naming the first setting (by key) whose stored value differs from this run's."""
     from neva_pack.errors import ConfigError
 
     for key in sorted(set(stored) | set(current)):
