@@ -78,9 +78,9 @@ def resolve_shards(num_shards: int | None, shard_index: int | None, environ=os.e
     """--num_shards / --shard_index, defaulting from a SLURM job array (--array=0-(N-1)): the task id is
     the shard index, so a resubmitted subset (--array=3,7 with --num_shards N) redoes those shards."""
     if num_shards is None and "SLURM_ARRAY_TASK_COUNT" in environ:
-        num_shards = int(environ["SLURM_ARRAY_TASK_COUNT"])
+        num_shards = _slurm_number(environ, "SLURM_ARRAY_TASK_COUNT", "--num_shards")
     if num_shards is not None and shard_index is None and "SLURM_ARRAY_TASK_ID" in environ:
-        shard_index = int(environ["SLURM_ARRAY_TASK_ID"])
+        shard_index = _slurm_number(environ, "SLURM_ARRAY_TASK_ID", "--shard_index")
     if num_shards is None and shard_index is not None:
         raise ConfigError("--shard_index needs --num_shards")
     if num_shards is not None and num_shards < 1:
@@ -88,6 +88,15 @@ def resolve_shards(num_shards: int | None, shard_index: int | None, environ=os.e
     if shard_index is not None and not 0 <= shard_index < num_shards:
         raise ConfigError(f"--shard_index {shard_index}: must be between 0 and --num_shards - 1 ({num_shards - 1})")
     return num_shards, shard_index
+
+
+def _slurm_number(environ, name: str, flag: str) -> int:
+    value = environ[name]
+    try:
+        return int(value.strip())
+    except ValueError:
+        raise ConfigError(f"{name}={value!r} is not a number (it stands for {flag}); "
+                          f"pass {flag} explicitly or unset {name}") from None
 
 
 def content_fingerprint(config, builder, total_records: int, resume_fingerprint: dict) -> dict:
@@ -111,10 +120,12 @@ def join_parts(
     store_directory: Path, num_shards: int, total_records: int, fingerprint: dict, image_shape, resume_fingerprint: dict,
     *, image_run, ignore_index: int,
 ) -> None:  # fmt: skip
-    """Check that the parts tile [0, total_records) once with identical settings, then join them
-    into the sample store (one store shard per part) and remove the parts.
+    """Check that the parts tile [0, total_records) once with identical settings and that each part's
+    files are what its progress file records, then join them into the sample store (one store shard
+    per part), check the joined store's files, and only then remove the parts.
 
-    Idempotent: a store already joined from the same parts is left as it is.
+    Idempotent: a store already joined from the same parts is left as it is (parts left over by a
+    run stopped while removing them are removed).
     """
     from neva_pack.formats import sample_store
 
@@ -123,6 +134,7 @@ def join_parts(
     if progress_file.is_file():
         joined = json.loads(progress_file.read_text(encoding="utf-8"))
         if joined.get("complete") and joined.get("joined_from") == _joined_marker(num_shards, total_records, fingerprint):
+            _remove_joined_parts(store_directory, num_shards)
             return
     parts = _check_parts(store_directory, num_shards, total_records, fingerprint)
     marker = {"joined_from": _joined_marker(num_shards, total_records, fingerprint)}
@@ -131,10 +143,38 @@ def join_parts(
     )
     for path, progress in parts:
         partition = progress["partition"]
-        sample_store.join_part(writer, path, partition["first_record"], partition["end_record"])
+        try:
+            sample_store.join_part(writer, path, partition["first_record"], partition["end_record"])
+        except sample_store.StoreDamage as exc:
+            raise _damaged(path, partition, exc) from None
+    problem = sample_store.store_files_problem(store_directory, json.loads(progress_file.read_text(encoding="utf-8")))
+    if problem is not None:  # left incomplete, with every part: the final step joins them again
+        raise InputError(f"{store_directory}: the store joined from the parts is damaged ({problem}); the parts "
+                         "were kept: run the final step again")  # fmt: skip
     writer.finish(total_records)
     for path, _ in parts:
         shutil.rmtree(path)
+
+
+def _damaged(path: Path, partition: dict, problem) -> InputError:
+    first, end, index = partition["first_record"], partition["end_record"], partition["shard_index"]
+    return InputError(f"{path.name} (records {first}..{end - 1}) is damaged: {problem}; nothing was deleted: run it "
+                      f"again with --shard_index {index} --overwrite")  # fmt: skip
+
+
+def _remove_joined_parts(store_directory: Path, num_shards: int) -> None:
+    """Parts of this run left in a store already joined from them (the final step stopped while it
+    removed them): the joined store holds their records. Only directories that are one of this run's
+    parts by name and hold nothing but a part's files are removed."""
+    from neva_pack.output_dir import LOCK_FILE
+
+    for path in sorted(store_directory.iterdir()):
+        match = _PART.fullmatch(path.name)
+        if not (match and path.is_dir() and not path.is_symlink() and int(match.group(2)) == num_shards
+                and int(match.group(1)) < num_shards):  # fmt: skip
+            continue
+        if all(p.is_file() and not p.is_symlink() and (is_part_file(p.name) or p.name == LOCK_FILE) for p in path.iterdir()):
+            shutil.rmtree(path)
 
 
 def _joined_marker(num_shards: int, total_records: int, fingerprint: dict) -> dict:
@@ -183,6 +223,12 @@ def _check_parts(store_directory: Path, num_shards: int, total: int, fingerprint
             raise InputError(f"{path.name} holds shard {partition['shard_index']} of {partition['num_shards']} "
                              f"(records {partition['first_record']}..{partition['end_record'] - 1}): a duplicated "
                              "or moved part; run it again with --overwrite")  # fmt: skip
+    from neva_pack.formats.sample_store import store_files_problem
+
+    for path, progress, partition in parts:  # before anything is joined or deleted: a damaged part is redone
+        problem = store_files_problem(path, progress)
+        if problem is not None:
+            raise _damaged(path, partition, problem)
     return [(path, progress) for path, progress, _ in parts]
 
 
@@ -207,6 +253,10 @@ def _text_digest(text: str) -> str:
 
 
 def _tokenizer_digest(path: Path) -> str:
-    files = sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
+    """By content: a single file's bytes (not its name: the same .model copied under another name is
+    the same tokenizer); a directory's files by their names inside it (tokenizer.json, ...) and bytes."""
+    if not path.is_dir():
+        return _file_digest(path)
+    files = sorted(p for p in path.iterdir() if p.is_file())
     return _text_digest(json.dumps([[p.name, _file_digest(p)] for p in files]))
 

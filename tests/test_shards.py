@@ -238,3 +238,103 @@ def test_a_part_locks_only_itself_and_overwrite_removes_only_what_a_part_holds(d
     assert "notes.txt" in capsys.readouterr().err and (part / "notes.txt").read_text() == "mine"
     (part / "notes.txt").unlink()
     assert main(command(dataset, out, "--num_shards", "3", "--shard_index", "0", "--overwrite")) == 0
+
+
+@pytest.mark.parametrize("environ, named", [
+    ({"SLURM_ARRAY_TASK_COUNT": "3", "SLURM_ARRAY_TASK_ID": "abc"}, "SLURM_ARRAY_TASK_ID='abc'"),
+    ({"SLURM_ARRAY_TASK_COUNT": "x"}, "SLURM_ARRAY_TASK_COUNT='x'"),
+    ({"SLURM_ARRAY_TASK_COUNT": "3", "SLURM_ARRAY_TASK_ID": ""}, "SLURM_ARRAY_TASK_ID=''"),
+])  # fmt: skip
+def test_a_slurm_variable_that_is_not_a_number_is_named(dataset, tmp_path, monkeypatch, capsys, environ, named):
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    assert main(command(dataset, tmp_path / "out")) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and named in err and "is not a number" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_tokenizer_is_compared_by_content_not_by_file_name(dataset, unsharded, tmp_path):
+    out = tmp_path / "out"
+    copy = tmp_path / "elsewhere" / "renamed.model"
+    copy.parent.mkdir()
+    shutil.copyfile(SAMPLE_DATA / "tokenizer.model", copy)
+    run_parts(dataset, out, "2", [0])
+    renamed = command(dataset, out, "--num_shards", "2", "--shard_index", "1")
+    renamed[renamed.index("--tokenizer_path") + 1] = str(copy)
+    assert main(renamed) == 0
+    assert main(command(dataset, out, "--num_shards", "2")) == 0
+    assert outputs(out) == outputs(unsharded)
+
+
+def test_parts_left_by_a_final_step_stopped_while_removing_them_are_removed_by_the_next(dataset, unsharded, tmp_path, monkeypatch):
+    from neva_pack import shards
+
+    out = tmp_path / "out"
+    run_parts(dataset, out, "3")
+    store = out / "packed_seq_dataset"
+    removed = []
+
+    def stopped_after_one(path, *args, **kwargs):
+        if removed:
+            raise KeyboardInterrupt  # Ctrl-C (or a kill) after the first part was removed
+        removed.append(path)
+        real_rmtree(path)
+
+    real_rmtree = shutil.rmtree
+    monkeypatch.setattr(shards.shutil, "rmtree", stopped_after_one)
+    assert main(command(dataset, out, "--num_shards", "3")) == 130
+    monkeypatch.undo()
+    (store / "part_00002_of_00003" / "progress.json").unlink()  # a part half removed
+    (store / "part_00009_of_00010").mkdir()  # not a part of this run: kept
+    assert main(command(dataset, out, "--num_shards", "3", "--resume")) == 0
+    assert [p.name for p in store.glob("part_*")] == ["part_00009_of_00010"]
+    assert outputs(out) == outputs(unsharded)
+
+
+@pytest.mark.parametrize("damage", ["truncate text", "truncate rows", "lose skipped line", "flip pool key", "flip pool image"])
+def test_a_damaged_part_is_named_before_anything_is_joined_or_deleted(dataset, unsharded, tmp_path, capsys, damage):
+    out = tmp_path / "out"
+    run_parts(dataset, out, "3")
+    part = out / "packed_seq_dataset" / "part_00001_of_00003"
+    progress = json.loads((part / "progress.json").read_text())
+    images = next(s["name"] for s in progress["shards"] if s["pool_images"])
+    skipping = next(s["name"] for s in progress["shards"] if s["skipped_by_reason"])
+    target, how = {
+        "truncate text": (part / "shard_00001_text.bin", "truncate"),
+        "truncate rows": (part / "shard_00000.rows", "truncate"),
+        "lose skipped line": (part / f"{skipping}.skipped.jsonl", "empty"),
+        "flip pool key": (part / f"{images}.image_keys", "flip"),
+        "flip pool image": (part / f"{images}.images", "flip"),
+    }[damage]
+    data = bytearray(target.read_bytes())
+    if how == "truncate":
+        data = data[:-8]
+    elif how == "empty":
+        data = bytearray()
+    else:
+        data[len(data) // 2] ^= 1
+    target.write_bytes(bytes(data))
+    parts = lambda: sorted((str(p.relative_to(out)), p.stat().st_size) for p in out.glob("packed_seq_dataset/part_*/*"))  # noqa: E731
+    before = parts()
+    capsys.readouterr()
+    assert main(command(dataset, out, "--num_shards", "3")) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "part_00001_of_00003 (records 13..26) is damaged" in err, err
+    assert target.name in err and "--shard_index 1 --overwrite" in err, err
+    assert parts() == before  # every part kept, as it was (a pool image's damage shows as it is joined)
+    assert not (out / "packed_seq_dataset.meta.json").exists()
+    run_parts(dataset, out, "3", [1], "--overwrite")  # what the line says
+    assert main(command(dataset, out, "--num_shards", "3")) == 0
+    assert outputs(out) == outputs(unsharded)
+
+
+def test_the_final_step_resumed_with_other_packing_settings_is_refused(dataset, tmp_path, capsys):
+    out = tmp_path / "out"
+    run_parts(dataset, out, "2")
+    assert main(command(dataset, out, "--num_shards", "2")) == 0
+    before = outputs(out)
+    capsys.readouterr()
+    assert main(command(dataset, out, "--num_shards", "2", "--resume", "--seed", "7")) == 2
+    assert "--resume: the output was started with seed=0, this run has 7" in capsys.readouterr().err
+    assert outputs(out) == before
