@@ -5,6 +5,8 @@ Packs are read through the source's reader and written by the target's writer, s
 run of the same inputs and settings: keep the small compact output, and pay NeMo's float32
 bytes only on the machine that trains. ``nemo -> compact`` recovers the exact uint8 pixels
 (the normalisation is a one-to-one map of the 256 values) and stores each distinct image once.
+A source whose files differ from its meta's checksums is refused before anything is written:
+converted, its damage would be published under new checksums that verify.
 
     SRC/packed_seq_dataset[_<size>].*  --reader--> packs --writer--> DEST/packed_seq_dataset[_<size>].*
     (compact targets: DEST/packed_seq_dataset/pool_<k>.images, one pool part per prefix, shared keys)
@@ -12,7 +14,6 @@ bytes only on the machine that trains. ``nemo -> compact`` recovers the exact ui
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -22,10 +23,11 @@ from tqdm import tqdm
 from neva_pack import store as layout
 from neva_pack.assemble import AssembledPack
 from neva_pack.errors import ConfigError
-from neva_pack.formats import format_module, open_prefix, resolve_prefixes
+from neva_pack.formats import checked_meta, format_module, open_prefix, resolve_prefixes
 from neva_pack.formats.base import WriteSpec
 from neva_pack.formats.image_pool import PoolWriter, pool_part
-from neva_pack.report import RunReport
+from neva_pack.formats.meta import read_meta
+from neva_pack.report import read_report
 from neva_pack.stats import training_overrides
 
 
@@ -38,15 +40,16 @@ def convert(source: Path, dest: Path, to: str, progress: bool = True) -> list[Pa
         raise ConfigError(f"{dest}: exists and is not an empty directory")
     if dest.resolve() == prefixes[0].parent.resolve():
         raise ConfigError(f"{dest}: the source's own directory; convert into another one")
+    for prefix in prefixes:
+        if read_meta(layout.meta_path(prefix)).format == to:
+            raise ConfigError(f"{prefix}: already in the {to} format")
+    metas = [checked_meta(prefix) for prefix in prefixes]  # every file as verify checks it, before anything is written
     dest.mkdir(parents=True, exist_ok=True)
     known: dict[bytes, int] = {}
     parts = []
     written = []
-    for k, prefix in enumerate(prefixes):
-        reader = open_prefix(prefix)
-        meta = reader.meta
-        if meta.format == to:
-            raise ConfigError(f"{prefix}: already in the {to} format")
+    for k, (prefix, meta) in enumerate(zip(prefixes, metas)):
+        reader = open_prefix(prefix, meta)
         out = dest / prefix.name
         pool = None
         if not target.NEEDS_PIXELS:
@@ -137,7 +140,7 @@ def _copy_extras(prefix: Path, out: Path, to: str) -> list[Path]:
         extras.append(target)
     stats = layout.stats_path_of(prefix)
     if stats.is_file():
-        report = RunReport.from_json(json.loads(stats.read_text(encoding="utf-8")))
+        report = read_report(stats)
         overrides = training_overrides(str(out), report.crop_size, report.packed_global_batch_size, to)
         converted = report.replace(data_prefix=str(out), output_format=to, training_overrides=overrides)
         target = dest_dir / stats.name

@@ -4,6 +4,8 @@ Programming errors are never wrapped in these: only what a user can fix (an argu
 a file) becomes a ``NevaPackError``; the CLI prints its message on one line.
 """
 
+from contextlib import contextmanager
+
 
 class NevaPackError(Exception):
     """Base of every error the command line reports as one line (exit code 2)."""
@@ -19,3 +21,23 @@ class InputError(NevaPackError):
 
 class OutputError(NevaPackError):
     """The run's own output failed a check before publishing (a bug, not a bad input): nothing was published."""
+
+
+_PARSE_FAILURES = (ValueError, KeyError, TypeError, IndexError, AttributeError, EOFError)
+"""How json, numpy and our ``from_json``/``from_arrays`` fail on a damaged file (a JSON or
+UnicodeDecodeError is a ValueError; numpy's truncated archive is a zipfile.BadZipFile, added below)."""
+
+
+@contextmanager
+def parsing(path):
+    """Where a file of an output is parsed (meta, plan table, index, stats.json, skipped list):
+    turns the ways a damaged one fails to parse into one InputError naming it. verify, stats and
+    convert read the same files, so they refuse a damaged one alike, with one line, not a traceback."""
+    import zipfile
+
+    try:
+        yield
+    except InputError:
+        raise
+    except (*_PARSE_FAILURES, zipfile.BadZipFile) as exc:
+        raise InputError(f"{path}: damaged (not as neva_pack writes it: {exc.__class__.__name__}: {exc})") from None

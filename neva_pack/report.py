@@ -230,3 +230,14 @@ class RunReport:
 
     def replace(self, **changes) -> RunReport:
         return dataclasses.replace(self, **changes)
+
+
+def read_report(path) -> RunReport:
+    """A stats file (stats.json, stats_<size>.json); InputError naming it if damaged."""
+    import json
+    from pathlib import Path
+
+    from neva_pack.errors import parsing
+
+    with parsing(path):
+        return RunReport.from_json(json.loads(Path(path).read_text(encoding="utf-8")))

@@ -297,13 +297,18 @@ def load_outputs(path: Path, crop_size=None, max_seq_length: int | None = None) 
 
 
 def _load_prefix(prefix: Path) -> tuple[RunReport, PackingArrays]:
-    import json
-
+    """What stats reads of an output (meta, plan table, stats file) is checked against the meta's
+    checksums first (small files): a damaged one is refused, never summarised (the .bin is not read)."""
     from neva_pack import store as layout
-    from neva_pack.formats import open_prefix
+    from neva_pack.formats import checked_meta, open_prefix
+    from neva_pack.report import read_report
 
-    reader = open_prefix(prefix)
-    meta, table = reader.meta, reader.plan_table()
+    stats_file = layout.stats_path_of(prefix)
+    read = [layout.plan_path(prefix), layout.prefix_file(prefix, layout.COMPACT_INDEX)]  # nemo's, compact's: the meta lists its own
+    read += [stats_file] if stats_file.is_file() else []  # without it, the report is rebuilt from the meta and plan
+    meta = checked_meta(prefix, [layout.relative_name(prefix.parent, f) for f in read])
+    reader = open_prefix(prefix, meta)
+    table = reader.plan_table()
     reader.close()
     multiple = int(meta.pad_to_multiple_of)
     arrays = PackingArrays(
@@ -316,14 +321,21 @@ def _load_prefix(prefix: Path) -> tuple[RunReport, PackingArrays]:
         image_positions=int(meta.image_positions),
         pack_images=per_pack_sum(table.num_images, table.offsets),
     )
-    stats_file = layout.stats_path_of(prefix)
     if stats_file.is_file():
-        return RunReport.from_json(json.loads(stats_file.read_text(encoding="utf-8"))), arrays
+        return _moved_to(read_report(stats_file), prefix), arrays
     report = _report_of(
         arrays, prefix, list(meta.crop_size), dataset=meta.dataset, records=_records_from_meta(meta),
         algorithm=meta.algorithm, seed=meta.seed, image_positions=int(meta.image_positions), output_format=meta.format,
     )  # fmt: skip
     return report, arrays
+
+
+def _moved_to(report: RunReport, prefix: Path) -> RunReport:
+    """The report with the prefix where the output is now (copied or moved since the run wrote it)."""
+    if Path(report.data_prefix).resolve() == prefix.resolve():
+        return report
+    overrides = training_overrides(str(prefix), report.crop_size, report.packed_global_batch_size, report.output_format)
+    return report.replace(data_prefix=str(prefix), training_overrides=overrides)
 
 
 def _load_foreign(prefix: Path, crop_size, max_seq_length) -> tuple[RunReport, PackingArrays]:

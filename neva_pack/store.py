@@ -60,6 +60,23 @@ def skipped_path_of(prefix: Path) -> Path:
     return own if own.is_file() else Path(prefix).parent / SKIPPED_FILE
 
 
+def read_skipped_indices(path: Path) -> list[int]:
+    """The record index of every line of a skipped list; InputError naming it if a line is damaged."""
+    from neva_pack.errors import parsing
+
+    indices = []
+    with parsing(path), open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    indices.append(json.loads(line)["index"])
+                except (ValueError, KeyError, TypeError) as exc:
+                    raise ValueError(f"line {number}: {exc}") from None
+                if type(indices[-1]) is not int:
+                    raise ValueError(f"line {number}: a record index that is not an integer")
+    return indices
+
+
 def is_skipped_list(name: str) -> bool:
     """skipped.jsonl or skipped_<size>.jsonl."""
     return name == SKIPPED_FILE or re.fullmatch(r"skipped_\d+\.jsonl", name) is not None

@@ -14,7 +14,6 @@ Checked, for every prefix of the output (each --pack_sizes size) and every pack 
 
 from __future__ import annotations
 
-import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,8 +25,9 @@ from neva_pack import invariants
 from neva_pack import store as layout
 from neva_pack.errors import InputError
 from neva_pack.formats import format_module, resolve_prefixes
-from neva_pack.formats.meta import PackedMeta, meta_checksum_ok, read_meta_json
+from neva_pack.formats.meta import PackedMeta, checksum_problems, meta_checksum_ok, read_meta_json
 from neva_pack.invariant_kernels import fast_pack_problems
+from neva_pack.report import read_report
 
 MAX_REPORTED = 20
 """Problems listed one by one; beyond this only their number is kept."""
@@ -107,6 +107,12 @@ def _verify_prefix(prefix: Path, data_path, progress: bool, result: Verification
         threads.shutdown(wait=True, cancel_futures=True)
     for problems in found:
         problems.replay(out)
+    stats_file = layout.stats_path_of(prefix)
+    if stats_file.is_file():  # what stats and convert read of it must parse, whatever its checksum says
+        try:
+            read_report(stats_file)
+        except InputError as exc:
+            out.add(str(exc))
     if data_path is not None and plan is not None:
         _verify_accounting(prefix, plan, Path(data_path), out)
 
@@ -152,6 +158,9 @@ def _verify_reader(prefix: Path, meta: PackedMeta, fmt, out: _Labelled, progress
     try:
         reader = fmt.Reader(prefix, meta)
         plan = reader.plan_table()
+    except InputError as exc:  # a file the reader refused, named
+        opened.add(str(exc))
+        return [opened], None
     except Exception as exc:  # a corrupt file makes Megatron/numpy fail in many ways: report, don't crash
         opened.add(f"cannot read the packed dataset: {exc.__class__.__name__}: {exc}")
         return [opened], None
@@ -170,14 +179,11 @@ def _verify_reader(prefix: Path, meta: PackedMeta, fmt, out: _Labelled, progress
 
 def _verify_checksums(meta: PackedMeta, checksums: dict, result) -> None:
     """``checksums``: file name -> the future of its checksum (None: the file is missing)."""
-    files = meta.checksums
-    if not files:
+    if not meta.checksums:
         result.add("the meta lists no checksums")
-    for name, expected in files.items():
-        if checksums[name] is None:
-            result.add(f"{name}: missing")
-        elif checksums[name].result() != expected:
-            result.add(f"{name}: checksum mismatch (the file was changed or corrupted)")
+    actual = {name: None if future is None else future.result() for name, future in checksums.items()}
+    for problem in checksum_problems(meta.checksums, actual):
+        result.add(problem)
 
 
 def _verify_packs(reader, meta: PackedMeta, plan, result, progress: bool) -> None:
@@ -229,10 +235,11 @@ def _verify_accounting(prefix: Path, plan, data_path: Path, result) -> None:
     total = count_records(data_path)
     packed = plan.record_index.astype(np.int64)
     skipped_path = layout.skipped_path_of(prefix)
-    skipped = []
-    if skipped_path.is_file():
-        with open(skipped_path, encoding="utf-8") as f:
-            skipped = [json.loads(line)["index"] for line in f if line.strip()]
+    try:
+        skipped = layout.read_skipped_indices(skipped_path) if skipped_path.is_file() else []
+    except InputError as exc:  # a damaged list accounts for nothing: say so, as for any other file
+        result.add(str(exc))
+        return
     seen = np.zeros(total, dtype=np.int64)
     out_of_range = [int(i) for i in packed if not 0 <= i < total] + [i for i in skipped if not 0 <= i < total]
     if out_of_range:

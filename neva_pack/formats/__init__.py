@@ -14,8 +14,8 @@ from pathlib import Path
 
 from neva_pack.errors import InputError
 from neva_pack.formats import compact, nemo
-from neva_pack.formats.meta import PackedMeta, read_meta
-from neva_pack.store import META_SUFFIX, PACKED_NAME, meta_path, pack_size_of, packed_prefixes
+from neva_pack.formats.meta import PackedMeta, checksum_problems, meta_checksum_ok, read_meta, read_meta_json
+from neva_pack.store import META_SUFFIX, PACKED_NAME, file_checksum, meta_path, pack_size_of, packed_prefixes
 
 FORMATS = {module.NAME: module for module in (nemo, compact)}
 """Registry: meta "format" -> format module."""
@@ -61,3 +61,31 @@ def open_packed(path: Path, pack_size: int | None = None):
 def open_prefix(prefix: Path, meta: PackedMeta | None = None):
     meta = meta if meta is not None else read_meta(meta_path(prefix))
     return format_module(meta.format).Reader(Path(prefix), meta)
+
+
+def checked_meta(prefix: Path, names=None) -> PackedMeta:
+    """The prefix's meta, once its own checksum and the checksums of the files ``names`` (default:
+    every file it lists) match, as verify checks them: for the commands that read an output without
+    verifying all of it. Converting a damaged output would publish its damage under new checksums
+    that verify; stats would print figures made from it. InputError names the first file that differs."""
+    path = meta_path(prefix)
+    raw = read_meta_json(path)
+    meta = PackedMeta.from_json(raw, where=str(path))
+    if not meta_checksum_ok(raw):
+        raise InputError(f"{path}: its own checksum does not match (the meta was changed or corrupted)")
+    if not meta.checksums:
+        raise InputError(f"{path}: lists no checksums")
+    expected = {name: meta.checksums[name] for name in (meta.checksums if names is None else names) if name in meta.checksums}
+    directory = Path(prefix).parent
+
+    def checksum(name: str) -> str | None:
+        return file_checksum(directory / name) if (directory / name).is_file() else None
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=4, thread_name_prefix="checksum") as threads:  # xxh3 and reads release the GIL
+        problems = checksum_problems(expected, dict(zip(expected, threads.map(checksum, expected))))
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise InputError(f"{directory / problems[0]}{more}; neva-pack verify {directory} lists what is wrong")
+    return meta

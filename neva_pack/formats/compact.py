@@ -40,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
+from neva_pack.errors import InputError, parsing
 from neva_pack.formats.base import Checkpoint, WriteSpec, publish
 from neva_pack.formats.output_file import OutputFile
 from neva_pack.formats.image_pool import ImagePool, PoolPart
@@ -169,14 +170,17 @@ class Reader:
         for name, dtype in ARRAYS.items():
             spec = layout.get("arrays", {}).get(name)
             if spec is None:
-                from neva_pack.errors import InputError
-
                 raise InputError(f"{meta_path(self.prefix)}: no array {name} in the layout (not this compact format)")
             if spec["dtype"] != dtype:
-                raise ValueError(f"{index.name}: array {name} of dtype {spec['dtype']}, expected {dtype}")
-            self.arrays[name] = np.fromfile(index, dtype=dtype, count=int(spec["count"]), offset=int(spec["offset"]))
-            if len(self.arrays[name]) != int(spec["count"]):
-                raise ValueError(f"{index.name}: array {name} is cut short")
+                raise InputError(f"{meta_path(self.prefix)}: array {name} of dtype {spec['dtype']}, expected {dtype}")
+            with parsing(index):
+                self.arrays[name] = np.fromfile(index, dtype=dtype, count=int(spec["count"]), offset=int(spec["offset"]))
+                if len(self.arrays[name]) != int(spec["count"]):
+                    raise ValueError(f"array {name} is cut short")
+        ends = self.arrays["token_offsets"][-1:]  # pack() slices the id files with these offsets
+        for path, ids in ((prefix_file(self.prefix, TOKENS), self.tokens), (prefix_file(self.prefix, LABELS), self.labels)):
+            if len(ends) != 1 or len(ids) != ends[0]:
+                raise InputError(f"{path}: {len(ids)} ids, not the {ends.tolist()} that {index.name} lists (damaged)")
         parts = [PoolPart(images_file=output_dir / part["images"], keys_file=output_dir / part["keys"], count=int(part["count"]))
                  for part in layout["pool"]]  # fmt: skip
         self.pool = ImagePool(parts, self.image_shape, mmap=True)
@@ -194,9 +198,12 @@ class Reader:
         return len(self.arrays["pack_offsets"]) - 1
 
     def plan_table(self) -> PlanTable:
+        """The index's plan arrays; InputError naming the index if they do not describe packs."""
         a = self.arrays
-        return PlanTable.from_arrays({"offsets": a["pack_offsets"], "record_index": a["record_index"], "length": a["length"],
-                                      "padded_length": a["padded_length"], "num_images": a["num_images"]})  # fmt: skip
+        with parsing(prefix_file(self.prefix, INDEX)):
+            return PlanTable.from_arrays({"offsets": a["pack_offsets"], "record_index": a["record_index"],
+                                          "length": a["length"], "padded_length": a["padded_length"],
+                                          "num_images": a["num_images"]})  # fmt: skip
 
     def pack(self, p: int, images: bool = True) -> ReadPack:
         a = self.arrays

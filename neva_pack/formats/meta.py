@@ -288,6 +288,17 @@ def meta_checksum_ok(data: dict) -> bool:
     return data.get("meta_checksum") == _self_checksum(data)
 
 
+def checksum_problems(expected: dict[str, str], actual: dict[str, str | None]) -> list[str]:
+    """The files whose checksum is not the meta's, one line each (what verify reports, what convert
+    and stats refuse). ``expected``: the meta's checksums (or some of them); ``actual``: file name ->
+    its checksum now, None when it is missing."""
+    return [
+        f"{name}: missing" if actual[name] is None else f"{name}: checksum mismatch (the file was changed or corrupted)"
+        for name, checksum in expected.items()
+        if actual[name] != checksum
+    ]
+
+
 def read_meta_json(path: Path) -> dict:
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
@@ -321,15 +332,37 @@ class PlanTable:
 
     @classmethod
     def from_arrays(cls, arrays: dict) -> "PlanTable":
+        """The table of these arrays; ValueError if they do not describe packs (stats and convert
+        index with them: a damaged table must be refused, not read out of range or summed wrong)."""
         length = np.asarray(arrays["length"], dtype=np.int64)
         padded = arrays.get("padded_length")
-        return cls(
+        table = cls(
             offsets=np.asarray(arrays["offsets"], dtype=np.int64),
             record_index=np.asarray(arrays["record_index"], dtype=np.int64),
             length=length,
             padded_length=length if padded is None else np.asarray(padded, dtype=np.int64),
             num_images=np.asarray(arrays["num_images"], dtype=np.int64),
         )
+        table._check()
+        return table
+
+    def _check(self) -> None:
+        """Consistent with itself (whether it agrees with the packs is verify's question)."""
+        offsets, samples = self.offsets, len(self.length)
+        if offsets.ndim != 1 or len(offsets) == 0 or offsets[0] != 0 or np.any(np.diff(offsets) <= 0) or offsets[-1] != samples:
+            raise ValueError(f"offsets are not increasing from 0 to its {samples} samples")
+        if any(len(values) != samples for values in (self.record_index, self.padded_length, self.num_images)):
+            raise ValueError(f"arrays of different lengths for {samples} samples")
+        if np.any(self.length <= 0) or np.any(self.padded_length < self.length) or np.any(self.num_images < 0):
+            raise ValueError("a sample length, padded length or image count out of range")
+
+
+def read_plan_table(path: Path) -> PlanTable:
+    """``<prefix>.plan.npz``; InputError naming it if damaged."""
+    from neva_pack.errors import parsing
+
+    with parsing(path), np.load(path) as table:
+        return PlanTable.from_arrays({key: table[key] for key in table.files})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -30,10 +30,11 @@ from pathlib import Path
 import numpy as np
 
 from neva_pack import assemble  # the module, not its names: assemble imports formats (a cycle)
+from neva_pack.errors import InputError
 from neva_pack.formats.base import Checkpoint, WriteSpec, publish
-from neva_pack.formats.indexed import IndexedWriter
+from neva_pack.formats.indexed import IndexedWriter, read_index
 from neva_pack.formats.common import megatron as _megatron
-from neva_pack.formats.meta import PackedMeta, PlanTable, ReadPack, read_meta
+from neva_pack.formats.meta import PackedMeta, PlanTable, ReadPack, read_meta, read_plan_table
 from neva_pack.store import bin_path, data_extents, idx_path, meta_path, plan_path
 
 NAME = "nemo"
@@ -228,21 +229,20 @@ class Reader:
         self.prefix = Path(prefix)
         self.meta = meta if meta is not None else read_meta(meta_path(self.prefix))
         self.image_shape = tuple(self.meta.image_shape)
-        self.dataset = _megatron().IndexedDataset(str(self.prefix), mmap=False)
+        self.dataset = indexed_dataset(self.prefix)
         self._plan = None
         self._multimodal = None
         self._holes: _Holes | None = None
 
     def plan_table(self) -> PlanTable:
         if self._plan is None:
-            with np.load(plan_path(self.prefix)) as table:
-                self._plan = PlanTable.from_arrays({key: table[key] for key in table.files})
+            self._plan = read_plan_table(plan_path(self.prefix))
         return self._plan
 
     def item_modes(self) -> np.ndarray:
         """The multimodal mode of every item (NeMo's reader ignores them; verify checks them)."""
         if self._multimodal is None:  # kept open: its memory map backs the returned array
-            self._multimodal = _megatron().IndexedDataset(str(self.prefix), multimodal=True, mmap=False)
+            self._multimodal = indexed_dataset(self.prefix, multimodal=True)
         return self._multimodal.index.sequence_modes
 
     def __len__(self) -> int:
@@ -259,11 +259,13 @@ class Reader:
         values = int(self.dataset.index.sequence_lengths[start + ITEM_IMAGE])
         stored = values // int(np.prod(self.image_shape))
         real = int(plan.num_images[first:last].sum())
+        with np.errstate(invalid="ignore"):  # a damaged value (NaN, inf) becomes an id verify reports, without a warning
+            cu_seqlens, tokens, labels = (self.dataset[start + item].astype(np.int64) for item in range(ITEM_IMAGE))
         return ReadPack(
-            cu_seqlens=self.dataset[start + ITEM_CU_SEQLENS].astype(np.int64),
+            cu_seqlens=cu_seqlens,
             cu_seqlens_unpadded=np.concatenate([[0], np.cumsum(plan.length[first:last])]).astype(np.int64),
-            tokens=self.dataset[start + ITEM_TOKENS].astype(np.int64),
-            labels=self.dataset[start + ITEM_LABELS].astype(np.int64),
+            tokens=tokens,
+            labels=labels,
             pixels=None,
             images=self.dataset[start + ITEM_IMAGE].astype(np.float32).reshape(-1, *self.image_shape) if images else None,
             num_images=stored if real or stored != 1 else 0,
@@ -310,22 +312,55 @@ def check(reader: Reader, result) -> None:
                 result.add(f"pack {p}: no image, so one zero image was expected")
 
 
+def indexed_dataset(prefix: Path, multimodal: bool = False):
+    """Megatron-Core's IndexedDataset of the prefix (file reads: no readahead into holes, see Reader),
+    once the .idx parses and the .bin holds every item it lists: built on a missing or cut file,
+    Megatron's fails in many ways (and complains again from ``__del__``); this names the file."""
+    bin_file, idx_file = bin_path(prefix), idx_path(prefix)
+    for path in (bin_file, idx_file):
+        if not path.is_file():
+            raise InputError(f"{path}: missing")
+    index = read_index(idx_file, multimodal=multimodal)
+    lengths, pointers, documents = index.sequence_lengths, index.sequence_pointers, index.document_indices
+    ends = pointers + lengths.astype(np.int64) * np.dtype(index.dtype).itemsize
+    if np.any(lengths < 0) or np.any(pointers < 0) or np.any(ends > bin_file.stat().st_size):
+        size = bin_file.stat().st_size
+        raise InputError(f"{idx_file}: lists items beyond the {size} bytes of {bin_file.name} (one is cut or damaged)")
+    if len(documents) == 0 or documents[0] != 0 or np.any(np.diff(documents) < 0) or documents[-1] != len(lengths):
+        raise InputError(f"{idx_file}: damaged (its documents are not increasing item numbers)")
+    return _megatron().IndexedDataset(str(prefix), multimodal=multimodal, mmap=False)
+
+
 def read_packs_from_index(prefix: Path, image_values: int) -> dict:
     """Per-pack sample lengths and image counts of any NeMo-layout prefix, meta or not.
 
     Reads only the small cu_seqlens items (and the image item of packs that carry exactly one
-    image, to tell the zero image of an image-less pack from a real one).
+    image, to tell the zero image of an image-less pack from a real one). Nothing vouches for a
+    prefix without meta (no checksums): what is read is checked to be NeMo's layout (4 items per
+    pack, cu_seqlens whole numbers rising from 0 to at most the pack's tokens, whole images), so
+    that a damaged one is refused rather than summarised into impossible figures.
     """
-    dataset = _megatron().IndexedDataset(str(prefix), mmap=False)  # no readahead into holes (see Reader)
+    dataset = indexed_dataset(prefix)
     holes = _Holes(bin_path(prefix))
     documents = dataset.document_indices
     sizes = dataset.index.sequence_lengths
+    if np.any(np.diff(documents) != ITEMS_PER_PACK):
+        raise InputError(f"{idx_path(prefix)}: not NeMo's packed layout (packs of {ITEMS_PER_PACK} items)")
     offsets, lengths, pack_images = [0], [], []
     for p in range(len(documents) - 1):
         first = int(documents[p])
-        cu = dataset[first + ITEM_CU_SEQLENS].astype(np.int64)
+        values = dataset[first + ITEM_CU_SEQLENS]
+        tokens = int(sizes[first + ITEM_TOKENS])
+        if not (len(values) and np.all(np.isfinite(values)) and np.all(values == np.round(values)) and values[0] == 0
+                and np.all(np.diff(values) >= 0) and values[-1] <= tokens):  # fmt: skip
+            raise InputError(f"{bin_path(prefix)}: pack {p}'s cu_seqlens are not whole numbers rising from 0 to at most "
+                             f"its {tokens} tokens (damaged, or not NeMo's packed layout)")  # fmt: skip
+        cu = values.astype(np.int64)
         lengths.append(np.diff(cu))
         offsets.append(offsets[-1] + len(cu) - 1)
+        if int(sizes[first + ITEM_IMAGE]) % image_values:
+            raise InputError(f"{idx_path(prefix)}: pack {p}'s image item of {int(sizes[first + ITEM_IMAGE])} values is not "
+                             f"whole images of {image_values} values (another --crop_size?)")  # fmt: skip
         images = int(sizes[first + ITEM_IMAGE]) // image_values
         if images == 1 and holes.zero_item(dataset, first + ITEM_IMAGE):
             images = 0

@@ -1,0 +1,284 @@
+"""A damaged output given to verify, stats or convert: one line naming the file, never a traceback,
+never a "successful" result built from the damage.
+
+Each damage is applied to a copy of a good output (built once per module). "stale" keeps the meta
+as written (its checksums no longer match: convert and stats refuse on them); "restamped" rewrites
+the meta's checksums over the damaged files, as if the damage had been written so (then only the
+parsing of each file can tell: it must still refuse with one line).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from neva_pack import store
+from neva_pack.cli import main
+from neva_pack.formats.indexed import read_index
+from neva_pack.formats.meta import read_meta
+from tests.conftest import SAMPLE_DATA
+
+P = "packed_seq_dataset"
+pytestmark = [
+    pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning"),  # Megatron's __del__ on a broken file
+    pytest.mark.filterwarnings("error::RuntimeWarning"),  # numpy casting damaged values
+]
+
+
+@pytest.fixture()
+def neva_pack(capsys):
+    """The CLI in this process (a traceback is an exception the test sees); its exit code and output."""
+
+    def run(*args):
+        capsys.readouterr()
+        code = main([str(arg) for arg in args])
+        captured = capsys.readouterr()
+        return SimpleNamespace(returncode=code, stdout=captured.out, stderr=captured.err)
+
+    return run
+
+
+def preprocess(data_path, out, *extra):
+    args = [
+        "preprocess", "--quiet", "--data_path", data_path, "--image_folder", SAMPLE_DATA / "images",
+        "--tokenizer_path", SAMPLE_DATA / "tokenizer.model", "--output_dir", out, "--conv_template", "v1",
+        "--image_aspect_ratio", "pad", "--max_seq_length", "2048", "--num_workers", "0", *extra,
+    ]  # fmt: skip
+    assert main([str(arg) for arg in args]) == 0
+
+
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory):
+    """nemo and compact outputs of the sample data, every other record malformed (skipped.jsonl is not empty)."""
+    root = tmp_path_factory.mktemp("damaged")
+    records = []
+    for k, record in enumerate(json.loads((SAMPLE_DATA / "llava_sample.json").read_text())):
+        records += [record] + ([{"id": f"bad{k}", "conversations": []}] if k % 2 == 0 else [])
+    data = root / "data.json"
+    data.write_text(json.dumps(records))
+    for fmt in ("nemo", "compact"):
+        preprocess(data, root / fmt, "--output_format", fmt)
+    assert (root / "nemo" / "skipped.jsonl").stat().st_size > 1000
+    return {"root": root, "data": data}
+
+
+def flip(offset):
+    def damage(path):
+        data = bytearray(path.read_bytes())
+        data[offset] ^= 0xFF
+        path.write_bytes(bytes(data))
+
+    return damage
+
+
+def cut(size=None):
+    """Truncate to ``size`` bytes (default: half)."""
+    return lambda path: os.truncate(path, path.stat().st_size // 2 if size is None else size)
+
+
+def add_one_to_float(offset):
+    def damage(path):
+        data = bytearray(path.read_bytes())
+        struct.pack_into("<f", data, offset, struct.unpack_from("<f", data, offset)[0] + 1.0)
+        path.write_bytes(bytes(data))
+
+    return damage
+
+
+def append(path):
+    with open(path, "a") as f:
+        f.write("garbage")
+
+
+def rename_min(path):
+    path.write_text(path.read_text().replace('"min"', '"mim"', 1))
+
+
+def delete(path):
+    path.unlink()
+
+
+DAMAGES = {
+    "nemo": {
+        "bin +1.0 at byte 100": (f"{P}.bin", add_one_to_float(100)),
+        "bin byte 9 flipped": (f"{P}.bin", flip(9)),
+        "bin cut to 1000 bytes": (f"{P}.bin", cut(1000)),
+        "bin deleted": (f"{P}.bin", delete),
+        "idx byte 134 flipped": (f"{P}.idx", flip(134)),
+        "idx cut to 201 bytes": (f"{P}.idx", cut(201)),
+        "idx deleted": (f"{P}.idx", delete),
+        "plan table cut": (f"{P}.plan.npz", cut()),
+        "stats empty": ("stats.json", cut(0)),
+        "stats cut": ("stats.json", cut()),
+        "stats appended": ("stats.json", append),
+        "stats key changed": ("stats.json", rename_min),
+        "skipped list cut mid-line": ("skipped.jsonl", cut(1000)),
+    },
+    "compact": {
+        "pool image byte flipped": (f"{P}/shard_00000.images", flip(1000)),
+        "tokens cut": (f"{P}.tokens.bin", cut()),
+        "labels cut": (f"{P}.labels.bin", cut()),
+        "index cut": (f"{P}.index.bin", cut()),
+        "index byte 5 flipped": (f"{P}.index.bin", flip(5)),
+        "stats cut": ("stats.json", cut()),
+        "skipped list cut mid-line": ("skipped.jsonl", cut(1000)),
+    },
+}
+CASES = [(fmt, name) for fmt, damages in DAMAGES.items() for name in damages]
+UNDETECTABLE_ONCE_RESTAMPED = {
+    ("nemo", "bin +1.0 at byte 100"),  # a token id one higher: a valid pack
+    ("compact", "pool image byte flipped"),  # other pixels
+}
+"""Damage that makes another valid output when the meta vouches for it: nothing can refuse it."""
+
+
+def damaged_copy(outputs, fmt, name, tmp_path, restamp):
+    out = tmp_path / fmt
+    shutil.copytree(outputs["root"] / fmt, out)
+    file, damage = DAMAGES[fmt][name]
+    damage(out / file)
+    if restamp:
+        meta_file = store.meta_path(out / P)
+        meta = read_meta(meta_file)
+        checksums = {n: store.file_checksum(out / n) if (out / n).is_file() else c for n, c in meta.checksums.items()}
+        store.write_json_atomic(meta_file, meta.replace(checksums=checksums).to_json())
+    return out, file
+
+
+def assert_clean(result):
+    """Nothing but our own lines on stderr."""
+    assert all(line.startswith("neva-pack: error: ") for line in result.stderr.splitlines()), result.stderr
+
+
+def assert_one_line_refusal(result, file):
+    assert_clean(result)
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("neva-pack: error: "), result.stderr
+    assert file.split("/")[-1] in lines[0] or f"{P}.meta.json" in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("restamp", [False, True], ids=["stale", "restamped"])
+@pytest.mark.parametrize("fmt, name", CASES)
+def test_verify_fails_with_fail_lines(neva_pack, outputs, tmp_path, fmt, name, restamp):
+    out, file = damaged_copy(outputs, fmt, name, tmp_path, restamp)
+    result = neva_pack("verify", "--quiet", out, "--data_path", outputs["data"])
+    assert_clean(result)
+    if restamp and (fmt, name) in UNDETECTABLE_ONCE_RESTAMPED:
+        return
+    assert result.returncode == 1, result.stdout
+    assert result.stdout.splitlines()[-1].startswith("FAILED")
+    named = [line for line in result.stdout.splitlines() if line.startswith("FAIL ") and file.split("/")[-1] in line]
+    assert named or restamp, result.stdout  # restamped: the problem may be a pack's, found by its invariants
+
+
+@pytest.mark.parametrize("restamp", [False, True], ids=["stale", "restamped"])
+@pytest.mark.parametrize("fmt, name", CASES)
+def test_convert_refuses_and_writes_nothing(neva_pack, outputs, tmp_path, fmt, name, restamp):
+    out, file = damaged_copy(outputs, fmt, name, tmp_path, restamp)
+    dest = tmp_path / "converted"
+    result = neva_pack("convert", "--quiet", out, dest, "--to", "compact" if fmt == "nemo" else "nemo")
+    if restamp and (fmt, name) in UNDETECTABLE_ONCE_RESTAMPED:
+        assert_clean(result)
+        return
+    if restamp and name == "skipped list cut mid-line":  # copied as is, not parsed: verify of the copy says so
+        assert result.returncode == 0
+        return
+    if restamp and name == "bin byte 9 flipped":  # a token changed: a pack whose lengths disagree with its plan
+        assert_clean(result)
+        return  # not refused by convert (it reads packs, it does not check their invariants): see the report
+    assert_one_line_refusal(result, file)
+    if not restamp:
+        assert "checksum mismatch" in result.stderr or "missing" in result.stderr
+        assert not dest.exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize("fmt, name", CASES)
+def test_stats_refuses_what_it_reads_damaged(neva_pack, outputs, tmp_path, fmt, name):
+    out, file = damaged_copy(outputs, fmt, name, tmp_path, restamp=False)
+    result = neva_pack("stats", out)
+    read_by_stats = file.startswith(("stats", f"{P}.plan", f"{P}.index", f"{P}.idx", f"{P}.tokens", f"{P}.labels"))
+    if read_by_stats or name in ("bin deleted", "bin cut to 1000 bytes"):
+        assert_one_line_refusal(result, file)
+    else:  # stats is not verify: the pixels, the .bin's values and the skipped list are not read
+        assert_clean(result)
+        assert result.returncode == 0
+
+
+@pytest.mark.parametrize("name", ["stats empty", "stats appended", "stats key changed", "plan table cut"])
+def test_stats_refuses_a_damaged_file_even_when_the_meta_vouches_for_it(neva_pack, outputs, tmp_path, name):
+    out, file = damaged_copy(outputs, "nemo", name, tmp_path, restamp=True)
+    assert_one_line_refusal(neva_pack("stats", out), file)
+
+
+@pytest.fixture(scope="module")
+def foreign(outputs, tmp_path_factory):
+    """A prefix as NeMo's own script writes it: .bin/.idx only."""
+    directory = tmp_path_factory.mktemp("foreign")
+    for suffix in (".bin", ".idx"):
+        shutil.copy(outputs["root"] / "nemo" / f"{P}{suffix}", directory / f"{P}{suffix}")
+    return directory
+
+
+def write_cu_seqlens_value(directory, position, value):
+    index = read_index(directory / f"{P}.idx")
+    with open(directory / f"{P}.bin", "r+b") as f:
+        f.seek(int(index.sequence_pointers[0]) + 4 * position)
+        f.write(struct.pack("<f", value))
+
+
+FOREIGN_DAMAGES = {
+    "bin cut to 1000 bytes": lambda d: os.truncate(d / f"{P}.bin", 1000),
+    "1e30 in cu_seqlens[1]": lambda d: write_cu_seqlens_value(d, 1, 1e30),
+    "nan in cu_seqlens[1]": lambda d: write_cu_seqlens_value(d, 1, float("nan")),
+    "cu_seqlens[1] not whole": lambda d: write_cu_seqlens_value(d, 1, 3.5),
+    "cu_seqlens[0] not 0": lambda d: write_cu_seqlens_value(d, 0, 7.0),
+    "cu_seqlens falling": lambda d: write_cu_seqlens_value(d, 1, -5.0),
+    "idx cut to 201 bytes": lambda d: os.truncate(d / f"{P}.idx", 201),
+}
+
+
+@pytest.mark.parametrize("name", FOREIGN_DAMAGES)
+def test_stats_of_a_damaged_prefix_without_meta_refuses(neva_pack, foreign, tmp_path, name):
+    copy = tmp_path / "foreign"
+    shutil.copytree(foreign, copy)
+    FOREIGN_DAMAGES[name](copy)
+    result = neva_pack("stats", copy / P, "--crop_size", "336", "336")
+    assert_one_line_refusal(result, f"{P}.")
+    assert "-9,223,372,036,854,775,808" not in result.stdout
+
+
+def test_stats_of_a_prefix_without_meta_and_another_crop_size_refuses(neva_pack, foreign):
+    result = neva_pack("stats", foreign / P, "--crop_size", "300", "300")
+    assert_one_line_refusal(result, f"{P}.idx")
+    assert "--crop_size" in result.stderr
+
+
+def test_good_outputs_still_convert_and_verify(neva_pack, outputs, tmp_path):
+    for fmt, to in (("nemo", "compact"), ("compact", "nemo")):
+        result = neva_pack("convert", "--quiet", outputs["root"] / fmt, tmp_path / to, "--to", to)
+        assert result.returncode == 0 and not result.stderr, result.stderr
+        assert neva_pack("verify", "--quiet", tmp_path / to, "--data_path", outputs["data"]).returncode == 0
+
+
+@pytest.mark.parametrize("fmt", ["nemo", "compact"])
+def test_stats_of_a_moved_output_names_where_it_is_now(neva_pack, outputs, tmp_path, fmt):
+    moved = tmp_path / "moved"
+    shutil.copytree(outputs["root"] / fmt, moved)
+    original = str(outputs["root"] / fmt)
+    result = neva_pack("stats", moved, "--global_batch_size", "64")
+    assert result.returncode == 0, result.stderr
+    assert original not in result.stdout
+    assert f"model.data.data_prefix={moved if fmt == 'nemo' else tmp_path / 'moved_nemo'}/{P}" in result.stdout
+    if fmt == "compact":
+        assert f"neva-pack convert {moved} {tmp_path / 'moved_nemo'} --to nemo" in result.stdout
+    report = json.loads(neva_pack("stats", moved, "--json").stdout)
+    assert report["data_prefix"] == str(moved / P)
+    assert report["packing"] == json.loads((moved / "stats.json").read_text())["packing"]
+    assert np.isfinite(report["packing"]["efficiency"])
