@@ -75,28 +75,19 @@ def replaced(args, flag, value):
     return args
 
 
+@pytest.mark.parametrize("state", ["killed_while_writing", "finished"])
 @pytest.mark.parametrize("change, named", CHANGES, ids=[c[0][0] for c in CHANGES])
-def test_resume_of_an_unfinished_output_with_another_writing_setting_is_refused(killed_while_writing, tmp_path, capsys, change, named):
+def test_resume_with_another_writing_setting_is_refused_whether_unfinished_or_finished(
+    request, state, tmp_path, capsys, change, named
+):
     out = tmp_path / "out"
-    shutil.copytree(killed_while_writing, out)
+    shutil.copytree(request.getfixturevalue(state), out)
     before = files(out)
     capsys.readouterr()
     assert main(replaced(command(out, "--resume"), *change)) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and f"--resume: the output was started with {named}" in err, err
     assert files(out) == before  # nothing touched
-
-
-@pytest.mark.parametrize("change, named", CHANGES, ids=[c[0][0] for c in CHANGES])
-def test_resume_of_a_finished_output_with_another_writing_setting_is_refused(finished, tmp_path, capsys, change, named):
-    out = tmp_path / "out"
-    shutil.copytree(finished, out)
-    before = files(out)
-    capsys.readouterr()
-    assert main(replaced(command(out, "--resume"), *change)) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and f"--resume: the output was started with {named}" in err, err
-    assert files(out) == before
 
 
 def test_resume_with_the_same_settings_finishes_with_the_bytes_of_an_uninterrupted_run(killed_while_writing, finished, tmp_path):
