@@ -121,7 +121,7 @@ class ImageSource:
 
     def _check_relative(self, name: str) -> None:
         """The same names are outside the folder whether it is a directory or a .tar archive."""
-        if os.path.isabs(name) or os.path.normpath(name).split(os.sep)[0] == os.pardir:
+        if _leaves_folder(name):
             raise RecordError("outside_image_folder", f"{name}: not a relative path inside --image_folder {self.root}")
 
     def _check_bytes(self, name: str, size: int) -> None:
@@ -445,10 +445,15 @@ def _index_tar(path: Path) -> dict[str, TarMember]:
         raise ConfigError(f"--image_folder {path}: {reason}") from None
 
 
+def _leaves_folder(name: str) -> bool:
+    """An absolute name, or one whose ``..`` climb above the folder it is relative to."""
+    return os.path.isabs(name) or os.path.normpath(name).split(os.sep)[0] == os.pardir
+
+
 def _follow_symlinks(link: str, symlinks: dict[str, str], hops: int = 40) -> str | None:
     """The member a symlink ends at inside the archive; None when it leaves it or loops."""
     for _ in range(hops):
-        if os.path.isabs(link) or os.path.normpath(link).split(os.sep)[0] == os.pardir:
+        if _leaves_folder(link):
             return None
         link = _normalise_member_name(link)
         if link not in symlinks:

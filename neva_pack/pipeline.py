@@ -51,7 +51,7 @@ from neva_pack.samples import (
     missing_nemo_specials,
     received,
 )
-from neva_pack.report import AlgorithmSuggestion, BalanceReport, RecordCounts, RunReport
+from neva_pack.report import AlgorithmSuggestion, BalanceReport, RecordCounts, RunReport, read_report
 from neva_pack.stats import arrays_from_plan, global_batch_size_advice, packing_stats, training_overrides
 from neva_pack.templates import load_template
 from neva_pack.tokenizer import load_tokenizer
@@ -586,7 +586,7 @@ def _resumed_prefix(prefix: Path, stats_file: Path, settings: dict) -> RunReport
     these settings; otherwise ConfigError naming the setting (nothing is touched)."""
     meta_file = layout.meta_path(prefix)
     if meta_file.is_file() and stats_file.is_file():
-        report = RunReport.from_json(json.loads(stats_file.read_text(encoding="utf-8")))
+        report = read_report(stats_file)
         meta = read_meta_json(meta_file)
         stored = {key: meta[field] for key, field in META_SETTINGS.items() if field in meta}
         stored["global_batch_size"] = report.global_batch_size
@@ -606,8 +606,9 @@ def _remove_stale_tmp(prefix: Path, digest: str) -> None:
     """Before a writer starts: unless the checkpoint beside the prefix is this plan's (which the writer
     continues), every temporary file there is a leftover of another run -- maybe of the other format,
     whose writer would never touch it -- and goes, so that none outlives the publish."""
-    if Checkpoint(prefix, digest).saved_digest() == digest:
-        leftovers = [Path(str(Checkpoint(prefix, digest).path) + ".tmp.npz")]
+    checkpoint = Checkpoint(prefix, digest)
+    if checkpoint.saved_digest() == digest:
+        leftovers = [checkpoint.staging]
     else:
         leftovers = layout.writer_tmp_paths(prefix)
     for path in leftovers:

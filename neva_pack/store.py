@@ -149,12 +149,18 @@ def output_paths(output_dir: Path) -> list[Path]:
     return paths
 
 
+def checkpoint_paths(prefix: Path) -> tuple[Path, Path]:
+    """The format writer's checkpoint beside the temporary prefix, and the file it is saved to first
+    (then renamed over it)."""
+    checkpoint = Path(str(tmp_prefix(prefix)) + CHECKPOINT_SUFFIX)
+    return checkpoint, Path(str(checkpoint) + ".tmp.npz")
+
+
 def writer_tmp_paths(prefix: Path) -> list[Path]:
     """Every temporary file a format writer (either format) may leave beside a prefix while it writes:
     the temporary prefix's files and the writer's checkpoint (and the checkpoint's own temporary file)."""
     tmp = tmp_prefix(prefix)
-    checkpoint = Path(str(tmp) + CHECKPOINT_SUFFIX)
-    return [bin_path(tmp), idx_path(tmp), checkpoint, Path(str(checkpoint) + ".tmp.npz"), Path(str(tmp) + PLAN_SUFFIX),
+    return [bin_path(tmp), idx_path(tmp), *checkpoint_paths(prefix), Path(str(tmp) + PLAN_SUFFIX),
             *(prefix_file(tmp, suffix) for suffix in COMPACT_SUFFIXES)]  # fmt: skip
 
 

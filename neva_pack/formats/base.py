@@ -17,7 +17,7 @@ import numpy as np
 
 from neva_pack.formats.image_pool import PoolPart
 from neva_pack.formats.meta import Normalisation, PackedMeta
-from neva_pack.store import CHECKPOINT_SUFFIX, file_checksum, meta_path, relative_name, tmp_prefix, write_json_atomic
+from neva_pack.store import checkpoint_paths, file_checksum, meta_path, relative_name, tmp_prefix, write_json_atomic
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -47,7 +47,7 @@ class Checkpoint:
 
     def __init__(self, prefix: Path, plan_digest: str):
         self.tmp = tmp_prefix(prefix)
-        self.path = Path(str(self.tmp) + CHECKPOINT_SUFFIX)
+        self.path, self.staging = checkpoint_paths(prefix)
         self.plan_digest = plan_digest
 
     def load(self, files: list[Path]) -> dict | None:
@@ -79,9 +79,8 @@ class Checkpoint:
             f.flush()
             os.fsync(f.fileno())
             sizes.append(f.tell())
-        tmp = Path(str(self.path) + ".tmp.npz")
-        np.savez(tmp, bytes=np.asarray(sizes, dtype=np.int64), plan_digest=np.str_(self.plan_digest), **arrays)
-        os.replace(tmp, self.path)
+        np.savez(self.staging, bytes=np.asarray(sizes, dtype=np.int64), plan_digest=np.str_(self.plan_digest), **arrays)
+        os.replace(self.staging, self.path)
 
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)
