@@ -24,7 +24,7 @@ from PIL import Image
 from neva_pack.encoders import EncoderSpec, known_encoders, resolve_encoder
 from neva_pack.images import (
     ImagePreprocessor,
-    _processor_class,
+    processor_class,
     decode_image,
     expand_to_square,
     fast_geometry,
@@ -75,7 +75,7 @@ ZOO = {
 def _reference(encoder: EncoderSpec, image: Image.Image) -> tuple[np.ndarray, np.ndarray]:
     """transformers' processor: (uint8 after resize/crop, float32 in one call)."""
     settings_ = {k: v for k, v in encoder.preprocessor_config.items() if k != "image_processor_type"}
-    processor = _processor_class(encoder.processor)
+    processor = processor_class(encoder.processor)
     geometry = processor(**{**settings_, "do_rescale": False, "do_normalize": False})
     uint8 = geometry(images=image, return_tensors="np")["pixel_values"][0].astype(np.uint8)
     full = processor(**settings_)(images=image, return_tensors="np")["pixel_values"][0]

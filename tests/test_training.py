@@ -1,6 +1,6 @@
 """thd_batch: Megatron-Core THD batches (PackedSeqParams), fixed-length batches, loss metadata.
 
-The hand-made packs are the picture in neva_pack/training.py: pack 0 holds samples of 5 and 11
+The hand-made packs are the picture in neva_pack/training/thd.py: pack 0 holds samples of 5 and 11
 tokens aligned to 8, pack 1 one sample of 6 tokens.
 """
 

@@ -1,4 +1,4 @@
-"""Training side: Megatron-Core THD batches from PackedSeqDataset items, and loss normalisation.
+"""Megatron-Core THD batches from PackedSeqDataset items, and loss normalisation.
 
 ``thd_batch(packs)`` concatenates packs into one THD row (Megatron-Core's packed format: batch
 dimension 1, samples told apart by cu_seqlens)::
