@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import io
 import os
-import warnings
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -59,16 +58,38 @@ class DynamicProcessor(Protocol):
 def header_size(data: bytes | str | os.PathLike) -> tuple[int, int]:
     """(width, height) of an image file from its header alone (PIL's ``open`` reads no pixel data).
 
-    Anything PIL cannot identify is an ``unreadable_image`` skip, as it would be when decoded."""
+    The file's magic number picks PIL's plugin first (JPEG, PNG), which halves the cost of an open
+    that would otherwise try each plugin in turn; any other file is identified by PIL as usual.
+    Anything PIL cannot identify is an ``unreadable_image`` skip, as it would be when decoded.
+    (PIL warns, DecompressionBombWarning, of an image over ``Image.MAX_IMAGE_PIXELS``; the caller
+    checks its own pixel budget on the size returned.)"""
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # size budgets are checked by the caller
-            with Image.open(io.BytesIO(data) if isinstance(data, bytes) else data) as image:
-                return image.size
+        if isinstance(data, bytes):
+            return _open_size(io.BytesIO(data), data[:8])
+        with open(data, "rb") as f:
+            head = f.read(8)
+            f.seek(0)
+            return _open_size(f, head)
     except Image.DecompressionBombError as exc:
         raise RecordError("image_too_large", f"{_name(data)}: {exc}") from None
     except (OSError, ValueError, SyntaxError) as exc:
         raise RecordError("unreadable_image", f"{_name(data)}: {exc.__class__.__name__}: {exc}") from None
+
+
+def _open_size(stream, head: bytes) -> tuple[int, int]:
+    formats = next((names for magic, names in _MAGIC if head.startswith(magic)), None)
+    try:
+        with Image.open(stream, formats=formats) as image:
+            return image.size
+    except Image.UnidentifiedImageError:
+        if formats is None:
+            raise
+    stream.seek(0)
+    with Image.open(stream) as image:  # a file whose magic lies about its kind: PIL's full identification
+        return image.size
+
+
+_MAGIC = ((b"\xff\xd8\xff", ("JPEG",)), (b"\x89PNG\r\n\x1a\n", ("PNG",)))
 
 
 def tokens_from_header(data: bytes | str | os.PathLike, processor: DynamicProcessor) -> int:
