@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from neva_pack.encoders import resolve_encoder
+from neva_pack.encoders import known_encoders, resolve_encoder
 from neva_pack.errors import ConfigError
 from neva_pack.images import AnyresProcessor, dynamic_processor, select_best_resolution, tokens_from_header
 from tests.image_zoo import random_rgb, synthetic, zoo_images
@@ -74,7 +74,7 @@ def reference_tokens(processor, encoder, width: int, height: int) -> int:
 @pytest.mark.parametrize("name", [*V16, OV])
 def test_shipped_settings(name):
     encoder = resolve_encoder(name)
-    assert encoder.family == "anyres"
+    assert encoder.family == "anyres" and name in known_encoders("anyres") and name not in known_encoders("fixed")
     processor = dynamic_processor(encoder)
     assert isinstance(processor, AnyresProcessor)
     tile = 384 if name == OV else 336

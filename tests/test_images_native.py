@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from neva_pack.encoders import resolve_encoder
+from neva_pack.encoders import known_encoders, resolve_encoder
 from neva_pack.errors import ConfigError
 from neva_pack.images import NativeProcessor, dynamic_processor, smart_resize, tokens_from_header
 from tests.image_zoo import random_rgb, synthetic, zoo_images
@@ -35,7 +35,7 @@ def qwen2():
 @pytest.mark.parametrize("name", QWEN)
 def test_shipped_settings_are_the_released_preprocessor_config(name):
     encoder = resolve_encoder(name)
-    assert encoder.processor == "qwen2_vl" and encoder.family == "native"
+    assert encoder.processor == "qwen2_vl" and encoder.family == "native" and name in known_encoders("native")
     cfg = encoder.preprocessor_config
     assert (cfg["min_pixels"], cfg["max_pixels"], cfg["patch_size"], cfg["temporal_patch_size"], cfg["merge_size"]) == (
         3136, 12845056, 14, 2, 2)  # fmt: skip

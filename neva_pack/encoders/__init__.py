@@ -75,8 +75,10 @@ _PROCESSOR_TYPES = (  # image_processor_type in a preprocessor_config.json (any 
 )
 
 
-def known_encoders() -> list[str]:
-    return sorted(json.loads(p.read_text())["name"] for p in _shipped() if p.name.endswith(".json"))
+def known_encoders(family: str | None = None) -> list[str]:
+    """Names of the shipped encoders, of one family ("fixed", "anyres", "native") or all."""
+    shipped = (json.loads(p.read_text()) for p in _shipped() if p.name.endswith(".json"))
+    return sorted(data["name"] for data in shipped if family is None or PROCESSOR_FAMILIES[data["processor"]] == family)
 
 
 def resolve_encoder(name_or_dir: str, patch_size: int | None = None) -> EncoderSpec:
