@@ -10,13 +10,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from neva_pack import store as layout
+from neva_pack import paths
+from neva_pack.checksums import file_checksum
 from neva_pack.assemble import AssembledPack
 from neva_pack.packing.alignment import padded_lengths
 from neva_pack.formats import FORMATS, open_packed, resolve_prefixes
 from neva_pack.formats.base import WriteSpec
 from neva_pack.formats.image_pool import PoolWriter, image_key, pool_part
-from neva_pack.formats.meta import META_VERSION, Counts, ImageTokenIds, Normalisation, PackedMeta, PlanTable, read_meta
+from neva_pack.formats.meta import META_VERSION, Counts, ImageTokenIds, Normalisation, PackedMeta, read_meta
+from neva_pack.plan_table import PlanTable
 from neva_pack.verify import verify
 
 SHAPE = (3, 2, 2)
@@ -70,7 +72,7 @@ def write_tiny(directory, name: str, stop_after: int | None = None, resume: bool
     """Write the tiny packs in format ``name`` into directory; with ``stop_after``, stop after
     checkpointing that many packs and writing one more (a run killed before its next checkpoint);
     with ``groups``, hand them to the writer prepared, that many packs at a time (as from workers)."""
-    store = layout.store_dir(directory)
+    store = paths.store_dir(directory)
     store.mkdir(parents=True, exist_ok=True)
     known: dict = {}
     pool = PoolWriter(pool_part(store, "shard_00000", 0), known, 0)
@@ -78,7 +80,7 @@ def write_tiny(directory, name: str, stop_after: int | None = None, resume: bool
     spec = WriteSpec(image_shape=SHAPE, normalisation=CLIP, pad_id=0, ignore_index=-1,
                      pool=(pool_part(store, "shard_00000", pool.close()),), plan_digest="tiny", image_run=(START, PATCH))  # fmt: skip
     fmt = FORMATS[name]
-    writer = fmt.Writer(layout.packed_prefix(directory), spec, resume=resume)
+    writer = fmt.writer(paths.packed_prefix(directory), spec, resume=resume)
     for first, count in zip(np.cumsum([0, *(groups or [])]).tolist(), groups or []):
         group = packs[first : first + count]
         writer.add_prepared(fmt.prepare(group, spec), [p.pixels for p in group])
@@ -105,9 +107,9 @@ EXPECTED = [  # (cu_seqlens, cu_seqlens_unpadded, tokens, labels, images as pixe
 @pytest.mark.parametrize("name", sorted(FORMATS))
 def test_round_trip_through_writer_and_reader(tmp_path, name):
     meta = write_tiny(tmp_path, name)
-    assert meta.format == name and read_meta(layout.meta_path(layout.packed_prefix(tmp_path))) == meta
+    assert meta.format == name and read_meta(paths.meta_path(paths.packed_prefix(tmp_path))) == meta
     reader = open_packed(tmp_path)
-    assert type(reader) is FORMATS[name].Reader and len(reader) == 3
+    assert type(reader) is type(FORMATS[name].reader(paths.packed_prefix(tmp_path))) and len(reader) == 3
     for p, (cu, cu_unpadded, tokens, labels, pixels) in enumerate(EXPECTED):
         got = reader.pack(p)
         assert got.cu_seqlens.tolist() == cu and got.cu_seqlens_unpadded.tolist() == cu_unpadded
@@ -126,12 +128,12 @@ def test_compact_golden_bytes_inline(tmp_path):
     """The compact layout, spelled out: int32 ids (an image run's first positions implied), the index
     arrays back to back, the pool."""
     write_tiny(tmp_path, "compact")
-    prefix = layout.packed_prefix(tmp_path)
+    prefix = paths.packed_prefix(tmp_path)
     assert (tmp_path / "packed_seq_dataset.tokens.bin").read_bytes() == np.array(
         [5, 0, 9, 2, 0, 11, 4, 5, 6, 0, 8, 9, 10], "<i4").tobytes()  # fmt: skip
     assert (tmp_path / "packed_seq_dataset.labels.bin").read_bytes() == np.array(
         [-1, -1, 2, -1, -1, 12, 5, 6, -1, 8, -1, 10, -1], "<i4").tobytes()  # fmt: skip
-    arrays = read_meta(layout.meta_path(prefix)).layout["arrays"]
+    arrays = read_meta(paths.meta_path(prefix)).layout["arrays"]
     index = (tmp_path / "packed_seq_dataset.index.bin").read_bytes()
     expected = {
         "pack_offsets": np.array([0, 2, 3, 5], "<i8"), "token_offsets": np.array([0, 6, 9, 13], "<i8"),
@@ -164,7 +166,7 @@ def test_writer_resumes_after_its_last_checkpoint_with_the_same_bytes(tmp_path, 
     write_tiny(tmp_path / "whole", name)
     assert write_tiny(tmp_path / "killed", name, stop_after=1) is None
     write_tiny(tmp_path / "killed", name, resume=True)
-    meta = read_meta(layout.meta_path(layout.packed_prefix(tmp_path / "whole")))
+    meta = read_meta(paths.meta_path(paths.packed_prefix(tmp_path / "whole")))
     for file in meta.checksums:
         assert (tmp_path / "killed" / file).read_bytes() == (tmp_path / "whole" / file).read_bytes(), file
 
@@ -175,7 +177,7 @@ def test_packs_prepared_in_groups_are_written_as_packs_added_one_by_one(tmp_path
     """What workers send (``fmt.prepare`` of a group of packs) writes the bytes ``add`` writes."""
     write_tiny(tmp_path / "one_by_one", name)
     write_tiny(tmp_path / "grouped", name, groups=groups)
-    meta = read_meta(layout.meta_path(layout.packed_prefix(tmp_path / "one_by_one")))
+    meta = read_meta(paths.meta_path(paths.packed_prefix(tmp_path / "one_by_one")))
     for file in meta.checksums:
         assert (tmp_path / "grouped" / file).read_bytes() == (tmp_path / "one_by_one" / file).read_bytes(), file
 
@@ -185,9 +187,9 @@ def test_a_meta_of_an_unknown_format_or_newer_version_is_refused(tmp_path, name)
     from neva_pack.errors import InputError
 
     meta = write_tiny(tmp_path, name)
-    path = layout.meta_path(layout.packed_prefix(tmp_path))
+    path = paths.meta_path(paths.packed_prefix(tmp_path))
     for change, message in (({"format": "parquet"}, "format 'parquet' is not one"), ({"version": META_VERSION + 1}, "newer")):
-        layout.write_json_atomic(path, {**meta.to_json(), **change})
+        paths.write_json_atomic(path, {**meta.to_json(), **change})
         with pytest.raises(InputError, match=message):
             open_packed(tmp_path)
 
@@ -219,10 +221,10 @@ def test_pool_keys_are_content_hashes():
 
 def test_resolve_prefixes_of_a_multi_size_directory(tmp_path):
     for size in (16, 8):
-        prefix = layout.packed_prefix(tmp_path, size)
-        layout.meta_path(prefix).write_text("{}")
+        prefix = paths.packed_prefix(tmp_path, size)
+        paths.meta_path(prefix).write_text("{}")
     assert [p.name for p in resolve_prefixes(tmp_path)] == ["packed_seq_dataset_8", "packed_seq_dataset_16"]
-    assert layout.stats_path_of(layout.packed_prefix(tmp_path, 8)).name == "stats_8.json"
+    assert paths.stats_path_of(paths.packed_prefix(tmp_path, 8)).name == "stats_8.json"
 
 
 @st.composite
@@ -264,13 +266,13 @@ def test_compact_stores_image_runs_once_and_reads_back_every_position(tmp_path_f
     from neva_pack.formats import compact
 
     directory = tmp_path_factory.mktemp("prop")
-    store = layout.store_dir(directory)
+    store = paths.store_dir(directory)
     store.mkdir()
     pool = PoolWriter(pool_part(store, "shard_00000", 0), {}, 0)
     pool.add(RED)
     spec = WriteSpec(image_shape=SHAPE, normalisation=CLIP, pad_id=0, ignore_index=-1, plan_digest="p",
                      pool=(pool_part(store, "shard_00000", pool.close()),), image_run=(START, PATCH, PATCH, 9))  # fmt: skip
-    writer = compact.Writer(layout.packed_prefix(directory), spec)
+    writer = compact.FORMAT.writer(paths.packed_prefix(directory), spec)
     for p in packs:
         writer.add(p)
     meta = tiny_meta(len(packs)).replace(image_positions=4, image_token_ids=ImageTokenIds(patch=PATCH, start=START, end=9))
@@ -292,13 +294,13 @@ def test_compact_stores_image_runs_once_and_reads_back_every_position(tmp_path_f
 
 def test_nemo_writer_failure_in_its_thread_reaches_the_caller(tmp_path):
     """The nemo writer normalises and writes in a thread: what fails there is raised by the next call."""
-    store = layout.store_dir(tmp_path)
+    store = paths.store_dir(tmp_path)
     store.mkdir(parents=True)
     pool = PoolWriter(pool_part(store, "shard_00000", 0), {}, 0)
     good = tiny_packs(pool)[0]
     spec = WriteSpec(image_shape=SHAPE, normalisation=CLIP, pad_id=0, ignore_index=-1,
                      pool=(pool_part(store, "shard_00000", pool.close()),), plan_digest="tiny", image_run=(START, PATCH))  # fmt: skip
-    writer = FORMATS["nemo"].Writer(layout.packed_prefix(tmp_path), spec)
+    writer = FORMATS["nemo"].writer(paths.packed_prefix(tmp_path), spec)
     broken = AssembledPack(**{**{f: getattr(good, f) for f in AssembledPack.__dataclass_fields__},
                               "pixels": good.pixels[:, :, :1]})  # fmt: skip
     writer.add(broken)
@@ -315,4 +317,4 @@ def test_checksums_computed_while_writing_are_the_files(tmp_path, name):
             assert write_tiny(directory, name, stop_after=1) is None
         meta = write_tiny(directory, name, resume=resumed)
         for file, checksum in meta.checksums.items():
-            assert checksum == layout.file_checksum(directory / file), (name, resumed, file)
+            assert checksum == file_checksum(directory / file), (name, resumed, file)

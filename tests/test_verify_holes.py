@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import xxhash
 
-from neva_pack import store
+from neva_pack import checksums, paths
 from neva_pack.cli import main
 from neva_pack.formats import nemo
 from neva_pack.verify import verify
@@ -36,7 +36,7 @@ def sparse_file(path, pieces, size):
 
 def holes_supported(path) -> bool:
     with open(path, "rb") as f:
-        extents = store.data_extents(f.fileno(), os.path.getsize(path))
+        extents = checksums.data_extents(f.fileno(), os.path.getsize(path))
     return extents is not None and extents != [(0, os.path.getsize(path))]
 
 
@@ -54,9 +54,9 @@ LAYOUTS = {
 def test_checksum_of_a_sparse_file_is_that_of_its_bytes(tmp_path, layout, monkeypatch):
     path = sparse_file(tmp_path / "f.bin", *layout)
     expected = read_checksum(path)
-    assert store.file_checksum(path) == expected
+    assert checksums.file_checksum(path) == expected
     monkeypatch.setattr(store, "data_extents", lambda fd, size: None)  # where holes cannot be found
-    assert store.file_checksum(path) == expected
+    assert checksums.file_checksum(path) == expected
 
 
 def test_extents_are_the_data_and_fall_back_where_seek_data_is_unsupported(tmp_path, monkeypatch):
@@ -64,7 +64,7 @@ def test_extents_are_the_data_and_fall_back_where_seek_data_is_unsupported(tmp_p
     if not holes_supported(path):
         pytest.skip("this filesystem keeps no holes")
     with open(path, "rb") as f:
-        extents = store.data_extents(f.fileno(), 12 * MIB)
+        extents = checksums.data_extents(f.fileno(), 12 * MIB)
         assert len(extents) == 1 and extents[0][0] <= 4 * MIB and extents[0][1] >= 4 * MIB + 100
         real_lseek = os.lseek
 
@@ -74,10 +74,10 @@ def test_extents_are_the_data_and_fall_back_where_seek_data_is_unsupported(tmp_p
             return real_lseek(fd, position, how)
 
         monkeypatch.setattr(os, "lseek", unsupported)
-        assert store.data_extents(f.fileno(), 12 * MIB) is None
-    assert store.file_checksum(path) == read_checksum(path)
+        assert checksums.data_extents(f.fileno(), 12 * MIB) is None
+    assert checksums.file_checksum(path) == read_checksum(path)
     monkeypatch.delattr(os, "SEEK_DATA")
-    assert store.data_extents(0, 1) is None
+    assert checksums.data_extents(0, 1) is None
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +103,7 @@ def sparse_copy(source, destination):
             shutil.copy(path, destination / path.name)
     data = (source / BIN).read_bytes()
     with open(source / BIN, "rb") as f:
-        extents = store.data_extents(f.fileno(), len(data))
+        extents = checksums.data_extents(f.fileno(), len(data))
     sparse_file(destination / BIN, {start: data[start:end] for start, end in extents}, len(data))
     assert os.stat(destination / BIN).st_blocks * 512 < len(data) // 2
     return destination
@@ -141,8 +141,8 @@ def test_a_byte_written_into_a_zero_image_hole_is_found(text_output, tmp_path, r
     if restamp:  # the checksum agrees: only the format check can tell
         meta_path = out / "packed_seq_dataset.meta.json"
         meta = nemo.read_meta(meta_path)
-        checksums = {**meta.checksums, BIN: store.file_checksum(out / BIN)}
-        store.write_json_atomic(meta_path, meta.replace(checksums=checksums).to_json())
+        checksums = {**meta.checksums, BIN: checksums.file_checksum(out / BIN)}
+        paths.write_json_atomic(meta_path, meta.replace(checksums=checksums).to_json())
     result = verify(out, progress=False)
     problems = [f"pack {pack}: no image, so one zero image was expected"]
     if not restamp:
