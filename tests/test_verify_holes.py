@@ -55,7 +55,7 @@ def test_checksum_of_a_sparse_file_is_that_of_its_bytes(tmp_path, layout, monkey
     path = sparse_file(tmp_path / "f.bin", *layout)
     expected = read_checksum(path)
     assert checksums.file_checksum(path) == expected
-    monkeypatch.setattr(store, "data_extents", lambda fd, size: None)  # where holes cannot be found
+    monkeypatch.setattr(checksums, "data_extents", lambda fd, size: None)  # where holes cannot be found
     assert checksums.file_checksum(path) == expected
 
 
@@ -141,8 +141,8 @@ def test_a_byte_written_into_a_zero_image_hole_is_found(text_output, tmp_path, r
     if restamp:  # the checksum agrees: only the format check can tell
         meta_path = out / "packed_seq_dataset.meta.json"
         meta = nemo.read_meta(meta_path)
-        checksums = {**meta.checksums, BIN: checksums.file_checksum(out / BIN)}
-        paths.write_json_atomic(meta_path, meta.replace(checksums=checksums).to_json())
+        restamped = {**meta.checksums, BIN: checksums.file_checksum(out / BIN)}
+        paths.write_json_atomic(meta_path, meta.replace(checksums=restamped).to_json())
     result = verify(out, progress=False)
     problems = [f"pack {pack}: no image, so one zero image was expected"]
     if not restamp:
@@ -166,7 +166,7 @@ def test_zero_images_are_checked_by_reading_where_holes_are_unknown(text_output,
     out = sparse_copy(text_output, tmp_path / "copy")
     write_byte(out / BIN, zero_image_byte(out, 0), b"\x01")
     monkeypatch.setattr(nemo, "data_extents", lambda fd, size: None)
-    monkeypatch.setattr(store, "data_extents", lambda fd, size: None)
+    monkeypatch.setattr(checksums, "data_extents", lambda fd, size: None)
     result = verify(out, progress=False)
     assert result.problems == [
         f"{BIN}: checksum mismatch (the file was changed or corrupted)",
