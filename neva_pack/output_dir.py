@@ -27,11 +27,10 @@ from neva_pack import paths, shards
 from neva_pack.errors import ConfigError
 from neva_pack.formats import declared_files
 from neva_pack.formats.sample_store import STORE_FORMAT
+from neva_pack.paths import LOCK_FILE
 
 __all__ = ["LOCK_FILE", "OutputLock", "entries", "output_paths", "owned_outputs", "remove"]
 
-LOCK_FILE = ".neva_pack.lock"
-"""Lives in output_dir; never counted as content and never removed."""
 
 
 

@@ -23,7 +23,7 @@ import re
 from pathlib import Path
 
 __all__ = [
-    "META_SUFFIX", "PACKED_NAME", "PLAN_SUFFIX", "SKIPPED_FILE", "STATS_FILE", "STORE_DIR", "STORE_PROGRESS", "TMP_SUFFIX",
+    "LOCK_FILE", "META_SUFFIX", "PACKED_NAME", "PLAN_SUFFIX", "SKIPPED_FILE", "STATS_FILE", "STORE_DIR", "STORE_PROGRESS", "TMP_SUFFIX",
     "checkpoint_paths", "is_skipped_list", "is_store_file", "meta_path", "pack_size_of", "packed_prefix",
     "packed_prefixes", "part_dir", "plan_path", "prefix_file", "read_skipped_indices", "relative_name", "run_paths",
     "sized_names", "skipped_path", "skipped_path_of", "stats_path", "stats_path_of", "store_dir", "tmp_prefix",
@@ -41,6 +41,8 @@ TMP_SUFFIX = ".tmp"
 
 SKIPPED_FILE = "skipped.jsonl"
 STATS_FILE = "stats.json"
+LOCK_FILE = ".neva_pack.lock"
+"""The run's lock (output_dir.OutputLock); never counted as content and never removed."""
 
 
 # --- the run's files -----------------------------------------------------------------------------

@@ -167,7 +167,7 @@ def _remove_joined_parts(store_directory: Path, num_shards: int) -> None:
     """Parts of this run left in a store already joined from them (the final step stopped while it
     removed them): the joined store holds their records. Only directories that are one of this run's
     parts by name and hold nothing but a part's files are removed."""
-    from neva_pack.output_dir import LOCK_FILE
+    from neva_pack.paths import LOCK_FILE
 
     for path in sorted(store_directory.iterdir()):
         match = _PART.fullmatch(path.name)
