@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from neva_pack.cli import main
 from neva_pack.dataset import PackedSamples, PackedSeqDataset
-from neva_pack.training import hf_batch, hf_collate
+from neva_pack.training import PackedBatchSampler, hf_batch, hf_collate
 from tests.conftest import SAMPLE_DATA
 
 EXACT = 1e-9
@@ -227,3 +227,21 @@ def test_llava_loss_and_gradients_on_image_packs_equal_the_samples_one_by_one(pa
     assert not torch.equal(pixels[0], pixels[-1])  # reversing the images changes what the model sees
     reversed_images, reversed_grads = summed_loss_and_grads(image_model, dict(batch, pixel_values=pixels.flip(0)))
     assert abs(reversed_images - expected) > 1e-4 * abs(expected) and relative(reversed_grads, expected_grads) > 1e-3
+
+
+def test_a_dataloader_over_samples_with_the_sampler_gives_rows_of_whole_samples(packed):
+    """PackedSamples + PackedBatchSampler + hf_collate: each row is its samples end to end, at most
+    the capacity, and every sample is in one row of the epoch."""
+    from torch.utils.data import DataLoader
+
+    samples = PackedSamples(packed)
+    sampler = PackedBatchSampler(samples.lengths, 4096, seed=3)
+    loader = DataLoader(samples, batch_sampler=sampler, collate_fn=hf_collate(packed), num_workers=0)
+    plan, seen = sampler.plan_epoch(0), []
+    for step, row in enumerate(loader):
+        indices = plan.batch(step, rank=0)
+        expected = torch.cat([samples[j]["tokens"] for j in indices])
+        assert torch.equal(row["input_ids"][0], expected) and row["input_ids"].shape[1] <= 4096
+        assert row["cu_seq_lens_q"].tolist() == [0, *np.cumsum(samples.lengths[indices]).tolist()]
+        seen += indices
+    assert sorted(seen) == list(range(len(samples)))

@@ -6,6 +6,7 @@
 """
 
 from neva_pack.training.hf import hf_batch, hf_collate
+from neva_pack.training.sampler import EpochPlan, PackedBatchSampler
 from neva_pack.training.thd import packed_seq_params, thd_batch, thd_collate
 
-__all__ = ["hf_batch", "hf_collate", "packed_seq_params", "thd_batch", "thd_collate"]
+__all__ = ["EpochPlan", "PackedBatchSampler", "hf_batch", "hf_collate", "packed_seq_params", "thd_batch", "thd_collate"]
