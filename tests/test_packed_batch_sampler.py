@@ -151,3 +151,13 @@ def test_without_drop_last_bins_are_cut_to_deal_every_sample():
     assert sorted(plan.loads.tolist()) == [4, 4, 4, 4, 8, 8, 8, 8]
     dropping = PackedBatchSampler([8, 4, 4, 8, 8, 2, 2, 2, 2, 8], 8, num_replicas=4, drop_last=True, algorithm="first_fit_decreasing")
     assert dropping.plan_epoch(0).num_steps == 1 and len(dropping.dropped) in (1, 2, 4, 5)
+
+
+@given(setups())
+def test_rank_none_yields_every_rank_step_by_step_as_a_round_robin_dealer_expects(setup):
+    batches, _ = every_rank(setup)
+    everyone = PackedBatchSampler(capacity=CAPACITY, rank=None, **setup)
+    replicas = setup["num_replicas"]
+    dealt = list(everyone)
+    assert len(dealt) == len(everyone) == replicas * len(batches[0])
+    assert [dealt[r::replicas] for r in range(replicas)] == batches

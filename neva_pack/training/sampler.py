@@ -69,6 +69,10 @@ class EpochPlan:
 class PackedBatchSampler(Sampler[list[int]]):
     """Per-rank batches of sample indices whose lengths sum to at most ``capacity``.
 
+    ``rank=None`` yields every rank's batches, step by step (step 0 rank 0, step 0 rank 1, ...):
+    for loaders that deal batches to processes round robin, as accelerate does for a Trainer
+    running several processes (its BatchSamplerShard gives process r the batches r, r + R, ...).
+
     ``num_images`` (per sample, optional) lets bins of equal attention be balanced by images too
     (the vision encoder's work), within ``tolerance``. The extra options go to ``packing.pack``
     (``max_samples_per_pack``, an algorithm's own options).
@@ -90,16 +94,17 @@ class PackedBatchSampler(Sampler[list[int]]):
     ):
         if int(num_replicas) != num_replicas or num_replicas < 1:
             raise ValueError(f"num_replicas must be a positive integer, got {num_replicas!r}")
-        if int(rank) != rank or not 0 <= rank < num_replicas:
-            raise ValueError(f"rank must be in [0, {num_replicas}), got {rank!r}")
+        if rank is not None and (int(rank) != rank or not 0 <= rank < num_replicas):
+            raise ValueError(f"rank must be in [0, {num_replicas}) or None, got {rank!r}")
         self.lengths = np.asarray(lengths, dtype=np.int64)
         self.num_images = np.zeros(len(self.lengths), np.int64) if num_images is None else np.asarray(num_images, np.int64)
         if self.num_images.shape != self.lengths.shape:
             raise ValueError(f"num_images has {len(self.num_images)} entries for {len(self.lengths)} lengths")
-        self.capacity, self.num_replicas, self.rank, self.seed = int(capacity), int(num_replicas), int(rank), int(seed)
+        self.capacity, self.num_replicas, self.seed = int(capacity), int(num_replicas), int(seed)
+        self.rank = None if rank is None else int(rank)
         self.algorithm, self.drop_last, self.tolerance, self.pack_options = algorithm, bool(drop_last), tolerance, pack_options
         self.epoch = 0
-        self._next_step = 0  # where __iter__ starts: 0, or a resumed position
+        self._next_step = 0  # batches of this epoch handed out: where __iter__ starts
         self._resumed = False  # a loaded state at the end of its epoch resumes with nothing left of it
         self._plan: tuple[int, EpochPlan] | None = None
         self.plan_epoch(0)  # bad settings fail here, not at the first step
@@ -148,18 +153,22 @@ class PackedBatchSampler(Sampler[list[int]]):
         return self.plan_epoch(self.epoch).dropped
 
     def __len__(self) -> int:
-        """Steps of the current epoch (the same on every rank)."""
-        return self.plan_epoch(self.epoch).num_steps
+        """Batches of the current epoch: its steps (the same on every rank), times the ranks for rank=None."""
+        plan = self.plan_epoch(self.epoch)
+        return plan.num_steps * (self.num_replicas if self.rank is None else 1)
 
     def __iter__(self):
-        plan = self.plan_epoch(self.epoch)
-        if self._next_step >= plan.num_steps and not self._resumed:
+        plan, count = self.plan_epoch(self.epoch), len(self)
+        if self._next_step >= count and not self._resumed:
             self._next_step = 0  # a finished epoch iterated again (no set_epoch) repeats, as DistributedSampler's
         self._resumed = False
-        while self._next_step < plan.num_steps:
-            step = self._next_step
+        while self._next_step < count:
+            position = self._next_step
             self._next_step += 1
-            yield plan.batch(step, self.rank)
+            if self.rank is None:  # every rank's bins, step by step
+                yield plan.batch(position // self.num_replicas, position % self.num_replicas)
+            else:
+                yield plan.batch(position, self.rank)
 
     def state_dict(self) -> dict:
         """Where this rank is: the epoch and the steps handed out in it (a DataLoader that prefetches
