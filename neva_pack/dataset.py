@@ -89,8 +89,11 @@ class PackedSamples(Dataset):
         self.meta = packs.meta
         self.offsets = packs._offsets
         """int64 (packs + 1): pack p holds samples offsets[p]:offsets[p + 1]."""
-        self.lengths = packs._reader.plan_table().padded_length
+        table = packs._reader.plan_table()
+        self.lengths = table.padded_length
         """int64: positions each sample occupies (what a sampler packs)."""
+        self.num_images = table.num_images
+        """int64: images of each sample (what a sampler balances the vision encoder's work by)."""
         self._cached: tuple[int, dict] | None = None
 
     def __len__(self) -> int:

@@ -142,15 +142,26 @@ def test_bad_settings_fail_at_construction_with_one_line():
         PackedBatchSampler([1, 2], 8, num_images=[1])
 
 
-def test_without_drop_last_bins_are_cut_to_deal_every_sample():
+def test_without_drop_last_bins_are_taken_apart_into_a_whole_step_of_lighter_bins():
     """First fit decreasing makes 6 bins (four of one sample, 4 + 4, 2 + 2 + 2 + 2) for 4 ranks: the
-    two splittable bins are cut, every sample is trained; drop_last drops two bins instead."""
-    sampler = PackedBatchSampler([8, 4, 4, 8, 8, 2, 2, 2, 2, 8], 8, num_replicas=4, algorithm="first_fit_decreasing")
-    plan = sampler.plan_epoch(0)
+    two bins of most samples are dealt to 4 bins of 4 (one whole step), every sample is trained;
+    drop_last drops two bins instead (all are full: two of a single sample)."""
+    lengths = [8, 4, 4, 8, 8, 2, 2, 2, 2, 8]
+    plan = PackedBatchSampler(lengths, 8, num_replicas=4, algorithm="first_fit_decreasing").plan_epoch(0)
     assert plan.num_steps == 2 and len(plan.dropped) == 0 and sorted(plan.indices.tolist()) == list(range(10))
-    assert sorted(plan.loads.tolist()) == [4, 4, 4, 4, 8, 8, 8, 8]
-    dropping = PackedBatchSampler([8, 4, 4, 8, 8, 2, 2, 2, 2, 8], 8, num_replicas=4, drop_last=True, algorithm="first_fit_decreasing")
-    assert dropping.plan_epoch(0).num_steps == 1 and len(dropping.dropped) in (1, 2, 4, 5)
+    steps = sorted(sorted(plan.loads[s * 4 : s * 4 + 4].tolist()) for s in range(2))
+    assert steps == [[4, 4, 4, 4], [8, 8, 8, 8]]  # no step mixes full and light bins
+    dropping = PackedBatchSampler(lengths, 8, num_replicas=4, drop_last=True, algorithm="first_fit_decreasing")
+    assert dropping.plan_epoch(0).num_steps == 1 and len(dropping.dropped) == 2
+
+
+def test_every_sample_is_dealt_while_there_are_enough_samples():
+    """Bins of 3, 3, 1, 1, 1 samples for 4 ranks: 3 more bins are needed and no single bin holds
+    4 samples, so all five are dealt to 8 bins."""
+    lengths = [1, 1, 1, 1, 1, 1, 3, 3, 3]
+    plan = PackedBatchSampler(lengths, 3, num_replicas=4, algorithm="first_fit_decreasing").plan_epoch(0)
+    assert plan.num_steps == 2 and sorted(plan.indices.tolist()) == list(range(9))
+    assert all(load <= 3 for load in plan.loads.tolist())
 
 
 @given(setups())

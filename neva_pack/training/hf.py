@@ -37,6 +37,8 @@ import torch
 
 from neva_pack.dataset import position_ids_from_cu_seqlens
 
+__all__ = ["HF_IGNORE_INDEX", "hf_batch", "hf_collate", "image_run_starts"]
+
 HF_IGNORE_INDEX = -100
 """The label Hugging Face's losses ignore (torch's cross_entropy default)."""
 

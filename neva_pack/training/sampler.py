@@ -8,7 +8,7 @@ with known lengths), and each epoch the sampler
        epoch: every rank and machine computes the same plan, no communication);
     2. makes the bin count a multiple of the ranks, so that every rank runs the same number of
        steps: ``drop_last`` drops the least full bins (their samples are listed in ``dropped``),
-       otherwise the bins with the most attention work are cut in two at half their load;
+       otherwise a few bins are taken apart and dealt as whole steps of lighter bins;
     3. orders the bins with ``packing.balance.balance_order``: the R bins of one step cost alike
        in attention (sum of squared sample lengths, as --balance_data_parallel), steps in random order::
 
@@ -22,6 +22,7 @@ collate_fn=hf_collate(...))`` gives one flattened row of at most ``capacity`` po
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,6 +30,8 @@ from torch.utils.data import Sampler
 
 from neva_pack.packing import RECOMMENDED_ALGORITHM, pack
 from neva_pack.packing.balance import DEFAULT_TOLERANCE, PackCosts, balance_order
+
+__all__ = ["EpochPlan", "PackedBatchSampler", "STATE_VERSION"]
 
 STATE_VERSION = 1
 """Version of ``state_dict``'s layout."""
@@ -128,7 +131,12 @@ class PackedBatchSampler(Sampler[list[int]]):
         if extra and self.drop_last:
             offsets, indices, dropped = _without_least_full(offsets, indices, loads, self.num_replicas - extra)
         elif extra:
-            offsets = _cut_heaviest(offsets, self.lengths[indices], costs.attention, extra)
+            spread = _spread_over_steps(offsets, self.lengths[indices], self.capacity, extra, self.num_replicas)
+            if spread is None:
+                offsets = _cut_heaviest(offsets, self.lengths[indices], costs.attention, extra)
+            else:
+                offsets, positions = spread
+                indices = indices[positions]
         sizes = self.lengths[indices]
         costs = PackCosts.of(sizes, offsets, self.num_images[indices])
         order = balance_order(costs, self.num_replicas, rng, self.tolerance).reshape(-1, self.num_replicas)
@@ -202,8 +210,9 @@ class PackedBatchSampler(Sampler[list[int]]):
 
 
 def _without_least_full(offsets, indices, loads, count):
-    """Drop the ``count`` least full bins (ties: the later bin): (offsets, indices, dropped samples)."""
-    drop = np.sort(np.argsort(loads, kind="stable")[:count])
+    """Drop the ``count`` least full bins (of equal loads, those of fewest samples): (offsets, indices,
+    dropped samples)."""
+    drop = np.sort(np.lexsort((np.diff(offsets), loads))[:count])
     keep = np.ones(len(loads), bool)
     keep[drop] = False
     member = np.repeat(keep, np.diff(offsets))
@@ -211,9 +220,44 @@ def _without_least_full(offsets, indices, loads, count):
     return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64), indices[member], indices[~member]
 
 
+def _spread_over_steps(offsets, sizes, capacity, extra, replicas):
+    """``extra`` more bins, as whole steps of light bins: the ``replicas - extra`` bins of most samples
+    (or R more of them, while they hold fewer samples than bins to make) are taken apart and their
+    samples dealt longest first, each to the least loaded of ``replicas`` new bins (LPT). Returns
+    (offsets, positions into the plan's indices), or None when a new bin would pass the capacity.
+
+    Every step then holds either full bins or alike light ones, so no rank waits on a step's fuller
+    bins (cutting single bins in two would put half-empty bins beside full ones).
+    """
+    counts = np.diff(offsets)
+    by_count = np.argsort(-counts, kind="stable")
+    taken, pieces = replicas - extra, replicas
+    while counts[by_count[:taken]].sum() < pieces:
+        if taken + replicas > len(counts):
+            return None
+        taken, pieces = taken + replicas, pieces + replicas
+    chosen = np.zeros(len(counts), bool)
+    chosen[by_count[:taken]] = True
+    member = np.repeat(chosen, counts)
+    dealt = np.flatnonzero(member)
+    dealt = dealt[np.argsort(-sizes[dealt], kind="stable")]
+    heap = [(0, piece) for piece in range(pieces)]
+    piece_of = np.empty(len(dealt), np.int64)
+    for k, position in enumerate(dealt.tolist()):
+        load, piece = heapq.heappop(heap)
+        piece_of[k] = piece
+        heapq.heappush(heap, (load + int(sizes[position]), piece))
+    if max(load for load, _ in heap) > capacity:
+        return None
+    positions = np.concatenate([np.flatnonzero(~member), dealt[np.argsort(piece_of, kind="stable")]])
+    new_counts = np.concatenate([counts[~chosen], np.bincount(piece_of, minlength=pieces)])
+    return np.concatenate([[0], np.cumsum(new_counts)]).astype(np.int64), positions
+
+
 def _cut_heaviest(offsets, sizes, attention, count):
-    """``count`` more bins: the bins of most attention work (two samples or more) cut in two where
-    their load passes half; if too few such bins, further cuts between any two samples of a bin."""
+    """``count`` more bins when ``_spread_over_steps`` cannot: the bins of most attention work (two
+    samples or more) cut in two where their load passes half; if too few such bins, further cuts
+    between any two samples of a bin."""
     splittable = np.flatnonzero(np.diff(offsets) >= 2)
     chosen = splittable[np.argsort(-attention[splittable], kind="stable")[:count]]
     cuts = []
