@@ -23,7 +23,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from neva_pack.errors import ConfigError
-from neva_pack.formats.sample_store import StoredBatch, stored_batch
+from neva_pack.sample_store import StoredBatch, stored_batch
 from neva_pack.invariants import image_run
 from neva_pack.images import DEFAULT_MAX_IMAGE_PIXELS, ImagePreprocessor, ImageSource, decode_image
 from neva_pack.records import (
@@ -653,7 +653,7 @@ class SampleStream(IterableDataset):
         run, ignore_index, shape = self.builder.layout.run(), self.builder.ignore_index, self.builder.preprocessor.shape
         batch = []
         ranges = self._ranges(worker, workers)
-        send = _shared if self.share_images else _as_is
+        send = in_shared_memory if self.share_images else _as_is
         for raw in iter_raw_records(self.data_path, self.builder.record_limits, ranges=ranges, index=self.index):
             offset = raw.index - self.start
             message = self._message(offset, workers)
@@ -665,10 +665,10 @@ class SampleStream(IterableDataset):
             yield send(stored_batch(batch, run, ignore_index, shape))
 
 
-def _shared(batch: StoredBatch) -> StoredBatch:
+def in_shared_memory(batch: StoredBatch) -> StoredBatch:
     """The batch with its images as a torch tensor: a DataLoader worker hands a tensor over in
     shared memory (only a handle crosses the pipe), where a NumPy array is pickled through the pipe
-    and copied twice more (~0.8 ms an image of 336 px in the main process). ``received`` undoes it."""
+    and copied twice more in the main process. ``received`` undoes it."""
     if not batch.images.size:
         return batch
     return replace(batch, images=torch.from_numpy(batch.images))

@@ -2,8 +2,7 @@
 
     output_dir/
       packed_seq_dataset[_<size>].*    a packed prefix (formats/nemo.py, formats/compact.py say what is inside)
-      packed_seq_dataset/              the sample store (formats/sample_store.py)
-        part_<i>_of_<N>/               a sharded run's part before the final step joins it (neva_pack.shards)
+      packed_seq_dataset/              the sample store (its files: neva_pack/sample_store/files.py)
       stats[_<size>].json              the run report of each prefix
       skipped.jsonl                    one line per record skipped while encoding
       skipped_<size>.jsonl             in a multi-size run: those lines plus the samples the size's cut
@@ -28,7 +27,7 @@ PLAN_SUFFIX = ".plan.npz"
 CHECKPOINT_SUFFIX = ".checkpoint.npz"
 """Written beside the temporary prefix while packs are written (what --resume continues from)."""
 STORE_DIR = PACKED_NAME
-STORE_PROGRESS = "progress.json"
+"""The sample store's directory (neva_pack/sample_store/files.py names what is inside)."""
 
 SKIPPED_FILE = "skipped.jsonl"
 STATS_FILE = "stats.json"
@@ -265,51 +264,6 @@ def write_json_atomic(path: Path, data) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-
-
-def shard_skipped_path(directory: Path, shard_name: str) -> Path:
-    return Path(directory) / f"{shard_name}.skipped.jsonl"
-
-
-def shard_rows_path(directory: Path, shard_name: str) -> Path:
-    return Path(directory) / f"{shard_name}.rows"
-
-
-def shard_text_prefix(directory: Path, shard_name: str) -> Path:
-    return Path(directory) / f"{shard_name}_text"
-
-
-def shard_image_refs_path(directory: Path, shard_name: str) -> Path:
-    """16-byte content key of every image instance of the shard's samples, in sample order."""
-    return Path(directory) / f"{shard_name}.image_refs"
-
-
-def pool_images_path(directory: Path, part_name: str) -> Path:
-    """Raw uint8 images of one image pool part (formats/image_pool.py)."""
-    return Path(directory) / f"{part_name}.images"
-
-
-def pool_keys_path(directory: Path, part_name: str) -> Path:
-    return Path(directory) / f"{part_name}.image_keys"
-
-
-PART_NAME = "part_{index:05d}_of_{count:05d}"
-"""A sharded run's store part, inside the sample store (neva_pack.shards)."""
-PART_PATTERN = re.compile(r"part_(\d+)_of_(\d+)")
-STORE_FILE = re.compile(
-    r"(shard|pool)_\d+(\.rows|\.skipped\.jsonl|_text\.bin|_text\.idx|\.image_refs|\.images|\.image_keys)(\.tmp)?"
-)
-"""Every file name a sample store (formats/sample_store.py, formats/image_pool.py, convert) writes, besides
-STORE_PROGRESS (and a part's skipped list): what --overwrite may delete inside the store directory."""
-
-
-def is_store_file(name: str) -> bool:
-    return bool(STORE_FILE.fullmatch(name)) or name in (STORE_PROGRESS, STORE_PROGRESS + ".tmp")
-
-
-def part_dir(store_directory: Path, num_shards: int, index: int) -> Path:
-    """packed_seq_dataset/part_<index>_of_<num_shards>: shard ``index``'s own sample store."""
-    return Path(store_directory) / PART_NAME.format(index=index, count=num_shards)
 
 
 def relative_name(output_dir: Path, path: Path) -> str:

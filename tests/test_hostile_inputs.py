@@ -29,7 +29,7 @@ from PIL import Image
 from benchmarks.bench_hostile import jpeg_claiming  # the same hostile header the benchmark measures
 from neva_pack.cli import main
 from neva_pack.invariants import PackSpec, accounting_problem, pack_problems
-from neva_pack.output_dir import LOCK_FILE, OutputLock
+from neva_pack.pipeline.ownership import LOCK_FILE, OutputLock
 from neva_pack.records import SKIP_REASONS, RecordError, iter_raw_records
 from neva_pack.samples import truncation
 from neva_pack.verify import verify

@@ -267,7 +267,7 @@ def test_a_compact_publish_reads_no_pool_file_back(tmp_path, monkeypatch):
     from pathlib import Path
 
     from neva_pack.formats import base
-    from neva_pack.formats.sample_store import SampleStore
+    from neva_pack.sample_store import SampleStore
     from neva_pack.store import file_checksum
 
     read = []
@@ -276,7 +276,7 @@ def test_a_compact_publish_reads_no_pool_file_back(tmp_path, monkeypatch):
     preprocess(SAMPLE_DATA / "llava_sample.json", SAMPLE_DATA / "images", out, "--max_seq_length", 2048, "--output_format", "compact")
     assert read and not any(name.endswith((".images", ".image_keys")) for name in read)
     assert main(["verify", "--quiet", str(out)]) == 0
-    (part,) = SampleStore(out / "packed_seq_dataset").pool_parts
+    (part,) = SampleStore(out / "packed_seq_dataset").pool_segments
     assert part.known_checksums() == {path: file_checksum(path) for path in (part.images_file, part.keys_file)}
 
     progress = out / "packed_seq_dataset" / "progress.json"
@@ -284,5 +284,5 @@ def test_a_compact_publish_reads_no_pool_file_back(tmp_path, monkeypatch):
     for shard in state["shards"]:
         del shard["pool_checksums"]
     progress.write_text(json.dumps(state))
-    (part,) = SampleStore(out / "packed_seq_dataset").pool_parts
+    (part,) = SampleStore(out / "packed_seq_dataset").pool_segments
     assert part.checksums is None and part.known_checksums() == {}

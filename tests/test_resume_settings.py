@@ -8,7 +8,8 @@ import shutil
 
 import pytest
 
-from neva_pack import parallel_assembly, pipeline
+from neva_pack import parallel_assembly
+from neva_pack.pipeline import write
 from neva_pack.cli import main
 from neva_pack.formats import compact, nemo
 from tests.conftest import SAMPLE_DATA
@@ -151,8 +152,8 @@ def test_every_writing_setting_is_read_back_from_a_finished_output(finished):
 
     config = PreprocessConfig(data_path=str(SAMPLE_DATA / "llava_sample.json"), tokenizer_path=str(SAMPLE_DATA / "tokenizer.model"),
                               output_dir=str(finished))  # fmt: skip
-    settings = pipeline.write_settings(config, 512)
+    settings = write.write_settings(config, 512)
     meta = json.loads((finished / "packed_seq_dataset.meta.json").read_text())
-    assert set(settings) == set(pipeline.META_SETTINGS) | {"global_batch_size"}
-    assert all(field in meta for field in pipeline.META_SETTINGS.values())
+    assert set(settings) == set(write.META_SETTINGS) | {"global_batch_size"}
+    assert all(field in meta for field in write.META_SETTINGS.values())
     assert "global_batch_size" in json.loads((finished / "stats.json").read_text())

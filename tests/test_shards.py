@@ -222,7 +222,7 @@ def test_the_final_step_checks_the_skip_fraction_of_the_whole_run(tmp_path, caps
 
 def test_a_part_locks_only_itself_and_overwrite_removes_only_what_a_part_holds(dataset, tmp_path, capsys):
     """Shards of one run write the same output directory at once: a part must not take its lock."""
-    from neva_pack.output_dir import OutputLock
+    from neva_pack.pipeline.ownership import OutputLock
 
     out = tmp_path / "out"
     out.mkdir()
@@ -268,8 +268,6 @@ def test_the_tokenizer_is_compared_by_content_not_by_file_name(dataset, unsharde
 
 
 def test_parts_left_by_a_final_step_stopped_while_removing_them_are_removed_by_the_next(dataset, unsharded, tmp_path, monkeypatch):
-    from neva_pack import shards
-
     out = tmp_path / "out"
     run_parts(dataset, out, "3")
     store = out / "packed_seq_dataset"
@@ -282,7 +280,7 @@ def test_parts_left_by_a_final_step_stopped_while_removing_them_are_removed_by_t
         real_rmtree(path)
 
     real_rmtree = shutil.rmtree
-    monkeypatch.setattr(shards.shutil, "rmtree", stopped_after_one)
+    monkeypatch.setattr(shutil, "rmtree", stopped_after_one)
     assert main(command(dataset, out, "--num_shards", "3")) == 130
     monkeypatch.undo()
     (store / "part_00002_of_00003" / "progress.json").unlink()  # a part half removed

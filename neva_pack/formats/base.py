@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from neva_pack.formats.image_pool import PoolPart
+from neva_pack.sample_store.image_pool import PoolSegment
 from neva_pack.formats.meta import Normalisation, PackedMeta
 from neva_pack.store import checkpoint_paths, file_checksum, meta_path, relative_name, tmp_prefix, write_json_atomic
 
@@ -32,8 +32,8 @@ class WriteSpec:
     """Token id written on padding positions."""
     ignore_index: int
     """Label written on padding positions."""
-    pool: tuple[PoolPart, ...]
-    """The image pool the packs' image indices refer to (the sample store's parts)."""
+    pool: tuple[PoolSegment, ...]
+    """The image pool the packs' image indices refer to (the sample store's pool segments)."""
     plan_digest: str
     """Identifies the plan and the settings it is written with: a checkpoint of another is not resumed
     (the pipeline's digest is JSON, ``{"plan": ..., "settings": ...}``, so that a resume can name the

@@ -5,7 +5,7 @@
     output_dir/packed_seq_dataset.labels.bin    int32 labels, aligned with the tokens
     output_dir/packed_seq_dataset.index.bin     the arrays below, back to back (names, dtypes, offsets in the meta)
     output_dir/packed_seq_dataset.meta.json     format "compact": the normalisation, the pool's parts, checksums
-    output_dir/packed_seq_dataset/*.images      the image pool = the sample store's images (formats/image_pool.py;
+    output_dir/packed_seq_dataset/*.images      the image pool = the sample store's images (sample_store/image_pool.py;
                                                 shard_*.images from a run, pool_*.images from convert)
 
     index arrays                       pack p
@@ -42,8 +42,8 @@ import numpy as np
 
 from neva_pack.errors import InputError, parsing
 from neva_pack.formats.base import Checkpoint, WriteSpec, publish
-from neva_pack.formats.output_file import OutputFile
-from neva_pack.formats.image_pool import ImagePool, PoolPart
+from neva_pack.files.output_file import OutputFile
+from neva_pack.sample_store.image_pool import ImagePool, PoolSegment
 from neva_pack.formats.meta import PackedMeta, PlanTable, ReadPack, read_meta
 from neva_pack.store import COMPACT_INDEX, COMPACT_LABELS, COMPACT_TOKENS, meta_path, prefix_file, relative_name
 
@@ -181,7 +181,7 @@ class Reader:
         for path, ids in ((prefix_file(self.prefix, TOKENS), self.tokens), (prefix_file(self.prefix, LABELS), self.labels)):
             if len(ends) != 1 or len(ids) != ends[0]:
                 raise InputError(f"{path}: {len(ids)} ids, not the {ends.tolist()} that {index.name} lists (damaged)")
-        parts = [PoolPart(images_file=output_dir / part["images"], keys_file=output_dir / part["keys"], count=int(part["count"]))
+        parts = [PoolSegment(images_file=output_dir / part["images"], keys_file=output_dir / part["keys"], count=int(part["count"]))
                  for part in layout["pool"]]  # fmt: skip
         self.pool = ImagePool(parts, self.image_shape, mmap=True)
         self.pad_id = self.meta.pad_id
@@ -361,7 +361,7 @@ def check(reader: Reader, result) -> None:
     indices = a["image_indices"]
     if len(indices) and (indices.min() < 0 or indices.max() >= len(reader.pool)):
         result.add(f"index: image indices outside the pool of {len(reader.pool)} images")
-    for part in reader.pool.parts:
-        expected = part.count * reader.pool.image_bytes
-        if not part.images_file.is_file() or part.images_file.stat().st_size != expected:
-            result.add(f"{part.images_file.name}: not {part.count} images of {reader.pool.image_bytes} bytes")
+    for segment in reader.pool.segments:
+        expected = segment.count * reader.pool.image_bytes
+        if not segment.images_file.is_file() or segment.images_file.stat().st_size != expected:
+            result.add(f"{segment.images_file.name}: not {segment.count} images of {reader.pool.image_bytes} bytes")

@@ -32,7 +32,7 @@ import numpy as np
 from neva_pack import assemble  # the module, not its names: assemble imports formats (a cycle)
 from neva_pack.errors import InputError
 from neva_pack.formats.base import Checkpoint, WriteSpec, publish
-from neva_pack.formats.indexed import IndexedWriter, read_index
+from neva_pack.files.indexed import IndexedWriter, read_index
 from neva_pack.formats.common import megatron as _megatron
 from neva_pack.formats.meta import PackedMeta, PlanTable, ReadPack, read_meta, read_plan_table
 from neva_pack.store import bin_path, data_extents, idx_path, meta_path, plan_path

@@ -1,13 +1,14 @@
-"""Who may write an output directory, and what --overwrite may delete in it.
+"""Who may write an output directory, and what --overwrite may delete in it: the first stage of a
+run (``prepare_output_dir``, ``prepare_part_dir``), before anything is written.
 
 - One run at a time: a run holds an OS lock (``flock``) on ``output_dir/.neva_pack.lock`` from
   before it touches anything until it ends (a crash or a kill releases it). The file names the
   holder (pid, host, start time) so that a second run can say who is in the way; it is removed
   when the run ends. A killed run leaves it behind, harmlessly: the lock, not the file, is what
   is held, and the kernel drops the lock with the process.
-- ``--overwrite`` (and ``--resume``, which deletes uncommitted shards) touch only paths this tool
+- ``--overwrite`` (and ``--resume``, which deletes uncommitted store segments) touch only paths this tool
   writes *and* whose content it recognises as its own: the sample store by its progress.json
-  format (or shard file names), the meta by its format field, Megatron indexes by their magic,
+  format (or segment file names), the meta by its format field, Megatron indexes by their magic,
   the plan table as a zip, stats and skipped lines (``skipped[_<size>].jsonl``) by their keys. Anything else under one of our
   names (say, the user's image folder called ``packed_seq_dataset``) stops the run before a
   byte is deleted, as does an input (data, images, tokenizer) lying inside what would be deleted.
@@ -23,11 +24,12 @@ import shutil
 import socket
 from pathlib import Path
 
-from neva_pack import shards
-from neva_pack import store as layout
+from neva_pack import store as paths
 from neva_pack.errors import ConfigError
 from neva_pack.formats import FORMATS
-from neva_pack.formats.sample_store import STORE_FORMAT
+from neva_pack.sample_store import PROGRESS_FILE, STORE_FORMAT, is_store_file, part_dir, part_of
+
+__all__ = ["LOCK_FILE", "OutputLock", "is_part_file", "owned_outputs", "prepare_output_dir", "prepare_part_dir"]
 
 LOCK_FILE = ".neva_pack.lock"
 """Lives in output_dir; never counted as content and never removed."""
@@ -84,6 +86,11 @@ class OutputLock:
         self.release()
 
 
+def is_part_file(name: str) -> bool:
+    """A file a sharded run's part holds: its store's files, its skipped lines, temporary names."""
+    return is_store_file(name) or name in (paths.SKIPPED_FILE, paths.SKIPPED_FILE + ".tmp")
+
+
 def entries(output_dir: Path) -> list[str]:
     """The directory's content, the lock file aside."""
     if not output_dir.is_dir():
@@ -94,7 +101,7 @@ def entries(output_dir: Path) -> list[str]:
 def owned_outputs(output_dir: Path, inputs: dict[str, Path | None]) -> list[Path]:
     """The existing paths among those a run writes, once each is recognised as this tool's own;
     ConfigError (nothing deleted) for one that is not, or that holds one of ``inputs``."""
-    existing = [p for p in layout.output_paths(output_dir) if p.exists() or p.is_symlink()]
+    existing = [p for p in paths.output_paths(output_dir) if p.exists() or p.is_symlink()]
     for flag, value in inputs.items():
         if value is None:
             continue
@@ -125,7 +132,7 @@ def _not_ours(path: Path) -> str | None:
     if path.is_symlink():
         return "is a symbolic link"
     name = path.name
-    if path == layout.store_dir(path.parent):
+    if path == paths.store_dir(path.parent):
         if not path.is_dir():
             return "is not a directory"
         return _store_problem(path)
@@ -133,11 +140,11 @@ def _not_ours(path: Path) -> str | None:
         return "is not a file"
     if name.endswith(".tmp") or ".tmp." in name:
         return None  # our temporary names
-    if name.endswith(layout.META_SUFFIX):
+    if name.endswith(paths.META_SUFFIX):
         return None if _json_field(path, "format") in FORMATS else "has no neva_pack format field"
-    compact_suffix = next((s for s in layout.COMPACT_SUFFIXES if name.endswith(s)), None)
+    compact_suffix = next((s for s in paths.COMPACT_SUFFIXES if name.endswith(s)), None)
     if compact_suffix is not None:
-        meta = layout.meta_path(path.with_name(name[: -len(compact_suffix)]))
+        meta = paths.meta_path(path.with_name(name[: -len(compact_suffix)]))
         return None if _json_field(meta, "format") == "compact" else "has no compact meta beside it"
     if name.endswith(".idx"):
         return None if _starts_with(path, _MEGATRON_INDEX_MAGIC) else "is not a Megatron index"
@@ -146,7 +153,7 @@ def _not_ours(path: Path) -> str | None:
         return None if _starts_with(index, _MEGATRON_INDEX_MAGIC) else "has no Megatron index beside it"
     if name.endswith(".npz"):
         return None if _starts_with(path, _ZIP_MAGIC) else "is not a numpy archive"
-    if layout.is_skipped_list(name):
+    if paths.is_skipped_list(name):
         with open(path, "rb") as f:
             first = f.readline(1 << 16)
         if not first.strip():
@@ -168,18 +175,18 @@ def _not_ours(path: Path) -> str | None:
 def _store_problem(directory: Path) -> str | None:
     """Why a sample store directory is not recognisably ours: a progress.json of another format, or any
     file a store does not write (every file is checked, so a user's file is never deleted with it)."""
-    progress = directory / layout.STORE_PROGRESS
+    progress = directory / PROGRESS_FILE
     if progress.is_file() and _json_field(progress, "format") != STORE_FORMAT:
         return "has a progress.json of another format"
     for entry in sorted(directory.iterdir()):
         if entry.is_symlink():
             return f"holds a symbolic link ({entry.name})"
-        if entry.is_dir() and layout.PART_PATTERN.fullmatch(entry.name):  # a sharded run's part: a store of its own
+        if entry.is_dir() and part_of(entry.name):  # a sharded run's part: a store of its own
             strangers = [p.name for p in sorted(entry.iterdir()) if not (p.is_file() and not p.is_symlink() and
-                         (shards.is_part_file(p.name) or p.name == LOCK_FILE))]  # fmt: skip
+                         (is_part_file(p.name) or p.name == LOCK_FILE))]  # fmt: skip
             if strangers:
                 return f"holds files a sample store does not ({entry.name}/{strangers[0]})"
-        elif not (entry.is_file() and layout.is_store_file(entry.name)):
+        elif not (entry.is_file() and is_store_file(entry.name)):
             return f"holds files a sample store does not ({entry.name})"
     return None
 
@@ -198,3 +205,70 @@ def _starts_with(path: Path, magic: bytes) -> bool:
             return f.read(len(magic)) == magic
     except OSError:
         return False
+
+
+def prepare_output_dir(config, keep_store: bool = False) -> OutputLock:
+    """Lock the output directory for this run (returned, held) after checking what is in it:
+    a non-empty directory is refused (untouched) unless --resume or --overwrite, and these touch
+    only what neva-pack recognises as its own output. With ``keep_store`` (the final step of a
+    sharded run) the sample store, where the parts are, is expected and never removed."""
+    output_dir = Path(config.output_dir)
+    if output_dir.exists() and not output_dir.is_dir():
+        raise ConfigError(f"--output_dir {output_dir}: exists and is not a directory")
+    store = paths.store_dir(output_dir)
+
+    def refuse_if_not_empty():
+        names = [name for name in entries(output_dir) if not (keep_store and name == store.name)]
+        if names and not (config.resume or config.overwrite):
+            raise ConfigError(
+                f"--output_dir {output_dir}: not empty ({names[0]}{', ...' if len(names) > 1 else ''}); "
+                "pass --resume to continue an interrupted run or --overwrite to replace it"
+            )
+
+    refuse_if_not_empty()
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        lock = OutputLock(output_dir).acquire()
+    except OSError as exc:
+        raise ConfigError(f"--output_dir {output_dir}: cannot write ({exc.strerror or exc})") from None
+    try:
+        refuse_if_not_empty()  # another run may have written here before this one got the lock
+        inputs = {"data_path": config.data_path, "image_folder": config.image_folder, "tokenizer_path": config.tokenizer_path}
+        owned = owned_outputs(output_dir, inputs if config.overwrite else {})
+        if keep_store:
+            owned = [path for path in owned if path != store]
+        if config.overwrite:
+            remove(owned)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+def prepare_part_dir(config) -> OutputLock:
+    """--num_shards N --shard_index i: lock shard i's part directory (returned, held) after checking it.
+    The parts of a run are written at the same time by several nodes, so each locks only its own
+    part, which is its own output: non-empty needs --resume, or --overwrite (which removes what a
+    part holds, and refuses anything else)."""
+    output_dir = Path(config.output_dir)
+    if output_dir.exists() and not output_dir.is_dir():
+        raise ConfigError(f"--output_dir {output_dir}: exists and is not a directory")
+    part = part_dir(paths.store_dir(output_dir), config.num_shards, config.shard_index)
+    try:
+        part.mkdir(parents=True, exist_ok=True)
+        lock = OutputLock(part).acquire()
+    except OSError as exc:
+        raise ConfigError(f"--output_dir {output_dir}: cannot write ({exc.strerror or exc})") from None
+    try:
+        names = entries(part)
+        if names and not (config.resume or config.overwrite):
+            raise ConfigError(f"{part}: this shard was started before; pass --resume to continue it or --overwrite to redo it")
+        if names and config.overwrite:
+            strangers = [name for name in names if not is_part_file(name)]
+            if strangers:
+                raise ConfigError(f"{part}: holds {strangers[0]}, which a store part does not; move it away (nothing was deleted)")
+            remove([part / name for name in names])
+    except BaseException:
+        lock.release()
+        raise
+    return lock

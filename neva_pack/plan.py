@@ -1,4 +1,4 @@
-"""The pack-size explorer behind ``neva-pack plan``: candidate sizes x algorithms, from lengths alone.
+"""``neva-pack plan``, the pack-size explorer: candidate sizes x algorithms, from lengths alone.
 
 Choosing max_seq_length before a multi-hour run (too long: out of memory; too short: poor
 packing) needs only the sample lengths, which the sample store keeps: no re-tokenization, no
@@ -15,12 +15,14 @@ from pathlib import Path
 
 import numpy as np
 
-from neva_pack import store as layout
-from neva_pack.formats import sample_store
+from neva_pack import store as paths
 from neva_pack.errors import InputError
 from neva_pack.packing import pack
 from neva_pack.packing.alignment import aligned_capacity, padded_lengths
+from neva_pack.sample_store import PROGRESS_FILE, SampleStore
 from neva_pack.stats import global_batch_size_advice
+
+__all__ = ["Candidate", "SampleLengths", "explore", "format_table", "load_lengths"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -67,9 +69,9 @@ class Candidate:
 def load_lengths(path: Path) -> SampleLengths:
     """From an output directory's sample store, a store directory, or else an output's plan table (any format)."""
     path = Path(path)
-    for directory in (layout.store_dir(path), path):
-        if (directory / layout.STORE_PROGRESS).is_file():
-            store = sample_store.SampleStore(directory)
+    for directory in (paths.store_dir(path), path):
+        if (directory / PROGRESS_FILE).is_file():
+            store = SampleStore(directory)
             meta = _output_meta(directory.parent)
             return SampleLengths(
                 lengths=store.lengths,
@@ -100,7 +102,7 @@ def load_lengths(path: Path) -> SampleLengths:
             source=str(reader.prefix),
             pad_to_multiple_of=int(meta.pad_to_multiple_of),
         )
-    raise InputError(f"{path}: no sample store ({layout.STORE_DIR}/{layout.STORE_PROGRESS}) nor plan table here")
+    raise InputError(f"{path}: no sample store ({paths.STORE_DIR}/{PROGRESS_FILE}) nor plan table here")
 
 
 def _output_meta(output_dir: Path) -> dict:
@@ -108,9 +110,9 @@ def _output_meta(output_dir: Path) -> dict:
     image positions and ignore value); empty when there is none of ours to read."""
     from neva_pack.formats.meta import read_meta_json
 
-    for prefix in layout.packed_prefixes(output_dir):
+    for prefix in paths.packed_prefixes(output_dir):
         try:
-            meta = read_meta_json(layout.meta_path(prefix))
+            meta = read_meta_json(paths.meta_path(prefix))
         except InputError:
             continue
         if isinstance(meta, dict):
