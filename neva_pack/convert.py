@@ -69,7 +69,7 @@ def convert(source: Path, dest: Path, to: str, progress: bool = True) -> list[Pa
             ignore_index=meta.ignore_index,
             pool=tuple(parts),
             plan_digest=f"convert:{meta.checksums}",
-            image_run=tuple(int(v) for v in meta.image_token_ids.run(meta.image_positions)),
+            image_run=meta.image_run,
         )
         writer = target.Writer(out, spec)
         for pack in packs:
@@ -83,7 +83,7 @@ def convert(source: Path, dest: Path, to: str, progress: bool = True) -> list[Pa
 def _packs(reader, plan, pool, progress: bool, description: str):
     """The source's packs as assembled packs: padding stripped, images as uint8 (and pool indices)."""
     meta = reader.meta
-    run = meta.image_token_ids.run(meta.image_positions)
+    run = meta.image_run.ids()
     for p in tqdm(range(len(reader)), desc=description, unit="pack", disable=not progress):
         pack = reader.pack(p)
         first, last = plan.offsets[p], plan.offsets[p + 1]

@@ -15,6 +15,8 @@ from neva_pack.assemble import AssembledPack
 from neva_pack.packing.alignment import padded_lengths
 from neva_pack.formats import FORMATS, open_packed, resolve_prefixes
 from neva_pack.formats.base import WriteSpec
+from neva_pack.image_run import ImageRun
+from neva_pack.sample_store.files import segment_name
 from neva_pack.sample_store.image_pool import PoolWriter, image_key, pool_segment
 from neva_pack.formats.meta import META_VERSION, Counts, ImageTokenIds, Normalisation, PackedMeta, PlanTable, read_meta
 from neva_pack.verify import verify
@@ -73,10 +75,10 @@ def write_tiny(directory, name: str, stop_after: int | None = None, resume: bool
     store = layout.store_dir(directory)
     store.mkdir(parents=True, exist_ok=True)
     known: dict = {}
-    pool = PoolWriter(pool_segment(store, "shard_00000", 0), known, 0)
+    pool = PoolWriter(pool_segment(store, segment_name(0), 0), known, 0)
     packs = tiny_packs(pool)
     spec = WriteSpec(image_shape=SHAPE, normalisation=CLIP, pad_id=0, ignore_index=-1,
-                     pool=(pool_segment(store, "shard_00000", pool.close()),), plan_digest="tiny", image_run=(START, PATCH))  # fmt: skip
+                     pool=(pool_segment(store, segment_name(0), pool.close()),), plan_digest="tiny", image_run=ImageRun(positions=2, patch_id=PATCH, start_id=START))  # fmt: skip
     fmt = FORMATS[name]
     writer = fmt.Writer(layout.packed_prefix(directory), spec, resume=resume)
     for first, count in zip(np.cumsum([0, *(groups or [])]).tolist(), groups or []):
@@ -142,9 +144,9 @@ def test_compact_golden_bytes_inline(tmp_path):
     }  # fmt: skip
     assert index == b"".join(values.tobytes() for values in expected.values())
     assert list(arrays) == list(expected)
-    pool = tmp_path / "packed_seq_dataset" / "shard_00000.images"
-    assert pool.read_bytes() == RED.tobytes() + BLUE.tobytes()  # RED once, though used twice
-    assert (tmp_path / "packed_seq_dataset" / "shard_00000.image_keys").read_bytes() == image_key(RED) + image_key(BLUE)
+    pool = pool_segment(layout.store_dir(tmp_path), segment_name(0), 2)
+    assert pool.images_file.read_bytes() == RED.tobytes() + BLUE.tobytes()  # RED once, though used twice
+    assert pool.keys_file.read_bytes() == image_key(RED) + image_key(BLUE)
 
 
 def test_nemo_golden_bytes_inline(tmp_path):
@@ -266,10 +268,10 @@ def test_compact_stores_image_runs_once_and_reads_back_every_position(tmp_path_f
     directory = tmp_path_factory.mktemp("prop")
     store = layout.store_dir(directory)
     store.mkdir()
-    pool = PoolWriter(pool_segment(store, "shard_00000", 0), {}, 0)
+    pool = PoolWriter(pool_segment(store, segment_name(0), 0), {}, 0)
     pool.add(RED)
     spec = WriteSpec(image_shape=SHAPE, normalisation=CLIP, pad_id=0, ignore_index=-1, plan_digest="p",
-                     pool=(pool_segment(store, "shard_00000", pool.close()),), image_run=(START, PATCH, PATCH, 9))  # fmt: skip
+                     pool=(pool_segment(store, segment_name(0), pool.close()),), image_run=ImageRun(positions=4, patch_id=PATCH, start_id=START, end_id=9))  # fmt: skip
     writer = compact.Writer(layout.packed_prefix(directory), spec)
     for p in packs:
         writer.add(p)
@@ -294,10 +296,10 @@ def test_nemo_writer_failure_in_its_thread_reaches_the_caller(tmp_path):
     """The nemo writer normalises and writes in a thread: what fails there is raised by the next call."""
     store = layout.store_dir(tmp_path)
     store.mkdir(parents=True)
-    pool = PoolWriter(pool_segment(store, "shard_00000", 0), {}, 0)
+    pool = PoolWriter(pool_segment(store, segment_name(0), 0), {}, 0)
     good = tiny_packs(pool)[0]
     spec = WriteSpec(image_shape=SHAPE, normalisation=CLIP, pad_id=0, ignore_index=-1,
-                     pool=(pool_segment(store, "shard_00000", pool.close()),), plan_digest="tiny", image_run=(START, PATCH))  # fmt: skip
+                     pool=(pool_segment(store, segment_name(0), pool.close()),), plan_digest="tiny", image_run=ImageRun(positions=2, patch_id=PATCH, start_id=START))  # fmt: skip
     writer = FORMATS["nemo"].Writer(layout.packed_prefix(tmp_path), spec)
     broken = AssembledPack(**{**{f: getattr(good, f) for f in AssembledPack.__dataclass_fields__},
                               "pixels": good.pixels[:, :, :1]})  # fmt: skip

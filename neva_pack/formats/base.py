@@ -15,8 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from neva_pack.sample_store.image_pool import PoolSegment
 from neva_pack.formats.meta import Normalisation, PackedMeta
+from neva_pack.image_run import ImageRun
+from neva_pack.sample_store.image_pool import PoolSegment
 from neva_pack.store import checkpoint_paths, file_checksum, meta_path, relative_name, tmp_prefix, write_json_atomic
 
 
@@ -38,7 +39,7 @@ class WriteSpec:
     """Identifies the plan and the settings it is written with: a checkpoint of another is not resumed
     (the pipeline's digest is JSON, ``{"plan": ..., "settings": ...}``, so that a resume can name the
     setting that differs)."""
-    image_run: tuple[int, ...]
+    image_run: ImageRun
     """The token ids of one image's run of positions (formats may store it once instead of per image)."""
 
 

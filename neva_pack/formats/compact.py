@@ -186,7 +186,7 @@ class Reader:
         self.pool = ImagePool(parts, self.image_shape, mmap=True)
         self.pad_id = self.meta.pad_id
         self.ignore_index = self.meta.ignore_index
-        self.run = self.meta.image_token_ids.run(self.meta.image_positions)
+        self.run = self.meta.image_run.ids()
 
     def __getstate__(self):  # DataLoader workers (spawn) reopen the files instead of pickling the maps
         return {"prefix": self.prefix, "meta": self.meta}
@@ -271,9 +271,9 @@ class PreparedPacks:
 
 
 def prepare(packs, spec: WriteSpec) -> PreparedPacks:
-    """The packs' bytes and index entries; an image run that is not the layout's ids with ignored
+    """The packs' bytes and index entries; an image run that is not the spec's image run with ignored
     labels (before its last position) raises ValueError."""
-    run = np.asarray(spec.image_run, dtype=np.int64)
+    run = spec.image_run.ids()
     tokens, labels = [], []
     for pack in packs:
         pack_tokens, pack_labels = pack.tokens, pack.labels

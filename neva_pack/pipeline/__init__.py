@@ -87,7 +87,7 @@ def _run(config: PreprocessConfig, builder: SampleBuilder, output_dir: Path, pro
         fingerprint = content_fingerprint(config, builder, total, resume_fingerprint)
         join_parts(
             store_directory, config.num_shards, total, fingerprint, builder.preprocessor.shape, resume_fingerprint,
-            image_run=builder.layout.run(), ignore_index=config.ignore_index,
+            image_run=builder.image_run.ids(), ignore_index=config.ignore_index,
         )  # fmt: skip
     store = SampleStore(store_directory)
     write_run_skipped(store.skipped_files(), output_dir)
@@ -121,7 +121,7 @@ def _write_prefix(
         if published is not None:
             return published  # published before the interruption, with these settings
     multiple = config.alignment
-    rows, cuts, unsupervised = rows_at(store, aligned_capacity(size, multiple), builder.layout.positions, config.ignore_index)
+    rows, cuts, unsupervised = rows_at(store, aligned_capacity(size, multiple), builder.image_run.positions, config.ignore_index)
     padded = padded_lengths(rows["length"], multiple)  # what is packed (== length when multiple is 1)
     kept = np.setdiff1d(np.arange(len(rows), dtype=np.int64), unsupervised)
     if len(kept) == 0:
@@ -136,7 +136,7 @@ def _write_prefix(
         ignore_index=config.ignore_index,
         pool=tuple(store.pool_segments),
         plan_digest=plan_digest(plan, padded, settings),
-        image_run=tuple(int(v) for v in builder.layout.run()),
+        image_run=builder.image_run,
     )
     remove_stale_tmp(prefix, spec.plan_digest)
     writer = fmt.Writer(prefix, spec, resume=config.resume)

@@ -13,7 +13,7 @@ from neva_pack.errors import ConfigError
 from neva_pack.images import ImagePreprocessor, ImageSource
 from neva_pack.packing.alignment import aligned_capacity
 from neva_pack.records import RecordLimits
-from neva_pack.samples import SampleBuilder, check_token_ids, image_token_layout, missing_nemo_specials
+from neva_pack.samples import SampleBuilder, check_token_ids, image_run_for, missing_nemo_specials
 from neva_pack.templates import load_template
 from neva_pack.tokenizer import load_tokenizer
 
@@ -30,7 +30,7 @@ def build_sample_builder(config: PreprocessConfig) -> SampleBuilder:
             f"crop_size {list(config.crop_size)} disagrees with {encoder.name}'s processor ({list(encoder.crop_size)})"
         )
     preprocessor = ImagePreprocessor(encoder, config.image_aspect_ratio, max_pixels=config.max_image_pixels)
-    layout_ = image_token_layout(
+    image_run = image_run_for(
         tokenizer,
         encoder.image_tokens,
         use_im_start_end=config.use_im_start_end,
@@ -40,17 +40,17 @@ def build_sample_builder(config: PreprocessConfig) -> SampleBuilder:
         tokenization=config.tokenization,
         patch_token=template.image_patch_token,
     )
-    problem = missing_nemo_specials(tokenizer, config.tokenization, layout_)
+    problem = missing_nemo_specials(tokenizer, config.tokenization, image_run)
     if problem is not None:
         if config.strict:
             raise ConfigError(f"--strict: {problem}")
         print(f"warning: {problem}", file=sys.stderr)
-    if len(config.sizes) > 1 and config.sizes[0] < layout_.positions + 2:
+    if len(config.sizes) > 1 and config.sizes[0] < image_run.positions + 2:
         raise ConfigError(
-            f"--pack_sizes {list(config.sizes)}: every size must hold an image run ({layout_.positions} positions) "
+            f"--pack_sizes {list(config.sizes)}: every size must hold an image run ({image_run.positions} positions) "
             "and a token more, or a sample cut for it could be left empty"
         )
-    check_token_ids(layout_, tokenizer.vocab_size, pad_id=config.pad_id, ignore_index=config.ignore_index)
+    check_token_ids(image_run, tokenizer.vocab_size, pad_id=config.pad_id, ignore_index=config.ignore_index)
     image_source = ImageSource(
         config.image_folder, max_bytes=config.max_image_bytes, allow_outside=config.allow_outside_image_folder
     )
@@ -59,7 +59,7 @@ def build_sample_builder(config: PreprocessConfig) -> SampleBuilder:
         template=template,
         image_source=image_source,
         preprocessor=preprocessor,
-        layout=layout_,
+        image_run=image_run,
         max_seq_length=aligned_capacity(config.max_seq_length, config.alignment),
         truncate=config.truncate,
         ignore_index=config.ignore_index,
@@ -76,10 +76,7 @@ def pack_spec(config: PreprocessConfig, builder: SampleBuilder, size: int) -> in
     return invariants.PackSpec(
         max_seq_length=size,
         ignore_index=config.ignore_index,
-        image_positions=builder.layout.positions,
-        patch_id=builder.layout.patch_id,
-        start_id=builder.layout.start_id,
-        end_id=builder.layout.end_id,
+        image_run=builder.image_run,
         pad_id=config.pad_id,
     )
 

@@ -44,7 +44,7 @@ def encode_samples(
     end = index.count if end is None else end
     writer = SampleStoreWriter(
         store_directory, builder.preprocessor.shape, sample_fingerprint(config), resume=config.resume,
-        first_record=first, extra=extra, image_run=builder.layout.run(), ignore_index=config.ignore_index,
+        first_record=first, extra=extra, image_run=builder.image_run.ids(), ignore_index=config.ignore_index,
     )  # fmt: skip
     start = writer.next_record
     skipped = sum(sum(s.skipped_by_reason.values()) for s in writer.segments)

@@ -114,8 +114,8 @@ def content_fingerprint(config, builder, total_records: int, resume_fingerprint:
         "tokenizer": _tokenizer_digest(Path(config.tokenizer_path)),
         "template": _text_digest(json.dumps(template, sort_keys=True, default=str)),
         "encoder": _text_digest(json.dumps([encoder.processor, encoder.preprocessor_config, encoder.patch_size], sort_keys=True)),
-        "image_ids": [builder.layout.patch_id, builder.layout.start_id, builder.layout.end_id],
-        "image_positions": builder.layout.positions,
+        "image_ids": [builder.image_run.patch_id, builder.image_run.start_id, builder.image_run.end_id],
+        "image_positions": builder.image_run.positions,
         **{k: v for k, v in resume_fingerprint.items() if k not in LOCATION_KEYS and k != "image_ids"},
     }
 

@@ -21,7 +21,7 @@ def run_report(
 ) -> RunReport:  # fmt: skip
     """What a pack size's stats file holds: counts, skips by reason (the store's, and the samples this
     size's cut leaves ``unsupervised``), packing figures, the algorithm hint, training overrides."""
-    stats = packing_stats(arrays_from_plan(plan, rows, builder.layout.positions, padded, config.alignment))
+    stats = packing_stats(arrays_from_plan(plan, rows, builder.image_run.positions, padded, config.alignment))
     gbs = global_batch_size_advice(config.global_batch_size, stats.samples_per_pack.mean)
     skipped_by_reason = dict(store.skipped_by_reason)
     if unsupervised:  # cut at this size before all of their answers
@@ -44,7 +44,7 @@ def run_report(
         ),
         balance=balance,
         max_seq_length=plan.capacity,
-        image_positions=builder.layout.positions,
+        image_positions=builder.image_run.positions,
         output_format=config.output_format,
         data_prefix=str(prefix),
         crop_size=list(builder.preprocessor.shape[1:]),
@@ -56,7 +56,7 @@ def run_report(
 
 
 def packed_meta(config: PreprocessConfig, builder: SampleBuilder, spec: WriteSpec, report: RunReport) -> PackedMeta:
-    """Everything a reader needs; the writer fills in format, pack count, layout and checksums."""
+    """Everything a reader needs; the writer fills in format, pack count, its files' description and checksums."""
     return PackedMeta(
         format=config.output_format,
         version=META_VERSION,
@@ -70,8 +70,8 @@ def packed_meta(config: PreprocessConfig, builder: SampleBuilder, spec: WriteSpe
         vocab_size=builder.tokenizer.vocab_size,
         encoder=builder.preprocessor.encoder.name,
         image_aspect_ratio=config.image_aspect_ratio,
-        image_positions=builder.layout.positions,
-        image_token_ids=ImageTokenIds(patch=builder.layout.patch_id, start=builder.layout.start_id, end=builder.layout.end_id),
+        image_positions=builder.image_run.positions,
+        image_token_ids=ImageTokenIds(patch=builder.image_run.patch_id, start=builder.image_run.start_id, end=builder.image_run.end_id),
         ignore_index=config.ignore_index,
         pad_id=spec.pad_id,
         pad_to_multiple_of=config.alignment,

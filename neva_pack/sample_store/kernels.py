@@ -51,7 +51,7 @@ def decode_texts(raw, items, lengths, keep, run_prefix, ignore, tokens, labels):
         p = 0
         while p < cut:
             if next_start < n_starts and p == raw[first_start + next_start]:
-                # the run's first N - 1 positions: ids from the layout, never trained
+                # the run's first N - 1 positions: ids from the image run, never trained
                 for r in range(elide):
                     if p + r < cut:
                         tokens[out + p + r] = run_prefix[r]
