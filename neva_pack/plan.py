@@ -2,7 +2,7 @@
 
 Choosing max_seq_length before a multi-hour run (too long: out of memory; too short: poor
 packing) needs only the sample lengths, which the sample store keeps: no re-tokenization, no
-image work, seconds for 665K samples. Samples are packed as a run would pack them: cut to the
+image work. Samples are packed as a run would pack them: cut to the
 size (its aligned capacity) and padded to the alignment multiple (``neva_pack.packing.alignment``),
 whose cost is the padding overhead column.
 """

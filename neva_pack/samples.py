@@ -23,8 +23,8 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from neva_pack.errors import ConfigError
-from neva_pack.sample_store import StoredBatch, stored_batch
 from neva_pack.image_run import ImageRun
+from neva_pack.sample_store import StoredBatch, stored_batch
 from neva_pack.images import DEFAULT_MAX_IMAGE_PIXELS, ImagePreprocessor, ImageSource, decode_image
 from neva_pack.records import (
     DEFAULT_MAX_CONVERSATION_CHARS,
@@ -39,6 +39,20 @@ from neva_pack.records import (
 )
 from neva_pack.templates import DEFAULT_TOKENIZATION, TOKENIZATIONS, Piece, Template, Tokenization, render
 from neva_pack.tokenizer import Tokenizer
+
+__all__ = [
+    "Sample",
+    "SampleBuilder",
+    "SampleStream",
+    "Skipped",
+    "check_token_ids",
+    "chunk_labels",
+    "image_run_for",
+    "in_shared_memory",
+    "missing_nemo_specials",
+    "received",
+    "truncation",
+]
 
 NEMO_IM_START = "<extra_id_4>"
 NEMO_IM_END = "<extra_id_5>"

@@ -9,6 +9,7 @@ import shutil
 import pytest
 
 from neva_pack import parallel_assembly
+from neva_pack import store as paths
 from neva_pack.pipeline import write
 from neva_pack.cli import main
 from neva_pack.formats import compact, nemo
@@ -31,7 +32,7 @@ def command(output_dir, *extra):
 
 def files(output_dir):
     return {p.name: p.read_bytes() for p in sorted(output_dir.iterdir()) if p.is_file() and p.name != "stats.json"
-            and not p.name.endswith(".meta.json")}  # fmt: skip
+            and not p.name.endswith(paths.META_SUFFIX)}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +51,8 @@ def killed_while_writing(tmp_path_factory):
         patch.setattr(nemo.Writer, "publish", lambda *args, **kwargs: (_ for _ in ()).throw(Killed()))
         with pytest.raises(Killed):
             main(command(out))
-    assert (out / "packed_seq_dataset.tmp.checkpoint.npz").is_file()
-    assert not (out / "packed_seq_dataset.meta.json").exists()
+    assert paths.checkpoint_paths(paths.packed_prefix(out))[0].is_file()
+    assert not paths.meta_path(paths.packed_prefix(out)).exists()
     return out
 
 
@@ -119,9 +120,10 @@ def test_another_format_resumed_before_any_checkpoint_leaves_no_temporary_file(t
         patch.setattr(nemo.Writer, "checkpoint", lambda self: (_ for _ in ()).throw(Killed()))
         with pytest.raises(Killed):
             main(command(out))
-    assert (out / "packed_seq_dataset.tmp.bin").is_file()
-    assert not (out / "packed_seq_dataset.tmp.checkpoint.npz").exists()
-    (out / "packed_seq_dataset.tmp.checkpoint.npz.tmp.npz").write_bytes(b"PK\x03\x04 a save cut short")
+    assert paths.bin_path(paths.tmp_prefix(paths.packed_prefix(out))).is_file()
+    checkpoint, staging = paths.checkpoint_paths(paths.packed_prefix(out))
+    assert not checkpoint.exists()
+    staging.write_bytes(b"PK\x03\x04 a save cut short")
     assert main(command(out, "--resume", "--output_format", "compact")) == 0
     assert not [p.name for p in out.iterdir() if ".tmp" in p.name]
     reference = tmp_path / "reference"
