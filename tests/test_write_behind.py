@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from neva_pack.formats import write_behind
+from neva_pack.files import write_behind
 from neva_pack.files.indexed import IndexedReader, IndexedWriter
 from neva_pack.files.write_behind import WriteBehind
 from neva_pack.store import bin_path
