@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from neva_pack import store as paths
+from neva_pack import paths
 from neva_pack.errors import InputError
 from neva_pack.packing import pack
 from neva_pack.packing.alignment import aligned_capacity, padded_lengths

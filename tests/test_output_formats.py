@@ -22,7 +22,7 @@ from neva_pack.dataset import PackedSeqDataset
 from neva_pack.report import RunReport
 from neva_pack.sample_store import PROGRESS_FILE
 from neva_pack.stats import format_summary
-from neva_pack.store import store_dir
+from neva_pack.paths import store_dir
 from tests.conftest import SAMPLE_DATA
 
 NEMO_GOLDEN = {
@@ -270,7 +270,7 @@ def test_a_compact_publish_reads_no_pool_file_back(tmp_path, monkeypatch):
 
     from neva_pack.formats import base
     from neva_pack.sample_store import SampleStore
-    from neva_pack.store import file_checksum
+    from neva_pack.checksums import file_checksum
 
     read = []
     monkeypatch.setattr(base, "file_checksum", lambda path: read.append(Path(path).name) or file_checksum(path))

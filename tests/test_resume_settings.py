@@ -9,9 +9,10 @@ import shutil
 import pytest
 
 from neva_pack import parallel_assembly
-from neva_pack import store as paths
+from neva_pack import paths
 from neva_pack.pipeline import write
 from neva_pack.cli import main
+from neva_pack.files.indexed import bin_path
 from neva_pack.formats import compact, nemo
 from tests.conftest import SAMPLE_DATA
 
@@ -120,7 +121,7 @@ def test_another_format_resumed_before_any_checkpoint_leaves_no_temporary_file(t
         patch.setattr(nemo.Writer, "checkpoint", lambda self: (_ for _ in ()).throw(Killed()))
         with pytest.raises(Killed):
             main(command(out))
-    assert paths.bin_path(paths.tmp_prefix(paths.packed_prefix(out))).is_file()
+    assert bin_path(paths.tmp_prefix(paths.packed_prefix(out))).is_file()
     checkpoint, staging = paths.checkpoint_paths(paths.packed_prefix(out))
     assert not checkpoint.exists()
     staging.write_bytes(b"PK\x03\x04 a save cut short")

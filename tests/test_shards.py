@@ -7,7 +7,7 @@ import shutil
 import numpy as np
 import pytest
 
-from neva_pack import store as paths
+from neva_pack import paths
 from neva_pack.cli import main
 from neva_pack.errors import ConfigError
 from neva_pack.files.indexed import bin_path

@@ -12,9 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from neva_pack.files import write_behind
-from neva_pack.files.indexed import IndexedReader, IndexedWriter
+from neva_pack.files.indexed import IndexedReader, IndexedWriter, bin_path
 from neva_pack.files.write_behind import WriteBehind
-from neva_pack.store import bin_path
 
 pytestmark = pytest.mark.skipif(write_behind._sync_file_range() is None, reason="no sync_file_range (not Linux)")
 

@@ -25,11 +25,11 @@ from pathlib import Path
 import numpy as np
 
 from neva_pack import invariants
-from neva_pack import store as paths
-from neva_pack.assemble import plan_table, rows_at
+from neva_pack import paths
+from neva_pack.assemble import rows_at
 from neva_pack.config import PreprocessConfig
 from neva_pack.errors import InputError, OutputError
-from neva_pack.formats import format_module
+from neva_pack.formats import output_format
 from neva_pack.formats.base import WriteSpec
 from neva_pack.packing.alignment import aligned_capacity, padded_lengths
 from neva_pack.parallel_assembly import PackJob
@@ -41,6 +41,7 @@ from neva_pack.pipeline.parts import content_fingerprint, encode_part, join_part
 from neva_pack.pipeline.report import packed_meta, run_report
 from neva_pack.pipeline.skipped import too_many_skipped, write_run_skipped, write_size_skipped
 from neva_pack.pipeline.write import drop_store, plan_digest, remove_stale_tmp, resumed_prefix, write_packs, write_settings
+from neva_pack.plan_table import PlanTable
 from neva_pack.records import RecordIndex, index_records, record_ids
 from neva_pack.report import RunReport
 from neva_pack.sample_store import SampleStore
@@ -128,7 +129,7 @@ def _write_prefix(
         raise InputError(f"pack size {size}: the cut leaves none of the {len(rows)} sample(s) a trained label")
     plan = pack_kept(config, padded, kept, size)
     plan, balance_report = balance(config, plan, rows)
-    fmt = format_module(config.output_format)
+    fmt = output_format(config.output_format)
     spec = WriteSpec(
         image_shape=tuple(builder.preprocessor.shape),
         normalisation=builder.preprocessor.normalisation(),
@@ -139,12 +140,12 @@ def _write_prefix(
         image_run=builder.image_run,
     )
     remove_stale_tmp(prefix, spec.plan_digest)
-    writer = fmt.Writer(prefix, spec, resume=config.resume)
+    writer = fmt.writer(prefix, spec, resume=config.resume)
     checks = pack_spec(config, builder, size)
     every = max(1, config.checkpoint_every // 10)
     job = PackJob(store=store, plan=plan, cuts=cuts, pad_to_multiple_of=multiple, checks=checks,
                   prepare=functools.partial(fmt.prepare, spec=spec))  # fmt: skip
-    write_packs(job, writer, every, progress, fmt.NEEDS_PIXELS, config.num_workers)
+    write_packs(job, writer, every, progress, fmt.needs_pixels, config.num_workers)
     report = run_report(
         config, builder, store, rows, plan, padded, kept, len(unsupervised), balance_report, total, prefix,
         time.perf_counter() - started,
@@ -158,7 +159,7 @@ def _write_prefix(
     write_size_skipped(output_dir / paths.SKIPPED_FILE, skipped_file, cut_records, ids, size)
     paths.write_json_atomic(stats_file, report.to_json())
     writer.publish(
-        plan_table(rows, plan, multiple),
+        PlanTable.of(rows, plan, multiple),
         extra_files=[stats_file, skipped_file],
         meta=packed_meta(config, builder, spec, report),
     )

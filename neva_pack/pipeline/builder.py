@@ -10,6 +10,7 @@ from neva_pack import __version__, invariants
 from neva_pack.config import PreprocessConfig
 from neva_pack.encoders import resolve_encoder
 from neva_pack.errors import ConfigError
+from neva_pack.formats import output_format
 from neva_pack.images import ImagePreprocessor, ImageSource
 from neva_pack.packing.alignment import aligned_capacity
 from neva_pack.records import RecordLimits
@@ -50,6 +51,7 @@ def build_sample_builder(config: PreprocessConfig) -> SampleBuilder:
             f"--pack_sizes {list(config.sizes)}: every size must hold an image run ({image_run.positions} positions) "
             "and a token more, or a sample cut for it could be left empty"
         )
+    output_format(config.output_format).check_settings(vocab_size=tokenizer.vocab_size)
     check_token_ids(image_run, tokenizer.vocab_size, pad_id=config.pad_id, ignore_index=config.ignore_index)
     image_source = ImageSource(
         config.image_folder, max_bytes=config.max_image_bytes, allow_outside=config.allow_outside_image_folder

@@ -44,7 +44,7 @@ from neva_pack.sample_store import (
 )
 from neva_pack.samples import SampleBuilder
 from neva_pack.shards import shard_range
-from neva_pack.store import file_checksum
+from neva_pack.checksums import file_checksum
 
 __all__ = ["LOCATION_KEYS", "Partition", "content_fingerprint", "encode_part", "join_parts"]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from neva_pack import store as paths
+from neva_pack import paths
 from neva_pack.errors import InputError
 
 __all__ = ["too_many_skipped", "write_run_skipped", "write_size_skipped"]

@@ -11,9 +11,10 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from neva_pack import store as paths
+from neva_pack import paths
 from neva_pack.config import PreprocessConfig
 from neva_pack.errors import InputError, OutputError
+from neva_pack.formats import temporary_files
 from neva_pack.formats.base import Checkpoint
 from neva_pack.formats.meta import read_meta_json
 from neva_pack.packing import PackingPlan
@@ -97,7 +98,7 @@ def remove_stale_tmp(prefix: Path, digest: str) -> None:
     if checkpoint.saved_digest() == digest:
         leftovers = [checkpoint.staging]
     else:
-        leftovers = paths.writer_tmp_paths(prefix)
+        leftovers = temporary_files(prefix)
     for path in leftovers:
         path.unlink(missing_ok=True)
 

@@ -23,7 +23,7 @@ from neva_pack.sample_store.files import (
     segment_text_prefix,
 )
 from neva_pack.sample_store.image_pool import KEY_BYTES, pool_segment
-from neva_pack.store import file_checksum
+from neva_pack.checksums import file_checksum
 
 __all__ = ["StoreDamage", "check_settings", "read_progress", "store_files_problem"]
 

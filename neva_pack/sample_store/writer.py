@@ -28,7 +28,7 @@ from neva_pack.sample_store.files import (
     segment_text_prefix,
 )
 from neva_pack.sample_store.image_pool import KEY_BYTES, PoolSegment, PoolWriter, load_keys, pool_segment
-from neva_pack.store import write_json_atomic
+from neva_pack.paths import write_json_atomic
 
 __all__ = ["SampleStoreWriter"]
 
