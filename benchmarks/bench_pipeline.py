@@ -19,7 +19,7 @@ Pipeline = the real command in a fresh process, into an empty output directory (
 first run), stage by stage: start-up (process start to the first record in the main process),
 encode (to the last record stored), pack, write (packs, plan, stats, meta), then ``neva-pack
 verify``; "megatron": whether the preprocess process imported megatron-core (seconds of CPU; it
-should not: its stores are written by formats.indexed); peak RSS of the main process and the sum
+should not: its stores are written by files.indexed); peak RSS of the main process and the sum
 of the workers' peaks (VmHWM; a forked worker's RSS counts the pages it shares with the main process).
 Rows: ``nemo`` output for each of ``--workers``, and ``compact`` output for each of ``--compact_workers``.
 
@@ -67,7 +67,8 @@ import json, os, resource, sys, time
 stages = {"process_start": float(sys.argv[1])}
 report_dir = sys.argv[2]
 from neva_pack import pipeline, samples
-from neva_pack.formats import sample_store as store
+from neva_pack.pipeline import pack as pack_stage
+from neva_pack.sample_store import SampleStoreWriter
 
 def timed(owner, name, key):
     original = getattr(owner, name)
@@ -80,19 +81,19 @@ def timed(owner, name, key):
     setattr(owner, name, wrapper)
 
 for method in ("append", "append_stored", "skip"):  # the first record reaches the store
-    original = getattr(store.SampleStoreWriter, method)
+    original = getattr(SampleStoreWriter, method)
     def first(self, *args, _original=original, **kwargs):
         stages.setdefault("first_record", time.time())
         return _original(self, *args, **kwargs)
-    setattr(store.SampleStoreWriter, method, first)
-original_encode = pipeline._encode_samples
+    setattr(SampleStoreWriter, method, first)
+original_encode = pipeline.encode_samples
 def encode(*args, **kwargs):
     try:
         return original_encode(*args, **kwargs)
     finally:
         stages["encode_end"] = time.time()
-pipeline._encode_samples = encode
-timed(pipeline, "pack", "pack")
+pipeline.encode_samples = encode
+timed(pack_stage, "pack", "pack")
 timed(pipeline, "_write_prefix", "write_prefix")
 
 original_iter = samples.SampleStream.__iter__

@@ -260,7 +260,7 @@ def _run_plan(args) -> int:
     import dataclasses
     import json
 
-    from neva_pack.explore import explore, format_table, load_lengths
+    from neva_pack.plan import explore, format_table, load_lengths
 
     lengths = load_lengths(args.output)
     rows = explore(

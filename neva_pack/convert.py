@@ -25,7 +25,7 @@ from neva_pack.assemble import AssembledPack
 from neva_pack.errors import ConfigError
 from neva_pack.formats import checked_meta, get_format, open_prefix, resolve_prefixes
 from neva_pack.formats.base import WriteSpec
-from neva_pack.formats.image_pool import PoolWriter, pool_part
+from neva_pack.sample_store.image_pool import PoolWriter, pool_segment
 from neva_pack.formats.meta import read_meta
 from neva_pack.report import read_report
 from neva_pack.stats import training_overrides
@@ -60,13 +60,13 @@ def convert(source: Path, dest: Path, to: str, progress: bool = True) -> list[Pa
         if target.uses_image_pool:
             directory = paths.store_dir(dest)
             directory.mkdir(exist_ok=True)
-            pool = PoolWriter(pool_part(directory, f"pool_{k:05d}", 0), known, sum(p.count for p in parts))
+            pool = PoolWriter(pool_segment(directory, f"pool_{k:05d}", 0), known, sum(p.count for p in parts))
         extra = _copy_extras(prefix, out, to)
         plan = reader.plan_table()
         packs = _packs(reader, plan, pool, progress, f"convert {prefix.name} to {to}")
         if pool is not None:
             packs = list(packs)  # text only (the pixels went to the pool): the part is complete before publish
-            parts.append(pool_part(pool.part.images_file.parent, f"pool_{k:05d}", pool.close(), pool.checksums()))
+            parts.append(pool_segment(pool.segment.images_file.parent, f"pool_{k:05d}", pool.close(), pool.checksums()))
         spec = WriteSpec(
             image_shape=tuple(meta.image_shape),
             normalisation=meta.normalisation,
@@ -74,7 +74,7 @@ def convert(source: Path, dest: Path, to: str, progress: bool = True) -> list[Pa
             ignore_index=meta.ignore_index,
             pool=tuple(parts),
             plan_digest=f"convert:{meta.checksums}",
-            image_run=tuple(int(v) for v in meta.image_token_ids.run(meta.image_positions)),
+            image_run=meta.image_run,
         )
         writer = target.writer(out, spec)
         for pack in packs:
@@ -88,7 +88,7 @@ def convert(source: Path, dest: Path, to: str, progress: bool = True) -> list[Pa
 def _packs(reader, plan, pool, progress: bool, description: str):
     """The source's packs as assembled packs: padding stripped, images as uint8 (and pool indices)."""
     meta = reader.meta
-    run = meta.image_token_ids.run(meta.image_positions)
+    run = meta.image_run.ids()
     for p in tqdm(range(len(reader)), desc=description, unit="pack", disable=not progress):
         pack = reader.pack(p)
         first, last = plan.offsets[p], plan.offsets[p + 1]

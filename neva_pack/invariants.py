@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from neva_pack.image_run import ImageRun
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PackSpec:
@@ -29,27 +31,10 @@ class PackSpec:
     """Pack capacity in positions."""
     ignore_index: int
     """Label of untrained positions."""
-    image_positions: int
-    """Positions of one image run, delimiters included."""
-    patch_id: int
-    """Id of every image-embedding position."""
-    start_id: int | None
-    """Id opening an image run, if any."""
-    end_id: int | None
-    """Id closing an image run, if any."""
+    image_run: ImageRun
+    """The ids of one image's positions, delimiters included."""
     pad_id: int = 0
     """Token id of alignment padding (after a sample's real tokens, up to its cu_seqlens boundary)."""
-
-    def image_run(self) -> np.ndarray:
-        return image_run(self.image_positions, self.patch_id, self.start_id, self.end_id)
-
-
-def image_run(positions: int, patch_id: int, start_id: int | None, end_id: int | None) -> np.ndarray:
-    """The int64 ids of one image's run of ``positions`` positions: [start] patch ... patch [end]
-    (the one spelling of an image run: the sample builder, the formats and these checks use it)."""
-    inner = positions - (start_id is not None) - (end_id is not None)
-    ids = ([start_id] if start_id is not None else []) + [patch_id] * inner
-    return np.asarray(ids + ([end_id] if end_id is not None else []), dtype=np.int64)
 
 
 def image_runs(tokens: np.ndarray, spec: PackSpec) -> tuple[int, list[int]]:
@@ -59,20 +44,21 @@ def image_runs(tokens: np.ndarray, spec: PackSpec) -> tuple[int, list[int]]:
     runs of ``image_positions`` (a text token equal to the patch id next to a run is tolerated;
     a cut run then shows as one run too few, which ``pack_problems`` reports as a count mismatch).
     """
-    positions = spec.image_positions
+    image_run = spec.image_run
+    positions = image_run.positions
     if positions <= 0:
         return 0, []
     tokens = np.asarray(tokens, dtype=np.int64)
-    if spec.start_id is not None:
-        starts = np.flatnonzero(tokens == spec.start_id)
-        whole = _whole_runs(tokens, starts, spec.image_run())
+    if image_run.start_id is not None:
+        starts = np.flatnonzero(tokens == image_run.start_id)
+        whole = _whole_runs(tokens, starts, image_run.ids())
         return int(whole.sum()), starts[~whole].tolist()
-    if spec.end_id is not None:
-        ends = np.flatnonzero(tokens == spec.end_id)
-        run = spec.image_run()
+    if image_run.end_id is not None:
+        ends = np.flatnonzero(tokens == image_run.end_id)
+        run = image_run.ids()
         broken = [int(e) for e in ends if e + 1 < positions or not np.array_equal(tokens[e + 1 - positions : e + 1], run)]
         return len(ends) - len(broken), broken
-    is_patch = np.concatenate([[False], tokens == spec.patch_id, [False]])
+    is_patch = np.concatenate([[False], tokens == image_run.patch_id, [False]])
     edges = np.flatnonzero(np.diff(is_patch.astype(np.int8)))
     return int(((edges[1::2] - edges[::2]) // positions).sum()), []
 

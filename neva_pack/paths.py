@@ -3,8 +3,7 @@
     output_dir/
       packed_seq_dataset[_<size>]      a packed prefix: <prefix>.meta.json (every format's, written
                                        last) and the files its format declares (formats/, ``files``)
-      packed_seq_dataset/              the sample store (formats/sample_store.py)
-        part_<i>_of_<N>/               a sharded run's part before the final step joins it (neva_pack.shards)
+      packed_seq_dataset/              the sample store (its files: neva_pack/sample_store/files.py)
       stats[_<size>].json              the run report of each prefix
       skipped.jsonl                    one line per record skipped while encoding
       skipped_<size>.jsonl             in a multi-size run: those lines plus the samples the size's cut
@@ -23,9 +22,9 @@ import re
 from pathlib import Path
 
 __all__ = [
-    "LOCK_FILE", "META_SUFFIX", "PACKED_NAME", "PLAN_SUFFIX", "SKIPPED_FILE", "STATS_FILE", "STORE_DIR", "STORE_PROGRESS", "TMP_SUFFIX",
-    "checkpoint_paths", "is_skipped_list", "is_store_file", "meta_path", "pack_size_of", "packed_prefix",
-    "packed_prefixes", "part_dir", "plan_path", "prefix_file", "read_skipped_indices", "relative_name", "run_paths",
+    "LOCK_FILE", "META_SUFFIX", "PACKED_NAME", "PLAN_SUFFIX", "SKIPPED_FILE", "STATS_FILE", "STORE_DIR", "TMP_SUFFIX",
+    "checkpoint_paths", "is_skipped_list", "meta_path", "pack_size_of", "packed_prefix",
+    "packed_prefixes", "plan_path", "prefix_file", "read_skipped_indices", "relative_name", "run_paths",
     "sized_names", "skipped_path", "skipped_path_of", "stats_path", "stats_path_of", "store_dir", "tmp_prefix",
     "write_json_atomic",
 ]  # fmt: skip
@@ -39,10 +38,12 @@ CHECKPOINT_SUFFIX = ".checkpoint.npz"
 """Written beside the temporary prefix while packs are written (what --resume continues from)."""
 TMP_SUFFIX = ".tmp"
 
+STORE_DIR = PACKED_NAME
+"""The sample store's directory (neva_pack/sample_store/files.py names what is inside)."""
 SKIPPED_FILE = "skipped.jsonl"
 STATS_FILE = "stats.json"
 LOCK_FILE = ".neva_pack.lock"
-"""The run's lock (output_dir.OutputLock); never counted as content and never removed."""
+"""The run's lock (pipeline/ownership.OutputLock); never counted as content and never removed."""
 
 
 # --- the run's files -----------------------------------------------------------------------------
@@ -129,7 +130,7 @@ def sized_names(output_dir: Path) -> list[int | None]:
 def run_paths(output_dir: Path) -> list[Path]:
     """The files of a run that belong to no format, present or not: the sample store, and the stats
     and skipped lists of every prefix with their temporary names (what --overwrite removes besides
-    each format's files, ``output_dir.output_paths``)."""
+    each format's files, ``pipeline.ownership.output_paths``)."""
     output_dir = Path(output_dir)
     paths = [store_dir(output_dir), output_dir / SKIPPED_FILE, output_dir / (SKIPPED_FILE + TMP_SUFFIX)]
     for size in sized_names(output_dir):
@@ -183,54 +184,3 @@ def write_json_atomic(path: Path, data) -> None:
 def relative_name(output_dir: Path, path: Path) -> str:
     """How a meta names a file: relative to the output directory, with forward slashes."""
     return Path(path).relative_to(output_dir).as_posix()
-
-
-# --- the sample store's files (formats/sample_store.py, formats/image_pool.py, neva_pack.shards) -----
-
-STORE_DIR = PACKED_NAME
-STORE_PROGRESS = "progress.json"
-
-
-def shard_skipped_path(directory: Path, shard_name: str) -> Path:
-    return Path(directory) / f"{shard_name}.skipped.jsonl"
-
-
-def shard_rows_path(directory: Path, shard_name: str) -> Path:
-    return Path(directory) / f"{shard_name}.rows"
-
-
-def shard_text_prefix(directory: Path, shard_name: str) -> Path:
-    return Path(directory) / f"{shard_name}_text"
-
-
-def shard_image_refs_path(directory: Path, shard_name: str) -> Path:
-    """16-byte content key of every image instance of the shard's samples, in sample order."""
-    return Path(directory) / f"{shard_name}.image_refs"
-
-
-def pool_images_path(directory: Path, part_name: str) -> Path:
-    """Raw uint8 images of one image pool part (formats/image_pool.py)."""
-    return Path(directory) / f"{part_name}.images"
-
-
-def pool_keys_path(directory: Path, part_name: str) -> Path:
-    return Path(directory) / f"{part_name}.image_keys"
-
-
-PART_NAME = "part_{index:05d}_of_{count:05d}"
-"""A sharded run's store part, inside the sample store (neva_pack.shards)."""
-PART_PATTERN = re.compile(r"part_(\d+)_of_(\d+)")
-STORE_FILE = re.compile(
-    r"(shard|pool)_\d+(\.rows|\.skipped\.jsonl|_text\.bin|_text\.idx|\.image_refs|\.images|\.image_keys)(\.tmp)?"
-)
-"""Every file name a sample store (formats/sample_store.py, formats/image_pool.py, convert) writes, besides
-STORE_PROGRESS (and a part's skipped list): what --overwrite may delete inside the store directory."""
-
-
-def is_store_file(name: str) -> bool:
-    return bool(STORE_FILE.fullmatch(name)) or name in (STORE_PROGRESS, STORE_PROGRESS + TMP_SUFFIX)
-
-
-def part_dir(store_directory: Path, num_shards: int, index: int) -> Path:
-    """packed_seq_dataset/part_<index>_of_<num_shards>: shard ``index``'s own sample store."""
-    return Path(store_directory) / PART_NAME.format(index=index, count=num_shards)

@@ -1,6 +1,6 @@
 """The run report: what a run (or ``neva-pack stats``) says about one packed prefix; saved as stats.json.
 
-Every part is typed; ``RunReport.to_json`` writes the stats.json layout (keys in field order) and
+Every part is typed; ``RunReport.to_json`` writes stats.json (keys in field order) and
 ``RunReport.from_json`` reads it back, so ``to_json(from_json(x)) == x`` for any stats.json we write.
 Fields added after the first release have defaults, so an older stats.json still loads.
 """
@@ -9,6 +9,19 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+
+__all__ = [
+    "NO_PADDING",
+    "AlgorithmSuggestion",
+    "BalanceReport",
+    "CountSummary",
+    "PackingStats",
+    "PaddingStats",
+    "Percentiles",
+    "RecordCounts",
+    "RunReport",
+    "read_report",
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

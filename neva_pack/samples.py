@@ -23,8 +23,8 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from neva_pack.errors import ConfigError
-from neva_pack.formats.sample_store import StoredBatch, stored_batch
-from neva_pack.invariants import image_run
+from neva_pack.image_run import ImageRun
+from neva_pack.sample_store import StoredBatch, stored_batch
 from neva_pack.images import DEFAULT_MAX_IMAGE_PIXELS, ImagePreprocessor, ImageSource, decode_image
 from neva_pack.records import (
     DEFAULT_MAX_CONVERSATION_CHARS,
@@ -39,6 +39,20 @@ from neva_pack.records import (
 )
 from neva_pack.templates import DEFAULT_TOKENIZATION, TOKENIZATIONS, Piece, Template, Tokenization, render
 from neva_pack.tokenizer import Tokenizer
+
+__all__ = [
+    "Sample",
+    "SampleBuilder",
+    "SampleStream",
+    "Skipped",
+    "check_token_ids",
+    "chunk_labels",
+    "image_run_for",
+    "in_shared_memory",
+    "missing_nemo_specials",
+    "received",
+    "truncation",
+]
 
 NEMO_IM_START = "<extra_id_4>"
 NEMO_IM_END = "<extra_id_5>"
@@ -80,24 +94,7 @@ class Skipped:
     """What exactly was wrong, for the report."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ImageTokenLayout:
-    """How one image's positions are spelled as token ids."""
-
-    positions: int
-    """Sequence positions per image (what the encoder produces, plus start/end if added)."""
-    patch_id: int
-    """Id of every image-embedding position."""
-    start_id: int | None
-    """Id opening an image run (NeMo: <extra_id_4>), or None."""
-    end_id: int | None
-    """Id closing an image run (NeMo: <extra_id_5>), or None."""
-
-    def run(self) -> np.ndarray:
-        return image_run(self.positions, self.patch_id, self.start_id, self.end_id)
-
-
-def image_token_layout(
+def image_run_for(
     tokenizer: Tokenizer,
     encoder_tokens: int,
     use_im_start_end: bool = False,
@@ -106,41 +103,41 @@ def image_token_layout(
     end_id: int | None = None,
     tokenization: str = DEFAULT_TOKENIZATION,
     patch_token: str | None = None,
-) -> ImageTokenLayout:
-    """NeMo's layout when the convention is ``nemo`` and the tokenizer has <extra_id_4>/<extra_id_5>,
+) -> ImageRun:
+    """NeMo's image run when the convention is ``nemo`` and the tokenizer has <extra_id_4>/<extra_id_5>,
     else the given ids (LLaVA: N patch ids).
 
     NeMo: start + patch x (N - 2) + end (N positions), or start + patch x N + end with
     use_im_start_end. Without those tokens: N patch ids, with optional explicit start/end.
-    The patch id is the given one, else ``patch_token``'s id under the NeMo layout (NeMo
+    The patch id is the given one, else ``patch_token``'s id under NeMo's image run (NeMo
     leaves <extra_id_3> in some templates), else 0.
     """
-    nemo_layout = False
+    nemo_run = False
     if start_id is None and end_id is None and TOKENIZATIONS[tokenization].auto_image_delimiters:
         start_id = tokenizer.token_to_id(NEMO_IM_START)
         end_id = tokenizer.token_to_id(NEMO_IM_END)
         if start_id is None or end_id is None:
             start_id = end_id = None
-        nemo_layout = start_id is not None
+        nemo_run = start_id is not None
     if patch_id is None:
-        token = tokenizer.token_to_id(patch_token) if patch_token is not None and nemo_layout else None
+        token = tokenizer.token_to_id(patch_token) if patch_token is not None and nemo_run else None
         patch_id = 0 if token is None else token
     delimiters = (start_id is not None) + (end_id is not None)
     positions = encoder_tokens + delimiters if use_im_start_end or delimiters == 0 else encoder_tokens
     if positions - delimiters < 1:
         raise ConfigError(f"an image of {encoder_tokens} positions cannot hold its start/end tokens")
-    return ImageTokenLayout(positions=positions, patch_id=patch_id, start_id=start_id, end_id=end_id)
+    return ImageRun(positions=positions, patch_id=patch_id, start_id=start_id, end_id=end_id)
 
 
-def missing_nemo_specials(tokenizer: Tokenizer, tokenization: str, layout: ImageTokenLayout) -> str | None:
+def missing_nemo_specials(tokenizer: Tokenizer, tokenization: str, image_run: ImageRun) -> str | None:
     """Why an output cannot be NeMo's, or None: under the NeMo convention with a tokenizer that
     has no <extra_id_4>/<extra_id_5>, NeMo's model cannot find the images in the tokens."""
-    if not TOKENIZATIONS[tokenization].auto_image_delimiters or layout.start_id is not None or layout.end_id is not None:
+    if not TOKENIZATIONS[tokenization].auto_image_delimiters or image_run.start_id is not None or image_run.end_id is not None:
         return None
     return (
         f"tokenizer {tokenizer.name} has no {NEMO_IM_START}/{NEMO_IM_END}: NeMo's NeVA model locates images "
         f"by those ids and cannot place the images of this output; images are written as "
-        f"{layout.positions} explicit patch ids ({layout.patch_id}). Use a tokenizer with NeMo's special "
+        f"{image_run.positions} explicit patch ids ({image_run.patch_id}). Use a tokenizer with NeMo's special "
         f"pieces, or select explicit ids on purpose with --tokenization llava "
         f"(or --image_start_id/--image_end_id)"
     )
@@ -178,7 +175,7 @@ class SampleBuilder:
         template: Template,
         image_source: ImageSource,
         preprocessor: ImagePreprocessor,
-        layout: ImageTokenLayout,
+        image_run: ImageRun,
         max_seq_length: int,
         truncate: bool = True,
         ignore_index: int = -1,
@@ -192,7 +189,7 @@ class SampleBuilder:
         self.template = template
         self.image_source = image_source
         self.preprocessor = preprocessor
-        self.layout = layout
+        self.image_run = image_run
         self.max_seq_length = max_seq_length
         self.truncate = truncate
         self.ignore_index = ignore_index
@@ -201,7 +198,7 @@ class SampleBuilder:
         self.record_limits = record_limits
         self.max_conversation_chars = max_conversation_chars
         self.max_image_pixels = max_image_pixels
-        self._image_run = layout.run()
+        self._run_ids = image_run.ids()
         self._special_ids = self._resolve_specials()
         self._special_runs = {name: np.asarray([i], dtype=np.int64) for name, i in self._special_ids.items() if i is not None}
         self._run_masks: dict[tuple[str, bool], np.ndarray] = {}
@@ -210,7 +207,7 @@ class SampleBuilder:
         empty = np.zeros(0, dtype=np.int64)
         chunk_labels(empty, empty, empty, np.zeros(1, dtype=np.int64), np.zeros(0, dtype=bool), self._is_control)  # compile before a fork
         self._markers = self._resolve_markers() if self.tokenization.one_call else {}
-        check_token_ids(layout, tokenizer.vocab_size, ignore_index=ignore_index)
+        check_token_ids(image_run, tokenizer.vocab_size, ignore_index=ignore_index)
 
     def _resolve_specials(self) -> dict[str, int]:
         probe = render(self.template, _PROBE_TURNS[:2] if self.template.one_round_only else _PROBE_TURNS)
@@ -229,13 +226,13 @@ class SampleBuilder:
         the tokenizer has no piece for splits the prompt there instead (as LLaVA)."""
         markers = {}
         candidates = {"eos": [NEMO_SPECIAL_TEXT["eos"]], "bos": [NEMO_SPECIAL_TEXT["bos"]]}
-        if self.layout.start_id is not None and self.layout.end_id is not None:
+        if self.image_run.start_id is not None and self.image_run.end_id is not None:
             candidates["image"] = [NEMO_IM_START, NEMO_IM_END]
         for name, texts in candidates.items():
             ids = [self.tokenizer.token_to_id(text) for text in texts]
             if all(i is not None and i in self.tokenizer.control_ids for i in ids):
                 markers[name] = _Marker(name=name, text="".join(texts), ids=np.asarray(ids, dtype=np.int64), id_list=ids)
-        if "image" in markers and not np.array_equal(markers["image"].ids, [self.layout.start_id, self.layout.end_id]):
+        if "image" in markers and not np.array_equal(markers["image"].ids, [self.image_run.start_id, self.image_run.end_id]):
             del markers["image"]  # explicit image ids other than NeMo's pieces
         return markers
 
@@ -252,7 +249,7 @@ class SampleBuilder:
         if len(ids) > self.max_seq_length + 1:
             if not self.truncate:
                 raise RecordError("too_long", f"{len(ids) - 1} positions > max_seq_length {self.max_seq_length}")
-            cut, kept = truncation(image_starts, len(self._image_run), self.max_seq_length)
+            cut, kept = truncation(image_starts, len(self._run_ids), self.max_seq_length)
             ids, trained, image_starts = ids[:cut], trained[:cut], image_starts[:kept]
             truncated = True
         if len(ids) < 2 and not truncated:
@@ -312,7 +309,7 @@ class SampleBuilder:
                         rendered += len(value)
                 continue
             name = "image" if kind == "image" else piece.value
-            ids = self._image_run if kind == "image" else self._special_runs[name]
+            ids = self._run_ids if kind == "image" else self._special_runs[name]
             marker = self._markers.get(name)
             if marker is not None:
                 if chunk is None:
@@ -358,7 +355,7 @@ class SampleBuilder:
         """The mask of an image run or a BOS/EOS id (shared: only ever copied into a sample)."""
         key = (name, trained)
         if key not in self._run_masks:
-            length = len(self._image_run) if name == "image" else 1
+            length = len(self._run_ids) if name == "image" else 1
             self._run_masks[key] = np.full(length, trained)
         return self._run_masks[key]
 
@@ -481,12 +478,12 @@ class SampleBuilder:
         return np.zeros((0, *self.preprocessor.shape), dtype=np.uint8)
 
 
-def check_token_ids(layout: ImageTokenLayout, vocab_size: int, pad_id: int = 0, ignore_index: int = -1) -> None:
+def check_token_ids(image_run: ImageRun, vocab_size: int, pad_id: int = 0, ignore_index: int = -1) -> None:
     """Image and pad ids must be ids of the vocabulary (0 .. vocab_size - 1), hence exact in the float32
     packed format: an id like 16777217 would be stored as 16777216. The ignore value must not be one:
     the labels of that token would read as ignored and never be trained."""
-    for name, value in (("image_patch_id", layout.patch_id), ("image_start_id", layout.start_id),
-                        ("image_end_id", layout.end_id), ("pad_id", pad_id)):  # fmt: skip
+    for name, value in (("image_patch_id", image_run.patch_id), ("image_start_id", image_run.start_id),
+                        ("image_end_id", image_run.end_id), ("pad_id", pad_id)):  # fmt: skip
         if value is not None and not 0 <= value < vocab_size:
             raise ConfigError(f"--{name} {value}: not an id of the tokenizer's vocabulary (0 .. {vocab_size - 1})")
     if 0 <= ignore_index < vocab_size:
@@ -646,10 +643,10 @@ class SampleStream(IterableDataset):
     def __iter__(self):
         info = get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
-        run, ignore_index, shape = self.builder.layout.run(), self.builder.ignore_index, self.builder.preprocessor.shape
+        run, ignore_index, shape = self.builder.image_run.ids(), self.builder.ignore_index, self.builder.preprocessor.shape
         batch = []
         ranges = self._ranges(worker, workers)
-        send = _shared if self.share_images else _as_is
+        send = in_shared_memory if self.share_images else _as_is
         for raw in iter_raw_records(self.data_path, self.builder.record_limits, ranges=ranges, index=self.index):
             offset = raw.index - self.start
             message = self._message(offset, workers)
@@ -661,7 +658,7 @@ class SampleStream(IterableDataset):
             yield send(stored_batch(batch, run, ignore_index, shape))
 
 
-def _shared(batch: StoredBatch) -> StoredBatch:
+def in_shared_memory(batch: StoredBatch) -> StoredBatch:
     """The batch with its images as a torch tensor: a DataLoader worker hands a tensor over in
     shared memory (only a handle crosses the pipe), where a NumPy array is pickled through the pipe
     and copied twice more in the main process, which every batch goes through.

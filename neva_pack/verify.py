@@ -217,14 +217,10 @@ def _verify_packs(reader, meta: PackedMeta, plan, result, progress: bool) -> Non
 
 def pack_spec(meta: PackedMeta) -> invariants.PackSpec:
     """What the meta says every pack satisfies."""
-    ids = meta.image_token_ids
     return invariants.PackSpec(
         max_seq_length=int(meta.max_seq_length),
         ignore_index=int(meta.ignore_index),
-        image_positions=int(meta.image_positions),
-        patch_id=int(ids.patch),
-        start_id=ids.start,
-        end_id=ids.end,
+        image_run=meta.image_run,
         pad_id=int(meta.pad_id),
     )
 

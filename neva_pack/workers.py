@@ -1,6 +1,6 @@
 """DataLoader workers that behave: they leave Ctrl-C to the main process, die with it however it
 dies, and are killed at once when a run stops early. ``worker_messages`` is how the encoding
-workers (``pipeline``) and the pack-assembling workers (``parallel_assembly``) are run."""
+workers (``pipeline/encode.py``) and the pack-assembling workers (``parallel_assembly``) are run."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import os
 import signal
 import sys
 from typing import Iterator
+
+__all__ = ["passthrough", "stop_workers", "worker_init", "worker_messages"]
 
 _PR_SET_PDEATHSIG = 1
 

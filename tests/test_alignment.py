@@ -17,7 +17,7 @@ from neva_pack.cli import main
 from neva_pack.config import PreprocessConfig
 from neva_pack.dataset import PackedSeqDataset
 from neva_pack.errors import ConfigError
-from neva_pack.explore import SampleLengths, explore
+from neva_pack.plan import SampleLengths, explore
 from neva_pack.packing import ALGORITHMS
 from neva_pack.packing.alignment import aligned_capacity, alignment_multiple, padded_lengths
 from neva_pack.verify import verify

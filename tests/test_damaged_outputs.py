@@ -21,7 +21,7 @@ import pytest
 from neva_pack import paths
 from neva_pack.checksums import file_checksum
 from neva_pack.cli import main
-from neva_pack.formats.indexed import read_index
+from neva_pack.files.indexed import read_index
 from neva_pack.formats.meta import read_meta
 from tests.conftest import SAMPLE_DATA
 

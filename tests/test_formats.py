@@ -21,9 +21,11 @@ from neva_pack.assemble import AssembledPack
 from neva_pack.packing.alignment import padded_lengths
 from neva_pack.formats import FORMATS, open_packed, resolve_prefixes
 from neva_pack.formats.base import WriteSpec
-from neva_pack.formats.image_pool import PoolWriter, image_key, pool_part
 from neva_pack.formats.meta import META_VERSION, Counts, ImageTokenIds, Normalisation, PackedMeta, read_meta
+from neva_pack.image_run import ImageRun
 from neva_pack.plan_table import PlanTable
+from neva_pack.sample_store.files import segment_name
+from neva_pack.sample_store.image_pool import PoolWriter, image_key, pool_segment
 from neva_pack.verify import verify
 from tests.conftest import SAMPLE_DATA
 
@@ -81,10 +83,10 @@ def write_tiny(directory, name: str, stop_after: int | None = None, resume: bool
     store = paths.store_dir(directory)
     store.mkdir(parents=True, exist_ok=True)
     known: dict = {}
-    pool = PoolWriter(pool_part(store, "shard_00000", 0), known, 0)
+    pool = PoolWriter(pool_segment(store, segment_name(0), 0), known, 0)
     packs = tiny_packs(pool)
     spec = WriteSpec(image_shape=SHAPE, normalisation=CLIP, pad_id=0, ignore_index=-1,
-                     pool=(pool_part(store, "shard_00000", pool.close()),), plan_digest="tiny", image_run=(START, PATCH))  # fmt: skip
+                     pool=(pool_segment(store, segment_name(0), pool.close()),), plan_digest="tiny", image_run=ImageRun(positions=2, patch_id=PATCH, start_id=START))  # fmt: skip
     fmt = FORMATS[name]
     writer = fmt.writer(paths.packed_prefix(directory), spec, resume=resume)
     for first, count in zip(np.cumsum([0, *(groups or [])]).tolist(), groups or []):
@@ -152,9 +154,9 @@ def test_compact_golden_bytes_inline(tmp_path):
     }  # fmt: skip
     assert index == b"".join(values.tobytes() for values in expected.values())
     assert list(arrays) == list(expected)
-    part = pool_part(paths.store_dir(tmp_path), "shard_00000", 2)
-    assert part.images_file.read_bytes() == RED.tobytes() + BLUE.tobytes()  # RED once, though used twice
-    assert part.keys_file.read_bytes() == image_key(RED) + image_key(BLUE)
+    pool = pool_segment(paths.store_dir(tmp_path), segment_name(0), 2)
+    assert pool.images_file.read_bytes() == RED.tobytes() + BLUE.tobytes()  # RED once, though used twice
+    assert pool.keys_file.read_bytes() == image_key(RED) + image_key(BLUE)
 
 
 def test_nemo_golden_bytes_inline(tmp_path):
@@ -166,7 +168,7 @@ def test_nemo_golden_bytes_inline(tmp_path):
         [0, 3], [4, 5, 6], [5, 6, -1], zero,
         [0, 4, 8], [7, 0, 8, 0, 9, 10, 0, 0], [-1, 8, -1, -1, 10, -1, -1, -1], CLIP.apply(BLUE[None]),
     ]  # fmt: skip
-    from neva_pack.formats.indexed import bin_path
+    from neva_pack.files.indexed import bin_path
 
     assert bin_path(paths.packed_prefix(tmp_path)).read_bytes() == b"".join(np.asarray(i, "<f4").tobytes() for i in items)
 
@@ -278,10 +280,10 @@ def test_compact_stores_image_runs_once_and_reads_back_every_position(tmp_path_f
     directory = tmp_path_factory.mktemp("prop")
     store = paths.store_dir(directory)
     store.mkdir()
-    pool = PoolWriter(pool_part(store, "shard_00000", 0), {}, 0)
+    pool = PoolWriter(pool_segment(store, segment_name(0), 0), {}, 0)
     pool.add(RED)
     spec = WriteSpec(image_shape=SHAPE, normalisation=CLIP, pad_id=0, ignore_index=-1, plan_digest="p",
-                     pool=(pool_part(store, "shard_00000", pool.close()),), image_run=(START, PATCH, PATCH, 9))  # fmt: skip
+                     pool=(pool_segment(store, segment_name(0), pool.close()),), image_run=ImageRun(positions=4, patch_id=PATCH, start_id=START, end_id=9))  # fmt: skip
     writer = compact.FORMAT.writer(paths.packed_prefix(directory), spec)
     for p in packs:
         writer.add(p)
@@ -306,10 +308,10 @@ def test_nemo_writer_failure_in_its_thread_reaches_the_caller(tmp_path):
     """The nemo writer normalises and writes in a thread: what fails there is raised by the next call."""
     store = paths.store_dir(tmp_path)
     store.mkdir(parents=True)
-    pool = PoolWriter(pool_part(store, "shard_00000", 0), {}, 0)
+    pool = PoolWriter(pool_segment(store, segment_name(0), 0), {}, 0)
     good = tiny_packs(pool)[0]
     spec = WriteSpec(image_shape=SHAPE, normalisation=CLIP, pad_id=0, ignore_index=-1,
-                     pool=(pool_part(store, "shard_00000", pool.close()),), plan_digest="tiny", image_run=(START, PATCH))  # fmt: skip
+                     pool=(pool_segment(store, segment_name(0), pool.close()),), plan_digest="tiny", image_run=ImageRun(positions=2, patch_id=PATCH, start_id=START))  # fmt: skip
     writer = FORMATS["nemo"].writer(paths.packed_prefix(tmp_path), spec)
     broken = AssembledPack(**{**{f: getattr(good, f) for f in AssembledPack.__dataclass_fields__},
                               "pixels": good.pixels[:, :, :1]})  # fmt: skip
@@ -363,7 +365,8 @@ def test_each_registered_format_satisfies_the_contract(tmp_path, name):
 def _tiny_spec(directory) -> WriteSpec:
     store = paths.store_dir(directory)
     return WriteSpec(image_shape=SHAPE, normalisation=CLIP, pad_id=0, ignore_index=-1,
-                     pool=(pool_part(store, "shard_00000", 0),), plan_digest="tiny", image_run=(START, PATCH))  # fmt: skip
+                     pool=(pool_segment(store, segment_name(0), 0),), plan_digest="tiny",
+                     image_run=ImageRun(positions=2, patch_id=PATCH, start_id=START))  # fmt: skip
 
 
 def test_only_nemo_is_bound_by_float32():
@@ -391,7 +394,7 @@ def runs(tmp_path_factory):
 
 
 def top_level(directory) -> set:
-    from neva_pack.output_dir import entries
+    from neva_pack.pipeline.ownership import entries
 
     return {directory / entry for entry in entries(directory)}
 
@@ -420,7 +423,7 @@ def test_a_run_leaves_exactly_the_files_its_format_declares(runs, name):
 
 @pytest.mark.parametrize("name", sorted(FORMATS))
 def test_overwrite_removes_every_file_of_the_run_and_nothing_else(runs, tmp_path, name):
-    from neva_pack.output_dir import owned_outputs, remove
+    from neva_pack.pipeline.ownership import owned_outputs, remove
 
     out = tmp_path / "out"
     shutil.copytree(runs / name, out)
@@ -447,7 +450,7 @@ def test_overwrite_removes_every_file_of_the_run_and_nothing_else(runs, tmp_path
 @pytest.mark.parametrize("name", sorted(FORMATS))
 def test_overwrite_refuses_a_file_under_a_format_name_that_is_not_the_formats(tmp_path, name):
     from neva_pack.errors import ConfigError
-    from neva_pack.output_dir import owned_outputs
+    from neva_pack.pipeline.ownership import owned_outputs
 
     for k, path in enumerate(FORMATS[name].files(paths.packed_prefix(tmp_path / "dirs")).final):
         directory = tmp_path / f"case_{k}"
@@ -478,7 +481,7 @@ class DirectoryFormat:
 
 def test_overwrite_removes_a_directory_a_format_declares_as_its_own(tmp_path, monkeypatch):
     from neva_pack.errors import ConfigError
-    from neva_pack.output_dir import owned_outputs, remove
+    from neva_pack.pipeline.ownership import owned_outputs, remove
 
     monkeypatch.setitem(FORMATS, DirectoryFormat.name, DirectoryFormat())
     own = paths.prefix_file(paths.packed_prefix(tmp_path, 64), ".nv-meta")

@@ -28,8 +28,9 @@ from PIL import Image
 
 from benchmarks.bench_hostile import jpeg_claiming  # the same hostile header the benchmark measures
 from neva_pack.cli import main
+from neva_pack.image_run import ImageRun
 from neva_pack.invariants import PackSpec, accounting_problem, pack_problems
-from neva_pack.output_dir import LOCK_FILE, OutputLock
+from neva_pack.pipeline.ownership import LOCK_FILE, OutputLock
 from neva_pack.records import SKIP_REASONS, RecordError, iter_raw_records
 from neva_pack.samples import truncation
 from neva_pack.verify import verify
@@ -242,7 +243,7 @@ def test_new_skip_reasons_are_listed_with_their_meaning():
 # 2. Truncation never cuts inside an image run; ids are range-checked before any work
 
 RUN = 8  # image positions in the property test: start, 6 patches, end
-SPEC = PackSpec(max_seq_length=10**6, ignore_index=-1, image_positions=RUN, patch_id=0, start_id=7, end_id=8)
+SPEC = PackSpec(max_seq_length=10**6, ignore_index=-1, image_run=ImageRun(positions=RUN, patch_id=0, start_id=7, end_id=8))
 
 
 def sample_ids(segments: list[int]) -> tuple[np.ndarray, list[int]]:
@@ -254,7 +255,7 @@ def sample_ids(segments: list[int]) -> tuple[np.ndarray, list[int]]:
         ids += [10 + (k % 50) for k in range(length)]
         if position < len(segments) - 1:
             starts.append(len(ids))
-            ids += SPEC.image_run().tolist()
+            ids += SPEC.image_run.ids().tolist()
     return np.asarray(ids), starts
 
 
@@ -316,7 +317,7 @@ def test_a_cut_landing_just_after_adjacent_image_runs_keeps_them_whole(tmp_path,
                               image_folder=images, conv_template="v1")  # fmt: skip
     builder = build_sample_builder(config)
     first, second = builder.build(RawRecord(0, adjacent_images_record())).image_starts.tolist()
-    run_length = builder.layout.positions
+    run_length = builder.image_run.positions
     assert second == first + run_length  # adjacent runs
     for capacity in (first + run_length - 1, first + run_length, second + run_length - 1, second + run_length):
         (tmp_path / str(capacity)).mkdir()

@@ -1,4 +1,4 @@
-"""formats/indexed.py against Megatron-Core's IndexedDatasetBuilder and IndexedDataset, byte for byte.
+"""files/indexed.py against Megatron-Core's IndexedDatasetBuilder and IndexedDataset, byte for byte.
 
 Any sequence of add_item / add_document / end_document / add_index calls (and all-zero items
 left as holes, and a resume from a checkpoint of the writer's state) gives the .bin/.idx that
@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from neva_pack.errors import InputError
-from neva_pack.formats.indexed import DTYPE_CODES, IndexedReader, IndexedWriter, bin_path, idx_path, read_index
+from neva_pack.files.indexed import DTYPE_CODES, IndexedReader, IndexedWriter, bin_path, idx_path, read_index
 
 
 def megatron():

@@ -1,6 +1,6 @@
 """The compiled yes/no (invariant_kernels.pack_is_sound) agrees with invariants.pack_problems on
 every pack: sound ones, and the same packs with one thing broken (a token, a label, a boundary, a
-length, the image count), for every image-run layout."""
+length, the image count), for every kind of image run."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from neva_pack.invariant_kernels import fast_pack_problems, pack_is_sound
+from neva_pack.image_run import ImageRun
 from neva_pack.invariants import PackSpec, pack_problems
 
 IGNORE, PAD, PATCH = -100, 0, 3
-LAYOUTS = {  # name: (positions, start id, end id)
+RUNS = {  # name: (positions, start id, end id)
     "start+end": (4, 1, 2),
     "end only": (3, None, 2),
     "patches only": (3, None, None),
@@ -22,10 +23,10 @@ LAYOUTS = {  # name: (positions, start id, end id)
 
 @st.composite
 def packs(draw):
-    positions, start, end = LAYOUTS[draw(st.sampled_from(sorted(LAYOUTS)))]
-    spec = PackSpec(max_seq_length=draw(st.integers(8, 200)), ignore_index=IGNORE, image_positions=positions,
-                    patch_id=PATCH, start_id=start, end_id=end, pad_id=PAD)  # fmt: skip
-    run = spec.image_run().tolist() if positions else []
+    positions, start, end = RUNS[draw(st.sampled_from(sorted(RUNS)))]
+    spec = PackSpec(max_seq_length=draw(st.integers(8, 200)), ignore_index=IGNORE, pad_id=PAD,
+                    image_run=ImageRun(positions=positions, patch_id=PATCH, start_id=start, end_id=end))  # fmt: skip
+    run = spec.image_run.ids().tolist() if positions else []
     multiple = draw(st.sampled_from([1, 1, 4]))
     tokens, labels, cu, real, images = [], [], [0], [], 0
     for _ in range(draw(st.integers(1, 4))):

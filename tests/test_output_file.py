@@ -1,11 +1,11 @@
-"""An OutputFile (formats/output_file.py) holds exactly what was written and skipped, in order,
+"""An OutputFile (files/output_file.py) holds exactly what was written and skipped, in order,
 and knows its checksum without reading itself back, also when continued from a checkpoint."""
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from neva_pack.formats.output_file import OutputFile
+from neva_pack.files.output_file import OutputFile
 from neva_pack.checksums import file_checksum
 
 steps = st.lists(st.tuples(st.booleans(), st.integers(0, 9000)), min_size=1, max_size=12)

@@ -20,7 +20,9 @@ import torch
 from neva_pack.cli import main
 from neva_pack.dataset import PackedSeqDataset
 from neva_pack.report import RunReport
+from neva_pack.sample_store import PROGRESS_FILE
 from neva_pack.stats import format_summary
+from neva_pack.paths import store_dir
 from tests.conftest import SAMPLE_DATA
 
 NEMO_GOLDEN = {
@@ -231,7 +233,7 @@ def test_compact_run_killed_while_encoding_resumes_to_the_same_bytes(tmp_path):
     assert main(["preprocess", *args, "--output_dir", str(tmp_path / "whole")]) == 0
     out = tmp_path / "killed"
     process = subprocess.Popen([sys.executable, "-m", "neva_pack.cli", "preprocess", *args, "--output_dir", str(out)])
-    progress = out / "packed_seq_dataset" / "progress.json"
+    progress = store_dir(out) / PROGRESS_FILE
     deadline = time.monotonic() + 120
     while True:
         try:
@@ -267,7 +269,7 @@ def test_a_compact_publish_reads_no_pool_file_back(tmp_path, monkeypatch):
     from pathlib import Path
 
     from neva_pack.formats import base
-    from neva_pack.formats.sample_store import SampleStore
+    from neva_pack.sample_store import SampleStore
     from neva_pack.checksums import file_checksum
 
     read = []
@@ -276,13 +278,13 @@ def test_a_compact_publish_reads_no_pool_file_back(tmp_path, monkeypatch):
     preprocess(SAMPLE_DATA / "llava_sample.json", SAMPLE_DATA / "images", out, "--max_seq_length", 2048, "--output_format", "compact")
     assert read and not any(name.endswith((".images", ".image_keys")) for name in read)
     assert main(["verify", "--quiet", str(out)]) == 0
-    (part,) = SampleStore(out / "packed_seq_dataset").pool_parts
-    assert part.known_checksums() == {path: file_checksum(path) for path in (part.images_file, part.keys_file)}
+    (segment,) = SampleStore(store_dir(out)).pool_segments
+    assert segment.known_checksums() == {path: file_checksum(path) for path in (segment.images_file, segment.keys_file)}
 
-    progress = out / "packed_seq_dataset" / "progress.json"
+    progress = store_dir(out) / PROGRESS_FILE
     state = json.loads(progress.read_text())
-    for shard in state["shards"]:
-        del shard["pool_checksums"]
+    for segment in state["shards"]:
+        del segment["pool_checksums"]
     progress.write_text(json.dumps(state))
-    (part,) = SampleStore(out / "packed_seq_dataset").pool_parts
-    assert part.checksums is None and part.known_checksums() == {}
+    (segment,) = SampleStore(store_dir(out)).pool_segments
+    assert segment.checksums is None and segment.known_checksums() == {}

@@ -224,19 +224,16 @@ def test_near_optimal_beats_ffd_on_llava_like_data_and_mixes_lengths():
 
 
 def test_the_summary_suggests_near_optimal_when_it_saves_more_than_one_percent():
-    from types import SimpleNamespace
-
-    from neva_pack.pipeline import _better_algorithm
+    from neva_pack.pipeline.pack import better_algorithm
     from neva_pack.stats import format_summary
 
     lengths = llava_like_lengths(20_000)
-    config = SimpleNamespace(packing_algorithm="shuffle_and_pack", seed=0, max_samples_per_pack=None)
     plan = pack(lengths, 4096, algorithm="shuffle_and_pack")
-    suggestion = _better_algorithm(config, lengths, plan)
+    suggestion = better_algorithm(lengths, plan, algorithm="shuffle_and_pack", seed=0, max_samples_per_pack=None)
     assert suggestion.algorithm == "near_optimal" and suggestion.saving > 0.05
     assert suggestion.packs == pack(lengths, 4096, algorithm="near_optimal").num_bins
-    config.packing_algorithm = "near_optimal"
-    assert _better_algorithm(config, lengths, pack(lengths, 4096, algorithm="near_optimal")) is None
+    near_optimal = pack(lengths, 4096, algorithm="near_optimal")
+    assert better_algorithm(lengths, near_optimal, algorithm="near_optimal", seed=0, max_samples_per_pack=None) is None
     from neva_pack.report import RunReport
     from neva_pack.stats import PackingArrays, packing_stats
 

@@ -157,12 +157,12 @@ def test_images_cross_in_shared_memory_only_where_dev_shm_has_room(
     through the pipe. Either way the bytes are the golden ones."""
     from collections import namedtuple
 
-    from neva_pack import pipeline
+    from neva_pack.pipeline import encode
 
     usage = namedtuple("usage", "total used free")
-    monkeypatch.setattr(pipeline.shutil, "disk_usage", lambda path: usage(shm_free, 0, shm_free))
+    monkeypatch.setattr(encode.shutil, "disk_usage", lambda path: usage(shm_free, 0, shm_free))
     arrived = []
-    monkeypatch.setattr(pipeline, "received", lambda batch: arrived.append(type(batch.images).__name__) or samples.received(batch))
+    monkeypatch.setattr(encode, "received", lambda batch: arrived.append(type(batch.images).__name__) or samples.received(batch))
     got = run_golden("image_v1_pad_clip336", 2, workloads, tmp_path / "out", sample_tokenizer_path, mistral_tokenizer_path)
     assert got == GOLDEN["image_v1_pad_clip336"][2]
     assert ("Tensor" in arrived) == shared and ("ndarray" in arrived)  # text-only messages are never shared

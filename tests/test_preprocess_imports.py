@@ -2,7 +2,7 @@
 
 Its import costs about 4 s of CPU: on a small machine that is taken from the encoding workers,
 or spent before the first pack is written. Preprocessing writes and reads the IndexedDataset
-format with formats/indexed.py; only what reads an output for training (and verify) uses
+format with files/indexed.py; only what reads an output for training (and verify) uses
 Megatron's reader.
 """
 

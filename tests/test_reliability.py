@@ -14,7 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from neva_pack import paths
 from neva_pack.cli import main
+from neva_pack.files.indexed import bin_path, idx_path
+from neva_pack.sample_store import PROGRESS_FILE
 from tests.conftest import SAMPLE_DATA
 
 RECORDS = json.loads((SAMPLE_DATA / "llava_sample.json").read_text())
@@ -50,12 +53,13 @@ def uninterrupted(big_dataset, tmp_path_factory):
 
 
 def output_bytes(output_dir: Path) -> tuple[bytes, bytes]:
-    return (output_dir / "packed_seq_dataset.bin").read_bytes(), (output_dir / "packed_seq_dataset.idx").read_bytes()
+    prefix = paths.packed_prefix(output_dir)
+    return bin_path(prefix).read_bytes(), idx_path(prefix).read_bytes()
 
 
 def progress(output_dir: Path) -> dict:
     try:
-        return json.loads((output_dir / "packed_seq_dataset" / "progress.json").read_text())
+        return json.loads((paths.store_dir(output_dir) / PROGRESS_FILE).read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return {}
 
@@ -63,7 +67,7 @@ def progress(output_dir: Path) -> dict:
 STAGES = {
     "encoding": lambda out: len(progress(out).get("shards", [])) >= 3 and not progress(out).get("complete"),
     "packing": lambda out: progress(out).get("complete") is True,
-    "writing": lambda out: (out / "packed_seq_dataset.tmp.checkpoint.npz").exists(),
+    "writing": lambda out: paths.checkpoint_paths(paths.packed_prefix(out))[0].exists(),
 }
 
 
@@ -95,7 +99,7 @@ def test_resume_with_other_settings_is_refused(uninterrupted, big_dataset, tmp_p
     (out / "packed_seq_dataset.meta.json").unlink()  # as if the run had died at the very end
     assert main(["preprocess", *command(big_dataset, out, "--resume", "--image_aspect_ratio", "pad")]) == 2
     assert "--resume: the output was started with image_aspect_ratio='square'" in capsys.readouterr().err
-    assert (out / "packed_seq_dataset" / "progress.json").is_file()
+    assert (paths.store_dir(out) / PROGRESS_FILE).is_file()
 
 
 def test_refusing_a_non_empty_output_dir_touches_nothing(tmp_path, capsys):

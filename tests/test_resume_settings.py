@@ -8,8 +8,11 @@ import shutil
 
 import pytest
 
-from neva_pack import parallel_assembly, pipeline
+from neva_pack import parallel_assembly
+from neva_pack import paths
+from neva_pack.pipeline import write
 from neva_pack.cli import main
+from neva_pack.files.indexed import bin_path
 from neva_pack.formats import compact, nemo
 from tests.conftest import SAMPLE_DATA
 
@@ -30,7 +33,7 @@ def command(output_dir, *extra):
 
 def files(output_dir):
     return {p.name: p.read_bytes() for p in sorted(output_dir.iterdir()) if p.is_file() and p.name != "stats.json"
-            and not p.name.endswith(".meta.json")}  # fmt: skip
+            and not p.name.endswith(paths.META_SUFFIX)}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +52,8 @@ def killed_while_writing(tmp_path_factory):
         patch.setattr(nemo.Writer, "publish", lambda *args, **kwargs: (_ for _ in ()).throw(Killed()))
         with pytest.raises(Killed):
             main(command(out))
-    assert (out / "packed_seq_dataset.tmp.checkpoint.npz").is_file()
-    assert not (out / "packed_seq_dataset.meta.json").exists()
+    assert paths.checkpoint_paths(paths.packed_prefix(out))[0].is_file()
+    assert not paths.meta_path(paths.packed_prefix(out)).exists()
     return out
 
 
@@ -118,9 +121,10 @@ def test_another_format_resumed_before_any_checkpoint_leaves_no_temporary_file(t
         patch.setattr(nemo.Writer, "checkpoint", lambda self: (_ for _ in ()).throw(Killed()))
         with pytest.raises(Killed):
             main(command(out))
-    assert (out / "packed_seq_dataset.tmp.bin").is_file()
-    assert not (out / "packed_seq_dataset.tmp.checkpoint.npz").exists()
-    (out / "packed_seq_dataset.tmp.checkpoint.npz.tmp.npz").write_bytes(b"PK\x03\x04 a save cut short")
+    assert bin_path(paths.tmp_prefix(paths.packed_prefix(out))).is_file()
+    checkpoint, staging = paths.checkpoint_paths(paths.packed_prefix(out))
+    assert not checkpoint.exists()
+    staging.write_bytes(b"PK\x03\x04 a save cut short")
     assert main(command(out, "--resume", "--output_format", "compact")) == 0
     assert not [p.name for p in out.iterdir() if ".tmp" in p.name]
     reference = tmp_path / "reference"
@@ -151,8 +155,8 @@ def test_every_writing_setting_is_read_back_from_a_finished_output(finished):
 
     config = PreprocessConfig(data_path=str(SAMPLE_DATA / "llava_sample.json"), tokenizer_path=str(SAMPLE_DATA / "tokenizer.model"),
                               output_dir=str(finished))  # fmt: skip
-    settings = pipeline.write_settings(config, 512)
+    settings = write.write_settings(config, 512)
     meta = json.loads((finished / "packed_seq_dataset.meta.json").read_text())
-    assert set(settings) == set(pipeline.META_SETTINGS) | {"global_batch_size"}
-    assert all(field in meta for field in pipeline.META_SETTINGS.values())
+    assert set(settings) == set(write.META_SETTINGS) | {"global_batch_size"}
+    assert all(field in meta for field in write.META_SETTINGS.values())
     assert "global_batch_size" in json.loads((finished / "stats.json").read_text())

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from neva_pack.records import RawRecord
-from neva_pack.samples import Sample, Skipped, image_token_layout
+from neva_pack.samples import Sample, Skipped, image_run_for
 from neva_pack.tokenizer import load_tokenizer
 from tests.conftest import SAMPLE_DATA
 from tests.test_templates import make_builder
@@ -29,21 +29,21 @@ def builder_with_images(tokenizer_path, template="v1", **kwargs):
     return builder
 
 
-def test_nemo_layout_when_the_tokenizer_has_extra_id_4_and_5(sample_tokenizer_path):
+def test_nemo_image_run_when_the_tokenizer_has_extra_id_4_and_5(sample_tokenizer_path):
     tokenizer = load_tokenizer(sample_tokenizer_path)
     start, end = tokenizer.token_to_id("<extra_id_4>"), tokenizer.token_to_id("<extra_id_5>")
-    layout = image_token_layout(tokenizer, 576)
-    run = layout.run()
+    image_run = image_run_for(tokenizer, 576)
+    run = image_run.ids()
     assert len(run) == 576 and run[0] == start and run[-1] == end and set(run[1:-1]) == {0}
-    with_start_end = image_token_layout(tokenizer, 576, use_im_start_end=True)
-    assert len(with_start_end.run()) == 578
+    with_start_end = image_run_for(tokenizer, 576, use_im_start_end=True)
+    assert len(with_start_end.ids()) == 578
 
 
 def test_plain_patch_ids_when_the_tokenizer_lacks_them(mistral_tokenizer_path):
-    layout = image_token_layout(load_tokenizer(mistral_tokenizer_path), 576)
-    assert layout.start_id is None and np.array_equal(layout.run(), np.zeros(576))
-    custom = image_token_layout(load_tokenizer(mistral_tokenizer_path), 576, patch_id=7, start_id=5, end_id=6)
-    assert list(custom.run()[:2]) == [5, 7] and custom.run()[-1] == 6 and len(custom.run()) == 576
+    image_run = image_run_for(load_tokenizer(mistral_tokenizer_path), 576)
+    assert image_run.start_id is None and np.array_equal(image_run.ids(), np.zeros(576))
+    custom = image_run_for(load_tokenizer(mistral_tokenizer_path), 576, patch_id=7, start_id=5, end_id=6)
+    assert list(custom.ids()[:2]) == [5, 7] and custom.ids()[-1] == 6 and len(custom.ids()) == 576
 
 
 def test_image_sample_length_counts_image_positions(sample_tokenizer_path):
@@ -51,7 +51,7 @@ def test_image_sample_length_counts_image_positions(sample_tokenizer_path):
     sample = builder.build(RawRecord(0, image_record(2)))
     assert isinstance(sample, Sample)
     assert sample.images.shape == (2, 3, 336, 336) and sample.images.dtype == np.uint8
-    starts = np.flatnonzero(sample.tokens == builder.layout.start_id)
+    starts = np.flatnonzero(sample.tokens == builder.image_run.start_id)
     assert len(starts) == 2 and sample.length > 2 * 576
     assert np.all(sample.labels[: starts[-1] + 576] == -1)  # nothing of the prompt or images is trained
 
@@ -73,7 +73,7 @@ def two_turn_record():
 def test_truncation_never_splits_an_image_run(sample_tokenizer_path):
     builder = builder_with_images(sample_tokenizer_path, max_seq_length=900)
     full = builder_with_images(sample_tokenizer_path).build(RawRecord(0, two_turn_record()))
-    second_run_start = int(np.flatnonzero(full.tokens == builder.layout.start_id)[1])
+    second_run_start = int(np.flatnonzero(full.tokens == builder.image_run.start_id)[1])
     assert second_run_start < 900 < second_run_start + 576  # a cut at 900 would split the 2nd image
     cut = builder.build(RawRecord(0, two_turn_record()))
     assert cut.truncated and len(cut.images) == 1

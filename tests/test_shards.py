@@ -7,8 +7,19 @@ import shutil
 import numpy as np
 import pytest
 
+from neva_pack import paths
 from neva_pack.cli import main
 from neva_pack.errors import ConfigError
+from neva_pack.files.indexed import bin_path
+from neva_pack.sample_store import PROGRESS_FILE, part_dir
+from neva_pack.sample_store.files import (
+    pool_images_path,
+    pool_keys_path,
+    segment_name,
+    segment_rows_path,
+    segment_skipped_path,
+    segment_text_prefix,
+)
 from neva_pack.shards import resolve_shards, shard_range
 from tests.conftest import SAMPLE_DATA
 
@@ -66,10 +77,10 @@ def test_joined_parts_give_the_bytes_of_a_run_without_shards(dataset, unsharded,
 
 
 def pool_bytes(output_dir):
-    """The sample store's image pool, its parts concatenated in order (what compact outputs index)."""
-    parts = json.loads((output_dir / "packed_seq_dataset" / "progress.json").read_text())["shards"]
-    return b"".join((output_dir / "packed_seq_dataset" / f"{part['name']}.images").read_bytes()
-                    for part in parts if part["pool_images"])  # fmt: skip
+    """The sample store's image pool, its segments concatenated in order (what compact outputs index)."""
+    segments = json.loads((paths.store_dir(output_dir) / PROGRESS_FILE).read_text())["shards"]
+    return b"".join(pool_images_path(paths.store_dir(output_dir), segment["name"]).read_bytes()
+                    for segment in segments if segment["pool_images"])  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -122,7 +133,7 @@ def test_a_missing_part_is_named(dataset, tmp_path, capsys):
 def test_a_duplicated_part_is_named(dataset, tmp_path, capsys):
     out = tmp_path / "out"
     run_parts(dataset, out, "3")
-    store = out / "packed_seq_dataset"
+    store = paths.store_dir(out)
     shutil.rmtree(store / "part_00001_of_00003")
     shutil.copytree(store / "part_00000_of_00003", store / "part_00001_of_00003")  # part 0 twice
     capsys.readouterr()
@@ -154,11 +165,11 @@ def test_a_part_with_other_settings_is_named_with_the_setting(dataset, tmp_path,
 def test_an_interrupted_part_resumes_on_its_own(dataset, unsharded, tmp_path, capsys):
     out = tmp_path / "out"
     run_parts(dataset, out, "3")
-    part = out / "packed_seq_dataset" / "part_00001_of_00003"
-    progress = json.loads((part / "progress.json").read_text())
-    # what a kill after the part's first committed chunk leaves behind
+    part = part_dir(paths.store_dir(out), 3, 1)
+    progress = json.loads((part / PROGRESS_FILE).read_text())
+    # what a kill after the part's first committed segment leaves behind
     progress["shards"], progress["complete"] = progress["shards"][:1], False
-    (part / "progress.json").write_text(json.dumps(progress))
+    (part / PROGRESS_FILE).write_text(json.dumps(progress))
     capsys.readouterr()
     assert main(command(dataset, out, "--num_shards", "3")) == 2
     assert "incomplete" in capsys.readouterr().err
@@ -222,13 +233,13 @@ def test_the_final_step_checks_the_skip_fraction_of_the_whole_run(tmp_path, caps
 
 def test_a_part_locks_only_itself_and_overwrite_removes_only_what_a_part_holds(dataset, tmp_path, capsys):
     """Shards of one run write the same output directory at once: a part must not take its lock."""
-    from neva_pack.output_dir import OutputLock
+    from neva_pack.pipeline.ownership import OutputLock
 
     out = tmp_path / "out"
     out.mkdir()
     with OutputLock(out):  # e.g. another node's process holding the directory
         run_parts(dataset, out, "3", [0])
-    part = out / "packed_seq_dataset" / "part_00000_of_00003"
+    part = part_dir(paths.store_dir(out), 3, 0)
     with OutputLock(part):
         capsys.readouterr()
         assert main(command(dataset, out, "--num_shards", "3", "--shard_index", "0", "--resume")) == 2
@@ -268,11 +279,9 @@ def test_the_tokenizer_is_compared_by_content_not_by_file_name(dataset, unsharde
 
 
 def test_parts_left_by_a_final_step_stopped_while_removing_them_are_removed_by_the_next(dataset, unsharded, tmp_path, monkeypatch):
-    from neva_pack import shards
-
     out = tmp_path / "out"
     run_parts(dataset, out, "3")
-    store = out / "packed_seq_dataset"
+    store = paths.store_dir(out)
     removed = []
 
     def stopped_after_one(path, *args, **kwargs):
@@ -282,10 +291,10 @@ def test_parts_left_by_a_final_step_stopped_while_removing_them_are_removed_by_t
         real_rmtree(path)
 
     real_rmtree = shutil.rmtree
-    monkeypatch.setattr(shards.shutil, "rmtree", stopped_after_one)
+    monkeypatch.setattr(shutil, "rmtree", stopped_after_one)
     assert main(command(dataset, out, "--num_shards", "3")) == 130
     monkeypatch.undo()
-    (store / "part_00002_of_00003" / "progress.json").unlink()  # a part half removed
+    (part_dir(store, 3, 2) / PROGRESS_FILE).unlink()  # a part half removed
     (store / "part_00009_of_00010").mkdir()  # not a part of this run: kept
     assert main(command(dataset, out, "--num_shards", "3", "--resume")) == 0
     assert [p.name for p in store.glob("part_*")] == ["part_00009_of_00010"]
@@ -296,16 +305,16 @@ def test_parts_left_by_a_final_step_stopped_while_removing_them_are_removed_by_t
 def test_a_damaged_part_is_named_before_anything_is_joined_or_deleted(dataset, unsharded, tmp_path, capsys, damage):
     out = tmp_path / "out"
     run_parts(dataset, out, "3")
-    part = out / "packed_seq_dataset" / "part_00001_of_00003"
-    progress = json.loads((part / "progress.json").read_text())
+    part = part_dir(paths.store_dir(out), 3, 1)
+    progress = json.loads((part / PROGRESS_FILE).read_text())
     images = next(s["name"] for s in progress["shards"] if s["pool_images"])
     skipping = next(s["name"] for s in progress["shards"] if s["skipped_by_reason"])
     target, how = {
-        "truncate text": (part / "shard_00001_text.bin", "truncate"),
-        "truncate rows": (part / "shard_00000.rows", "truncate"),
-        "lose skipped line": (part / f"{skipping}.skipped.jsonl", "empty"),
-        "flip pool key": (part / f"{images}.image_keys", "flip"),
-        "flip pool image": (part / f"{images}.images", "flip"),
+        "truncate text": (bin_path(segment_text_prefix(part, segment_name(1))), "truncate"),
+        "truncate rows": (segment_rows_path(part, segment_name(0)), "truncate"),
+        "lose skipped line": (segment_skipped_path(part, skipping), "empty"),
+        "flip pool key": (pool_keys_path(part, images), "flip"),
+        "flip pool image": (pool_images_path(part, images), "flip"),
     }[damage]
     data = bytearray(target.read_bytes())
     if how == "truncate":

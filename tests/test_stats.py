@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from neva_pack.cli import main
-from neva_pack import output_dir as ownership
+from neva_pack.pipeline import ownership
 from neva_pack.dataset import PackedSeqDataset
 from neva_pack.errors import ConfigError
-from neva_pack.explore import explore, load_lengths
-from neva_pack.pipeline import _write_size_skipped
+from neva_pack.plan import explore, load_lengths
+from neva_pack.pipeline.skipped import write_size_skipped
 from neva_pack.packing import pack
 from neva_pack.report import (
     AlgorithmSuggestion,
@@ -269,7 +269,7 @@ def test_several_pack_sizes_write_one_prefix_each_from_one_store(tmp_path, capsy
 def test_a_sizes_skipped_list_merges_the_runs_lines_and_its_own_by_record_index(tmp_path):
     run_file = tmp_path / "skipped.jsonl"
     run_file.write_text("".join(json.dumps({"index": i, "id": f"r{i}", "reason": "too_long", "detail": "x"}) + "\n" for i in (1, 7)))
-    _write_size_skipped(run_file, tmp_path / "skipped_64.jsonl", np.array([4, 9]), {4: "r4", 9: None}, 64)
+    write_size_skipped(run_file, tmp_path / "skipped_64.jsonl", np.array([4, 9]), {4: "r4", 9: None}, 64)
     lines = [json.loads(line) for line in (tmp_path / "skipped_64.jsonl").read_text().splitlines()]
     assert [(line["index"], line["id"], line["reason"]) for line in lines] == [
         (1, "r1", "too_long"), (4, "r4", "no_supervised_tokens"), (7, "r7", "too_long"), (9, None, "no_supervised_tokens")]  # fmt: skip

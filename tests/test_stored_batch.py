@@ -9,9 +9,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from neva_pack.formats.indexed import IndexedWriter
-from neva_pack.formats.sample_store import STORE_TEXT_DTYPE, StoredBatch, stored_batch
-from neva_pack.pipeline import _record_stops
+from neva_pack.files.indexed import IndexedWriter
+from neva_pack.sample_store import STORE_TEXT_DTYPE, StoredBatch, stored_batch
+from neva_pack.pipeline.encode import record_stops
 from neva_pack import samples
 from neva_pack.samples import Skipped
 from neva_pack.workers import passthrough
@@ -75,13 +75,13 @@ def _batch(first: int, records: int, skipped=()) -> StoredBatch:
 
 
 def test_a_message_is_cut_after_each_checkpoint_skip_and_where_checks_start():
-    assert _record_stops(_batch(2, 32), checkpoint_every=1000, skip_check_from=1000) == [34]
-    assert _record_stops(_batch(990, 32), checkpoint_every=1000, skip_check_from=1000) == [1000, 1022]
-    assert _record_stops(_batch(990, 32), checkpoint_every=10, skip_check_from=0) == [1000, 1010, 1020, 1022]
-    assert _record_stops(_batch(1000, 32, skipped=[1003, 1021]), checkpoint_every=1000, skip_check_from=1000) == [
+    assert record_stops(_batch(2, 32), checkpoint_every=1000, skip_check_from=1000) == [34]
+    assert record_stops(_batch(990, 32), checkpoint_every=1000, skip_check_from=1000) == [1000, 1022]
+    assert record_stops(_batch(990, 32), checkpoint_every=10, skip_check_from=0) == [1000, 1010, 1020, 1022]
+    assert record_stops(_batch(1000, 32, skipped=[1003, 1021]), checkpoint_every=1000, skip_check_from=1000) == [
         1004, 1022, 1032,
     ]  # fmt: skip
-    assert _record_stops(_batch(5, 1, skipped=[5]), checkpoint_every=1, skip_check_from=0) == [6]
+    assert record_stops(_batch(5, 1, skipped=[5]), checkpoint_every=1, skip_check_from=0) == [6]
 
 
 class _Messages(torch.utils.data.IterableDataset):
@@ -89,7 +89,7 @@ class _Messages(torch.utils.data.IterableDataset):
         self.batches = batches
 
     def __iter__(self):
-        return iter([samples._shared(batch) for batch in self.batches])
+        return iter([samples.in_shared_memory(batch) for batch in self.batches])
 
 
 def test_images_cross_the_dataloader_in_shared_memory_and_arrive_unchanged():

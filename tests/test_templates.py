@@ -8,7 +8,7 @@ from neva_pack.encoders import resolve_encoder
 from neva_pack.errors import ConfigError
 from neva_pack.images import ImagePreprocessor, ImageSource
 from neva_pack.records import RawRecord, RecordError, Turn
-from neva_pack.samples import SampleBuilder, image_token_layout
+from neva_pack.samples import SampleBuilder, image_run_for
 from neva_pack.templates import TOKENIZATIONS, Piece, available_templates, load_template, render
 from neva_pack.tokenizer import load_tokenizer
 
@@ -156,7 +156,7 @@ def make_builder(tokenizer_path, template, max_seq_length=4096, tokenization="ne
         template=load_template(template, tokenization),
         image_source=ImageSource(None),
         preprocessor=ImagePreprocessor(encoder, "square"),
-        layout=image_token_layout(tokenizer, encoder.image_tokens, tokenization=tokenization),
+        image_run=image_run_for(tokenizer, encoder.image_tokens, tokenization=tokenization),
         max_seq_length=max_seq_length,
         tokenization=tokenization,
         **kwargs,

@@ -232,7 +232,7 @@ def test_output_bytes_equal_the_golden_run(name, workloads, tmp_path, sample_tok
 
 def record_indices(batch) -> list[int]:
     """The records of a StoredBatch message, samples and skips, by the index each one carries."""
-    from neva_pack.formats.sample_store import SAMPLE_ROW
+    from neva_pack.sample_store import SAMPLE_ROW
 
     samples = np.frombuffer(batch.rows, dtype=SAMPLE_ROW)["record_index"].tolist()
     return sorted(samples + [skip.index for skip in batch.skipped])

@@ -57,7 +57,7 @@ from neva_pack.encoders import resolve_encoder
 from neva_pack.errors import ConfigError
 from neva_pack.images import ImagePreprocessor, ImageSource
 from neva_pack.records import IMAGE_PLACEHOLDER, RawRecord, RecordError, parse_record
-from neva_pack.samples import SampleBuilder, image_token_layout, missing_nemo_specials, truncation
+from neva_pack.samples import SampleBuilder, image_run_for, missing_nemo_specials, truncation
 from neva_pack.templates import TOKENIZATIONS, available_templates, load_template
 from neva_pack.tokenizer import load_tokenizer
 
@@ -92,7 +92,7 @@ def make_builder(tokenizer_path: Path, template: str, tokenization: str) -> Samp
         template=loaded,
         image_source=ImageSource(None),
         preprocessor=ImagePreprocessor(ENCODER, "square"),
-        layout=image_token_layout(
+        image_run=image_run_for(
             tokenizer, ENCODER.image_tokens, tokenization=tokenization, patch_token=loaded.image_patch_token
         ),
         max_seq_length=CONTEXT,
@@ -107,7 +107,7 @@ def ours(builder: SampleBuilder, record: dict) -> dict:
     except RecordError as error:
         return {"error": error.reason}
     if len(ids) > CONTEXT + 1:
-        cut, _ = truncation(image_starts, builder.layout.positions, CONTEXT)
+        cut, _ = truncation(image_starts, builder.image_run.positions, CONTEXT)
         ids, trained = ids[:cut], trained[:cut]
     return {"tokens": ids[:-1].tolist(), "labels": np.where(trained[1:], ids[1:], -1).tolist()}
 
@@ -210,7 +210,7 @@ def parity(name: str, tokenizer_paths: dict[str, Path]) -> dict[str, list[str]]:
     builder = make_builder(tokenizer_paths[tokenizer], template, tokenization)
     outcome: dict[str, list[str]] = {}
     for line in golden_lines(name):
-        line = expand_llava_images(line, builder.layout.patch_id)
+        line = expand_llava_images(line, builder.image_run.patch_id)
         record = RECORDS[line["id"]]
         reason = classify(line, ours(builder, record), record, builder, tokenization)
         outcome.setdefault(reason, []).append(line["id"])
@@ -322,7 +322,7 @@ def test_llava_v1_multi_round_masks_hinge_on_its_legacy_correction(tokenizer_pat
     builder = make_builder(tokenizer_paths["sample"], "v1", "llava")
     for line in golden_lines("llava/v1__sample.jsonl"):
         if line["id"] in moved:
-            labels = expand_llava_images(line, builder.layout.patch_id)["labels"]
+            labels = expand_llava_images(line, builder.image_run.patch_id)["labels"]
             if "reference_printed" in line:  # "tokenization mismatch": everything ignored
                 assert set(labels) == {-1}
             else:  # past model_max_length: no check, round k's mask k tokens early
@@ -408,14 +408,14 @@ def test_typed_nemo_specials_are_spelled_as_text(tokenizer_paths):
 
 def test_missing_nemo_image_tokens_are_named_with_the_way_out(mistral_tokenizer_path, sample_tokenizer_path):
     plain = load_tokenizer(mistral_tokenizer_path)
-    layout = image_token_layout(plain, ENCODER.image_tokens, tokenization="nemo")
-    message = missing_nemo_specials(plain, "nemo", layout)
+    image_run = image_run_for(plain, ENCODER.image_tokens, tokenization="nemo")
+    message = missing_nemo_specials(plain, "nemo", image_run)
     assert "<extra_id_4>/<extra_id_5>" in message and "--tokenization llava" in message
-    assert missing_nemo_specials(plain, "llava", image_token_layout(plain, 576, tokenization="llava")) is None
-    explicit = image_token_layout(plain, ENCODER.image_tokens, start_id=5, end_id=6)
+    assert missing_nemo_specials(plain, "llava", image_run_for(plain, 576, tokenization="llava")) is None
+    explicit = image_run_for(plain, ENCODER.image_tokens, start_id=5, end_id=6)
     assert missing_nemo_specials(plain, "nemo", explicit) is None
     nemo = load_tokenizer(sample_tokenizer_path)
-    assert missing_nemo_specials(nemo, "nemo", image_token_layout(nemo, 576)) is None
+    assert missing_nemo_specials(nemo, "nemo", image_run_for(nemo, 576)) is None
 
 
 def test_warning_at_start_and_strict_makes_it_an_error(sample_dataset, mistral_tokenizer_path, tmp_path, capsys):

@@ -13,7 +13,7 @@ import xxhash
 from neva_pack import checksums, paths
 from neva_pack.cli import main
 from neva_pack.formats import nemo
-from neva_pack.formats.indexed import bin_path
+from neva_pack.files.indexed import bin_path
 from neva_pack.verify import verify
 from tests.conftest import SAMPLE_DATA
 

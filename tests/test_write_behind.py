@@ -1,4 +1,4 @@
-"""Write-behind (formats/write_behind.py) changes how a large output reaches the disk, never its
+"""Write-behind (files/write_behind.py) changes how a large output reaches the disk, never its
 bytes: every full window behind the writer is written back and the one before dropped from the
 page cache, holes stay holes, and a file system that refuses the calls gets plain writes."""
 
@@ -11,10 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from neva_pack.formats import write_behind
-from neva_pack.formats.indexed import IndexedReader, IndexedWriter
-from neva_pack.formats.write_behind import WriteBehind
-from neva_pack.formats.indexed import bin_path
+from neva_pack.files import write_behind
+from neva_pack.files.indexed import IndexedReader, IndexedWriter, bin_path
+from neva_pack.files.write_behind import WriteBehind
 
 pytestmark = pytest.mark.skipif(write_behind._sync_file_range() is None, reason="no sync_file_range (not Linux)")
 

@@ -3,9 +3,8 @@
     FORMATS        meta "format" -> the format object (``base.PackedFormat``), one line per format
     open_packed    the reader of an output directory or prefix, whatever its format (the meta says)
 
-A new format is one module exposing ``FORMAT`` plus one line in ``FORMATS``. ``sample_store.py``
-(with ``image_pool.py`` and ``indexed.py``) is the intermediate store the packs are assembled
-from, not a packed format.
+A new format is one module exposing ``FORMAT`` plus one line in ``FORMATS``. The intermediate
+store the packs are assembled from is not a packed format: it is ``neva_pack.sample_store``.
 """
 
 from __future__ import annotations

@@ -35,9 +35,10 @@ import numpy as np
 
 from neva_pack.checksums import file_checksum
 from neva_pack.errors import ConfigError
-from neva_pack.formats.image_pool import PoolPart
 from neva_pack.formats.meta import Normalisation, PackedMeta, ReadPack
+from neva_pack.image_run import ImageRun
 from neva_pack.paths import TMP_SUFFIX, checkpoint_paths, meta_path, prefix_file, relative_name, tmp_prefix, write_json_atomic
+from neva_pack.sample_store.image_pool import PoolSegment
 
 if TYPE_CHECKING:
     from neva_pack.assemble import AssembledPack
@@ -229,13 +230,13 @@ class WriteSpec:
     """Token id written on padding positions."""
     ignore_index: int
     """Label written on padding positions."""
-    pool: tuple[PoolPart, ...]
+    pool: tuple[PoolSegment, ...]
     """The image pool the packs' image indices refer to (the sample store's parts)."""
     plan_digest: str
     """Identifies the plan and the settings it is written with: a checkpoint of another is not resumed
     (the pipeline's digest is JSON, ``{"plan": ..., "settings": ...}``, so that a resume can name the
     setting that differs)."""
-    image_run: tuple[int, ...]
+    image_run: ImageRun
     """The token ids of one image's run of positions (formats may store it once instead of per image)."""
 
 

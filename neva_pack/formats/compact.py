@@ -5,7 +5,7 @@
     output_dir/packed_seq_dataset.labels.bin    int32 labels, aligned with the tokens
     output_dir/packed_seq_dataset.index.bin     the arrays below, back to back (names, dtypes, offsets in the meta)
     output_dir/packed_seq_dataset.meta.json     format "compact": the normalisation, the pool's parts, checksums
-    output_dir/packed_seq_dataset/*.images      the image pool = the sample store's images (formats/image_pool.py;
+    output_dir/packed_seq_dataset/*.images      the image pool = the sample store's images (sample_store/image_pool.py;
                                                 shard_*.images from a run, pool_*.images from convert)
 
     index arrays                       pack p
@@ -42,12 +42,12 @@ import numpy as np
 
 from neva_pack.errors import InputError, parsing
 from neva_pack.formats.base import Checkpoint, Limits, PrefixFiles, WriteSpec, meta_is_of, prefix_files, publish
-from neva_pack.formats.image_pool import ImagePool, PoolPart
 from neva_pack.formats.meta import PackedMeta, ReadPack, read_meta
-from neva_pack.formats.output_file import OutputFile
+from neva_pack.files.output_file import OutputFile
 from neva_pack.packing.alignment import with_padding
 from neva_pack.paths import meta_path, prefix_file, relative_name
 from neva_pack.plan_table import PlanTable
+from neva_pack.sample_store.image_pool import ImagePool, PoolSegment
 
 __all__ = ["FORMAT", "CompactFormat", "PreparedPacks", "Reader", "Writer"]
 
@@ -185,12 +185,12 @@ class Reader:
         for path, ids in ((prefix_file(self.prefix, TOKENS), self.tokens), (prefix_file(self.prefix, LABELS), self.labels)):
             if len(ends) != 1 or len(ids) != ends[0]:
                 raise InputError(f"{path}: {len(ids)} ids, not the {ends.tolist()} that {index.name} lists (damaged)")
-        parts = [PoolPart(images_file=output_dir / part["images"], keys_file=output_dir / part["keys"], count=int(part["count"]))
+        parts = [PoolSegment(images_file=output_dir / part["images"], keys_file=output_dir / part["keys"], count=int(part["count"]))
                  for part in layout["pool"]]  # fmt: skip
         self.pool = ImagePool(parts, self.image_shape, mmap=True)
         self.pad_id = self.meta.pad_id
         self.ignore_index = self.meta.ignore_index
-        self.run = self.meta.image_token_ids.run(self.meta.image_positions)
+        self.run = self.meta.image_run.ids()
 
     def __getstate__(self):  # DataLoader workers (spawn) reopen the files instead of pickling the maps
         return {"prefix": self.prefix, "meta": self.meta}
@@ -273,9 +273,9 @@ class PreparedPacks:
 
 
 def prepare(packs, spec: WriteSpec) -> PreparedPacks:
-    """The packs' bytes and index entries; an image run that is not the layout's ids with ignored
+    """The packs' bytes and index entries; an image run that is not the spec's image run with ignored
     labels (before its last position) raises ValueError."""
-    run = np.asarray(spec.image_run, dtype=np.int64)
+    run = spec.image_run.ids()
     tokens, labels = [], []
     for pack in packs:
         pack_tokens, pack_labels = pack.tokens, pack.labels
@@ -284,7 +284,7 @@ def prepare(packs, spec: WriteSpec) -> PreparedPacks:
             dropped = ~keep
             if not (np.array_equal(pack_tokens[dropped], np.tile(run[:-1], len(pack.image_starts)))
                     and np.all(pack_labels[dropped] == spec.ignore_index)):  # fmt: skip
-                raise ValueError("an image run of the pack is not the layout's ids with ignored labels")
+                raise ValueError("an image run of the pack is not the image run's ids with ignored labels")
             pack_tokens, pack_labels = pack_tokens[keep], pack_labels[keep]
         tokens.append(pack_tokens)
         labels.append(pack_labels)
@@ -363,10 +363,10 @@ def check(reader: Reader, result) -> None:
     indices = a["image_indices"]
     if len(indices) and (indices.min() < 0 or indices.max() >= len(reader.pool)):
         result.add(f"index: image indices outside the pool of {len(reader.pool)} images")
-    for part in reader.pool.parts:
-        expected = part.count * reader.pool.image_bytes
-        if not part.images_file.is_file() or part.images_file.stat().st_size != expected:
-            result.add(f"{part.images_file.name}: not {part.count} images of {reader.pool.image_bytes} bytes")
+    for segment in reader.pool.segments:
+        expected = segment.count * reader.pool.image_bytes
+        if not segment.images_file.is_file() or segment.images_file.stat().st_size != expected:
+            result.add(f"{segment.images_file.name}: not {segment.count} images of {reader.pool.image_bytes} bytes")
 
 
 class CompactFormat:

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from neva_pack.errors import InputError
+from neva_pack.image_run import ImageRun
 
 META_VERSION = 2
 """Version of the meta schema below (1: untyped dict, before formats/; refused)."""
@@ -129,12 +130,6 @@ class ImageTokenIds:
     end: int | None
     """Id closing an image run, or None."""
 
-    def run(self, positions: int) -> np.ndarray:
-        """The ids of one image's run of ``positions`` positions: [start] patch ... patch [end]."""
-        from neva_pack.invariants import image_run
-
-        return image_run(positions, self.patch, self.start, self.end)
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Counts:
@@ -210,6 +205,12 @@ class PackedMeta:
     @property
     def crop_size(self) -> tuple[int, int]:
         return tuple(self.image_shape[1:])
+
+    @property
+    def image_run(self) -> ImageRun:
+        """The image run the packs hold (the meta spells it as image_positions and image_token_ids)."""
+        ids = self.image_token_ids
+        return ImageRun(positions=int(self.image_positions), patch_id=int(ids.patch), start_id=ids.start, end_id=ids.end)
 
     def replace(self, **changes) -> "PackedMeta":
         return dataclasses.replace(self, **changes)

@@ -33,7 +33,7 @@ from neva_pack.checksums import data_extents
 from neva_pack.errors import InputError
 from neva_pack.formats.base import Checkpoint, Limits, PrefixFiles, WriteSpec, meta_is_of, prefix_files, publish
 from neva_pack.formats.common import megatron as _megatron
-from neva_pack.formats.indexed import BIN_SUFFIX, IDX_SUFFIX, IndexedWriter, bin_path, idx_path, is_index, read_index
+from neva_pack.files.indexed import BIN_SUFFIX, IDX_SUFFIX, IndexedWriter, bin_path, idx_path, is_index, read_index
 from neva_pack.formats.meta import PackedMeta, ReadPack, read_meta
 from neva_pack.packing.alignment import padded_view
 from neva_pack.paths import META_SUFFIX, PLAN_SUFFIX, meta_path, packed_prefix, plan_path

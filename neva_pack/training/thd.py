@@ -88,7 +88,7 @@ def thd_batch(
     num_target_tokens, the boundary keys of the module docstring, and ``packed_seq_params``
     (Megatron-Core's PackedSeqParams; ``with_packed_seq_params=False`` stays free of Megatron).
 
-    ``image_run`` (the ids of one image's run: ``meta.image_token_ids.run(meta.image_positions)``)
+    ``image_run`` (the ids of one image's run: ``meta.image_run.ids()``)
     adds ``image_embedding_index`` (1, T): at the j-th position of the k-th image's run,
     ``k * image_positions + j`` (a row of the images' embeddings, flattened), -1 elsewhere;
     ``cp_slice`` needs it to give each rank the images its positions use.
@@ -251,7 +251,7 @@ def thd_collate(dataset, fixed_length: bool = False, with_packed_seq_params: boo
         max_seq_length=int(meta.max_seq_length),
         max_samples_per_pack=dataset.max_samples_in_a_pack,
         pad_to_multiple_of=int(meta.pad_to_multiple_of),
-        image_run=meta.image_token_ids.run(int(meta.image_positions)).tolist(),
+        image_run=meta.image_run.ids().tolist(),
         ignore_index=int(meta.ignore_index),
         pad_id=int(meta.pad_id),
         with_packed_seq_params=with_packed_seq_params,

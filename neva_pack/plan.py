@@ -1,8 +1,8 @@
-"""The pack-size explorer behind ``neva-pack plan``: candidate sizes x algorithms, from lengths alone.
+"""``neva-pack plan``, the pack-size explorer: candidate sizes x algorithms, from lengths alone.
 
 Choosing max_seq_length before a multi-hour run (too long: out of memory; too short: poor
 packing) needs only the sample lengths, which the sample store keeps: no re-tokenization, no
-image work, seconds for 665K samples. Samples are packed as a run would pack them: cut to the
+image work. Samples are packed as a run would pack them: cut to the
 size (its aligned capacity) and padded to the alignment multiple (``neva_pack.packing.alignment``),
 whose cost is the padding overhead column.
 """
@@ -16,11 +16,13 @@ from pathlib import Path
 import numpy as np
 
 from neva_pack import paths
-from neva_pack.formats import sample_store
 from neva_pack.errors import InputError
 from neva_pack.packing import pack
 from neva_pack.packing.alignment import aligned_capacity, padded_lengths
+from neva_pack.sample_store import PROGRESS_FILE, SampleStore
 from neva_pack.stats import global_batch_size_advice
+
+__all__ = ["Candidate", "SampleLengths", "explore", "format_table", "load_lengths"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -68,8 +70,8 @@ def load_lengths(path: Path) -> SampleLengths:
     """From an output directory's sample store, a store directory, or else an output's plan table (any format)."""
     path = Path(path)
     for directory in (paths.store_dir(path), path):
-        if (directory / paths.STORE_PROGRESS).is_file():
-            store = sample_store.SampleStore(directory)
+        if (directory / PROGRESS_FILE).is_file():
+            store = SampleStore(directory)
             meta = _output_meta(directory.parent)
             return SampleLengths(
                 lengths=store.lengths,
@@ -100,7 +102,7 @@ def load_lengths(path: Path) -> SampleLengths:
             source=str(reader.prefix),
             pad_to_multiple_of=int(meta.pad_to_multiple_of),
         )
-    raise InputError(f"{path}: no sample store ({paths.STORE_DIR}/{paths.STORE_PROGRESS}) nor plan table here")
+    raise InputError(f"{path}: no sample store ({paths.STORE_DIR}/{PROGRESS_FILE}) nor plan table here")
 
 
 def _output_meta(output_dir: Path) -> dict:

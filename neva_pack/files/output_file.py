@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from neva_pack.formats.write_behind import WriteBehind
+from neva_pack.files.write_behind import WriteBehind
 from neva_pack.checksums import digest_of_first_bytes, hash_zeros
 
 

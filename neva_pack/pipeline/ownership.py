@@ -1,13 +1,14 @@
-"""Who may write an output directory, and what --overwrite may delete in it.
+"""Who may write an output directory, and what --overwrite may delete in it: the first stage of a
+run (``prepare_output_dir``, ``prepare_part_dir``), before anything is written.
 
 - One run at a time: a run holds an OS lock (``flock``) on ``output_dir/.neva_pack.lock`` from
   before it touches anything until it ends (a crash or a kill releases it). The file names the
   holder (pid, host, start time) so that a second run can say who is in the way; it is removed
   when the run ends. A killed run leaves it behind, harmlessly: the lock, not the file, is what
   is held, and the kernel drops the lock with the process.
-- ``--overwrite`` (and ``--resume``, which deletes uncommitted shards) touch only paths this tool
+- ``--overwrite`` (and ``--resume``, which deletes uncommitted store segments) touch only paths this tool
   writes *and* whose content it recognises as its own: the sample store by its progress.json
-  format (or shard file names), each format's files as the format recognises them (``owns``: its
+  format (or segment file names), each format's files as the format recognises them (``owns``: its
   meta by the format field, ...), stats and skipped lines (``skipped[_<size>].jsonl``) by their keys. Anything else under one of our
   names (say, the user's image folder called ``packed_seq_dataset``) stops the run before a
   byte is deleted, as does an input (data, images, tokenizer) lying inside what would be deleted.
@@ -23,13 +24,16 @@ import shutil
 import socket
 from pathlib import Path
 
-from neva_pack import paths, shards
+from neva_pack import paths
 from neva_pack.errors import ConfigError
 from neva_pack.formats import declared_files
-from neva_pack.formats.sample_store import STORE_FORMAT
 from neva_pack.paths import LOCK_FILE
+from neva_pack.sample_store import PROGRESS_FILE, STORE_FORMAT, is_store_file, part_dir, part_of
 
-__all__ = ["LOCK_FILE", "OutputLock", "entries", "output_paths", "owned_outputs", "remove"]
+__all__ = [
+    "LOCK_FILE", "OutputLock", "entries", "is_part_file", "output_paths", "owned_outputs", "prepare_output_dir",
+    "prepare_part_dir", "remove",
+]  # fmt: skip
 
 
 
@@ -79,6 +83,11 @@ class OutputLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def is_part_file(name: str) -> bool:
+    """A file a sharded run's part holds: its store's files, its skipped lines, temporary names."""
+    return is_store_file(name) or name in (paths.SKIPPED_FILE, paths.SKIPPED_FILE + paths.TMP_SUFFIX)
 
 
 def entries(output_dir: Path) -> list[str]:
@@ -168,18 +177,18 @@ def _not_ours(path: Path, formats: list) -> str | None:
 def _store_problem(directory: Path) -> str | None:
     """Why a sample store directory is not recognisably ours: a progress.json of another format, or any
     file a store does not write (every file is checked, so a user's file is never deleted with it)."""
-    progress = directory / paths.STORE_PROGRESS
+    progress = directory / PROGRESS_FILE
     if progress.is_file() and _json_field(progress, "format") != STORE_FORMAT:
         return "has a progress.json of another format"
     for entry in sorted(directory.iterdir()):
         if entry.is_symlink():
             return f"holds a symbolic link ({entry.name})"
-        if entry.is_dir() and paths.PART_PATTERN.fullmatch(entry.name):  # a sharded run's part: a store of its own
+        if entry.is_dir() and part_of(entry.name):  # a sharded run's part: a store of its own
             strangers = [p.name for p in sorted(entry.iterdir()) if not (p.is_file() and not p.is_symlink() and
-                         (shards.is_part_file(p.name) or p.name == LOCK_FILE))]  # fmt: skip
+                         (is_part_file(p.name) or p.name == LOCK_FILE))]  # fmt: skip
             if strangers:
                 return f"holds files a sample store does not ({entry.name}/{strangers[0]})"
-        elif not (entry.is_file() and paths.is_store_file(entry.name)):
+        elif not (entry.is_file() and is_store_file(entry.name)):
             return f"holds files a sample store does not ({entry.name})"
     return None
 
@@ -191,3 +200,69 @@ def _json_field(path: Path, field: str):
         return None
     return value.get(field) if isinstance(value, dict) else None
 
+
+def prepare_output_dir(config, keep_store: bool = False) -> OutputLock:
+    """Lock the output directory for this run (returned, held) after checking what is in it:
+    a non-empty directory is refused (untouched) unless --resume or --overwrite, and these touch
+    only what neva-pack recognises as its own output. With ``keep_store`` (the final step of a
+    sharded run) the sample store, where the parts are, is expected and never removed."""
+    output_dir = Path(config.output_dir)
+    if output_dir.exists() and not output_dir.is_dir():
+        raise ConfigError(f"--output_dir {output_dir}: exists and is not a directory")
+    store = paths.store_dir(output_dir)
+
+    def refuse_if_not_empty():
+        names = [name for name in entries(output_dir) if not (keep_store and name == store.name)]
+        if names and not (config.resume or config.overwrite):
+            raise ConfigError(
+                f"--output_dir {output_dir}: not empty ({names[0]}{', ...' if len(names) > 1 else ''}); "
+                "pass --resume to continue an interrupted run or --overwrite to replace it"
+            )
+
+    refuse_if_not_empty()
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        lock = OutputLock(output_dir).acquire()
+    except OSError as exc:
+        raise ConfigError(f"--output_dir {output_dir}: cannot write ({exc.strerror or exc})") from None
+    try:
+        refuse_if_not_empty()  # another run may have written here before this one got the lock
+        inputs = {"data_path": config.data_path, "image_folder": config.image_folder, "tokenizer_path": config.tokenizer_path}
+        owned = owned_outputs(output_dir, inputs if config.overwrite else {})
+        if keep_store:
+            owned = [path for path in owned if path != store]
+        if config.overwrite:
+            remove(owned)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+def prepare_part_dir(config) -> OutputLock:
+    """--num_shards N --shard_index i: lock shard i's part directory (returned, held) after checking it.
+    The parts of a run are written at the same time by several nodes, so each locks only its own
+    part, which is its own output: non-empty needs --resume, or --overwrite (which removes what a
+    part holds, and refuses anything else)."""
+    output_dir = Path(config.output_dir)
+    if output_dir.exists() and not output_dir.is_dir():
+        raise ConfigError(f"--output_dir {output_dir}: exists and is not a directory")
+    part = part_dir(paths.store_dir(output_dir), config.num_shards, config.shard_index)
+    try:
+        part.mkdir(parents=True, exist_ok=True)
+        lock = OutputLock(part).acquire()
+    except OSError as exc:
+        raise ConfigError(f"--output_dir {output_dir}: cannot write ({exc.strerror or exc})") from None
+    try:
+        names = entries(part)
+        if names and not (config.resume or config.overwrite):
+            raise ConfigError(f"{part}: this shard was started before; pass --resume to continue it or --overwrite to redo it")
+        if names and config.overwrite:
+            strangers = [name for name in names if not is_part_file(name)]
+            if strangers:
+                raise ConfigError(f"{part}: holds {strangers[0]}, which a store part does not; move it away (nothing was deleted)")
+            remove([part / name for name in names])
+    except BaseException:
+        lock.release()
+        raise
+    return lock

@@ -1,8 +1,8 @@
 """numba kernel of the sample store's reader: stored sample text -> tokens and labels.
 
-A pack group's samples (~270 for 32 text-only packs) are decoded in one compiled pass over their
-positions; per-sample NumPy calls cost ~5 us a sample, a pass over every position in NumPy
-(masks, gathers) ~20 ns a position, more than the samples' file reads. What is decoded, for one
+A pack group's samples (hundreds for a group of text-only packs) are decoded in one compiled pass
+over their positions: per-sample NumPy calls, or NumPy passes over every position (masks, gathers),
+cost more than the samples' file reads. What is decoded, for one
 sample of ``length`` positions whose image runs are N ids long (``sample_store.SampleStore.texts``)::
 
     raw        [ stored ids + last label | trained bits (int32 words) | image starts ]
@@ -51,7 +51,7 @@ def decode_texts(raw, items, lengths, keep, run_prefix, ignore, tokens, labels):
         p = 0
         while p < cut:
             if next_start < n_starts and p == raw[first_start + next_start]:
-                # the run's first N - 1 positions: ids from the layout, never trained
+                # the run's first N - 1 positions: ids from the image run, never trained
                 for r in range(elide):
                     if p + r < cut:
                         tokens[out + p + r] = run_prefix[r]

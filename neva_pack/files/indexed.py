@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from neva_pack.errors import InputError
-from neva_pack.formats.output_file import OutputFile
+from neva_pack.files.output_file import OutputFile
 
 INDEX_MAGIC = b"MMIDIDX\x00\x00"
 INDEX_VERSION = 1

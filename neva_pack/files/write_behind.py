@@ -1,11 +1,11 @@
 """Streaming a large output file to disk without filling the page cache with it.
 
-A plain buffered write of GBs (NeMo's float32 images: 1.35 MB each; the image pool) leaves every
-page dirty in the page cache until the kernel's dirty limit throttles the writer, and grows the
-cache by the file's size. On this project's 2-core VM that cost ~2.5 s of kernel CPU per GB and
-ran at 375-475 MB/s; starting write-back of each window as soon as it is written, waiting for the
-window before it and dropping that one from the cache (the file is read again only by training,
-long after) wrote the same 4 GB at 1.2-1.5 GB/s with 1.6 s of CPU. Only a speed matter: durability still comes from the writers' fsync at checkpoints and
+A plain buffered write of GBs (NeMo's float32 images; the image pool) leaves every page dirty in
+the page cache until the kernel's dirty limit throttles the writer, and grows the cache by the
+file's size. So write-back of each window starts as soon as it is written, the writer waits for the
+window before it and drops that one from the cache (the file is read again only by training, long
+after): less kernel CPU and a faster write (benchmarks/ measures it). Only a speed matter:
+durability still comes from the writers' fsync at checkpoints and
 at publish, and where the calls are missing or refused (not Linux, some network file systems)
 the writer goes on without them.
 """

@@ -1,0 +1,166 @@
+"""preprocess(config): the stages wired together, each with a progress bar.
+
+    ownership.py   the output directory locked, what is in it checked (--resume / --overwrite)
+    encode.py      records --DataLoader workers--> StoredBatch messages --> sample store segments
+                   (committed at checkpoints), the skip fraction checked as records are read
+    parts.py       a sharded run: one shard's part encoded, or the final step joining every part
+    pack.py        per pack size: the store's lengths --pack()--> PackingPlan, balanced over ranks
+    write.py       packs assembled and checked (in workers for large plans) --format writer
+                   (checkpointed)--> packed_seq_dataset[_<size>].*; resume checks of a prefix
+    skipped.py     skipped.jsonl, and skipped_<size>.jsonl with a size's own skips
+    report.py      stats[_<size>].json (RunReport) and the meta the writer publishes, last
+
+A run killed at any point resumes with --resume: committed segments are kept, packing is
+recomputed (it is a pure function of the lengths), and the writer continues after its last
+checkpoint; the result is byte-identical to an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from neva_pack import invariants
+from neva_pack import paths
+from neva_pack.assemble import rows_at
+from neva_pack.config import PreprocessConfig
+from neva_pack.errors import InputError, OutputError
+from neva_pack.formats import output_format
+from neva_pack.formats.base import WriteSpec
+from neva_pack.packing.alignment import aligned_capacity, padded_lengths
+from neva_pack.parallel_assembly import PackJob
+from neva_pack.pipeline.builder import build_sample_builder, pack_spec, sample_fingerprint
+from neva_pack.pipeline.encode import encode_samples, records_per_message
+from neva_pack.pipeline.ownership import prepare_output_dir
+from neva_pack.pipeline.pack import balance, pack_kept
+from neva_pack.pipeline.parts import content_fingerprint, encode_part, join_parts
+from neva_pack.pipeline.report import packed_meta, run_report
+from neva_pack.pipeline.skipped import too_many_skipped, write_run_skipped, write_size_skipped
+from neva_pack.pipeline.write import drop_store, plan_digest, remove_stale_tmp, resumed_prefix, write_packs, write_settings
+from neva_pack.plan_table import PlanTable
+from neva_pack.records import RecordIndex, index_records, record_ids
+from neva_pack.report import RunReport
+from neva_pack.sample_store import SampleStore
+from neva_pack.samples import SampleBuilder
+
+__all__ = ["RunResult", "build_sample_builder", "preprocess", "sample_fingerprint"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunResult:
+    reports: dict[int, RunReport]
+    """Pack size -> everything its stats file holds: counts, skips by reason, packing figures, overrides."""
+    exit_code: int
+    """0, or 1 when --strict and a record was skipped."""
+    notes: tuple[str, ...] = ()
+    """Lines for the user beyond the reports (what a shard's run did, and what comes next)."""
+
+    @property
+    def report(self) -> RunReport:
+        """The report of the largest pack size (the only one, unless --pack_sizes)."""
+        return self.reports[max(self.reports)]
+
+
+def preprocess(config: PreprocessConfig, progress: bool = True) -> RunResult:
+    started = time.perf_counter()
+    builder = build_sample_builder(config)
+    if config.num_shards is not None and config.shard_index is not None:
+        return RunResult(reports={}, exit_code=0, notes=(encode_part(config, builder, progress),))
+    with prepare_output_dir(config, keep_store=config.num_shards is not None) as lock:
+        return _run(config, builder, lock.path.parent, progress, started)
+
+
+def _run(config: PreprocessConfig, builder: SampleBuilder, output_dir: Path, progress: bool, started) -> RunResult:
+    """Every stage, while the output directory's lock is held. With --num_shards (and no
+    --shard_index) this is the final step of a sharded run: the parts are checked and joined
+    into the sample store instead of encoding, and the rest is the same."""
+    index = index_records(config.data_path, every=records_per_message(config), progress=progress)
+    total = index.count
+    store_directory = paths.store_dir(output_dir)
+    if config.num_shards is None:
+        encode_samples(config, builder, store_directory, output_dir, index, progress)
+    else:
+        resume_fingerprint = sample_fingerprint(config)
+        fingerprint = content_fingerprint(config, builder, total, resume_fingerprint)
+        join_parts(
+            store_directory, config.num_shards, total, fingerprint, builder.preprocessor.shape, resume_fingerprint,
+            image_run=builder.image_run.ids(), ignore_index=config.ignore_index,
+        )  # fmt: skip
+    store = SampleStore(store_directory)
+    write_run_skipped(store.skipped_files(), output_dir)
+    skipped = sum(store.skipped_by_reason.values())
+    if config.num_shards is not None and skipped > config.max_skip_fraction * total:  # each part checked only its own
+        raise too_many_skipped(config.max_skip_fraction, skipped, f"the {total}", output_dir)
+    if len(store) == 0:
+        raise InputError(
+            f"none of the {total} record(s) of {config.data_path} could be used; reasons in {output_dir / paths.SKIPPED_FILE}"
+        )
+    reports = {}
+    for size in config.sizes:
+        reports[size] = _write_prefix(config, builder, store, index, size, output_dir, progress, started)
+    if config.drop_store:
+        drop_store(output_dir, [paths.packed_prefix(output_dir, size if len(config.sizes) > 1 else None) for size in config.sizes])
+    strict_failure = config.strict and any(report.records.skipped > 0 for report in reports.values())
+    return RunResult(reports=reports, exit_code=1 if strict_failure else 0)
+
+
+def _write_prefix(
+    config, builder, store, index: RecordIndex, size: int, output_dir: Path, progress: bool, started
+) -> RunReport:
+    """Pack the store for one pack size and publish its prefix (skipped when --resume finds it complete)."""
+    total = index.count
+    named_size = size if len(config.sizes) > 1 else None
+    prefix = paths.packed_prefix(output_dir, named_size)
+    stats_file = paths.stats_path(output_dir, named_size)
+    settings = write_settings(config, size)
+    if config.resume:
+        published = resumed_prefix(prefix, stats_file, settings)
+        if published is not None:
+            return published  # published before the interruption, with these settings
+    multiple = config.alignment
+    rows, cuts, unsupervised = rows_at(store, aligned_capacity(size, multiple), builder.image_run.positions, config.ignore_index)
+    padded = padded_lengths(rows["length"], multiple)  # what is packed (== length when multiple is 1)
+    kept = np.setdiff1d(np.arange(len(rows), dtype=np.int64), unsupervised)
+    if len(kept) == 0:
+        raise InputError(f"pack size {size}: the cut leaves none of the {len(rows)} sample(s) a trained label")
+    plan = pack_kept(config, padded, kept, size)
+    plan, balance_report = balance(config, plan, rows)
+    fmt = output_format(config.output_format)
+    spec = WriteSpec(
+        image_shape=tuple(builder.preprocessor.shape),
+        normalisation=builder.preprocessor.normalisation(),
+        pad_id=config.pad_id,
+        ignore_index=config.ignore_index,
+        pool=tuple(store.pool_segments),
+        plan_digest=plan_digest(plan, padded, settings),
+        image_run=builder.image_run,
+    )
+    remove_stale_tmp(prefix, spec.plan_digest)
+    writer = fmt.writer(prefix, spec, resume=config.resume)
+    checks = pack_spec(config, builder, size)
+    every = max(1, config.checkpoint_every // 10)
+    job = PackJob(store=store, plan=plan, cuts=cuts, pad_to_multiple_of=multiple, checks=checks,
+                  prepare=functools.partial(fmt.prepare, spec=spec))  # fmt: skip
+    write_packs(job, writer, every, progress, fmt.needs_pixels, config.num_workers)
+    report = run_report(
+        config, builder, store, rows, plan, padded, kept, len(unsupervised), balance_report, total, prefix,
+        time.perf_counter() - started,
+    )  # fmt: skip
+    problem = invariants.accounting_problem(total, report.records.packed, report.records.skipped)
+    if problem is not None:
+        raise OutputError(f"{prefix}: {problem}; nothing was published (run again with --overwrite)")
+    skipped_file = paths.skipped_path(output_dir, named_size)
+    cut_records = np.sort(store.rows["record_index"][unsupervised]).astype(np.int64)
+    ids = record_ids(config.data_path, cut_records, builder.record_limits, index) if len(cut_records) else {}
+    write_size_skipped(output_dir / paths.SKIPPED_FILE, skipped_file, cut_records, ids, size)
+    paths.write_json_atomic(stats_file, report.to_json())
+    writer.publish(
+        PlanTable.of(rows, plan, multiple),
+        extra_files=[stats_file, skipped_file],
+        meta=packed_meta(config, builder, spec, report),
+    )
+    return report

@@ -1,0 +1,61 @@
+"""The pack stage: a pack size's plan from the stored lengths alone (the samples kept at that size),
+its order balanced over data-parallel ranks, and what the recommended algorithm would save."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from neva_pack.config import PreprocessConfig
+from neva_pack.packing import RECOMMENDED_ALGORITHM, PackingPlan, pack
+from neva_pack.packing.balance import PackCosts, balance_order, reorder_plan, straggler_overhead
+from neva_pack.report import AlgorithmSuggestion, BalanceReport
+
+__all__ = ["SUGGEST_WHEN_SAVING", "balance", "better_algorithm", "pack_kept"]
+
+SUGGEST_WHEN_SAVING = 0.01
+"""Suggest the recommended algorithm when it would need at least this fraction fewer packs."""
+BALANCE_STREAM = 1
+"""Second number of the balance generator's seed, (seed, 1): independent of the packer's stream."""
+
+
+def balance(config: PreprocessConfig, plan: PackingPlan, rows: np.ndarray) -> tuple[PackingPlan, BalanceReport | None]:
+    """With --balance_data_parallel N: the plan's packs reordered so that every N consecutive packs
+    cost alike, and the straggler overheads before (the packer's order) and after."""
+    group = config.balance_data_parallel
+    if not group:
+        return plan, None
+    chosen = rows[plan.indices]
+    costs = PackCosts.of(chosen["length"], plan.offsets, chosen["num_images"])
+    order = balance_order(costs, group, np.random.default_rng((config.seed, BALANCE_STREAM)))
+    overheads = {
+        f"{name}_overhead_{when}": straggler_overhead(getattr(costs, name), group, arrangement)
+        for name in ("attention", "tokens", "images")
+        for when, arrangement in (("before", None), ("after", order))
+    }
+    return reorder_plan(plan, order), BalanceReport(data_parallel=group, **overheads)
+
+
+def pack_kept(config: PreprocessConfig, padded: np.ndarray, kept: np.ndarray, size: int) -> PackingPlan:
+    """The plan of the samples ``kept`` at this size, its indices into the store's rows (all of
+    them when none is left out: the same plan as packing every row)."""
+    plan = pack(
+        padded[kept], size, algorithm=config.packing_algorithm, seed=config.seed, max_samples_per_pack=config.max_samples_per_pack
+    )
+    return replace(plan, indices=kept[plan.indices])
+
+
+def better_algorithm(
+    lengths: np.ndarray, plan: PackingPlan, *, algorithm: str, seed: int, max_samples_per_pack: int | None
+) -> AlgorithmSuggestion | None:
+    """The recommended algorithm, when it packs ``lengths`` into at least SUGGEST_WHEN_SAVING fewer
+    packs than ``plan`` (made by ``algorithm``); None otherwise. It is fast enough to run on every run."""
+    if algorithm == RECOMMENDED_ALGORITHM:
+        return None
+    alternative = pack(lengths, plan.capacity, RECOMMENDED_ALGORITHM, seed=seed, max_samples_per_pack=max_samples_per_pack)
+    if alternative.num_bins > plan.num_bins * (1 - SUGGEST_WHEN_SAVING):
+        return None
+    return AlgorithmSuggestion(
+        algorithm=RECOMMENDED_ALGORITHM, packs=alternative.num_bins, saving=1 - alternative.num_bins / plan.num_bins
+    )

@@ -1,0 +1,259 @@
+"""A sharded run's parts: each shard encodes a contiguous record range (neva_pack.shards) into its
+own part of the store; a final step checks the parts and joins them into the sample store.
+
+    records     0 ........ 1428 ........ 2857 ........ 4285 ...   (--num_shards 7, 10,000 records)
+    shard       |--- 0 ----|---- 1 ------|---- 2 ------|--- ...
+    part        packed_seq_dataset/part_00000_of_00007/   a complete sample store of its range,
+                                                          committed in segments: resumable on its own
+    final step  every part present, complete, same settings (content fingerprint), ranges tiling
+                [0, records) once -> parts joined in record order by Megatron-Core's add_index
+                (no re-tokenising) -> packed and written like any run: the same bytes as a run
+                without shards
+
+The content fingerprint names what decides the samples by content, never by absolute path or
+mtime (nodes mount the same files at different places): hashes of the data file, the tokenizer
+files and the template, the encoder's settings, and every other sample setting (those of the
+resume fingerprint). The image folder is identified by the records that name its files, not hashed.
+
+Each part dedups its images within itself; the join drops the images an earlier part already
+holds (sample_store.join_part), so the joined pool is the one a run without shards builds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from neva_pack.config import PreprocessConfig
+from neva_pack.errors import ConfigError, InputError
+from neva_pack.pipeline.builder import sample_fingerprint
+from neva_pack.pipeline.encode import encode_samples, records_per_message
+from neva_pack.pipeline.ownership import LOCK_FILE, is_part_file, prepare_part_dir
+from neva_pack.records import index_records
+from neva_pack.sample_store import (
+    PROGRESS_FILE,
+    SampleStoreWriter,
+    StoreDamage,
+    join_part,
+    part_dir,
+    part_of,
+    store_files_problem,
+)
+from neva_pack.samples import SampleBuilder
+from neva_pack.shards import shard_range
+from neva_pack.checksums import file_checksum
+
+__all__ = ["LOCATION_KEYS", "Partition", "content_fingerprint", "encode_part", "join_parts"]
+
+LOCATION_KEYS = ("data_path", "data_size", "data_mtime_ns", "image_folder", "tokenizer_path", "conv_template",
+                 "hf_vision_encoder")  # fmt: skip
+"""Keys of the resume fingerprint that name a file or a setting by location or name; the content
+fingerprint replaces them by digests of what they designate."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Partition:
+    """One shard's share of the records (what its part's progress file records)."""
+
+    num_shards: int
+    """Shards of the run (--num_shards)."""
+    shard_index: int
+    """This shard, 0-based (--shard_index)."""
+    total_records: int
+    """Records in the input file: every shard must see the same file."""
+    first_record: int
+    """First input record of the shard."""
+    end_record: int
+    """One past the shard's last record."""
+    fingerprint: dict
+    """Content fingerprint of the settings (see module docstring)."""
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def encode_part(config: PreprocessConfig, builder: SampleBuilder, progress: bool) -> str:
+    """--num_shards N --shard_index i: encode shard i's record range into its own part of the sample
+    store; --resume / --overwrite touch only that part. Returns the line that tells the user what next."""
+    output_dir = Path(config.output_dir)
+    if output_dir.exists() and not output_dir.is_dir():
+        raise ConfigError(f"--output_dir {output_dir}: exists and is not a directory")
+    index = index_records(config.data_path, every=records_per_message(config), progress=progress)
+    total = index.count
+    first, end = shard_range(total, config.num_shards, config.shard_index)
+    with prepare_part_dir(config) as lock:
+        part = lock.path.parent
+        resume_fingerprint = sample_fingerprint(config)
+        partition = Partition(
+            num_shards=config.num_shards,
+            shard_index=config.shard_index,
+            total_records=total,
+            first_record=first,
+            end_record=end,
+            fingerprint=content_fingerprint(config, builder, total, resume_fingerprint),
+        )
+        extra = {"partition": partition.to_json()}
+        encode_samples(config, builder, part, part, index, progress, first=first, end=end, extra=extra)
+    return (
+        f"shard {config.shard_index} of {config.num_shards}: records {first}..{end - 1} encoded into {part}; "
+        f"once every shard is done, run the same command without --shard_index to pack"
+    )
+
+
+def content_fingerprint(config, builder, total_records: int, resume_fingerprint: dict) -> dict:
+    """What decides the samples, by content (no absolute path, no mtime): the resume fingerprint
+    (``builder.sample_fingerprint``) with its locations and names replaced by content digests."""
+    encoder = builder.preprocessor.encoder
+    template = {k: v for k, v in dataclasses.asdict(builder.template).items() if k != "name"}
+    return {
+        "data": _file_digest(Path(config.data_path)),
+        "records": total_records,
+        "tokenizer": _tokenizer_digest(Path(config.tokenizer_path)),
+        "template": _text_digest(json.dumps(template, sort_keys=True, default=str)),
+        "encoder": _text_digest(json.dumps([encoder.processor, encoder.preprocessor_config, encoder.patch_size], sort_keys=True)),
+        "image_ids": [builder.image_run.patch_id, builder.image_run.start_id, builder.image_run.end_id],
+        "image_positions": builder.image_run.positions,
+        **{k: v for k, v in resume_fingerprint.items() if k not in LOCATION_KEYS and k != "image_ids"},
+    }
+
+
+def join_parts(
+    store_directory: Path, num_shards: int, total_records: int, fingerprint: dict, image_shape, resume_fingerprint: dict,
+    *, image_run, ignore_index: int,
+) -> None:  # fmt: skip
+    """Check that the parts tile [0, total_records) once with identical settings and that each part's
+    files are what its progress file records, then join them into the sample store (one store shard
+    per part), check the joined store's files, and only then remove the parts.
+
+    Idempotent: a store already joined from the same parts is left as it is (parts left over by a
+    run stopped while removing them are removed).
+    """
+    store_directory = Path(store_directory)
+    progress_file = store_directory / PROGRESS_FILE
+    if progress_file.is_file():
+        joined = json.loads(progress_file.read_text(encoding="utf-8"))
+        if joined.get("complete") and joined.get("joined_from") == _joined_marker(num_shards, total_records, fingerprint):
+            _remove_joined_parts(store_directory, num_shards)
+            return
+    parts = _check_parts(store_directory, num_shards, total_records, fingerprint)
+    marker = {"joined_from": _joined_marker(num_shards, total_records, fingerprint)}
+    writer = SampleStoreWriter(
+        store_directory, image_shape, resume_fingerprint, extra=marker, image_run=image_run, ignore_index=ignore_index
+    )
+    for path, progress in parts:
+        partition = progress["partition"]
+        try:
+            join_part(writer, path, partition["first_record"], partition["end_record"])
+        except StoreDamage as exc:
+            raise _damaged(path, partition, exc) from None
+    problem = store_files_problem(store_directory, json.loads(progress_file.read_text(encoding="utf-8")))
+    if problem is not None:  # left incomplete, with every part: the final step joins them again
+        raise InputError(f"{store_directory}: the store joined from the parts is damaged ({problem}); the parts "
+                         "were kept: run the final step again")  # fmt: skip
+    writer.finish(total_records)
+    for path, _ in parts:
+        shutil.rmtree(path)
+
+
+def _damaged(path: Path, partition: dict, problem) -> InputError:
+    first, end, index = partition["first_record"], partition["end_record"], partition["shard_index"]
+    return InputError(f"{path.name} (records {first}..{end - 1}) is damaged: {problem}; nothing was deleted: run it "
+                      f"again with --shard_index {index} --overwrite")  # fmt: skip
+
+
+def _remove_joined_parts(store_directory: Path, num_shards: int) -> None:
+    """Parts of this run left in a store already joined from them (the final step stopped while it
+    removed them): the joined store holds their records. Only directories that are one of this run's
+    parts by name and hold nothing but a part's files are removed."""
+    for path in sorted(store_directory.iterdir()):
+        part = part_of(path.name)
+        if not (part and path.is_dir() and not path.is_symlink() and part[1] == num_shards and part[0] < num_shards):
+            continue
+        if all(p.is_file() and not p.is_symlink() and (is_part_file(p.name) or p.name == LOCK_FILE) for p in path.iterdir()):
+            shutil.rmtree(path)
+
+
+def _joined_marker(num_shards: int, total_records: int, fingerprint: dict) -> dict:
+    return {"num_shards": num_shards, "total_records": total_records, "fingerprint": fingerprint}
+
+
+def _check_parts(store_directory: Path, num_shards: int, total: int, fingerprint: dict) -> list[tuple[Path, dict]]:
+    found = sorted(p for p in store_directory.iterdir() if p.is_dir() and part_of(p.name)) if store_directory.is_dir() else []
+    foreign = [p.name for p in found if part_of(p.name)[1] != num_shards]
+    if foreign:
+        raise InputError(f"{store_directory}: {', '.join(foreign)} belong to a run with another --num_shards; "
+                         f"remove them (this run has --num_shards {num_shards})")  # fmt: skip
+    parts = []
+    for index in range(num_shards):
+        path = part_dir(store_directory, num_shards, index)
+        first, end = shard_range(total, num_shards, index)
+        progress = _read_part(path)
+        if progress is None:
+            raise InputError(f"{path.name} (records {first}..{end - 1}) is missing: run the same command with "
+                             f"--shard_index {index}")  # fmt: skip
+        if not progress.get("complete"):
+            raise InputError(f"{path.name} (records {first}..{end - 1}) is incomplete: finish it with "
+                             f"--shard_index {index} --resume")  # fmt: skip
+        partition = progress.get("partition") or {}
+        for key, value in sorted(fingerprint.items()):
+            if partition.get("fingerprint", {}).get(key) != value:
+                raise InputError(f"{path.name} was encoded with other settings ({key} differs); run it again with "
+                                 f"--shard_index {index} --overwrite and the settings of this command")  # fmt: skip
+        parts.append((path, progress, partition))
+    covered = sorted((p["first_record"], p["end_record"], path.name) for path, _, p in parts)
+    position = 0
+    for first, end, name in covered:
+        if first < position:
+            raise InputError(f"{name} holds records {first}..{end - 1}, already covered by another part "
+                             f"(duplicated part); run it again with --overwrite")  # fmt: skip
+        if first > position:
+            raise InputError(f"records {position}..{first - 1} are in no part (missing part before {name})")
+        position = end
+    if position != total:
+        raise InputError(f"records {position}..{total - 1} are in no part (missing part)")
+    for path, progress, partition in parts:
+        expected = shard_range(total, num_shards, partition["shard_index"])
+        if path.name != part_dir(store_directory, num_shards, partition["shard_index"]).name or expected != (
+            partition["first_record"], partition["end_record"]
+        ):
+            raise InputError(f"{path.name} holds shard {partition['shard_index']} of {partition['num_shards']} "
+                             f"(records {partition['first_record']}..{partition['end_record'] - 1}): a duplicated "
+                             "or moved part; run it again with --overwrite")  # fmt: skip
+    for path, progress, partition in parts:  # before anything is joined or deleted: a damaged part is redone
+        problem = store_files_problem(path, progress)
+        if problem is not None:
+            raise _damaged(path, partition, problem)
+    return [(path, progress) for path, progress, _ in parts]
+
+
+def _read_part(path: Path) -> dict | None:
+    progress = path / PROGRESS_FILE
+    if not progress.is_file():
+        return None
+    try:
+        return json.loads(progress.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise InputError(f"{progress}: unreadable ({exc})") from None
+
+
+def _file_digest(path: Path) -> str:
+    return file_checksum(path)
+
+
+def _text_digest(text: str) -> str:
+    import xxhash
+
+    return xxhash.xxh3_128_hexdigest(text.encode("utf-8"))
+
+
+def _tokenizer_digest(path: Path) -> str:
+    """By content: a single file's bytes (not its name: the same .model copied under another name is
+    the same tokenizer); a directory's files by their names inside it (tokenizer.json, ...) and bytes."""
+    if not path.is_dir():
+        return _file_digest(path)
+    files = sorted(p for p in path.iterdir() if p.is_file())
+    return _text_digest(json.dumps([[p.name, _file_digest(p)] for p in files]))
+

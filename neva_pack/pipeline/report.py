@@ -1,0 +1,91 @@
+"""The report and meta of a pack size: the run report (stats_<size>.json, the summary printed) and
+the meta a reader needs (the writer adds the files, their checksums and the format's own fields)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from neva_pack.config import PreprocessConfig
+from neva_pack.formats.base import WriteSpec
+from neva_pack.formats.meta import META_VERSION, Counts, ImageTokenIds, PackedMeta
+from neva_pack.pipeline.pack import better_algorithm
+from neva_pack.report import RecordCounts, RunReport
+from neva_pack.samples import SampleBuilder
+from neva_pack.stats import arrays_from_plan, global_batch_size_advice, packing_stats, training_overrides
+
+__all__ = ["packed_meta", "run_report"]
+
+
+def run_report(
+    config, builder, store, rows, plan, padded, kept, unsupervised: int, balance, total: int, prefix: Path, seconds: float
+) -> RunReport:  # fmt: skip
+    """What a pack size's stats file holds: counts, skips by reason (the store's, and the samples this
+    size's cut leaves ``unsupervised``), packing figures, the algorithm hint, training overrides."""
+    stats = packing_stats(arrays_from_plan(plan, rows, builder.image_run.positions, padded, config.alignment))
+    gbs = global_batch_size_advice(config.global_batch_size, stats.samples_per_pack.mean)
+    skipped_by_reason = dict(store.skipped_by_reason)
+    if unsupervised:  # cut at this size before all of their answers
+        skipped_by_reason["no_supervised_tokens"] = skipped_by_reason.get("no_supervised_tokens", 0) + unsupervised
+    return RunReport(
+        dataset=Path(config.data_path).name,
+        records=RecordCounts(
+            total=total,
+            packed=plan.num_samples,
+            skipped=sum(skipped_by_reason.values()),
+            truncated=int(rows["truncated"][plan.indices].sum()),
+            skipped_by_reason=skipped_by_reason,
+        ),
+        packing=stats,
+        algorithm=config.packing_algorithm,
+        seed=config.seed,
+        suggestion=better_algorithm(
+            padded[kept], plan, algorithm=config.packing_algorithm, seed=config.seed,
+            max_samples_per_pack=config.max_samples_per_pack,
+        ),
+        balance=balance,
+        max_seq_length=plan.capacity,
+        image_positions=builder.image_run.positions,
+        output_format=config.output_format,
+        data_prefix=str(prefix),
+        crop_size=list(builder.preprocessor.shape[1:]),
+        global_batch_size=config.global_batch_size,
+        packed_global_batch_size=gbs,
+        training_overrides=training_overrides(str(prefix), builder.preprocessor.shape[1:], gbs, config.output_format),
+        seconds=round(seconds, 3),
+    )
+
+
+def packed_meta(config: PreprocessConfig, builder: SampleBuilder, spec: WriteSpec, report: RunReport) -> PackedMeta:
+    """Everything a reader needs; the writer fills in format, pack count, its files' description and checksums."""
+    return PackedMeta(
+        format=config.output_format,
+        version=META_VERSION,
+        num_packs=report.packing.packs,
+        image_shape=spec.image_shape,
+        normalisation=spec.normalisation,
+        dataset=Path(config.data_path).name,
+        template=builder.template.name,
+        tokenization=builder.tokenization.name,
+        tokenizer=str(config.tokenizer_path),
+        vocab_size=builder.tokenizer.vocab_size,
+        encoder=builder.preprocessor.encoder.name,
+        image_aspect_ratio=config.image_aspect_ratio,
+        image_positions=builder.image_run.positions,
+        image_token_ids=ImageTokenIds(patch=builder.image_run.patch_id, start=builder.image_run.start_id, end=builder.image_run.end_id),
+        ignore_index=config.ignore_index,
+        pad_id=spec.pad_id,
+        pad_to_multiple_of=config.alignment,
+        balance_data_parallel=config.balance_data_parallel,
+        max_seq_length=report.max_seq_length,
+        algorithm=config.packing_algorithm,
+        seed=config.seed,
+        max_samples_per_pack=config.max_samples_per_pack,
+        counts=Counts(
+            records=report.records.total,
+            samples=report.records.packed,
+            skipped=report.records.skipped,
+            truncated=report.records.truncated,
+            packs=report.packing.packs,
+            images=report.packing.images,
+        ),
+    )

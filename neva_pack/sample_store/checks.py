@@ -1,0 +1,102 @@
+"""What a store's progress file says, and whether the store's files and this run agree with it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from neva_pack.errors import ConfigError, InputError
+from neva_pack.files.indexed import bin_path, idx_path, read_index
+from neva_pack.sample_store.files import (
+    PROGRESS_FILE,
+    SAMPLE_ROW,
+    STORE_FORMAT,
+    STORE_FORMAT_VERSION,
+    STORE_TEXT_DTYPE,
+    TEXT_ITEMS,
+    SegmentInfo,
+    segment_image_refs_path,
+    segment_rows_path,
+    segment_skipped_path,
+    segment_text_prefix,
+)
+from neva_pack.sample_store.image_pool import KEY_BYTES, pool_segment
+from neva_pack.checksums import file_checksum
+
+__all__ = ["StoreDamage", "check_settings", "read_progress", "store_files_problem"]
+
+
+class StoreDamage(ValueError):
+    """A store's files disagree with what its progress file records (``store_files_problem``, ``join_part``)."""
+
+
+def read_progress(directory: Path) -> dict:
+    """The store's progress file, once it is a sample store's of this version (InputError otherwise)."""
+    path = Path(directory) / PROGRESS_FILE
+    try:
+        progress = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"{path}: missing (the output is incomplete or not a neva_pack output)") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise InputError(f"{path}: unreadable ({exc})") from None
+    if progress.get("format") != STORE_FORMAT:
+        raise InputError(f"{path}: format {progress.get('format')!r}, expected {STORE_FORMAT!r}")
+    if not isinstance(progress.get("version"), int) or progress["version"] > STORE_FORMAT_VERSION:
+        raise InputError(f"{path}: version {progress.get('version')!r} is newer than this neva_pack reads ({STORE_FORMAT_VERSION})")
+    if progress["version"] != STORE_FORMAT_VERSION:
+        raise InputError(f"{directory}: a sample store of version {progress['version']}; this neva_pack needs "
+                         f"{STORE_FORMAT_VERSION} (run again with --overwrite)")  # fmt: skip
+    return progress
+
+
+def check_settings(stored: dict, current: dict) -> None:
+    """--resume: ConfigError naming the first setting (by key) whose stored value differs from this run's."""
+    for key in sorted(set(stored) | set(current)):
+        if stored.get(key) != current.get(key):
+            raise ConfigError(
+                f"--resume: the output was started with {key}={stored.get(key)!r}, this run has "
+                f"{current.get(key)!r}; run with the same settings, or --overwrite to start again"
+            )
+
+
+def store_files_problem(directory: Path, progress: dict) -> str | None:
+    """What is wrong with the files of a store's committed segments, checked against what its progress
+    file records: each file's size (rows, image refs, the pool's images and keys; the text index's
+    documents and the size of the text it points into), the skipped lines' count, and the checksum of
+    each pool segment's keys (its images are hashed as ``join_part`` copies them). None when all agree.
+    Cheap: reads the indexes and keys, never the text or the pixels."""
+    directory = Path(directory)
+    image_bytes = int(np.prod(progress["image_shape"]))
+    for segment in (SegmentInfo(**info) for info in progress["shards"]):
+        pool = pool_segment(directory, segment.name, segment.pool_images, segment.pool_checksums)
+        sizes = [(segment_rows_path(directory, segment.name), segment.samples * SAMPLE_ROW.itemsize),
+                 (segment_image_refs_path(directory, segment.name), segment.images * KEY_BYTES)]  # fmt: skip
+        if pool.count:
+            sizes += [(pool.images_file, pool.count * image_bytes), (pool.keys_file, pool.count * KEY_BYTES)]
+        text = segment_text_prefix(directory, segment.name)
+        if segment.samples:
+            try:
+                index = read_index(idx_path(text))
+            except (OSError, InputError) as exc:
+                return f"{idx_path(text).name}: {exc.strerror if isinstance(exc, OSError) else exc}"
+            if len(index.sequence_lengths) != TEXT_ITEMS * segment.samples or len(index.document_indices) != segment.samples + 1:
+                return f"{idx_path(text).name} indexes {len(index.document_indices) - 1} samples, {segment.samples} expected"
+            end = int(index.sequence_pointers[-1]) + int(index.sequence_lengths[-1]) * np.dtype(STORE_TEXT_DTYPE).itemsize
+            sizes.append((bin_path(text), end))
+        for path, expected in sizes:
+            if not path.is_file():
+                return f"{path.name} is missing"
+            if path.stat().st_size != expected:
+                return f"{path.name} is {path.stat().st_size:,} bytes, {expected:,} expected"
+        skipped = segment_skipped_path(directory, segment.name)
+        if not skipped.is_file():
+            return f"{skipped.name} is missing"
+        with open(skipped, "rb") as f:
+            lines = sum(1 for line in f if line.strip())
+        if lines != sum(segment.skipped_by_reason.values()):
+            return f"{skipped.name} lists {lines} records, {sum(segment.skipped_by_reason.values())} expected"
+        if pool.count and pool.checksums is not None and file_checksum(pool.keys_file) != pool.checksums[1]:
+            return f"{pool.keys_file.name} does not hash to the checksum its progress file records"
+    return None

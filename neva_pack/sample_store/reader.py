@@ -1,0 +1,184 @@
+"""The store's read side: lengths for the packer, samples by index for assembly.
+
+Samples are read with file reads, not memory maps, so reading a large store does not grow the
+process's resident memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from neva_pack.errors import InputError
+from neva_pack.files.indexed import IndexedReader
+from neva_pack.sample_store.batches import elided_positions
+from neva_pack.sample_store.checks import read_progress
+from neva_pack.sample_store.files import (
+    SAMPLE_ROW,
+    STORE_TEXT_DTYPE,
+    TEXT_ITEMS,
+    SegmentInfo,
+    run_from_pairs,
+    segment_image_refs_path,
+    segment_rows_path,
+    segment_skipped_path,
+    segment_text_prefix,
+)
+from neva_pack.sample_store.image_pool import KEY_BYTES, ImagePool, load_keys, pool_segment
+
+__all__ = ["SampleStore", "StoredTexts"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoredTexts:
+    """Samples' text as read back from the store (``SampleStore.texts``)."""
+
+    tokens: np.ndarray
+    """int32 tokens of the samples, concatenated."""
+    labels: np.ndarray
+    """int32 labels, aligned with the tokens."""
+    lengths: np.ndarray
+    """int64 positions of each sample (after its cut)."""
+    image_starts: list[np.ndarray]
+    """Per sample, int64 where each of its image runs starts (in the sample, before any cut)."""
+
+
+class SampleStore:
+    """Read side of the sample store: lengths for the packer, samples by index for the writer.
+
+    Samples are read with file reads, not memory maps, so reading a large store does not grow
+    the process's resident memory.
+    """
+
+    def __init__(self, directory: Path):
+        self.directory = Path(directory)
+        progress = read_progress(self.directory)
+        if not progress["complete"]:
+            raise InputError(f"{self.directory}: the sample store is incomplete (resume the run with --resume)")
+        self.fingerprint = progress["fingerprint"]
+        self.image_shape = tuple(progress["image_shape"])
+        self.image_run = run_from_pairs(progress["image_run"])
+        self.ignore_index = int(progress["ignore_index"])
+        self.segments = [SegmentInfo(**segment) for segment in progress["shards"]]
+        rows = [np.fromfile(segment_rows_path(self.directory, s.name), dtype=SAMPLE_ROW) for s in self.segments]
+        self.rows = np.concatenate(rows) if rows else np.zeros(0, dtype=SAMPLE_ROW)
+        self._first_sample = np.cumsum([0] + [s.samples for s in self.segments])
+        self._first_image = np.cumsum([0] + [s.images for s in self.segments])
+        self._sample_first_image = np.concatenate([[0], np.cumsum(self.rows["num_images"].astype(np.int64))])
+        self.pool_segments = [pool_segment(self.directory, s.name, s.pool_images, s.pool_checksums) for s in self.segments]
+        self.pool = ImagePool(self.pool_segments, self.image_shape, mmap=False)
+        self._known = None
+        self._text = {}
+        self._refs = {}
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return self.rows["length"].astype(np.int64)
+
+    @property
+    def skipped_by_reason(self) -> dict:
+        total: dict[str, int] = {}
+        for segment in self.segments:
+            for reason, count in segment.skipped_by_reason.items():
+                total[reason] = total.get(reason, 0) + count
+        return total
+
+    def skipped_files(self) -> list[Path]:
+        return [segment_skipped_path(self.directory, s.name) for s in self.segments]
+
+    def _locate(self, i: int) -> tuple[int, int]:
+        segment = int(np.searchsorted(self._first_sample, i, side="right")) - 1
+        return segment, i - int(self._first_sample[segment])
+
+    def _text_reader(self, segment: int) -> IndexedReader:
+        """The segment's text file, opened on first use."""
+        if segment not in self._text:
+            self._text[segment] = IndexedReader(segment_text_prefix(self.directory, self.segments[segment].name))
+        return self._text[segment]
+
+    def tokens_labels(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        text = self.texts([i])
+        return text.tokens, text.labels
+
+    def image_starts(self, i: int) -> np.ndarray:
+        segment, local = self._locate(i)
+        return self._text_reader(segment)[TEXT_ITEMS * local + 2]
+
+    def texts(self, indices, keep=None) -> "StoredTexts":
+        """Tokens and labels of samples ``indices``, concatenated, each cut to ``keep[k]`` positions
+        when given (None: whole), with one file read per sample and one compiled pass over them all
+        (``store_kernels.decode_texts``): what assembly needs for a group of packs.
+
+            stored (per sample)   [t0 t2 t3 | last label]  bits [1 0 1]  starts [1]     (run S P, N = 2)
+            ids (per sample)      [t0 S  t2 t3 | last label]        S filled in from the image run
+            tokens                [t0 S  t2 t3]       labels  = next id where trained, else ignore
+        """
+        from neva_pack.sample_store.kernels import SOUND, decode_texts  # numba: imported on first read
+
+        indices = np.asarray(indices, dtype=np.int64)
+        lengths = self.rows["length"][indices].astype(np.int64)
+        keep = lengths if keep is None else np.minimum(np.asarray(keep, dtype=np.int64), lengths)
+        raw, items = self._raw_texts(indices)  # per sample: stored ids + last label | trained bits | image starts
+        total = int(keep.sum())
+        tokens = np.empty(total, dtype=STORE_TEXT_DTYPE)
+        labels = np.empty(total, dtype=STORE_TEXT_DTYPE)
+        run_prefix = self.image_run[:-1].astype(STORE_TEXT_DTYPE)
+        bad = decode_texts(raw, items, lengths, keep, run_prefix, STORE_TEXT_DTYPE(self.ignore_index), tokens, labels)
+        sizes = items.sum(axis=1)
+        starts_at = (np.cumsum(sizes) - items[:, 2]).tolist()
+        if bad != SOUND:
+            k = int(bad)
+            sample_starts = raw[starts_at[k] : starts_at[k] + int(items[k, 2])]
+            elided_positions(sample_starts, len(self.image_run), int(lengths[k]))  # raises when the runs are at fault
+            raise ValueError(f"sample {int(indices[k])}: its stored text does not fit its {int(lengths[k])} positions (a bug)")
+        no_images = np.zeros(0, dtype=np.int64)
+        return StoredTexts(
+            tokens=tokens,
+            labels=labels,
+            lengths=keep,
+            image_starts=[raw[at : at + n].astype(np.int64) if n else no_images for at, n in zip(starts_at, items[:, 2].tolist())],
+        )
+
+    def _raw_texts(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The samples' stored text values, concatenated in the order asked (one read per sample),
+        and the lengths of their three items."""
+        segments = np.searchsorted(self._first_sample, indices, side="right") - 1
+        present = np.unique(segments)
+        if len(present) == 1:  # the usual case: read in order, nothing to reorder
+            segment = int(present[0])
+            return self._text_reader(segment).raw_documents(indices - self._first_sample[segment], TEXT_ITEMS)
+        items = np.zeros((len(indices), TEXT_ITEMS), dtype=np.int64)
+        pieces = []
+        for segment in present.tolist():
+            chosen = np.flatnonzero(segments == segment)
+            values, items[chosen] = self._text_reader(segment).raw_documents(indices[chosen] - self._first_sample[segment], TEXT_ITEMS)
+            pieces.append((chosen, values))
+        sizes = items.sum(axis=1)
+        block = np.cumsum(sizes) - sizes
+        raw = np.empty(int(sizes.sum()), dtype=STORE_TEXT_DTYPE)
+        for chosen, values in pieces:  # each segment's samples to their places in the order asked
+            raw[np.repeat(block[chosen] - (np.cumsum(sizes[chosen]) - sizes[chosen]), sizes[chosen]) + np.arange(len(values))] = values
+        return raw, items
+
+    def image_indices(self, i: int) -> np.ndarray:
+        """Pool index of each image of sample i, in placeholder order."""
+        count = int(self.rows["num_images"][i])
+        if count == 0:
+            return np.zeros(0, dtype=np.int64)
+        segment, _ = self._locate(i)
+        if segment not in self._refs:
+            self._refs[segment] = segment_image_refs_path(self.directory, self.segments[segment].name).read_bytes()
+        if self._known is None:
+            self._known = load_keys(self.pool_segments)
+        first = int(self._sample_first_image[i] - self._first_image[segment])
+        refs = self._refs[segment]
+        return np.array([self._known[refs[k * KEY_BYTES : (k + 1) * KEY_BYTES]] for k in range(first, first + count)])
+
+    def images(self, i: int) -> np.ndarray:
+        """uint8 (num_images, 3, H, W) of sample i."""
+        return self.pool.read(self.image_indices(i))
