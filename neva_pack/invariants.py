@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from neva_pack.defaults import PAD_ID
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PackSpec:
@@ -37,7 +39,7 @@ class PackSpec:
     """Id opening an image run, if any."""
     end_id: int | None
     """Id closing an image run, if any."""
-    pad_id: int = 0
+    pad_id: int = PAD_ID
     """Token id of alignment padding (after a sample's real tokens, up to its cu_seqlens boundary)."""
 
     def image_run(self) -> np.ndarray:

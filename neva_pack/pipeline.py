@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from neva_pack import __version__, invariants, shards
+from neva_pack import invariants, shards
 from neva_pack import store as layout
 from neva_pack import output_dir as ownership
 from neva_pack.assemble import plan_table, rows_at
@@ -34,7 +34,7 @@ from neva_pack.formats import format_module, sample_store
 from neva_pack.formats.base import Checkpoint, WriteSpec
 from neva_pack.formats.meta import META_VERSION, Counts, ImageTokenIds, PackedMeta, read_meta_json
 from neva_pack.formats.sample_store import check_settings
-from neva_pack.config import PreprocessConfig
+from neva_pack.config import PreprocessConfig, meta_fields
 from neva_pack.encoders import resolve_encoder
 from neva_pack.errors import ConfigError, InputError, OutputError
 from neva_pack.images import ImagePreprocessor, ImageSource
@@ -130,7 +130,7 @@ def build_sample_builder(config: PreprocessConfig) -> SampleBuilder:
         image_source=image_source,
         preprocessor=preprocessor,
         layout=layout_,
-        max_seq_length=aligned_capacity(config.max_seq_length, config.alignment),
+        max_seq_length=config.cut_length,
         truncate=config.truncate,
         ignore_index=config.ignore_index,
         system_prompt=config.system_prompt,
@@ -154,33 +154,6 @@ def pack_spec(config: PreprocessConfig, builder: SampleBuilder, size: int) -> in
     )
 
 
-def sample_fingerprint(config: PreprocessConfig) -> dict:
-    """Everything that decides the samples: a resumed run must match it exactly."""
-    data = Path(config.data_path).resolve()
-    stat = data.stat()
-    return {
-        "data_path": str(data),
-        "data_size": stat.st_size,
-        "data_mtime_ns": stat.st_mtime_ns,
-        "image_folder": None if config.image_folder is None else str(Path(config.image_folder).resolve()),
-        "tokenizer_path": str(Path(config.tokenizer_path).resolve()),
-        "conv_template": config.conv_template,
-        "hf_vision_encoder": config.hf_vision_encoder,
-        "image_aspect_ratio": config.image_aspect_ratio,
-        "max_seq_length": aligned_capacity(config.max_seq_length, config.alignment),
-        "truncate": config.truncate,
-        "ignore_index": config.ignore_index,
-        "use_im_start_end": config.use_im_start_end,
-        "patch_dim": config.patch_dim,
-        "image_ids": [config.image_patch_id, config.image_start_id, config.image_end_id],
-        "system_prompt": config.system_prompt,
-        "tokenization": config.tokenization,
-        "budgets": [config.max_record_bytes, config.max_record_depth, config.max_conversation_chars,
-                    config.max_image_bytes, config.max_image_pixels, config.allow_outside_image_folder],
-        "neva_pack": __version__,
-    }
-
-
 def preprocess(config: PreprocessConfig, progress: bool = True) -> RunResult:
     started = time.perf_counter()
     builder = build_sample_builder(config)
@@ -200,7 +173,7 @@ def _run(config: PreprocessConfig, builder: SampleBuilder, output_dir: Path, pro
     if config.num_shards is None:
         _encode_samples(config, builder, store_directory, output_dir, index, progress)
     else:
-        resume_fingerprint = sample_fingerprint(config)
+        resume_fingerprint = config.sample_fingerprint()
         fingerprint = shards.content_fingerprint(config, builder, total, resume_fingerprint)
         shards.join_parts(
             store_directory, config.num_shards, total, fingerprint, builder.preprocessor.shape, resume_fingerprint,
@@ -232,7 +205,7 @@ def _write_prefix(
     named_size = size if len(config.sizes) > 1 else None
     prefix = layout.packed_prefix(output_dir, named_size)
     stats_file = layout.stats_path(output_dir, named_size)
-    settings = write_settings(config, size)
+    settings = config.write_settings(size)
     if config.resume:
         published = _resumed_prefix(prefix, stats_file, settings)
         if published is not None:
@@ -404,7 +377,7 @@ def _encode_part(config: PreprocessConfig, builder: SampleBuilder, progress: boo
         raise ConfigError(f"--output_dir {output_dir}: cannot write ({exc.strerror or exc})") from None
     with lock:
         _prepare_part_dir(config, part)
-        resume_fingerprint = sample_fingerprint(config)
+        resume_fingerprint = config.sample_fingerprint()
         partition = shards.Partition(
             num_shards=config.num_shards,
             shard_index=config.shard_index,
@@ -445,7 +418,7 @@ def _encode_samples(
     committing a store shard every checkpoint. The workers seek to their records by ``index``."""
     end = index.count if end is None else end
     writer = sample_store.SampleStoreWriter(
-        store_directory, builder.preprocessor.shape, sample_fingerprint(config), resume=config.resume,
+        store_directory, builder.preprocessor.shape, config.sample_fingerprint(), resume=config.resume,
         first_record=first, extra=extra, image_run=builder.layout.run(), ignore_index=config.ignore_index,
     )  # fmt: skip
     start = writer.next_record
@@ -548,36 +521,11 @@ def _write_skipped(parts: list[Path], output_dir: Path) -> None:
 
 def _plan_digest(plan: PackingPlan, padded: np.ndarray, settings: dict) -> str:
     """Identifies what the writer writes: a resumed writer continues only for the same plan, padding
-    and writing settings (``write_settings``; kept readable so that a resume can name one that differs)."""
+    and writing settings (``PreprocessConfig.write_settings``; kept readable so that a resume can name one that differs)."""
     digest = hashlib.sha256()
     for array in (plan.offsets, plan.indices, padded):
         digest.update(np.ascontiguousarray(array, dtype=np.int64).tobytes())
     return json.dumps({"plan": digest.hexdigest(), "settings": settings}, sort_keys=True)
-
-
-def write_settings(config: PreprocessConfig, size: int) -> dict:
-    """Every setting that decides the bytes of a pack size's published files beyond the samples
-    (``sample_fingerprint``, checked by the sample store): a resumed prefix, finished or not, must
-    have been written with exactly these (the sizes are in the prefix's name, its size is here)."""
-    return {
-        "output_format": config.output_format,
-        "max_seq_length": size,
-        "packing_algorithm": config.packing_algorithm,
-        "seed": config.seed,
-        "max_samples_per_pack": config.max_samples_per_pack,
-        "pad_to_multiple_of": config.alignment,  # the lcm with the parallel sizes' multiples
-        "pad_id": config.pad_id,
-        "ignore_index": config.ignore_index,
-        "balance_data_parallel": config.balance_data_parallel,
-        "global_batch_size": config.global_batch_size,  # stats.json's advice and training overrides
-    }
-
-
-META_SETTINGS = {"output_format": "format", "max_seq_length": "max_seq_length", "packing_algorithm": "algorithm",
-                 "seed": "seed", "max_samples_per_pack": "max_samples_per_pack",
-                 "pad_to_multiple_of": "pad_to_multiple_of", "pad_id": "pad_id", "ignore_index": "ignore_index",
-                 "balance_data_parallel": "balance_data_parallel"}  # fmt: skip
-"""write_settings key -> the meta field that records it (global_batch_size is in the stats file)."""
 
 
 def _resumed_prefix(prefix: Path, stats_file: Path, settings: dict) -> RunReport | None:
@@ -588,7 +536,7 @@ def _resumed_prefix(prefix: Path, stats_file: Path, settings: dict) -> RunReport
     if meta_file.is_file() and stats_file.is_file():
         report = read_report(stats_file)
         meta = read_meta_json(meta_file)
-        stored = {key: meta[field] for key, field in META_SETTINGS.items() if field in meta}
+        stored = {key: meta[field] for key, field in meta_fields().items() if field in meta}
         stored["global_batch_size"] = report.global_batch_size
         check_settings(stored, {key: settings[key] for key in stored})
         return report
@@ -687,7 +635,6 @@ def _report(
 def _meta(config: PreprocessConfig, builder: SampleBuilder, spec: WriteSpec, report: RunReport) -> PackedMeta:
     """Everything a reader needs; the writer fills in format, pack count, layout and checksums."""
     return PackedMeta(
-        format=config.output_format,
         version=META_VERSION,
         num_packs=report.packing.packs,
         image_shape=spec.image_shape,
@@ -701,14 +648,7 @@ def _meta(config: PreprocessConfig, builder: SampleBuilder, spec: WriteSpec, rep
         image_aspect_ratio=config.image_aspect_ratio,
         image_positions=builder.layout.positions,
         image_token_ids=ImageTokenIds(patch=builder.layout.patch_id, start=builder.layout.start_id, end=builder.layout.end_id),
-        ignore_index=config.ignore_index,
-        pad_id=spec.pad_id,
-        pad_to_multiple_of=config.alignment,
-        balance_data_parallel=config.balance_data_parallel,
-        max_seq_length=report.max_seq_length,
-        algorithm=config.packing_algorithm,
-        seed=config.seed,
-        max_samples_per_pack=config.max_samples_per_pack,
+        **config.meta_settings(report.max_seq_length),  # format, sizes, algorithm, seed, pad id, ignore index, ...
         counts=Counts(
             records=report.records.total,
             samples=report.records.packed,

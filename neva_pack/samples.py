@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from neva_pack.defaults import IGNORE_INDEX, PAD_ID
 from neva_pack.errors import ConfigError
 from neva_pack.formats.sample_store import StoredBatch, stored_batch
 from neva_pack.invariants import image_run
@@ -183,7 +184,7 @@ class SampleBuilder:
         layout: ImageTokenLayout,
         max_seq_length: int,
         truncate: bool = True,
-        ignore_index: int = -1,
+        ignore_index: int = IGNORE_INDEX,
         system_prompt: str | None = None,
         tokenization: str = DEFAULT_TOKENIZATION,
         record_limits: RecordLimits = RecordLimits(),
@@ -485,7 +486,7 @@ class SampleBuilder:
         return np.zeros((0, *self.preprocessor.shape), dtype=np.uint8)
 
 
-def check_token_ids(layout: ImageTokenLayout, vocab_size: int, pad_id: int = 0, ignore_index: int = -1) -> None:
+def check_token_ids(layout: ImageTokenLayout, vocab_size: int, pad_id: int = PAD_ID, ignore_index: int = IGNORE_INDEX) -> None:
     """Image and pad ids must be ids of the vocabulary (0 .. vocab_size - 1), hence exact in the float32
     packed format: an id like 16777217 would be stored as 16777216. The ignore value must not be one:
     the labels of that token would read as ignored and never be trained."""

@@ -33,12 +33,6 @@ from neva_pack.errors import ConfigError, InputError
 
 PART_NAME = layout.PART_NAME
 _PART = layout.PART_PATTERN
-LOCATION_KEYS = ("data_path", "data_size", "data_mtime_ns", "image_folder", "tokenizer_path", "conv_template",
-                 "hf_vision_encoder")  # fmt: skip
-"""Keys of the resume fingerprint that name a file or a setting by location or name; the content
-fingerprint replaces them by digests of what they designate."""
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Partition:
     """One shard's share of the records (what its part's progress file records)."""
@@ -101,7 +95,9 @@ def _slurm_number(environ, name: str, flag: str) -> int:
 
 def content_fingerprint(config, builder, total_records: int, resume_fingerprint: dict) -> dict:
     """What decides the samples, by content (no absolute path, no mtime): the resume fingerprint
-    (``pipeline.sample_fingerprint``) with its locations and names replaced by content digests."""
+    (``PreprocessConfig.sample_fingerprint``) with its locations and names (``SampleConfig.location_keys``)
+    replaced by content digests."""
+    locations = set(config.sample.location_keys())
     encoder = builder.preprocessor.encoder
     template = {k: v for k, v in dataclasses.asdict(builder.template).items() if k != "name"}
     return {
@@ -112,7 +108,7 @@ def content_fingerprint(config, builder, total_records: int, resume_fingerprint:
         "encoder": _text_digest(json.dumps([encoder.processor, encoder.preprocessor_config, encoder.patch_size], sort_keys=True)),
         "image_ids": [builder.layout.patch_id, builder.layout.start_id, builder.layout.end_id],
         "image_positions": builder.layout.positions,
-        **{k: v for k, v in resume_fingerprint.items() if k not in LOCATION_KEYS and k != "image_ids"},
+        **{k: v for k, v in resume_fingerprint.items() if k not in locations and k != "image_ids"},
     }
 
 

@@ -29,6 +29,7 @@ import functools
 
 import torch
 
+from neva_pack.defaults import IGNORE_INDEX, PAD_ID
 from neva_pack.dataset import position_ids_from_cu_seqlens
 
 
@@ -38,8 +39,8 @@ def thd_batch(
     *,
     max_seq_length: int | None = None,
     max_samples_per_pack: int | None = None,
-    ignore_index: int = -1,
-    pad_id: int = 0,
+    ignore_index: int = IGNORE_INDEX,
+    pad_id: int = PAD_ID,
     with_packed_seq_params: bool = True,
 ) -> dict:
     """One THD batch from ``PackedSeqDataset`` items, packs concatenated in order.
