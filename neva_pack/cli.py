@@ -116,7 +116,7 @@ def config_from_args(args: argparse.Namespace):
     for required in required_settings():
         if values.get(required) is None:
             raise ConfigError(f"--{required} is required")
-    return PreprocessConfig.from_flat(**values)
+    return PreprocessConfig(**values)
 
 
 def _run_preprocess(args) -> int:

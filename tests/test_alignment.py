@@ -70,13 +70,13 @@ def test_the_aligned_capacity_is_the_longest_length_that_fits_once_padded(capaci
 
 def test_config_derives_the_multiple_and_refuses_one_larger_than_a_pack(tmp_path):
     base = dict(data_path=SAMPLE_DATA / "llava_sample.json", tokenizer_path=SAMPLE_DATA / "tokenizer.model", output_dir=tmp_path)
-    config = PreprocessConfig.from_flat(**base, context_parallel_size=2, tensor_parallel_size=4, sequence_parallel=True)
+    config = PreprocessConfig(**base, context_parallel_size=2, tensor_parallel_size=4, sequence_parallel=True)
     assert config.alignment == 8
     with pytest.raises(ConfigError, match="multiple of 64 .* packs of 32 positions"):
-        PreprocessConfig.from_flat(**base, max_seq_length=32, pad_to_multiple_of=64)
+        PreprocessConfig(**base, max_seq_length=32, pad_to_multiple_of=64)
     for name in ("pad_to_multiple_of", "context_parallel_size", "tensor_parallel_size", "balance_data_parallel"):
         with pytest.raises(ConfigError, match=f"--{name} 0: must be >= 1"):
-            PreprocessConfig.from_flat(**base, **{name: 0})
+            PreprocessConfig(**base, **{name: 0})
 
 
 def test_parallel_sizes_are_read_from_a_nemo_config(tmp_path, capsys):

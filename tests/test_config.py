@@ -66,7 +66,7 @@ def test_nemo_flags_keep_nemo_names_and_defaults():
 def test_field_names_are_unique_across_the_parts_and_read_through(required):
     names = [spec.name for spec, _ in settings()]
     assert len(names) == len(set(names)) == len(PreprocessConfig.field_names())
-    config = PreprocessConfig.from_flat(**required, seed=3, strict=True, tokenization="llava")
+    config = PreprocessConfig(**required, seed=3, strict=True, tokenization="llava")
     for part in PARTS:
         for spec in dataclasses.fields(getattr(config, part)):
             assert getattr(config, spec.name) == getattr(getattr(config, part), spec.name)
@@ -98,12 +98,12 @@ def test_every_hparams_key_is_one_nemo_configs_hold():
 )
 def test_a_wrong_type_or_value_is_refused_naming_the_flag(required, setting, value, message):
     with pytest.raises(ConfigError) as error:
-        PreprocessConfig.from_flat(**required, **{setting: value})
+        PreprocessConfig(**required, **{setting: value})
     assert str(error.value).startswith(message)
 
 
 def test_pack_sizes_derive_the_sizes_and_overwrite_nothing(required):
-    config = PreprocessConfig.from_flat(**required, pack_sizes=[2048, 1024, 2048], pad_to_multiple_of=48)
+    config = PreprocessConfig(**required, pack_sizes=[2048, 1024, 2048], pad_to_multiple_of=48)
     assert config.pack.pack_sizes == (2048, 1024, 2048) and config.max_seq_length == 4096  # as given
     assert config.sizes == (1024, 2048)
     assert config.cut_length == 2016  # the largest size, less what padding to 48 would push over it
@@ -113,7 +113,7 @@ def test_pack_sizes_derive_the_sizes_and_overwrite_nothing(required):
 
 @pytest.mark.parametrize("part", sorted(PARTS))
 def test_a_part_holds_exactly_the_values_it_was_given(required, part):
-    config = PreprocessConfig.from_flat(**required, pack_sizes=[512, 256], crop_size=[336, 336], num_workers=0)
+    config = PreprocessConfig(**required, pack_sizes=[512, 256], crop_size=[336, 336], num_workers=0)
     values = dataclasses.asdict(getattr(config, part))
     assert dataclasses.asdict(PARTS[part](**values)) == values
 
@@ -121,7 +121,7 @@ def test_a_part_holds_exactly_the_values_it_was_given(required, part):
 def test_the_sample_fingerprint_is_the_sample_part(required):
     """Every field of SampleConfig is in the fingerprint (alone, or in a list with its kin), and
     the fingerprint keeps the layout sample stores already hold, so that they still resume."""
-    config = PreprocessConfig.from_flat(**required, image_patch_id=5, max_record_depth=9, system_prompt="Be brief.")
+    config = PreprocessConfig(**required, image_patch_id=5, max_record_depth=9, system_prompt="Be brief.")
     fingerprint = config.sample_fingerprint()
     assert list(fingerprint) == STORED_FINGERPRINT_KEYS
     sample = dataclasses.asdict(config.sample)
@@ -142,13 +142,13 @@ def test_the_sample_fingerprint_is_the_sample_part(required):
 
 
 def test_every_writing_setting_changes_the_settings(required):
-    base = PreprocessConfig.from_flat(**required)
+    base = PreprocessConfig(**required)
     changed = {"max_seq_length": 2048, "packing_algorithm": "near_optimal", "seed": 1, "global_batch_size": 64,
                "max_samples_per_pack": 3, "output_format": "compact", "pad_to_multiple_of": 8, "pad_id": 2,
                "balance_data_parallel": 2, "ignore_index": -100}  # fmt: skip
     assert set(changed) == set(base.write_settings(4096))
     for name, value in changed.items():
-        other = PreprocessConfig.from_flat(**required, **{name: value})
+        other = PreprocessConfig(**required, **{name: value})
         assert other.write_settings(other.sizes[-1]) != base.write_settings(4096), name
     assert set(meta_fields()) == set(changed) - {"global_batch_size"}  # the stats file records it
 
@@ -159,6 +159,16 @@ def test_parts_separate_the_concerns():
     assert {"tokenizer_path", "conv_template", "max_image_bytes"} <= {spec.name for spec in dataclasses.fields(SampleConfig)}
 
 
-def test_an_unknown_setting_is_a_type_error(required):
+def test_settings_by_name_build_the_same_config_as_the_parts(required, tmp_path):
+    by_name = PreprocessConfig(**required, seed=3, num_workers=0, conv_template="v1")
+    by_part = PreprocessConfig(
+        sample=SampleConfig(data_path=required["data_path"], tokenizer_path=required["tokenizer_path"], conv_template="v1"),
+        pack=PackConfig(seed=3),
+        run=RunConfig(output_dir=required["output_dir"], num_workers=0),
+    )
+    assert by_name == by_part
+    assert dataclasses.replace(by_name, pack=PackConfig(seed=4)).seed == 4
     with pytest.raises(TypeError, match="'sede'"):
-        PreprocessConfig.from_flat(**required, sede=1)
+        PreprocessConfig(**required, sede=1)
+    with pytest.raises(TypeError, match="not both"):
+        PreprocessConfig(sample=by_name.sample, pack=by_name.pack, run=by_name.run, seed=1)

@@ -312,7 +312,7 @@ def test_a_cut_landing_just_after_adjacent_image_runs_keeps_them_whole(tmp_path,
     from neva_pack.pipeline import build_sample_builder
     from neva_pack.records import RawRecord
 
-    config = PreprocessConfig.from_flat(data_path=TOKENIZER, tokenizer_path=TOKENIZER, output_dir=tmp_path / "unused",
+    config = PreprocessConfig(data_path=TOKENIZER, tokenizer_path=TOKENIZER, output_dir=tmp_path / "unused",
                               image_folder=images, conv_template="v1")  # fmt: skip
     builder = build_sample_builder(config)
     first, second = builder.build(RawRecord(0, adjacent_images_record())).image_starts.tolist()

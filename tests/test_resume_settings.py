@@ -149,7 +149,7 @@ def test_every_writing_setting_is_read_back_from_a_finished_output(finished):
     setting must be recorded there, or a change of it would go unnoticed."""
     from neva_pack.config import PreprocessConfig, meta_fields
 
-    config = PreprocessConfig.from_flat(data_path=str(SAMPLE_DATA / "llava_sample.json"), tokenizer_path=str(SAMPLE_DATA / "tokenizer.model"),
+    config = PreprocessConfig(data_path=str(SAMPLE_DATA / "llava_sample.json"), tokenizer_path=str(SAMPLE_DATA / "tokenizer.model"),
                               output_dir=str(finished))  # fmt: skip
     settings = config.write_settings(512)
     meta = json.loads((finished / "packed_seq_dataset.meta.json").read_text())

@@ -20,7 +20,7 @@ def builder(sample_tokenizer_path):
     from neva_pack.config import PreprocessConfig
     from neva_pack.pipeline import build_sample_builder
 
-    config = PreprocessConfig.from_flat(data_path=SAMPLE_DATA / "llava_sample.json", image_folder=SAMPLE_DATA / "images",
+    config = PreprocessConfig(data_path=SAMPLE_DATA / "llava_sample.json", image_folder=SAMPLE_DATA / "images",
                               tokenizer_path=sample_tokenizer_path, output_dir=Path("unused"),
                               hf_vision_encoder="openai/clip-vit-base-patch32")  # fmt: skip
     return build_sample_builder(config)

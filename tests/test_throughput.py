@@ -248,7 +248,7 @@ def test_batches_arrive_in_input_order_for_any_number_of_workers(workers, sample
     from neva_pack.workers import passthrough
     from tests.conftest import SAMPLE_DATA
 
-    config = PreprocessConfig.from_flat(data_path=SAMPLE_DATA / "llava_sample.json", image_folder=SAMPLE_DATA / "images",
+    config = PreprocessConfig(data_path=SAMPLE_DATA / "llava_sample.json", image_folder=SAMPLE_DATA / "images",
                               tokenizer_path=sample_tokenizer_path, output_dir=Path("unused"),
                               hf_vision_encoder="openai/clip-vit-base-patch32")  # fmt: skip
     stream = SampleStream(config.data_path, build_sample_builder(config), start=2, end=19, batch_size=3)
@@ -270,7 +270,7 @@ def test_a_small_first_message_per_worker_keeps_the_input_order(workers, sample_
     from neva_pack.workers import passthrough
     from tests.conftest import SAMPLE_DATA
 
-    config = PreprocessConfig.from_flat(data_path=SAMPLE_DATA / "llava_sample.json", image_folder=SAMPLE_DATA / "images",
+    config = PreprocessConfig(data_path=SAMPLE_DATA / "llava_sample.json", image_folder=SAMPLE_DATA / "images",
                               tokenizer_path=sample_tokenizer_path, output_dir=Path("unused"),
                               hf_vision_encoder="openai/clip-vit-base-patch32")  # fmt: skip
     stream = SampleStream(config.data_path, build_sample_builder(config), start=2, end=19, batch_size=3, first_batch_size=1)

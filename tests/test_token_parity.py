@@ -429,11 +429,11 @@ def test_warning_at_start_and_strict_makes_it_an_error(sample_dataset, mistral_t
         output_dir=tmp_path / "out",
         conv_template="v1",
     )
-    build_sample_builder(PreprocessConfig.from_flat(**common))
+    build_sample_builder(PreprocessConfig(**common))
     assert "warning: tokenizer" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="--strict: tokenizer .* has no <extra_id_4>/<extra_id_5>"):
-        build_sample_builder(PreprocessConfig.from_flat(**common, strict=True))
-    build_sample_builder(PreprocessConfig.from_flat(**common, strict=True, tokenization="llava"))  # explicit ids chosen
+        build_sample_builder(PreprocessConfig(**common, strict=True))
+    build_sample_builder(PreprocessConfig(**common, strict=True, tokenization="llava"))  # explicit ids chosen
     assert capsys.readouterr().err == ""
 
 
@@ -443,11 +443,11 @@ def test_tokenization_is_in_the_fingerprint_and_validated(sample_dataset, tmp_pa
     common = dict(
         data_path=sample_dataset["data_path"], tokenizer_path=sample_dataset["tokenizer_path"], output_dir=tmp_path
     )
-    nemo, llava = PreprocessConfig.from_flat(**common), PreprocessConfig.from_flat(**common, tokenization="llava")
+    nemo, llava = PreprocessConfig(**common), PreprocessConfig(**common, tokenization="llava")
     assert nemo.tokenization == "nemo"
     assert nemo.sample_fingerprint()["tokenization"] == "nemo" and llava.sample_fingerprint()["tokenization"] == "llava"
     with pytest.raises(ConfigError, match="--tokenization 'hf': choose one of nemo, llava"):
-        PreprocessConfig.from_flat(**common, tokenization="hf")
+        PreprocessConfig(**common, tokenization="hf")
 
 
 @pytest.mark.parametrize("tokenization", sorted(TOKENIZATIONS))

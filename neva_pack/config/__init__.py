@@ -34,37 +34,44 @@ PARTS = {"sample": SampleConfig, "pack": PackConfig, "run": RunConfig}
 """PreprocessConfig's attribute -> the part's class, in the order flags are listed."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True, init=False)
 class PreprocessConfig:
-    """The three parts of a run's config. Every field of a part also reads through the whole:
-    ``config.seed`` is ``config.pack.seed`` (field names are unique across the parts).
+    """The three parts of a run's config. Build it from the parts, or from the settings by name as
+    the command line has them (each routed to the part declaring it; a str path becomes a Path, a
+    list a tuple)::
 
-    Build it from the parts, or from flat settings as the command line has them::
+        PreprocessConfig(sample=SampleConfig(...), pack=PackConfig(...), run=RunConfig(...))
+        PreprocessConfig(data_path=..., tokenizer_path=..., output_dir=..., seed=3)
 
-        PreprocessConfig.from_flat(data_path=..., tokenizer_path=..., output_dir=..., seed=3)
+    Every field of a part also reads through the whole: ``config.seed`` is ``config.pack.seed``
+    (field names are unique across the parts).
     """
 
     sample: SampleConfig
     pack: PackConfig
     run: RunConfig
 
-    def __post_init__(self):
+    def __init__(
+        self, *, sample: SampleConfig | None = None, pack: PackConfig | None = None, run: RunConfig | None = None,
+        **settings,
+    ):  # fmt: skip
+        parts = {"sample": sample, "pack": pack, "run": run}
+        if settings:
+            if any(part is not None for part in parts.values()):
+                raise TypeError("PreprocessConfig: give either the parts or settings by name, not both")
+            parts = _parts_of(settings)
+        for name, part in parts.items():
+            if not isinstance(part, PARTS[name]):
+                raise TypeError(f"PreprocessConfig: {name} must be a {PARTS[name].__name__}, got {type(part).__name__}")
+            object.__setattr__(self, name, part)
+        self._check()
+
+    def _check(self) -> None:
+        """What no single part can check on its own."""
         if abs(self.sample.ignore_index) > MAX_EXACT_FLOAT32:
             raise ConfigError(f"--ignore_index {self.sample.ignore_index}: labels are float32 on disk, exact only up to 2**24")
         if self.run.drop_store and self.pack.output_format == "compact":
             raise ConfigError("--drop_store: the compact output's images ARE the sample store's pool; nothing to drop")
-
-    @classmethod
-    def from_flat(cls, **settings) -> PreprocessConfig:
-        """Each setting routed to the part declaring it (a str path becomes a Path, a list a tuple);
-        an unknown name is a TypeError, as for any dataclass."""
-        routed = {name: {} for name in PARTS}
-        for name, value in settings.items():
-            part, spec = _FIELDS.get(name, (None, None))
-            if part is None:
-                raise TypeError(f"PreprocessConfig.from_flat: unknown setting {name!r}")
-            routed[part][name] = as_field_value(spec, value)
-        return cls(**{part: PARTS[part](**values) for part, values in routed.items()})
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -104,6 +111,16 @@ class PreprocessConfig:
         """The writing settings by the meta field recording each (``PackedMeta`` keywords)."""
         names = meta_fields()
         return {names[key]: value for key, value in self.write_settings(size).items() if key in names}
+
+
+def _parts_of(settings: dict) -> dict:
+    routed = {name: {} for name in PARTS}
+    for name, value in settings.items():
+        part, spec = _FIELDS.get(name, (None, None))
+        if part is None:
+            raise TypeError(f"PreprocessConfig: unknown setting {name!r}")
+        routed[part][name] = as_field_value(spec, value)
+    return {part: PARTS[part](**values) for part, values in routed.items()}
 
 
 def _collect_fields() -> dict[str, tuple[str, dataclasses.Field]]:

@@ -101,7 +101,7 @@ def setting_name(spec: dataclasses.Field) -> str:
 
 
 _EXPECTED = {
-    "Path": ("a path", lambda v: isinstance(v, Path)),  # PreprocessConfig.from_flat makes a str one
+    "Path": ("a path", lambda v: isinstance(v, Path)),  # PreprocessConfig(data_path=str) makes a str one
     "int": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
     "float": ("a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)),
     "bool": ("true or false", lambda v: isinstance(v, bool)),
