@@ -12,18 +12,18 @@ import os
 import sys
 from pathlib import Path
 
+from neva_pack.config import settings
+from neva_pack.config.options import GROUPS, NEMO, OURS, base_type, flag_of, help_of
 from neva_pack.errors import ConfigError, NevaPackError
 from neva_pack.formats import FORMATS
 from neva_pack.packing import ALGORITHMS, DEFAULT_ALGORITHM, RECOMMENDED_ALGORITHM
+
 
 def add_preprocess_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per config field (``neva_pack.config``: name, help, section, choices from the field's
     Option), NeMo's section first; the command line's own flags (--hparams_file, --quiet) beside them.
     Every flag defaults to None: the field's default applies after the hparams file, so an explicit
     flag always wins over it."""
-    from neva_pack.config import settings
-    from neva_pack.config.options import GROUPS, NEMO, OURS, base_type, flag_of, help_of
-
     groups = {title: parser.add_argument_group(title) for title in GROUPS}
     for spec, opt in settings():
         flag = flag_of(spec)

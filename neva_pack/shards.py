@@ -33,6 +33,8 @@ from neva_pack.errors import ConfigError, InputError
 
 PART_NAME = layout.PART_NAME
 _PART = layout.PART_PATTERN
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Partition:
     """One shard's share of the records (what its part's progress file records)."""

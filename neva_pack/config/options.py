@@ -156,6 +156,6 @@ def as_field_value(spec: dataclasses.Field, value: Any) -> Any:
 
 
 __all__ = [
-    "BUDGETS", "GROUPS", "NEMO", "OURS", "TRAINING", "Option", "as_field_value", "check_fields", "default_of",
-    "flag_of", "help_of", "hparams_key", "option", "options", "setting_name",
+    "BUDGETS", "GROUPS", "NEMO", "OURS", "TRAINING", "Option", "as_field_value", "base_type", "check_fields",
+    "default_of", "flag_of", "help_of", "hparams_key", "option", "options", "setting_name",
 ]  # fmt: skip

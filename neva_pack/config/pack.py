@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from neva_pack.config.options import NEMO, OURS, TRAINING, check_fields, option
+from neva_pack.config.options import NEMO, TRAINING, check_fields, option
 from neva_pack.defaults import PAD_ID
 from neva_pack.errors import ConfigError
 from neva_pack.formats import DEFAULT_FORMAT, FORMATS

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from neva_pack.config.options import NEMO, OURS, check_fields, option
+from neva_pack.config.options import NEMO, check_fields, option
 from neva_pack.errors import ConfigError
 from neva_pack.shards import resolve_shards
 

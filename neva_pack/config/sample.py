@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from neva_pack import __version__
-from neva_pack.config.options import BUDGETS, NEMO, OURS, check_fields, option, options
+from neva_pack.config.options import BUDGETS, NEMO, check_fields, option, options
 from neva_pack.defaults import IGNORE_INDEX
 from neva_pack.errors import ConfigError
 from neva_pack.images import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGE_PIXELS
