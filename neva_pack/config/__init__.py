@@ -22,13 +22,11 @@ from typing import Iterator
 from neva_pack.config.hparams import NEMO_SECTION_KEYS
 from neva_pack.config.hparams import read_hparams as _read_yaml
 from neva_pack.config.options import Option, as_field_value, default_of, flag_of, options
-from neva_pack.config.pack import MAX_PACK_SIZE, MAX_SEED, PackConfig
+from neva_pack.config.pack import MAX_SEED, PackConfig
 from neva_pack.config.run import RunConfig, max_workers
 from neva_pack.config.sample import IMAGE_ASPECT_RATIOS, SampleConfig
 from neva_pack.errors import ConfigError
-
-MAX_EXACT_FLOAT32 = 2**24
-"""Every id and label is stored as float32 by NeMo's format: exact only up to 2**24 in magnitude."""
+from neva_pack.formats import FORMATS
 
 PARTS = {"sample": SampleConfig, "pack": PackConfig, "run": RunConfig}
 """PreprocessConfig's attribute -> the part's class, in the order flags are listed."""
@@ -68,10 +66,10 @@ class PreprocessConfig:
 
     def _check(self) -> None:
         """What no single part can check on its own."""
-        if abs(self.sample.ignore_index) > MAX_EXACT_FLOAT32:
-            raise ConfigError(f"--ignore_index {self.sample.ignore_index}: labels are float32 on disk, exact only up to 2**24")
-        if self.run.drop_store and self.pack.output_format == "compact":
-            raise ConfigError("--drop_store: the compact output's images ARE the sample store's pool; nothing to drop")
+        output_format = FORMATS[self.pack.output_format]
+        output_format.check_settings(ignore_index=self.sample.ignore_index)  # the largest label it stores exactly
+        if self.run.drop_store and output_format.uses_image_pool:
+            raise ConfigError(f"--drop_store: the {output_format.name} output's images ARE the sample store's pool; nothing to drop")
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -171,7 +169,7 @@ def read_hparams(path: Path) -> dict:
 
 
 __all__ = [
-    "IMAGE_ASPECT_RATIOS", "MAX_EXACT_FLOAT32", "MAX_PACK_SIZE", "MAX_SEED", "NEMO_SECTION_KEYS", "PARTS", "Option",
+    "IMAGE_ASPECT_RATIOS", "MAX_SEED", "NEMO_SECTION_KEYS", "PARTS", "Option",
     "PackConfig", "PreprocessConfig", "RunConfig", "SampleConfig", "flag_of", "hparams_keys", "max_workers",
     "meta_fields", "read_hparams", "required_settings", "settings",
 ]  # fmt: skip

@@ -13,11 +13,6 @@ from neva_pack.formats import DEFAULT_FORMAT, FORMATS
 from neva_pack.packing import ALGORITHMS, DEFAULT_ALGORITHM, RECOMMENDED_ALGORITHM
 from neva_pack.packing.alignment import aligned_capacity, alignment_multiple
 
-MIN_PACK_SIZE = 2
-"""The shortest pack: a sample is at least a token and its next-token target."""
-MAX_PACK_SIZE = 2**24
-"""The largest pack NeMo's format can describe: cu_seqlens are stored as float32, exact only up to
-2**24 (16,777,216 positions, far beyond any model's context)."""
 MAX_SEED = 2**63 - 1
 """Seeds are non-negative int64 (numpy's generators refuse negative seeds)."""
 
@@ -94,17 +89,8 @@ class PackConfig:
 
     def __post_init__(self):
         check_fields(self)
-        if not MIN_PACK_SIZE <= self.max_seq_length <= MAX_PACK_SIZE:
-            raise ConfigError(
-                f"--max_seq_length {self.max_seq_length}: must be between {MIN_PACK_SIZE} and {MAX_PACK_SIZE:,} (2**24: "
-                "NeMo's format stores cu_seqlens as float32, exact only up to there)"
-            )
-        if self.pack_sizes is not None and not (
-            self.pack_sizes and MIN_PACK_SIZE <= min(self.pack_sizes) and max(self.pack_sizes) <= MAX_PACK_SIZE
-        ):
-            raise ConfigError(
-                f"--pack_sizes {list(self.pack_sizes)}: every size must be between {MIN_PACK_SIZE} and {MAX_PACK_SIZE:,}"
-            )
+        # the format's limits: the largest pack it describes exactly
+        FORMATS[self.output_format].check_settings(max_seq_length=self.max_seq_length, pack_sizes=self.pack_sizes)
         if self.alignment > self.sizes[0]:
             raise ConfigError(
                 f"samples padded to a multiple of {self.alignment} (--pad_to_multiple_of / parallel sizes) "
@@ -129,4 +115,4 @@ class PackConfig:
         return aligned_capacity(self.sizes[-1], self.alignment)
 
 
-__all__ = ["MAX_PACK_SIZE", "MAX_SEED", "MIN_PACK_SIZE", "PackConfig"]
+__all__ = ["MAX_SEED", "PackConfig"]
