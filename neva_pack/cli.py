@@ -12,126 +12,51 @@ import os
 import sys
 from pathlib import Path
 
+from neva_pack.config import settings
+from neva_pack.config.options import GROUPS, NEMO, OURS, base_type, flag_of, help_of
 from neva_pack.errors import ConfigError, NevaPackError
-from neva_pack.formats import DEFAULT_FORMAT, FORMATS
+from neva_pack.formats import FORMATS
 from neva_pack.packing import ALGORITHMS, DEFAULT_ALGORITHM, RECOMMENDED_ALGORITHM
-from neva_pack.templates import DEFAULT_TOKENIZATION, TOKENIZATIONS
-
-NEMO_DEFAULTS = {
-    "max_seq_length": 4096,
-    "packing_algorithm": DEFAULT_ALGORITHM,
-    "hf_vision_encoder": "openai/clip-vit-large-patch14-336",
-    "conv_template": "plain",
-    "image_aspect_ratio": "square",
-    "seed": 0,
-}
 
 
-def _add_preprocess_flags(parser: argparse.ArgumentParser) -> None:
-    """NeMo's flags (same names and defaults), then ours. Defaults are applied after the
-    hparams file, so an explicit flag always wins over it."""
-    nemo = parser.add_argument_group("NeMo preprocess_dataset.py flags")
-    nemo.add_argument("--data_path", type=Path, help="LLaVA-format JSON list or JSONL")
-    nemo.add_argument("--image_folder", type=Path, help="image directory or .tar archive")
-    nemo.add_argument("--tokenizer_path", type=Path, help="SentencePiece .model file or Hugging Face tokenizer directory")
-    nemo.add_argument("--output_dir", type=Path, help="output directory (required)")
-    nemo.add_argument("--max_seq_length", type=int, help="pack capacity in positions (default 4096)")
-    nemo.add_argument(
-        "--packing_algorithm",
-        choices=sorted(ALGORITHMS),
-        help=f"packing algorithm (default {DEFAULT_ALGORITHM}, NeMo's; recommended: {RECOMMENDED_ALGORITHM})",
+def add_preprocess_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per config field (``neva_pack.config``: name, help, section, choices from the field's
+    Option), NeMo's section first; the command line's own flags (--hparams_file, --quiet) beside them.
+    Every flag defaults to None: the field's default applies after the hparams file, so an explicit
+    flag always wins over it."""
+    groups = {title: parser.add_argument_group(title) for title in GROUPS}
+    for spec, opt in settings():
+        flag = flag_of(spec)
+        if flag is None:
+            continue  # hparams-only
+        kind = base_type(spec)
+        arguments = {"dest": spec.name, "default": None, "help": help_of(spec)}
+        if kind == "bool":
+            arguments["action"] = "store_false" if spec.default is True else "store_true"
+        else:
+            arguments["type"] = {"Path": Path, "int": int, "float": float, "str": str, "tuple[int, ...]": int}[kind]
+            if kind.startswith("tuple["):
+                arguments["nargs"] = "+"
+        if opt.choices is not None:
+            arguments["choices"] = list(opt.choices())
+        if opt.metavar is not None:
+            arguments["metavar"] = opt.metavar
+        groups[opt.group].add_argument(flag, **arguments)
+    groups[NEMO].add_argument(
+        "--hparams_file", type=Path, help="NeMo YAML config: model.data.*, model.mm_cfg.* keys are read"
     )
-    nemo.add_argument(
-        "--hf_vision_encoder",
-        help="shipped encoder name or local directory with preprocessor_config.json "
-        "(default openai/clip-vit-large-patch14-336)",
-    )
-    nemo.add_argument("--conv_template", help="conversation template name or YAML file (default plain)")
-    nemo.add_argument("--image_aspect_ratio", choices=("square", "pad"), help="default square")
-    nemo.add_argument("--seed", type=int, help="seed of the packing algorithm (default 0)")
-    nemo.add_argument("--hparams_file", type=Path, help="NeMo YAML config: model.data.*, model.mm_cfg.* keys are read")
-    ours = parser.add_argument_group("neva_pack flags")
-    ours.add_argument("--num_workers", type=int, help="DataLoader workers (default min(8, CPUs))")
-    ours.add_argument("--global_batch_size", type=int, help="unpacked GBS, to print the packed GBS to train with")
-    ours.add_argument("--max_samples_per_pack", type=int, help="cap on samples per pack")
-    ours.add_argument(
-        "--pack_sizes", type=int, nargs="+", help="write one prefix per size (packed_seq_dataset_<size>); replaces --max_seq_length"
-    )
-    ours.add_argument("--patch_dim", type=int, help="override the encoder's patch size")
-    ours.add_argument("--use_im_start_end", action="store_true", default=None, help="NeMo mm_cfg.use_im_start_end")
-    ours.add_argument(
-        "--image_patch_id", type=int, help="token id of image positions (default 0, or <extra_id_3> where NeMo keeps it)"
-    )
-    ours.add_argument("--image_start_id", type=int, help="token id opening an image (default <extra_id_4> if any)")
-    ours.add_argument("--image_end_id", type=int, help="token id closing an image (default <extra_id_5> if any)")
-    ours.add_argument("--ignore_index", type=int, help="label of untrained positions (default -1)")
-    ours.add_argument("--system_prompt", help="replace the template's system prompt")
-    ours.add_argument(
-        "--no_truncate", dest="truncate", action="store_false", default=None, help="skip over-long samples instead"
-    )
-    ours.add_argument(
-        "--strict",
-        action="store_true",
-        default=None,
-        help="exit 1 if any record was skipped; fail at start when the NeMo convention lacks NeMo's image tokens",
-    )
-    ours.add_argument(
-        "--max_skip_fraction", type=float, help="abort when more than this fraction of records is skipped (default 0.5)"
-    )
-    ours.add_argument("--overwrite", action="store_true", default=None, help="replace an existing output")
-    ours.add_argument("--resume", action="store_true", default=None, help="continue an interrupted run in --output_dir")
-    ours.add_argument(
-        "--checkpoint_every", type=int, help="records per durable checkpoint (default 10000; packs: a tenth of it)"
-    )
-    ours.add_argument("--quiet", action="store_true", help="no progress bars")
-    # training side: THD alignment and data-parallel balance
-    train = parser.add_argument_group("training-side flags (Megatron-Core THD)")
-    train.add_argument("--pad_to_multiple_of", type=int, help="pad every sample to a multiple of M before packing")
-    train.add_argument("--context_parallel_size", type=int, help="CP size: samples padded to a multiple of 2*CP")
-    train.add_argument("--tensor_parallel_size", type=int, help="TP size (with --sequence_parallel: multiple of CP*TP)")
-    train.add_argument("--sequence_parallel", action="store_true", default=None, help="Megatron sequence parallelism is on")
-    train.add_argument("--pad_id", type=int, help="token id of padding positions (default 0)")
-    train.add_argument(
-        "--balance_data_parallel", type=int, metavar="N", help="order packs so every N consecutive packs cost alike"
-    )
-    # tokenization conventions
-    ours.add_argument(
-        "--tokenization",
-        choices=list(TOKENIZATIONS),
-        help=f"token convention (default {DEFAULT_TOKENIZATION}): "
-        + "; ".join(f"{t.name}: {t.description}" for t in TOKENIZATIONS.values()),
-    )
-    budgets = parser.add_argument_group("per-record budgets (a record over one is skipped, with its reason)")
-    budgets.add_argument("--max_record_bytes", type=int, help="bytes of one record's JSON text (default 8 MiB)")
-    budgets.add_argument("--max_record_depth", type=int, help="nesting levels of one record (default 64, at most 500)")
-    budgets.add_argument(
-        "--max_conversation_chars", type=int, help="characters of one conversation's text (default 1,000,000)"
-    )
-    budgets.add_argument("--max_image_bytes", type=int, help="bytes of one image file (default 64 MiB)")
-    budgets.add_argument(
-        "--max_image_pixels", type=int, help="pixels of one image as decoded, padded or resized (default 36,000,000)"
-    )
-    budgets.add_argument(
-        "--allow_outside_image_folder", action="store_true", default=None,
-        help="accept absolute image paths, '..' and symlinks that lead out of --image_folder",
-    )  # fmt: skip
-    # output format
-    ours.add_argument(
-        "--output_format", choices=sorted(FORMATS),
-        help=f"{DEFAULT_FORMAT} (default): NeMo's float32 packed_seq_dataset; compact: uint8 images stored once, normalised on read",
-    )  # fmt: skip
-    ours.add_argument(
-        "--drop_store", action="store_true", default=None,
-        help="nemo: remove the sample store after a verified publish (re-packing then needs a new run)",
-    )  # fmt: skip
-    # --- sharded preprocessing (issue 12)
-    ours.add_argument(
-        "--num_shards", type=int, help="split the records over N runs (default: SLURM_ARRAY_TASK_COUNT in a job array)"
-    )
-    ours.add_argument(
-        "--shard_index", type=int, help="encode only shard i into its own part (default: SLURM_ARRAY_TASK_ID); "
-        "without it, --num_shards runs the final step: join the parts, pack, write"
-    )
+    groups[OURS].add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+PREPROCESS_HELP = "tokenize, preprocess images, pack, write packed_seq_dataset"
+
+
+def preprocess_parser(prog: str = "neva-pack preprocess") -> argparse.ArgumentParser:
+    """The ``preprocess`` command's flags on a parser of their own (what ``neva-pack preprocess``
+    and ``scripts/preprocess_dataset.py`` accept)."""
+    parser = argparse.ArgumentParser(prog=prog, description=PREPROCESS_HELP)
+    add_preprocess_flags(parser)
+    return parser
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -140,8 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = parser.add_subparsers(dest="command", required=True)
-    pre = sub.add_parser("preprocess", help="tokenize, preprocess images, pack, write packed_seq_dataset")
-    _add_preprocess_flags(pre)
+    pre = sub.add_parser("preprocess", help=PREPROCESS_HELP)
+    add_preprocess_flags(pre)
     stats = sub.add_parser("stats", help="show how well an output packed (and plot it)")
     stats.add_argument("output", type=Path, help="output directory or packed prefix (any NeMo-layout prefix)")
     stats.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -176,10 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace):
-    """NeMo defaults < --hparams_file < explicit flags."""
-    from neva_pack.config import PreprocessConfig, read_hparams
+    """Field defaults (NeMo's for NeMo's flags) < --hparams_file < explicit flags."""
+    from neva_pack.config import PreprocessConfig, read_hparams, required_settings
 
-    values = dict(NEMO_DEFAULTS)
+    values = {}
     if args.hparams_file is not None:
         values.update(read_hparams(args.hparams_file))
     names = PreprocessConfig.field_names()
@@ -188,7 +113,7 @@ def config_from_args(args: argparse.Namespace):
 
     # inside a SLURM job array, the array is the sharding
     values["num_shards"], values["shard_index"] = resolve_shards(values.get("num_shards"), values.get("shard_index"), os.environ)
-    for required in ("data_path", "tokenizer_path", "output_dir"):
+    for required in required_settings():
         if values.get(required) is None:
             raise ConfigError(f"--{required} is required")
     return PreprocessConfig(**values)

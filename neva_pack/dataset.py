@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from neva_pack.defaults import IGNORE_INDEX, PAD_ID
 from neva_pack.formats import open_packed
 
 
@@ -132,7 +133,7 @@ def position_ids_from_cu_seqlens(cu_seqlens: torch.Tensor) -> torch.Tensor:
     return torch.arange(int(cu_seqlens[-1])) - starts
 
 
-def collate(batch: list[dict[str, torch.Tensor]], ignore_index: int = -1, pad_id: int = 0) -> dict[str, torch.Tensor]:
+def collate(batch: list[dict[str, torch.Tensor]], ignore_index: int = IGNORE_INDEX, pad_id: int = PAD_ID) -> dict[str, torch.Tensor]:
     """Batch packs: tokens/labels/position_ids/loss_mask padded to the longest pack.
 
     cu_seqlens are padded with -1 to a common length (NeMo's convention for packed batches);

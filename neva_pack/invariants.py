@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from neva_pack.image_run import ImageRun
+from neva_pack.defaults import PAD_ID
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -33,7 +34,7 @@ class PackSpec:
     """Label of untrained positions."""
     image_run: ImageRun
     """The ids of one image's positions, delimiters included."""
-    pad_id: int = 0
+    pad_id: int = PAD_ID
     """Token id of alignment padding (after a sample's real tokens, up to its cu_seqlens boundary)."""
 
 

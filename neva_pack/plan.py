@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from neva_pack import paths
+from neva_pack.defaults import IGNORE_INDEX
 from neva_pack.errors import InputError
 from neva_pack.packing import pack
 from neva_pack.packing.alignment import aligned_capacity, padded_lengths
@@ -41,7 +42,7 @@ class SampleLengths:
     """The sample store, when the lengths come from it: samples are then cut as a run cuts them."""
     image_positions: int | None = None
     """Positions of one image run (the output's meta's), for that cut."""
-    ignore_index: int = -1
+    ignore_index: int = IGNORE_INDEX
     """Label of untrained positions (the output's meta's), to find samples a cut leaves untrained."""
 
 
@@ -81,7 +82,7 @@ def load_lengths(path: Path) -> SampleLengths:
                 pad_to_multiple_of=int(meta.get("pad_to_multiple_of") or 1),
                 store=store,
                 image_positions=meta.get("image_positions"),
-                ignore_index=int(meta.get("ignore_index", -1)),
+                ignore_index=int(meta.get("ignore_index", IGNORE_INDEX)),
             )
     from neva_pack.formats import open_packed
 

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from neva_pack.defaults import IGNORE_INDEX, PAD_ID
 from neva_pack.errors import ConfigError
 from neva_pack.image_run import ImageRun
 from neva_pack.sample_store import StoredBatch, stored_batch
@@ -178,7 +179,7 @@ class SampleBuilder:
         image_run: ImageRun,
         max_seq_length: int,
         truncate: bool = True,
-        ignore_index: int = -1,
+        ignore_index: int = IGNORE_INDEX,
         system_prompt: str | None = None,
         tokenization: str = DEFAULT_TOKENIZATION,
         record_limits: RecordLimits = RecordLimits(),
@@ -478,7 +479,7 @@ class SampleBuilder:
         return np.zeros((0, *self.preprocessor.shape), dtype=np.uint8)
 
 
-def check_token_ids(image_run: ImageRun, vocab_size: int, pad_id: int = 0, ignore_index: int = -1) -> None:
+def check_token_ids(image_run: ImageRun, vocab_size: int, pad_id: int = PAD_ID, ignore_index: int = IGNORE_INDEX) -> None:
     """Image and pad ids must be ids of the vocabulary (0 .. vocab_size - 1), hence exact in the float32
     packed format: an id like 16777217 would be stored as 16777216. The ignore value must not be one:
     the labels of that token would read as ignored and never be trained."""

@@ -10,7 +10,6 @@ import pytest
 
 from neva_pack import parallel_assembly
 from neva_pack import paths
-from neva_pack.pipeline import write
 from neva_pack.cli import main
 from neva_pack.files.indexed import bin_path
 from neva_pack.formats import compact, nemo
@@ -151,12 +150,12 @@ def test_an_unfinished_compact_output_resumed_as_nemo_is_refused_and_kept(tmp_pa
 def test_every_writing_setting_is_read_back_from_a_finished_output(finished):
     """What a finished prefix is compared with comes from its meta (and stats file): each writing
     setting must be recorded there, or a change of it would go unnoticed."""
-    from neva_pack.config import PreprocessConfig
+    from neva_pack.config import PreprocessConfig, meta_fields
 
     config = PreprocessConfig(data_path=str(SAMPLE_DATA / "llava_sample.json"), tokenizer_path=str(SAMPLE_DATA / "tokenizer.model"),
                               output_dir=str(finished))  # fmt: skip
-    settings = write.write_settings(config, 512)
+    settings = config.write_settings(512)
     meta = json.loads((finished / "packed_seq_dataset.meta.json").read_text())
-    assert set(settings) == set(write.META_SETTINGS) | {"global_batch_size"}
-    assert all(field in meta for field in write.META_SETTINGS.values())
+    assert set(settings) == set(meta_fields()) | {"global_batch_size"}
+    assert all(field in meta for field in meta_fields().values())
     assert "global_batch_size" in json.loads((finished / "stats.json").read_text())

@@ -439,14 +439,13 @@ def test_warning_at_start_and_strict_makes_it_an_error(sample_dataset, mistral_t
 
 def test_tokenization_is_in_the_fingerprint_and_validated(sample_dataset, tmp_path):
     from neva_pack.config import PreprocessConfig
-    from neva_pack.pipeline import sample_fingerprint
 
     common = dict(
         data_path=sample_dataset["data_path"], tokenizer_path=sample_dataset["tokenizer_path"], output_dir=tmp_path
     )
     nemo, llava = PreprocessConfig(**common), PreprocessConfig(**common, tokenization="llava")
     assert nemo.tokenization == "nemo"
-    assert sample_fingerprint(nemo)["tokenization"] == "nemo" and sample_fingerprint(llava)["tokenization"] == "llava"
+    assert nemo.sample_fingerprint()["tokenization"] == "nemo" and llava.sample_fingerprint()["tokenization"] == "llava"
     with pytest.raises(ConfigError, match="--tokenization 'hf': choose one of nemo, llava"):
         PreprocessConfig(**common, tokenization="hf")
 

@@ -33,21 +33,21 @@ from neva_pack.formats import output_format
 from neva_pack.formats.base import WriteSpec
 from neva_pack.packing.alignment import aligned_capacity, padded_lengths
 from neva_pack.parallel_assembly import PackJob
-from neva_pack.pipeline.builder import build_sample_builder, pack_spec, sample_fingerprint
+from neva_pack.pipeline.builder import build_sample_builder, pack_spec
 from neva_pack.pipeline.encode import encode_samples, records_per_message
 from neva_pack.pipeline.ownership import prepare_output_dir
 from neva_pack.pipeline.pack import balance, pack_kept
 from neva_pack.pipeline.parts import content_fingerprint, encode_part, join_parts
 from neva_pack.pipeline.report import packed_meta, run_report
 from neva_pack.pipeline.skipped import too_many_skipped, write_run_skipped, write_size_skipped
-from neva_pack.pipeline.write import drop_store, plan_digest, remove_stale_tmp, resumed_prefix, write_packs, write_settings
+from neva_pack.pipeline.write import drop_store, plan_digest, remove_stale_tmp, resumed_prefix, write_packs
 from neva_pack.plan_table import PlanTable
 from neva_pack.records import RecordIndex, index_records, record_ids
 from neva_pack.report import RunReport
 from neva_pack.sample_store import SampleStore
 from neva_pack.samples import SampleBuilder
 
-__all__ = ["RunResult", "build_sample_builder", "preprocess", "sample_fingerprint"]
+__all__ = ["RunResult", "build_sample_builder", "preprocess"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -84,7 +84,7 @@ def _run(config: PreprocessConfig, builder: SampleBuilder, output_dir: Path, pro
     if config.num_shards is None:
         encode_samples(config, builder, store_directory, output_dir, index, progress)
     else:
-        resume_fingerprint = sample_fingerprint(config)
+        resume_fingerprint = config.sample_fingerprint()
         fingerprint = content_fingerprint(config, builder, total, resume_fingerprint)
         join_parts(
             store_directory, config.num_shards, total, fingerprint, builder.preprocessor.shape, resume_fingerprint,
@@ -116,7 +116,7 @@ def _write_prefix(
     named_size = size if len(config.sizes) > 1 else None
     prefix = paths.packed_prefix(output_dir, named_size)
     stats_file = paths.stats_path(output_dir, named_size)
-    settings = write_settings(config, size)
+    settings = config.write_settings(size)
     if config.resume:
         published = resumed_prefix(prefix, stats_file, settings)
         if published is not None:

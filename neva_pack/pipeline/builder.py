@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from neva_pack import __version__, invariants
+from neva_pack import invariants
 from neva_pack.config import PreprocessConfig
 from neva_pack.encoders import resolve_encoder
 from neva_pack.errors import ConfigError
@@ -18,7 +18,7 @@ from neva_pack.samples import SampleBuilder, check_token_ids, image_run_for, mis
 from neva_pack.templates import load_template
 from neva_pack.tokenizer import load_tokenizer
 
-__all__ = ["build_sample_builder", "pack_spec", "sample_fingerprint"]
+__all__ = ["build_sample_builder", "pack_spec"]
 
 
 def build_sample_builder(config: PreprocessConfig) -> SampleBuilder:
@@ -62,7 +62,7 @@ def build_sample_builder(config: PreprocessConfig) -> SampleBuilder:
         image_source=image_source,
         preprocessor=preprocessor,
         image_run=image_run,
-        max_seq_length=aligned_capacity(config.max_seq_length, config.alignment),
+        max_seq_length=config.cut_length,
         truncate=config.truncate,
         ignore_index=config.ignore_index,
         system_prompt=config.system_prompt,
@@ -81,30 +81,3 @@ def pack_spec(config: PreprocessConfig, builder: SampleBuilder, size: int) -> in
         image_run=builder.image_run,
         pad_id=config.pad_id,
     )
-
-
-def sample_fingerprint(config: PreprocessConfig) -> dict:
-    """Everything that decides the samples: a resumed run must match it exactly."""
-    data = Path(config.data_path).resolve()
-    stat = data.stat()
-    return {
-        "data_path": str(data),
-        "data_size": stat.st_size,
-        "data_mtime_ns": stat.st_mtime_ns,
-        "image_folder": None if config.image_folder is None else str(Path(config.image_folder).resolve()),
-        "tokenizer_path": str(Path(config.tokenizer_path).resolve()),
-        "conv_template": config.conv_template,
-        "hf_vision_encoder": config.hf_vision_encoder,
-        "image_aspect_ratio": config.image_aspect_ratio,
-        "max_seq_length": aligned_capacity(config.max_seq_length, config.alignment),
-        "truncate": config.truncate,
-        "ignore_index": config.ignore_index,
-        "use_im_start_end": config.use_im_start_end,
-        "patch_dim": config.patch_dim,
-        "image_ids": [config.image_patch_id, config.image_start_id, config.image_end_id],
-        "system_prompt": config.system_prompt,
-        "tokenization": config.tokenization,
-        "budgets": [config.max_record_bytes, config.max_record_depth, config.max_conversation_chars,
-                    config.max_image_bytes, config.max_image_pixels, config.allow_outside_image_folder],
-        "neva_pack": __version__,
-    }

@@ -10,7 +10,6 @@ import numpy as np
 from tqdm import tqdm
 
 from neva_pack.config import PreprocessConfig
-from neva_pack.pipeline.builder import sample_fingerprint
 from neva_pack.pipeline.skipped import too_many_skipped, write_run_skipped
 from neva_pack.records import RecordIndex
 from neva_pack.sample_store import SampleStoreWriter, StoredBatch
@@ -43,7 +42,7 @@ def encode_samples(
     committing a store segment every checkpoint. The workers seek to their records by ``index``."""
     end = index.count if end is None else end
     writer = SampleStoreWriter(
-        store_directory, builder.preprocessor.shape, sample_fingerprint(config), resume=config.resume,
+        store_directory, builder.preprocessor.shape, config.sample_fingerprint(), resume=config.resume,
         first_record=first, extra=extra, image_run=builder.image_run.ids(), ignore_index=config.ignore_index,
     )  # fmt: skip
     start = writer.next_record

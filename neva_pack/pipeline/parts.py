@@ -29,7 +29,6 @@ from pathlib import Path
 
 from neva_pack.config import PreprocessConfig
 from neva_pack.errors import ConfigError, InputError
-from neva_pack.pipeline.builder import sample_fingerprint
 from neva_pack.pipeline.encode import encode_samples, records_per_message
 from neva_pack.pipeline.ownership import LOCK_FILE, is_part_file, prepare_part_dir
 from neva_pack.records import index_records
@@ -46,13 +45,7 @@ from neva_pack.samples import SampleBuilder
 from neva_pack.shards import shard_range
 from neva_pack.checksums import file_checksum
 
-__all__ = ["LOCATION_KEYS", "Partition", "content_fingerprint", "encode_part", "join_parts"]
-
-LOCATION_KEYS = ("data_path", "data_size", "data_mtime_ns", "image_folder", "tokenizer_path", "conv_template",
-                 "hf_vision_encoder")  # fmt: skip
-"""Keys of the resume fingerprint that name a file or a setting by location or name; the content
-fingerprint replaces them by digests of what they designate."""
-
+__all__ = ["Partition", "content_fingerprint", "encode_part", "join_parts"]
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Partition:
@@ -86,7 +79,7 @@ def encode_part(config: PreprocessConfig, builder: SampleBuilder, progress: bool
     first, end = shard_range(total, config.num_shards, config.shard_index)
     with prepare_part_dir(config) as lock:
         part = lock.path.parent
-        resume_fingerprint = sample_fingerprint(config)
+        resume_fingerprint = config.sample_fingerprint()
         partition = Partition(
             num_shards=config.num_shards,
             shard_index=config.shard_index,
@@ -105,7 +98,8 @@ def encode_part(config: PreprocessConfig, builder: SampleBuilder, progress: bool
 
 def content_fingerprint(config, builder, total_records: int, resume_fingerprint: dict) -> dict:
     """What decides the samples, by content (no absolute path, no mtime): the resume fingerprint
-    (``builder.sample_fingerprint``) with its locations and names replaced by content digests."""
+    (``PreprocessConfig.sample_fingerprint``) with its locations and names replaced by content digests."""
+    locations = set(config.sample.location_keys())
     encoder = builder.preprocessor.encoder
     template = {k: v for k, v in dataclasses.asdict(builder.template).items() if k != "name"}
     return {
@@ -116,7 +110,7 @@ def content_fingerprint(config, builder, total_records: int, resume_fingerprint:
         "encoder": _text_digest(json.dumps([encoder.processor, encoder.preprocessor_config, encoder.patch_size], sort_keys=True)),
         "image_ids": [builder.image_run.patch_id, builder.image_run.start_id, builder.image_run.end_id],
         "image_positions": builder.image_run.positions,
-        **{k: v for k, v in resume_fingerprint.items() if k not in LOCATION_KEYS and k != "image_ids"},
+        **{k: v for k, v in resume_fingerprint.items() if k not in locations and k != "image_ids"},
     }
 
 

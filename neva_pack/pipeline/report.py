@@ -58,7 +58,6 @@ def run_report(
 def packed_meta(config: PreprocessConfig, builder: SampleBuilder, spec: WriteSpec, report: RunReport) -> PackedMeta:
     """Everything a reader needs; the writer fills in format, pack count, its files' description and checksums."""
     return PackedMeta(
-        format=config.output_format,
         version=META_VERSION,
         num_packs=report.packing.packs,
         image_shape=spec.image_shape,
@@ -72,14 +71,7 @@ def packed_meta(config: PreprocessConfig, builder: SampleBuilder, spec: WriteSpe
         image_aspect_ratio=config.image_aspect_ratio,
         image_positions=builder.image_run.positions,
         image_token_ids=ImageTokenIds(patch=builder.image_run.patch_id, start=builder.image_run.start_id, end=builder.image_run.end_id),
-        ignore_index=config.ignore_index,
-        pad_id=spec.pad_id,
-        pad_to_multiple_of=config.alignment,
-        balance_data_parallel=config.balance_data_parallel,
-        max_seq_length=report.max_seq_length,
-        algorithm=config.packing_algorithm,
-        seed=config.seed,
-        max_samples_per_pack=config.max_samples_per_pack,
+        **config.meta_settings(report.max_seq_length),  # format, size, algorithm, seed, pad id, ignore index, ...
         counts=Counts(
             records=report.records.total,
             samples=report.records.packed,

@@ -12,7 +12,7 @@ import numpy as np
 from tqdm import tqdm
 
 from neva_pack import paths
-from neva_pack.config import PreprocessConfig
+from neva_pack.config import PreprocessConfig, meta_fields
 from neva_pack.errors import InputError, OutputError
 from neva_pack.formats import temporary_files
 from neva_pack.formats.base import Checkpoint
@@ -24,48 +24,21 @@ from neva_pack.sample_store import check_settings
 from neva_pack.verify import verify
 
 __all__ = [
-    "META_SETTINGS",
     "drop_store",
     "plan_digest",
     "remove_stale_tmp",
     "resumed_prefix",
     "write_packs",
-    "write_settings",
 ]
 
 
 def plan_digest(plan: PackingPlan, padded: np.ndarray, settings: dict) -> str:
     """Identifies what the writer writes: a resumed writer continues only for the same plan, padding
-    and writing settings (``write_settings``; kept readable so that a resume can name one that differs)."""
+    and writing settings (``PreprocessConfig.write_settings``; kept readable so that a resume can name one that differs)."""
     digest = hashlib.sha256()
     for array in (plan.offsets, plan.indices, padded):
         digest.update(np.ascontiguousarray(array, dtype=np.int64).tobytes())
     return json.dumps({"plan": digest.hexdigest(), "settings": settings}, sort_keys=True)
-
-
-def write_settings(config: PreprocessConfig, size: int) -> dict:
-    """Every setting that decides the bytes of a pack size's published files beyond the samples
-    (``sample_fingerprint``, checked by the sample store): a resumed prefix, finished or not, must
-    have been written with exactly these (the sizes are in the prefix's name, its size is here)."""
-    return {
-        "output_format": config.output_format,
-        "max_seq_length": size,
-        "packing_algorithm": config.packing_algorithm,
-        "seed": config.seed,
-        "max_samples_per_pack": config.max_samples_per_pack,
-        "pad_to_multiple_of": config.alignment,  # the lcm with the parallel sizes' multiples
-        "pad_id": config.pad_id,
-        "ignore_index": config.ignore_index,
-        "balance_data_parallel": config.balance_data_parallel,
-        "global_batch_size": config.global_batch_size,  # stats.json's advice and training overrides
-    }
-
-
-META_SETTINGS = {"output_format": "format", "max_seq_length": "max_seq_length", "packing_algorithm": "algorithm",
-                 "seed": "seed", "max_samples_per_pack": "max_samples_per_pack",
-                 "pad_to_multiple_of": "pad_to_multiple_of", "pad_id": "pad_id", "ignore_index": "ignore_index",
-                 "balance_data_parallel": "balance_data_parallel"}  # fmt: skip
-"""write_settings key -> the meta field that records it (global_batch_size is in the stats file)."""
 
 
 def resumed_prefix(prefix: Path, stats_file: Path, settings: dict) -> RunReport | None:
@@ -76,7 +49,7 @@ def resumed_prefix(prefix: Path, stats_file: Path, settings: dict) -> RunReport 
     if meta_file.is_file() and stats_file.is_file():
         report = read_report(stats_file)
         meta = read_meta_json(meta_file)
-        stored = {key: meta[field] for key, field in META_SETTINGS.items() if field in meta}
+        stored = {key: meta[field] for key, field in meta_fields().items() if field in meta}
         stored["global_batch_size"] = report.global_batch_size
         check_settings(stored, {key: settings[key] for key in stored})
         return report

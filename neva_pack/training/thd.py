@@ -58,6 +58,7 @@ import functools
 import numpy as np
 import torch
 
+from neva_pack.defaults import IGNORE_INDEX, PAD_ID
 from neva_pack.dataset import position_ids_from_cu_seqlens
 from neva_pack.packing.alignment import fixed_row_length
 
@@ -73,8 +74,8 @@ def thd_batch(
     max_samples_per_pack: int | None = None,
     pad_to_multiple_of: int = 1,
     image_run=None,
-    ignore_index: int = -1,
-    pad_id: int = 0,
+    ignore_index: int = IGNORE_INDEX,
+    pad_id: int = PAD_ID,
     with_packed_seq_params: bool = True,
 ) -> dict:
     """One THD batch from ``PackedSeqDataset`` items, packs concatenated in order.

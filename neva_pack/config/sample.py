@@ -1,0 +1,175 @@
+"""What makes a sample: the input, the tokenizer and template, the image encoder, the token ids and
+the per-record budgets. Change any of these and the sample store must be built again; a --resume
+compares them (``fingerprint``) before continuing one."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from neva_pack import __version__
+from neva_pack.config.options import BUDGETS, NEMO, check_fields, option, options
+from neva_pack.defaults import IGNORE_INDEX
+from neva_pack.errors import ConfigError
+from neva_pack.images import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGE_PIXELS
+from neva_pack.records import (
+    DEFAULT_MAX_CONVERSATION_CHARS,
+    DEFAULT_MAX_RECORD_BYTES,
+    DEFAULT_MAX_RECORD_DEPTH,
+    MAX_RECORD_DEPTH_LIMIT,
+)
+from neva_pack.templates import DEFAULT_TOKENIZATION, TOKENIZATIONS
+
+IMAGE_ASPECT_RATIOS = ("square", "pad")
+MODEL = ("model",)
+MM = ("model", "mm_cfg")
+ENCODER = ("model", "mm_cfg", "vision_encoder")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SampleConfig:
+    """The fields' order is the sample fingerprint's key order (the sample store records it)."""
+
+    data_path: Path = option(
+        help="LLaVA-format JSON list or JSONL", group=NEMO, hparams=(*MODEL, "data", "data_path"), location=True
+    )
+    """LLaVA-format JSON list or JSONL."""
+    image_folder: Path | None = option(
+        None, help="image directory or .tar archive", group=NEMO, hparams=(*MODEL, "data", "image_folder"), location=True
+    )
+    """Directory or .tar archive the records' image paths are relative to."""
+    tokenizer_path: Path = option(
+        help="SentencePiece .model file or Hugging Face tokenizer directory", group=NEMO,
+        hparams=(*MODEL, "tokenizer", "model"), location=True,
+    )  # fmt: skip
+    """SentencePiece .model file or Hugging Face tokenizer directory."""
+    conv_template: str = option(
+        "plain", help="conversation template name or YAML file (default {default})", group=NEMO,
+        hparams=(*MODEL, "data", "conv_template"), location=True,
+    )  # fmt: skip
+    """A template name from templates/ or a path to a template YAML."""
+    hf_vision_encoder: str = option(
+        "openai/clip-vit-large-patch14-336", group=NEMO, hparams=(*ENCODER, "from_pretrained"), location=True,
+        help="shipped encoder name or local directory with preprocessor_config.json (default {default})",
+    )  # fmt: skip
+    """A shipped encoder name or a local directory with preprocessor_config.json."""
+    image_aspect_ratio: str = option(
+        "square", help="default {default}", group=NEMO, hparams=(*MODEL, "data", "image_aspect_ratio"),
+        choices=lambda: IMAGE_ASPECT_RATIOS,
+    )  # fmt: skip
+    """square: resize + centre crop; pad: pad to a square with the mean colour first (LLaVA-1.5)."""
+    truncate: bool = option(True, help="skip over-long samples instead", flag="--no_truncate")
+    """Cut samples longer than the largest pack size (NeMo); False: skip them as too_long."""
+    ignore_index: int = option(IGNORE_INDEX, help="label of untrained positions (default {default})", written_as="ignore_index")
+    """Label value of untrained positions (NeMo's collate masks -1). The samples' labels carry it."""
+    use_im_start_end: bool = option(False, help="NeMo mm_cfg.use_im_start_end", hparams=(*MM, "use_im_start_end"))
+    """NeMo's mm_cfg.use_im_start_end: image run = start + N patches + end instead of N positions."""
+    patch_dim: int | None = option(
+        None, help="override the encoder's patch size", hparams=(*ENCODER, "patch_dim"), minimum=1
+    )
+    """Override of the encoder's patch size (positions per image = (crop / patch)^2)."""
+    image_patch_id: int | None = option(
+        None, help="token id of image positions (default 0, or <extra_id_3> where NeMo keeps it)", fingerprint="image_ids"
+    )
+    """Token id of image-embedding positions; default 0, or NeMo's <extra_id_3> id where NeMo's
+    template leaves it (plain, llama_3, nvgpt, yi_34b under --tokenization nemo)."""
+    image_start_id: int | None = option(
+        None, help="token id opening an image (default <extra_id_4> if any)", fingerprint="image_ids"
+    )
+    """Token id opening an image run; default: the tokenizer's <extra_id_4> if any."""
+    image_end_id: int | None = option(
+        None, help="token id closing an image (default <extra_id_5> if any)", fingerprint="image_ids"
+    )
+    """Token id closing an image run; default: the tokenizer's <extra_id_5> if any."""
+    system_prompt: str | None = option(None, help="replace the template's system prompt")
+    """Replaces the template's default system prompt."""
+    tokenization: str = option(
+        DEFAULT_TOKENIZATION, choices=lambda: TOKENIZATIONS,
+        help="token convention (default {default}): " + "; ".join(f"{t.name}: {t.description}" for t in TOKENIZATIONS.values()),
+    )  # fmt: skip
+    """Convention the token ids follow, a name from templates.TOKENIZATIONS: nemo (NeMo NeVA's
+    preprocessing, the default since the command line is NeMo's) or llava (LLaVA-1.5's)."""
+    # --- per-record budgets and confinement: what one record may cost ---
+    max_record_bytes: int = option(
+        DEFAULT_MAX_RECORD_BYTES, group=BUDGETS, minimum=1, fingerprint="budgets",
+        help=f"bytes of one record's JSON text (default {DEFAULT_MAX_RECORD_BYTES >> 20} MiB)",
+    )  # fmt: skip
+    """Bytes of one record's JSON text; a longer record is skipped unparsed (record_too_large)."""
+    max_record_depth: int = option(
+        DEFAULT_MAX_RECORD_DEPTH, group=BUDGETS, minimum=1, fingerprint="budgets",
+        help=f"nesting levels of one record (default {{default}}, at most {MAX_RECORD_DEPTH_LIMIT})",
+    )  # fmt: skip
+    """Nesting levels of one record; a deeper record is skipped unparsed (record_too_deep)."""
+    max_conversation_chars: int = option(
+        DEFAULT_MAX_CONVERSATION_CHARS, group=BUDGETS, minimum=1, fingerprint="budgets",
+        help=f"characters of one conversation's text (default {DEFAULT_MAX_CONVERSATION_CHARS:,})",
+    )  # fmt: skip
+    """Characters of one conversation's text; more is skipped before tokenizing (conversation_too_long)."""
+    max_image_bytes: int = option(
+        DEFAULT_MAX_IMAGE_BYTES, group=BUDGETS, minimum=1, fingerprint="budgets",
+        help=f"bytes of one image file (default {DEFAULT_MAX_IMAGE_BYTES >> 20} MiB)",
+    )  # fmt: skip
+    """Bytes read from one image file; a larger file is skipped unread (image_too_large)."""
+    max_image_pixels: int = option(
+        DEFAULT_MAX_IMAGE_PIXELS, group=BUDGETS, minimum=1, fingerprint="budgets",
+        help=f"pixels of one image as decoded, padded or resized (default {DEFAULT_MAX_IMAGE_PIXELS:,})",
+    )  # fmt: skip
+    """Pixels of one image as decoded, padded or resized, checked before each (image_too_large)."""
+    allow_outside_image_folder: bool = option(
+        False, group=BUDGETS, fingerprint="budgets",
+        help="accept absolute image paths, '..' and symlinks that lead out of --image_folder",
+    )  # fmt: skip
+    """Accept absolute image names, '..' and symlinks leading out of image_folder."""
+    crop_size: tuple[int, int] | None = option(None, help=None, hparams=(*ENCODER, "crop_size"), fingerprint="")
+    """Expected (H, W) from a NeMo config; must agree with the encoder's processor (a check: the
+    encoder, which decides the pixels, is in the fingerprint)."""
+
+    def __post_init__(self):
+        check_fields(self)
+        if not self.data_path.is_file():
+            what = "no such file" if not self.data_path.exists() else "not a regular file (a directory, device or FIFO)"
+            raise ConfigError(f"--data_path {self.data_path}: {what}")
+        if not self.tokenizer_path.exists():
+            raise ConfigError(f"--tokenizer_path {self.tokenizer_path}: no such file or directory")
+        if self.image_folder is not None and not self.image_folder.exists():
+            raise ConfigError(f"--image_folder {self.image_folder}: no such directory or archive")
+        if self.max_record_depth > MAX_RECORD_DEPTH_LIMIT:
+            raise ConfigError(
+                f"--max_record_depth {self.max_record_depth}: at most {MAX_RECORD_DEPTH_LIMIT} (the JSON parser recurses per level)"
+            )
+
+    def fingerprint(self, cut_length: int) -> dict:
+        """Everything that decides the samples, as the sample store records it: ``asdict(self)`` in
+        field order, paths resolved (the data file with its size and mtime), fields sharing a key
+        (``Option.fingerprint``) gathered in one list, the length samples are cut to before
+        ``truncate``, and this package's version. A resumed run must match it exactly."""
+        values = dataclasses.asdict(self)
+        out: dict = {}
+        for spec, opt in options(self):
+            if opt.fingerprint == "":
+                continue
+            if spec.name == "truncate":
+                out["max_seq_length"] = cut_length
+            value = values[spec.name]
+            if isinstance(value, Path):
+                value = str(value.resolve())
+            if opt.fingerprint is not None:
+                out.setdefault(opt.fingerprint, []).append(value)
+            else:
+                out[spec.name] = value
+            if spec.name == "data_path":
+                stat = self.data_path.resolve().stat()
+                out["data_size"], out["data_mtime_ns"] = stat.st_size, stat.st_mtime_ns
+        out["neva_pack"] = __version__
+        return out
+
+    @classmethod
+    def location_keys(cls) -> tuple[str, ...]:
+        """Fingerprint keys naming a file or a setting by location or name (the data file's size and
+        mtime included): a sharded run's content fingerprint replaces them by content digests."""
+        names = tuple(spec.name for spec, opt in options(cls) if opt.location)
+        return names[:1] + ("data_size", "data_mtime_ns") + names[1:]
+
+
+__all__ = ["IMAGE_ASPECT_RATIOS", "SampleConfig"]
