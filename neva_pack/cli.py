@@ -112,6 +112,13 @@ def _add_preprocess_flags(parser: argparse.ArgumentParser) -> None:
         "--max_image_pixels", type=int, help="pixels of one image as decoded, padded or resized (default 36,000,000)"
     )
     budgets.add_argument(
+        "--max_image_decode_seconds", type=float,
+        help="CPU seconds to decode one image; a slower one is stopped and skipped as image_too_slow (default 5)",
+    )  # fmt: skip
+    budgets.add_argument(
+        "--max_images_per_record", type=int, help="images of one record, checked before any is read (default 1,000)"
+    )
+    budgets.add_argument(
         "--allow_outside_image_folder", action="store_true", default=None,
         help="accept absolute image paths, '..' and symlinks that lead out of --image_folder",
     )  # fmt: skip

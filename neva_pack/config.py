@@ -12,16 +12,17 @@ import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-import yaml
 
 from neva_pack.errors import ConfigError
-from neva_pack.images import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGE_PIXELS
+from neva_pack.images import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGE_DECODE_SECONDS, DEFAULT_MAX_IMAGE_PIXELS
 from neva_pack.records import (
     DEFAULT_MAX_CONVERSATION_CHARS,
+    DEFAULT_MAX_IMAGES_PER_RECORD,
     DEFAULT_MAX_RECORD_BYTES,
     DEFAULT_MAX_RECORD_DEPTH,
     MAX_RECORD_DEPTH_LIMIT,
 )
+from neva_pack.untrusted import read_yaml
 
 IMAGE_ASPECT_RATIOS = ("square", "pad")
 MAX_SEQ_LENGTH = 2**24
@@ -123,6 +124,10 @@ class PreprocessConfig:
     """Bytes read from one image file; a larger file is skipped unread (image_too_large)."""
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
     """Pixels of one image as decoded, padded or resized, checked before each (image_too_large)."""
+    max_image_decode_seconds: float = DEFAULT_MAX_IMAGE_DECODE_SECONDS
+    """CPU seconds to decode one image; a slower decode is stopped and skipped (image_too_slow)."""
+    max_images_per_record: int = DEFAULT_MAX_IMAGES_PER_RECORD
+    """Images (and <image> placeholders) of one record; more is skipped before any is read (too_many_images)."""
     allow_outside_image_folder: bool = False
     """Accept absolute image names, '..' and symlinks leading out of image_folder."""
 
@@ -182,9 +187,11 @@ class PreprocessConfig:
         if abs(self.ignore_index) > MAX_EXACT_FLOAT32:
             raise ConfigError(f"--ignore_index {self.ignore_index}: labels are float32 on disk, exact only up to 2**24")
         for name in ("max_record_bytes", "max_record_depth", "max_conversation_chars", "max_image_bytes",
-                     "max_image_pixels"):  # fmt: skip
+                     "max_image_pixels", "max_images_per_record"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name} {getattr(self, name)}: must be >= 1")
+        if not 0 < self.max_image_decode_seconds < float("inf"):
+            raise ConfigError(f"--max_image_decode_seconds {self.max_image_decode_seconds}: must be a number above 0")
         if self.max_record_depth > MAX_RECORD_DEPTH_LIMIT:
             raise ConfigError(
                 f"--max_record_depth {self.max_record_depth}: at most {MAX_RECORD_DEPTH_LIMIT} (the JSON parser recurses per level)"
@@ -351,12 +358,7 @@ def read_hparams(path: Path) -> dict:
     Whole-value interpolations like ``${model.mm_cfg.llm.model_type}`` are resolved (from the
     root, or relative to ``model``); unknown keys in the sections read are refused.
     """
-    try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"--hparams_file {path}: no such file") from None
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"--hparams_file {path}: unreadable YAML ({str(exc).splitlines()[0]})") from None
+    data = read_yaml(path, what="--hparams_file")
     if not isinstance(data, dict):
         raise ConfigError(f"--hparams_file {path}: expected a mapping at the top level")
     _check_sections(data, path)

@@ -138,6 +138,8 @@ def build_sample_builder(config: PreprocessConfig) -> SampleBuilder:
         record_limits=RecordLimits(max_bytes=config.max_record_bytes, max_depth=config.max_record_depth),
         max_conversation_chars=config.max_conversation_chars,
         max_image_pixels=config.max_image_pixels,
+        max_image_decode_seconds=config.max_image_decode_seconds,
+        max_images_per_record=config.max_images_per_record,
     )
 
 
@@ -176,7 +178,8 @@ def sample_fingerprint(config: PreprocessConfig) -> dict:
         "system_prompt": config.system_prompt,
         "tokenization": config.tokenization,
         "budgets": [config.max_record_bytes, config.max_record_depth, config.max_conversation_chars,
-                    config.max_image_bytes, config.max_image_pixels, config.allow_outside_image_folder],
+                    config.max_image_bytes, config.max_image_pixels, config.allow_outside_image_folder,
+                    config.max_image_decode_seconds, config.max_images_per_record],
         "neva_pack": __version__,
     }
 
@@ -211,6 +214,8 @@ def _run(config: PreprocessConfig, builder: SampleBuilder, output_dir: Path, pro
     skipped = sum(store.skipped_by_reason.values())
     if config.num_shards is not None and skipped > config.max_skip_fraction * total:  # each part checked only its own
         raise _too_many_skipped(config, skipped, f"the {total}", output_dir)
+    if total == 0:
+        raise InputError(f"--data_path {config.data_path}: holds no records (an empty file, an empty list [] or only blank lines)")
     if len(store) == 0:
         raise InputError(
             f"none of the {total} record(s) of {config.data_path} could be used; reasons in {output_dir / layout.SKIPPED_FILE}"
