@@ -315,7 +315,12 @@ def _text(data: dict, key: str, default, source: str):
         return default
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise ConfigError(f"template {source}: {key} {value!r:.60}: expected text, got {type(value).__name__}")
-    return str(value)
+    value = str(value)
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # YAML's "\ud800" escape: no tokenizer can take it
+        raise ConfigError(f"template {source}: {key} {value!r:.60}: holds a lone UTF-16 surrogate, which is not text") from None
+    return value
 
 
 def _flag(data: dict, key: str, source: str) -> bool:
