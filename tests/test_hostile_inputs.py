@@ -242,7 +242,8 @@ def test_counting_and_reading_agree_on_blank_and_oversized_jsonl_lines(tmp_path)
 
 def test_new_skip_reasons_are_listed_with_their_meaning():
     for reason in ("record_too_large", "record_too_deep", "conversation_too_long", "invalid_unicode",
-                   "outside_image_folder", "image_too_large", "no_supervised_tokens"):  # fmt: skip
+                   "outside_image_folder", "image_too_large", "no_supervised_tokens", "image_too_slow",
+                   "too_many_images"):  # fmt: skip
         assert SKIP_REASONS[reason]
 
 
@@ -1034,6 +1035,9 @@ BAD_SETTINGS = {
     "image_std zero": ("encoder settings",
                        lambda p: p.write_text(json.dumps({**json.loads(p.read_text()), "image_std": [0.5, 0, 0.5]})),
                        "preprocessor_config.json: image_std [0.5, 0, 0.5]: expected numbers above 0"),
+    "image_mean a number": ("encoder settings",
+                            lambda p: p.write_text(json.dumps({**json.loads(p.read_text()), "image_mean": 0.5})),
+                            "preprocessor_config.json: image_mean 0.5: expected a list of 3 numbers (one per RGB channel), got float"),
     "settings a JSON list": ("encoder settings", lambda p: p.write_text("[1, 2]"),
                              "preprocessor_config.json: expected a JSON object, got list"),
     "settings not JSON": ("encoder settings", lambda p: p.write_text("{'crop_size': 336}"),

@@ -137,11 +137,11 @@ def check_settings(settings: dict, path) -> None:
         refuse("rescale_factor", "a positive number")
     for key in ("image_mean", "image_std"):
         value = settings.get(key)
-        if key in settings and not (_is_number(value) or (isinstance(value, list) and len(value) in (1, 3)
-                                                           and all(map(_is_number, value)))):  # fmt: skip
-            refuse(key, "a number or a list of 3 numbers")
-    std = settings.get("image_std")
-    if std is not None and any(v <= 0 for v in (std if isinstance(std, list) else [std])):
+        if key in settings and not (isinstance(value, list) and len(value) == 3 and all(map(_is_number, value))):
+            refuse(key, "a list of 3 numbers (one per RGB channel)")
+    if any(not 0 <= v <= 1 for v in settings.get("image_mean", ())):
+        refuse("image_mean", "numbers from 0 to 1 (the mean of pixels scaled to 0..1)")
+    if any(v <= 0 for v in settings.get("image_std", ())):
         refuse("image_std", "numbers above 0 (pixels are divided by them)")
     if "image_processor_type" in settings and not isinstance(settings["image_processor_type"], str):
         refuse("image_processor_type", "a class name")
