@@ -460,10 +460,12 @@ class _ListScanner:
         self.eof = False
 
     def _fill(self) -> bool:
-        """Read one more chunk, dropping what lies before ``mark``; False at the end of the file."""
+        """Read one more chunk, dropping what lies before ``mark``; False at the end of the file.
+        A chunk is at least as long as what is kept, so a long record within its budget costs
+        its length in copies, not its length times the number of chunks it spans."""
         if self.eof:
             return False
-        chunk = self.f.read(self.chunk)
+        chunk = self.f.read(max(self.chunk, len(self.buf) - self.mark))
         if not chunk:
             self.eof = True
             return False
