@@ -112,7 +112,13 @@ def decode_image(
         if clock.expired:  # also when a decoder wrapped our _TooSlow in an error of its own
             too_slow = f"{name}: decoding took more than --max_image_decode_seconds {max_seconds:g} (CPU time)"
             raise RecordError("image_too_slow", too_slow) from None
-        raise RecordError("unreadable_image", f"{name}: {exc.__class__.__name__}: {_deterministic(str(exc), name)}") from None
+        raise unreadable(name, exc) from None
+
+
+def unreadable(name: str, exc: Exception) -> RecordError:
+    """The skip of an image a decoder failed on, however it failed: its class and message, the
+    message made deterministic."""
+    return RecordError("unreadable_image", f"{name}: {exc.__class__.__name__}: {_deterministic(str(exc), name)}")
 
 
 _OBJECT_REPR = re.compile(r"<[^<>]*? object at 0x[0-9a-fA-F]+>")

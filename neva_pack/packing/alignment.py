@@ -45,3 +45,16 @@ def padded_lengths(lengths, multiple: int) -> np.ndarray:
 def aligned_capacity(capacity: int, multiple: int) -> int:
     """The longest real length whose padded length still fits ``capacity``: what samples are cut to."""
     return capacity // multiple * multiple
+
+
+def fixed_row_length(capacity: int, multiple: int) -> int:
+    """The row length of fixed-length batches: ``capacity`` rounded down to a multiple of ``multiple``.
+
+    Every pack fits (its segments are multiples of ``multiple`` and sum to at most ``capacity``), and
+    the last segment, grown to the row's end, stays aligned: with CP = 2 (M = 4) and packs of 510, rows
+    of 508, where rows of 510 would give a last segment that context parallelism cannot split.
+    """
+    row = aligned_capacity(capacity, multiple)
+    if row < 1:
+        raise ValueError(f"max_seq_length {capacity} is shorter than the alignment multiple {multiple}")
+    return row
