@@ -18,9 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from neva_pack.formats.meta import PlanTable
 from neva_pack.packing import PackingPlan
-from neva_pack.packing.alignment import padded_lengths
+from neva_pack.packing.alignment import padded_lengths, with_padding
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,34 +49,6 @@ class AssembledPack:
     """``labels`` padded the same way with the ignore value."""
 
 
-def padded_view(pack: AssembledPack, pad_id: int, ignore_index: int) -> tuple[np.ndarray, np.ndarray]:
-    """The pack's tokens and labels with padding: as assembled, or built here for a pack assembled without them."""
-    if pack.padded_tokens is not None and pack.padded_labels is not None:
-        return pack.padded_tokens, pack.padded_labels
-    return (with_padding(pack.tokens, pack.lengths, pack.padded_lengths, pad_id),
-            with_padding(pack.labels, pack.lengths, pack.padded_lengths, ignore_index))  # fmt: skip
-
-
-def with_padding(values: np.ndarray, lengths: np.ndarray, padded_lengths: np.ndarray, fill: int) -> np.ndarray:
-    """Concatenated per-sample values with (padded - length) ``fill`` values after each sample
-    (``values`` itself when nothing is padded)."""
-    if np.array_equal(lengths, padded_lengths):
-        return values
-    out = np.full(int(np.sum(padded_lengths)), fill, dtype=values.dtype)
-    out[real_positions(lengths, padded_lengths)] = values
-    return out
-
-
-def real_positions(lengths: np.ndarray, padded_lengths: np.ndarray) -> np.ndarray:
-    """Where each real position of the samples lands once each sample is padded::
-
-        lengths [2, 3], padded [4, 4]  ->  [0 1 | 4 5 6]
-    """
-    lengths = np.asarray(lengths, dtype=np.int64)
-    before = np.cumsum(padded_lengths, dtype=np.int64) - np.cumsum(lengths)  # padding up to each sample's end
-    return np.arange(int(lengths.sum()), dtype=np.int64) + np.repeat(np.concatenate([[0], before[:-1]]), lengths)
-
-
 def rows_at(
     store, size: int, run_length: int, ignore_index: int
 ) -> tuple[np.ndarray, dict[int, tuple[int, int]], np.ndarray]:  # fmt: skip
@@ -97,18 +68,6 @@ def rows_at(
         if not np.any(store.tokens_labels(int(i))[1][: cut - 1] != ignore_index):
             unsupervised.append(int(i))
     return rows, cuts, np.asarray(unsupervised, dtype=np.int64)
-
-
-def plan_table(rows: np.ndarray, plan: PackingPlan, pad_to_multiple_of: int = 1) -> PlanTable:
-    """The plan over the store's rows (as cut for this pack size), in pack order."""
-    packed = rows[plan.indices]
-    return PlanTable(
-        offsets=np.asarray(plan.offsets, dtype=np.int64),
-        record_index=packed["record_index"].astype(np.int64),
-        length=packed["length"].astype(np.int64),
-        padded_length=padded_lengths(packed["length"], pad_to_multiple_of),
-        num_images=packed["num_images"].astype(np.int64),
-    )
 
 
 PACKS_PER_READ = 32

@@ -205,7 +205,7 @@ def _run_preprocess(args) -> int:
     config = config_from_args(args)
     from neva_pack.pipeline import preprocess
     from neva_pack.stats import format_summary
-    from neva_pack.store import skipped_path
+    from neva_pack.paths import skipped_path
 
     result = preprocess(config, progress=not args.quiet)
     for note in result.notes:

@@ -12,8 +12,8 @@ import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-
 from neva_pack.errors import ConfigError
+from neva_pack.formats import DEFAULT_FORMAT, FORMATS
 from neva_pack.images import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGE_DECODE_SECONDS, DEFAULT_MAX_IMAGE_PIXELS
 from neva_pack.records import (
     DEFAULT_MAX_CONVERSATION_CHARS,
@@ -25,13 +25,8 @@ from neva_pack.records import (
 from neva_pack.untrusted import read_yaml
 
 IMAGE_ASPECT_RATIOS = ("square", "pad")
-MAX_SEQ_LENGTH = 2**24
-"""The largest pack NeMo's format can describe: cu_seqlens are stored as float32, exact only up to
-2**24 (16,777,216 positions, far beyond any model's context)."""
 MAX_SEED = 2**63 - 1
 """Seeds are non-negative int64 (numpy's generators refuse negative seeds)."""
-MAX_EXACT_FLOAT32 = 2**24
-"""Every id and label is stored as float32: exact only up to 2**24 in magnitude."""
 
 
 def _usable_cpus() -> int:
@@ -150,7 +145,7 @@ class PreprocessConfig:
     """Convention the token ids follow, a name from templates.TOKENIZATIONS: nemo (NeMo NeVA's
     preprocessing, the default since the command line is NeMo's) or llava (LLaVA-1.5's)."""
     # --- output format ---
-    output_format: str = "nemo"
+    output_format: str = DEFAULT_FORMAT
     """nemo: NeMo's float32 packed_seq_dataset (what data_prefix reads); compact: int32 ids and uint8
     images stored once (the sample store's pool), normalised when read (neva_pack.dataset)."""
     drop_store: bool = False
@@ -177,15 +172,13 @@ class PreprocessConfig:
             raise ConfigError(f"--tokenizer_path {self.tokenizer_path}: no such file or directory")
         if self.image_folder is not None and not self.image_folder.exists():
             raise ConfigError(f"--image_folder {self.image_folder}: no such directory or archive")
-        if not 2 <= self.max_seq_length <= MAX_SEQ_LENGTH:
-            raise ConfigError(
-                f"--max_seq_length {self.max_seq_length}: must be between 2 and {MAX_SEQ_LENGTH:,} (2**24: "
-                "NeMo's format stores cu_seqlens as float32, exact only up to there)"
-            )
+        output_format = FORMATS.get(self.output_format)  # an unknown one is refused below
+        if output_format is not None:  # the format's limits: the largest pack, id and label it stores exactly
+            output_format.check_settings(max_seq_length=self.max_seq_length)
         if not 0 <= self.seed <= MAX_SEED:
             raise ConfigError(f"--seed {self.seed}: must be between 0 and 2**63 - 1")
-        if abs(self.ignore_index) > MAX_EXACT_FLOAT32:
-            raise ConfigError(f"--ignore_index {self.ignore_index}: labels are float32 on disk, exact only up to 2**24")
+        if output_format is not None:
+            output_format.check_settings(ignore_index=self.ignore_index)
         for name in ("max_record_bytes", "max_record_depth", "max_conversation_chars", "max_image_bytes",
                      "max_image_pixels", "max_images_per_record"):  # fmt: skip
             if getattr(self, name) < 1:
@@ -224,12 +217,10 @@ class PreprocessConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"--{name} {value}: must be >= 1")
-        from neva_pack.formats import FORMATS
-
-        if self.output_format not in FORMATS:
+        if output_format is None:
             raise ConfigError(f"--output_format {self.output_format!r}: choose one of {', '.join(sorted(FORMATS))}")
-        if self.drop_store and self.output_format == "compact":
-            raise ConfigError("--drop_store: the compact output's images ARE the sample store's pool; nothing to drop")
+        if self.drop_store and output_format.uses_image_pool:
+            raise ConfigError(f"--drop_store: the {self.output_format} output's images ARE the sample store's pool; nothing to drop")
         if self.num_shards is not None or self.shard_index is not None:
             from neva_pack.shards import resolve_shards
 
@@ -238,8 +229,7 @@ class PreprocessConfig:
             object.__setattr__(self, "crop_size", tuple(int(v) for v in self.crop_size))
         if self.pack_sizes is not None:
             sizes = tuple(sorted({int(v) for v in self.pack_sizes}))
-            if not sizes or sizes[0] < 2 or sizes[-1] > MAX_SEQ_LENGTH:
-                raise ConfigError(f"--pack_sizes {list(self.pack_sizes)}: every size must be between 2 and {MAX_SEQ_LENGTH:,}")
+            output_format.check_settings(pack_sizes=list(self.pack_sizes))
             object.__setattr__(self, "pack_sizes", sizes)
             object.__setattr__(self, "max_seq_length", sizes[-1])
         if self.pad_id < 0:

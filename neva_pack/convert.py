@@ -1,15 +1,15 @@
 """``neva-pack convert SRC DEST --to FORMAT``: rewrite a packed output in another format.
 
-Packs are read through the source's reader and written by the target's writer, so a
-``compact -> nemo`` conversion gives .bin/.idx byte-identical to a direct ``--output_format nemo``
-run of the same inputs and settings: keep the small compact output, and pay NeMo's float32
-bytes only on the machine that trains. ``nemo -> compact`` recovers the exact uint8 pixels
-(the normalisation is a one-to-one map of the 256 values) and stores each distinct image once.
+Packs are read through the source's reader and written by the target's writer (formats/base.py),
+so a conversion gives files byte-identical to a direct run of the same inputs and settings in the
+target format: keep a small output, and pay NeMo's float32 bytes only on the machine that trains.
+Images stored normalised are turned back into the exact uint8 pixels (the normalisation is a
+one-to-one map of the 256 values); a target that uses the image pool stores each distinct image once.
 A source whose files differ from its meta's checksums is refused before anything is written:
 converted, its damage would be published under new checksums that verify.
 
     SRC/packed_seq_dataset[_<size>].*  --reader--> packs --writer--> DEST/packed_seq_dataset[_<size>].*
-    (compact targets: DEST/packed_seq_dataset/pool_<k>.images, one pool part per prefix, shared keys)
+    (a target that uses the image pool: DEST/packed_seq_dataset/pool_<k>.images, one part per prefix)
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from neva_pack import store as layout
+from neva_pack import paths
 from neva_pack.assemble import AssembledPack
 from neva_pack.errors import ConfigError
-from neva_pack.formats import checked_meta, format_module, open_prefix, resolve_prefixes
+from neva_pack.formats import checked_meta, get_format, open_prefix, resolve_prefixes
 from neva_pack.formats.base import WriteSpec
 from neva_pack.formats.image_pool import PoolWriter, pool_part
 from neva_pack.formats.meta import read_meta
@@ -34,15 +34,20 @@ from neva_pack.stats import training_overrides
 def convert(source: Path, dest: Path, to: str, progress: bool = True) -> list[Path]:
     """Convert every prefix of ``source`` into ``dest`` (new or empty); returns the prefixes written."""
     source, dest = Path(source), Path(dest)
-    target = format_module(to)
+    target = get_format(to)
     prefixes = resolve_prefixes(source)
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise ConfigError(f"{dest}: exists and is not an empty directory")
     if dest.resolve() == prefixes[0].parent.resolve():
         raise ConfigError(f"{dest}: the source's own directory; convert into another one")
     for prefix in prefixes:
-        if read_meta(layout.meta_path(prefix)).format == to:
+        meta = read_meta(paths.meta_path(prefix))
+        if meta.format == to:
             raise ConfigError(f"{prefix}: already in the {to} format")
+        try:  # what the source holds must fit the target (its limits, formats/base.py)
+            target.check_settings(max_seq_length=meta.max_seq_length, ignore_index=meta.ignore_index, vocab_size=meta.vocab_size)
+        except ConfigError as exc:
+            raise ConfigError(f"{prefix}: cannot be converted to {to} ({exc})") from None
     metas = [checked_meta(prefix) for prefix in prefixes]  # every file as verify checks it, before anything is written
     dest.mkdir(parents=True, exist_ok=True)
     known: dict[bytes, int] = {}
@@ -52,8 +57,8 @@ def convert(source: Path, dest: Path, to: str, progress: bool = True) -> list[Pa
         reader = open_prefix(prefix, meta)
         out = dest / prefix.name
         pool = None
-        if not target.NEEDS_PIXELS:
-            directory = layout.store_dir(dest)
+        if target.uses_image_pool:
+            directory = paths.store_dir(dest)
             directory.mkdir(exist_ok=True)
             pool = PoolWriter(pool_part(directory, f"pool_{k:05d}", 0), known, sum(p.count for p in parts))
         extra = _copy_extras(prefix, out, to)
@@ -71,7 +76,7 @@ def convert(source: Path, dest: Path, to: str, progress: bool = True) -> list[Pa
             plan_digest=f"convert:{meta.checksums}",
             image_run=tuple(int(v) for v in meta.image_token_ids.run(meta.image_positions)),
         )
-        writer = target.Writer(out, spec)
+        writer = target.writer(out, spec)
         for pack in packs:
             writer.add(pack)
         writer.publish(plan, extra, meta)
@@ -133,17 +138,17 @@ def _copy_extras(prefix: Path, out: Path, to: str) -> list[Path]:
     """The prefix's skipped list as is; the stats file with the new prefix and format in it."""
     dest_dir = out.parent
     extras = []
-    skipped = layout.skipped_path_of(prefix)
+    skipped = paths.skipped_path_of(prefix)
     if skipped.is_file():
-        target = layout.skipped_path(dest_dir, layout.pack_size_of(out))
+        target = paths.skipped_path(dest_dir, paths.pack_size_of(out))
         shutil.copyfile(skipped, target)
         extras.append(target)
-    stats = layout.stats_path_of(prefix)
+    stats = paths.stats_path_of(prefix)
     if stats.is_file():
         report = read_report(stats)
         overrides = training_overrides(str(out), report.crop_size, report.packed_global_batch_size, to)
         converted = report.replace(data_prefix=str(out), output_format=to, training_overrides=overrides)
         target = dest_dir / stats.name
-        layout.write_json_atomic(target, converted.to_json())
+        paths.write_json_atomic(target, converted.to_json())
         extras.append(target)
     return extras

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from neva_pack import store as layout
+from neva_pack import paths
 from neva_pack.formats import sample_store
 from neva_pack.errors import InputError
 from neva_pack.packing import pack
@@ -67,8 +67,8 @@ class Candidate:
 def load_lengths(path: Path) -> SampleLengths:
     """From an output directory's sample store, a store directory, or else an output's plan table (any format)."""
     path = Path(path)
-    for directory in (layout.store_dir(path), path):
-        if (directory / layout.STORE_PROGRESS).is_file():
+    for directory in (paths.store_dir(path), path):
+        if (directory / paths.STORE_PROGRESS).is_file():
             store = sample_store.SampleStore(directory)
             meta = _output_meta(directory.parent)
             return SampleLengths(
@@ -100,7 +100,7 @@ def load_lengths(path: Path) -> SampleLengths:
             source=str(reader.prefix),
             pad_to_multiple_of=int(meta.pad_to_multiple_of),
         )
-    raise InputError(f"{path}: no sample store ({layout.STORE_DIR}/{layout.STORE_PROGRESS}) nor plan table here")
+    raise InputError(f"{path}: no sample store ({paths.STORE_DIR}/{paths.STORE_PROGRESS}) nor plan table here")
 
 
 def _output_meta(output_dir: Path) -> dict:
@@ -108,9 +108,9 @@ def _output_meta(output_dir: Path) -> dict:
     image positions and ignore value); empty when there is none of ours to read."""
     from neva_pack.formats.meta import read_meta_json
 
-    for prefix in layout.packed_prefixes(output_dir):
+    for prefix in paths.packed_prefixes(output_dir):
         try:
-            meta = read_meta_json(layout.meta_path(prefix))
+            meta = read_meta_json(paths.meta_path(prefix))
         except InputError:
             continue
         if isinstance(meta, dict):

@@ -7,8 +7,8 @@
   is held, and the kernel drops the lock with the process.
 - ``--overwrite`` (and ``--resume``, which deletes uncommitted shards) touch only paths this tool
   writes *and* whose content it recognises as its own: the sample store by its progress.json
-  format (or shard file names), the meta by its format field, Megatron indexes by their magic,
-  the plan table as a zip, stats and skipped lines (``skipped[_<size>].jsonl``) by their keys. Anything else under one of our
+  format (or shard file names), each format's files as the format recognises them (``owns``: its
+  meta by the format field, ...), stats and skipped lines (``skipped[_<size>].jsonl``) by their keys. Anything else under one of our
   names (say, the user's image folder called ``packed_seq_dataset``) stops the run before a
   byte is deleted, as does an input (data, images, tokenizer) lying inside what would be deleted.
 """
@@ -23,17 +23,14 @@ import shutil
 import socket
 from pathlib import Path
 
-from neva_pack import shards
-from neva_pack import store as layout
+from neva_pack import paths, shards
 from neva_pack.errors import ConfigError
-from neva_pack.formats import FORMATS
+from neva_pack.formats import declared_files
 from neva_pack.formats.sample_store import STORE_FORMAT
+from neva_pack.paths import LOCK_FILE
 
-LOCK_FILE = ".neva_pack.lock"
-"""Lives in output_dir; never counted as content and never removed."""
+__all__ = ["LOCK_FILE", "OutputLock", "entries", "output_paths", "owned_outputs", "remove"]
 
-_MEGATRON_INDEX_MAGIC = b"MMIDIDX\x00\x00"
-_ZIP_MAGIC = b"PK\x03\x04"
 
 
 
@@ -91,10 +88,22 @@ def entries(output_dir: Path) -> list[str]:
     return sorted(p.name for p in output_dir.iterdir() if p.name != LOCK_FILE)
 
 
+def output_paths(output_dir: Path) -> dict[Path, list]:
+    """Every path a run may create in output_dir (what --overwrite removes, and only that) -> the
+    formats that declare it (none: a file of the run's own, ``paths.run_paths``)."""
+    output_dir = Path(output_dir)
+    found: dict[Path, list] = {path: [] for path in paths.run_paths(output_dir)}
+    for size in paths.sized_names(output_dir):
+        for path, formats in declared_files(paths.packed_prefix(output_dir, size)).items():
+            found.setdefault(path, []).extend(formats)
+    return found
+
+
 def owned_outputs(output_dir: Path, inputs: dict[str, Path | None]) -> list[Path]:
     """The existing paths among those a run writes, once each is recognised as this tool's own;
     ConfigError (nothing deleted) for one that is not, or that holds one of ``inputs``."""
-    existing = [p for p in layout.output_paths(output_dir) if p.exists() or p.is_symlink()]
+    declared = output_paths(output_dir)
+    existing = [p for p in declared if p.exists() or p.is_symlink()]
     for flag, value in inputs.items():
         if value is None:
             continue
@@ -103,7 +112,7 @@ def owned_outputs(output_dir: Path, inputs: dict[str, Path | None]) -> list[Path
             if target == path.resolve() or target.is_relative_to(path.resolve()):
                 raise ConfigError(f"--{flag} {value} lies inside {path}, which --overwrite would delete; move it (nothing was deleted)")
     for path in existing:
-        problem = _not_ours(path)
+        problem = _not_ours(path, declared[path])
         if problem:
             raise ConfigError(
                 f"--output_dir {output_dir}: {path.name} {problem}, so it was not written by neva-pack; "
@@ -112,41 +121,32 @@ def owned_outputs(output_dir: Path, inputs: dict[str, Path | None]) -> list[Path
     return existing
 
 
-def remove(paths: list[Path]) -> None:
-    for path in paths:
+def remove(existing: list[Path]) -> None:
+    for path in existing:
         if path.is_dir():
             shutil.rmtree(path)
         else:
             path.unlink(missing_ok=True)
 
 
-def _not_ours(path: Path) -> str | None:
-    """Why a path is not recognisably ours (None when it is)."""
+def _not_ours(path: Path, formats: list) -> str | None:
+    """Why a path is not recognisably ours (None when it is); ``formats``: those that declare it."""
     if path.is_symlink():
         return "is a symbolic link"
     name = path.name
-    if path == layout.store_dir(path.parent):
+    if path == paths.store_dir(path.parent):
         if not path.is_dir():
             return "is not a directory"
         return _store_problem(path)
+    if formats:  # a format's file or directory: the format knows its own
+        if any(fmt.owns(path) for fmt in formats):
+            return None
+        return f"is not one of the {' or '.join(fmt.name for fmt in formats)} format's files"
     if not path.is_file():
         return "is not a file"
-    if name.endswith(".tmp") or ".tmp." in name:
-        return None  # our temporary names
-    if name.endswith(layout.META_SUFFIX):
-        return None if _json_field(path, "format") in FORMATS else "has no neva_pack format field"
-    compact_suffix = next((s for s in layout.COMPACT_SUFFIXES if name.endswith(s)), None)
-    if compact_suffix is not None:
-        meta = layout.meta_path(path.with_name(name[: -len(compact_suffix)]))
-        return None if _json_field(meta, "format") == "compact" else "has no compact meta beside it"
-    if name.endswith(".idx"):
-        return None if _starts_with(path, _MEGATRON_INDEX_MAGIC) else "is not a Megatron index"
-    if name.endswith(".bin"):
-        index = path.with_suffix(".idx")
-        return None if _starts_with(index, _MEGATRON_INDEX_MAGIC) else "has no Megatron index beside it"
-    if name.endswith(".npz"):
-        return None if _starts_with(path, _ZIP_MAGIC) else "is not a numpy archive"
-    if layout.is_skipped_list(name):
+    if name.endswith(paths.TMP_SUFFIX):
+        return None  # the temporary name of a stats file or skipped list
+    if paths.is_skipped_list(name):
         with open(path, "rb") as f:
             first = f.readline(1 << 16)
         if not first.strip():
@@ -168,18 +168,18 @@ def _not_ours(path: Path) -> str | None:
 def _store_problem(directory: Path) -> str | None:
     """Why a sample store directory is not recognisably ours: a progress.json of another format, or any
     file a store does not write (every file is checked, so a user's file is never deleted with it)."""
-    progress = directory / layout.STORE_PROGRESS
+    progress = directory / paths.STORE_PROGRESS
     if progress.is_file() and _json_field(progress, "format") != STORE_FORMAT:
         return "has a progress.json of another format"
     for entry in sorted(directory.iterdir()):
         if entry.is_symlink():
             return f"holds a symbolic link ({entry.name})"
-        if entry.is_dir() and layout.PART_PATTERN.fullmatch(entry.name):  # a sharded run's part: a store of its own
+        if entry.is_dir() and paths.PART_PATTERN.fullmatch(entry.name):  # a sharded run's part: a store of its own
             strangers = [p.name for p in sorted(entry.iterdir()) if not (p.is_file() and not p.is_symlink() and
                          (shards.is_part_file(p.name) or p.name == LOCK_FILE))]  # fmt: skip
             if strangers:
                 return f"holds files a sample store does not ({entry.name}/{strangers[0]})"
-        elif not (entry.is_file() and layout.is_store_file(entry.name)):
+        elif not (entry.is_file() and paths.is_store_file(entry.name)):
             return f"holds files a sample store does not ({entry.name})"
     return None
 
@@ -191,10 +191,3 @@ def _json_field(path: Path, field: str):
         return None
     return value.get(field) if isinstance(value, dict) else None
 
-
-def _starts_with(path: Path, magic: bytes) -> bool:
-    try:
-        with open(path, "rb") as f:
-            return f.read(len(magic)) == magic
-    except OSError:
-        return False

@@ -26,9 +26,10 @@ import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
 from neva_pack import invariants
-from neva_pack.assemble import AssembledPack, assemble_packs, padded_view
+from neva_pack.assemble import AssembledPack, assemble_packs
 from neva_pack.invariant_kernels import fast_pack_problems
 from neva_pack.packing import PackingPlan
+from neva_pack.packing.alignment import padded_view
 from neva_pack.workers import worker_messages
 
 PACKS_PER_MESSAGE = 32

@@ -27,10 +27,10 @@ import numpy as np
 from tqdm import tqdm
 
 from neva_pack import __version__, invariants, shards
-from neva_pack import store as layout
+from neva_pack import paths
 from neva_pack import output_dir as ownership
-from neva_pack.assemble import plan_table, rows_at
-from neva_pack.formats import format_module, sample_store
+from neva_pack.assemble import rows_at
+from neva_pack.formats import output_format, sample_store, temporary_files
 from neva_pack.formats.base import Checkpoint, WriteSpec
 from neva_pack.formats.meta import META_VERSION, Counts, ImageTokenIds, PackedMeta, read_meta_json
 from neva_pack.formats.sample_store import check_settings
@@ -42,6 +42,7 @@ from neva_pack.packing import RECOMMENDED_ALGORITHM, PackingPlan, pack
 from neva_pack.packing.alignment import aligned_capacity, padded_lengths
 from neva_pack.packing.balance import PackCosts, balance_order, reorder_plan, straggler_overhead
 from neva_pack.parallel_assembly import PackJob, pack_batches
+from neva_pack.plan_table import PlanTable
 from neva_pack.records import RecordIndex, RecordLimits, index_records, record_ids
 from neva_pack.samples import (
     SampleBuilder,
@@ -120,6 +121,7 @@ def build_sample_builder(config: PreprocessConfig) -> SampleBuilder:
             f"--pack_sizes {list(config.sizes)}: every size must hold an image run ({layout_.positions} positions) "
             "and a token more, or a sample cut for it could be left empty"
         )
+    output_format(config.output_format).check_settings(vocab_size=tokenizer.vocab_size)
     check_token_ids(layout_, tokenizer.vocab_size, pad_id=config.pad_id, ignore_index=config.ignore_index)
     image_source = ImageSource(
         config.image_folder, max_bytes=config.max_image_bytes, allow_outside=config.allow_outside_image_folder
@@ -199,7 +201,7 @@ def _run(config: PreprocessConfig, builder: SampleBuilder, output_dir: Path, pro
     into the sample store instead of encoding, and the rest is the same."""
     index = index_records(config.data_path, every=records_per_message(config), progress=progress)
     total = index.count
-    store_directory = layout.store_dir(output_dir)
+    store_directory = paths.store_dir(output_dir)
     if config.num_shards is None:
         _encode_samples(config, builder, store_directory, output_dir, index, progress)
     else:
@@ -218,13 +220,13 @@ def _run(config: PreprocessConfig, builder: SampleBuilder, output_dir: Path, pro
         raise InputError(f"--data_path {config.data_path}: holds no records (an empty file, an empty list [] or only blank lines)")
     if len(store) == 0:
         raise InputError(
-            f"none of the {total} record(s) of {config.data_path} could be used; reasons in {output_dir / layout.SKIPPED_FILE}"
+            f"none of the {total} record(s) of {config.data_path} could be used; reasons in {output_dir / paths.SKIPPED_FILE}"
         )
     reports = {}
     for size in config.sizes:
         reports[size] = _write_prefix(config, builder, store, index, size, output_dir, progress, started)
     if config.drop_store:
-        _drop_store(output_dir, [layout.packed_prefix(output_dir, size if len(config.sizes) > 1 else None) for size in config.sizes])
+        _drop_store(output_dir, [paths.packed_prefix(output_dir, size if len(config.sizes) > 1 else None) for size in config.sizes])
     strict_failure = config.strict and any(report.records.skipped > 0 for report in reports.values())
     return RunResult(reports=reports, exit_code=1 if strict_failure else 0)
 
@@ -235,8 +237,8 @@ def _write_prefix(
     """Pack the store for one pack size and publish its prefix (skipped when --resume finds it complete)."""
     total = index.count
     named_size = size if len(config.sizes) > 1 else None
-    prefix = layout.packed_prefix(output_dir, named_size)
-    stats_file = layout.stats_path(output_dir, named_size)
+    prefix = paths.packed_prefix(output_dir, named_size)
+    stats_file = paths.stats_path(output_dir, named_size)
     settings = write_settings(config, size)
     if config.resume:
         published = _resumed_prefix(prefix, stats_file, settings)
@@ -250,7 +252,7 @@ def _write_prefix(
         raise InputError(f"pack size {size}: the cut leaves none of the {len(rows)} sample(s) a trained label")
     plan = _pack_kept(config, padded, kept, size)
     plan, balance = _balance(config, plan, rows)
-    fmt = format_module(config.output_format)
+    fmt = output_format(config.output_format)
     spec = WriteSpec(
         image_shape=tuple(builder.preprocessor.shape),
         normalisation=builder.preprocessor.normalisation(),
@@ -261,25 +263,25 @@ def _write_prefix(
         image_run=tuple(int(v) for v in builder.layout.run()),
     )
     _remove_stale_tmp(prefix, spec.plan_digest)
-    writer = fmt.Writer(prefix, spec, resume=config.resume)
+    writer = fmt.writer(prefix, spec, resume=config.resume)
     checks = pack_spec(config, builder, size)
     every = max(1, config.checkpoint_every // 10)
     job = PackJob(store=store, plan=plan, cuts=cuts, pad_to_multiple_of=multiple, checks=checks,
                   prepare=functools.partial(fmt.prepare, spec=spec))
-    _write_packs(job, writer, every, progress, fmt.NEEDS_PIXELS, config.num_workers)
+    _write_packs(job, writer, every, progress, fmt.needs_pixels, config.num_workers)
     report = _report(
         config, builder, store, rows, plan, padded, kept, len(unsupervised), balance, total, prefix, time.perf_counter() - started
     )
     problem = invariants.accounting_problem(total, report.records.packed, report.records.skipped)
     if problem is not None:
         raise OutputError(f"{prefix}: {problem}; nothing was published (run again with --overwrite)")
-    skipped_file = layout.skipped_path(output_dir, named_size)
+    skipped_file = paths.skipped_path(output_dir, named_size)
     cut_records = np.sort(store.rows["record_index"][unsupervised]).astype(np.int64)
     ids = record_ids(config.data_path, cut_records, builder.record_limits, index) if len(cut_records) else {}
-    _write_size_skipped(output_dir / layout.SKIPPED_FILE, skipped_file, cut_records, ids, size)
-    layout.write_json_atomic(stats_file, report.to_json())
+    _write_size_skipped(output_dir / paths.SKIPPED_FILE, skipped_file, cut_records, ids, size)
+    paths.write_json_atomic(stats_file, report.to_json())
     writer.publish(
-        plan_table(rows, plan, multiple),
+        PlanTable.of(rows, plan, multiple),
         extra_files=[stats_file, skipped_file],
         meta=_meta(config, builder, spec, report),
     )
@@ -315,7 +317,7 @@ def _drop_store(output_dir: Path, prefixes: list[Path]) -> None:
         result = verify(prefix, progress=False)
         if not result.ok:
             raise InputError(f"{prefix}: the output did not verify ({result.problems[0]}); the sample store is kept")
-    shutil.rmtree(layout.store_dir(output_dir))
+    shutil.rmtree(paths.store_dir(output_dir))
 
 
 def _pack_kept(config: PreprocessConfig, padded: np.ndarray, kept: np.ndarray, size: int) -> PackingPlan:
@@ -361,7 +363,7 @@ def _prepare_output_dir(config: PreprocessConfig, keep_store: bool = False) -> o
     output_dir = Path(config.output_dir)
     if output_dir.exists() and not output_dir.is_dir():
         raise ConfigError(f"--output_dir {output_dir}: exists and is not a directory")
-    store = layout.store_dir(output_dir)
+    store = paths.store_dir(output_dir)
 
     def refuse_if_not_empty():
         entries = [name for name in ownership.entries(output_dir) if not (keep_store and name == store.name)]
@@ -401,7 +403,7 @@ def _encode_part(config: PreprocessConfig, builder: SampleBuilder, progress: boo
     index = index_records(config.data_path, every=records_per_message(config), progress=progress)
     total = index.count
     first, end = shards.shard_range(total, config.num_shards, config.shard_index)
-    part = layout.part_dir(layout.store_dir(output_dir), config.num_shards, config.shard_index)
+    part = paths.part_dir(paths.store_dir(output_dir), config.num_shards, config.shard_index)
     try:
         part.mkdir(parents=True, exist_ok=True)
         lock = ownership.OutputLock(part).acquire()
@@ -536,13 +538,13 @@ def _check_skip_fraction(config, writer, skipped: int, done: int, output_dir: Pa
 def _too_many_skipped(config: PreprocessConfig, skipped: int, of_records: str, output_dir: Path) -> InputError:
     return InputError(
         f"{skipped} of {of_records} records were skipped (> --max_skip_fraction {config.max_skip_fraction}); "
-        f"reasons in {output_dir / layout.SKIPPED_FILE}"
+        f"reasons in {output_dir / paths.SKIPPED_FILE}"
     )
 
 
 def _write_skipped(parts: list[Path], output_dir: Path) -> None:
     """Concatenate the shards' skipped lines into skipped.jsonl (atomically)."""
-    target = output_dir / layout.SKIPPED_FILE
+    target = output_dir / paths.SKIPPED_FILE
     tmp = target.with_name(target.name + ".tmp")
     with open(tmp, "wb") as out:
         for part in parts:
@@ -589,7 +591,7 @@ def _resumed_prefix(prefix: Path, stats_file: Path, settings: dict) -> RunReport
     """--resume of one prefix: its report when it was published before the interruption (None when it
     was not), once its meta -- or, unfinished, the writer's checkpoint -- shows that it was written with
     these settings; otherwise ConfigError naming the setting (nothing is touched)."""
-    meta_file = layout.meta_path(prefix)
+    meta_file = paths.meta_path(prefix)
     if meta_file.is_file() and stats_file.is_file():
         report = read_report(stats_file)
         meta = read_meta_json(meta_file)
@@ -615,7 +617,7 @@ def _remove_stale_tmp(prefix: Path, digest: str) -> None:
     if checkpoint.saved_digest() == digest:
         leftovers = [checkpoint.staging]
     else:
-        leftovers = layout.writer_tmp_paths(prefix)
+        leftovers = temporary_files(prefix)
     for path in leftovers:
         path.unlink(missing_ok=True)
 

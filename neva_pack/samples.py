@@ -51,8 +51,6 @@ NEMO_IM_START = "<extra_id_4>"
 NEMO_IM_END = "<extra_id_5>"
 NEMO_SPECIAL_TEXT = {"bos": "<extra_id_6>", "eos": "<extra_id_7>"}
 """How NeMo's templates write BOS/EOS in the prompt text before mapping their ids to 1/2."""
-MAX_EXACT_FLOAT32_ID = 2**24
-"""Token ids are stored as float32 in NeMo's packed format: exact only below 2**24."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -223,8 +221,6 @@ class SampleBuilder:
         empty = np.zeros(0, dtype=np.int64)
         chunk_labels(empty, empty, empty, np.zeros(1, dtype=np.int64), np.zeros(0, dtype=bool), self._is_control)  # compile before a fork
         self._markers = self._resolve_markers() if self.tokenization.one_call else {}
-        if tokenizer.vocab_size > MAX_EXACT_FLOAT32_ID:
-            raise ConfigError(f"vocabulary of {tokenizer.vocab_size} ids does not fit NeMo's float32 packed format")
         check_token_ids(layout, tokenizer.vocab_size, ignore_index=ignore_index)
 
     def _resolve_specials(self) -> dict[str, int]:

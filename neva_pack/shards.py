@@ -28,11 +28,12 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from neva_pack import store as layout
+from neva_pack import paths
+from neva_pack.checksums import file_checksum
 from neva_pack.errors import ConfigError, InputError
 
-PART_NAME = layout.PART_NAME
-_PART = layout.PART_PATTERN
+PART_NAME = paths.PART_NAME
+_PART = paths.PART_PATTERN
 LOCATION_KEYS = ("data_path", "data_size", "data_mtime_ns", "image_folder", "tokenizer_path", "conv_template",
                  "hf_vision_encoder")  # fmt: skip
 """Keys of the resume fingerprint that name a file or a setting by location or name; the content
@@ -66,12 +67,12 @@ def shard_range(total: int, num_shards: int, index: int) -> tuple[int, int]:
 
 
 def part_dir(store_directory: Path, num_shards: int, index: int) -> Path:
-    return layout.part_dir(store_directory, num_shards, index)
+    return paths.part_dir(store_directory, num_shards, index)
 
 
 def is_part_file(name: str) -> bool:
     """A file a store part holds: its shards' files, progress, skipped lines, temporary names."""
-    return layout.is_store_file(name) or name in (layout.SKIPPED_FILE, layout.SKIPPED_FILE + ".tmp")
+    return paths.is_store_file(name) or name in (paths.SKIPPED_FILE, paths.SKIPPED_FILE + ".tmp")
 
 
 def resolve_shards(num_shards: int | None, shard_index: int | None, environ=os.environ) -> tuple[int | None, int | None]:
@@ -130,7 +131,7 @@ def join_parts(
     from neva_pack.formats import sample_store
 
     store_directory = Path(store_directory)
-    progress_file = store_directory / layout.STORE_PROGRESS
+    progress_file = store_directory / paths.STORE_PROGRESS
     if progress_file.is_file():
         joined = json.loads(progress_file.read_text(encoding="utf-8"))
         if joined.get("complete") and joined.get("joined_from") == _joined_marker(num_shards, total_records, fingerprint):
@@ -166,7 +167,7 @@ def _remove_joined_parts(store_directory: Path, num_shards: int) -> None:
     """Parts of this run left in a store already joined from them (the final step stopped while it
     removed them): the joined store holds their records. Only directories that are one of this run's
     parts by name and hold nothing but a part's files are removed."""
-    from neva_pack.output_dir import LOCK_FILE
+    from neva_pack.paths import LOCK_FILE
 
     for path in sorted(store_directory.iterdir()):
         match = _PART.fullmatch(path.name)
@@ -233,7 +234,7 @@ def _check_parts(store_directory: Path, num_shards: int, total: int, fingerprint
 
 
 def _read_part(path: Path) -> dict | None:
-    progress = path / layout.STORE_PROGRESS
+    progress = path / paths.STORE_PROGRESS
     if not progress.is_file():
         return None
     try:
@@ -243,7 +244,7 @@ def _read_part(path: Path) -> dict | None:
 
 
 def _file_digest(path: Path) -> str:
-    return layout.file_checksum(path)
+    return file_checksum(path)
 
 
 def _text_digest(text: str) -> str:

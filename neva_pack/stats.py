@@ -125,12 +125,15 @@ def global_batch_size_advice(global_batch_size: int | None, samples_per_pack_mea
 
 
 def nemo_data_prefix(data_prefix: str, output_format: str | None) -> str:
-    """The prefix NeMo's data_prefix names: the output's own for ``nemo``; for another format, the one
-    ``neva-pack convert OUT OUT_nemo --to nemo`` writes beside the output (NeMo reads only its layout)."""
-    if output_format in (None, "nemo"):
+    """The prefix NeMo's data_prefix names: the output's own in the format NeMo reads
+    (``formats.NEMO_FORMAT``, or a prefix without meta); for another format, the one
+    ``neva-pack convert OUT OUT_<that format> --to <that format>`` writes beside the output."""
+    from neva_pack.formats import NEMO_FORMAT
+
+    if output_format in (None, NEMO_FORMAT):
         return data_prefix
     prefix = Path(data_prefix)
-    return str(prefix.parent.with_name(prefix.parent.name + "_nemo") / prefix.name)
+    return str(prefix.parent.with_name(f"{prefix.parent.name}_{NEMO_FORMAT}") / prefix.name)
 
 
 def training_overrides(data_prefix: str, crop_size, global_batch_size: int | None, output_format: str | None = None) -> list[str]:
@@ -197,23 +200,22 @@ def format_summary(report: RunReport) -> str:
             f", tokens {100 * balance.tokens_overhead_before:.2f}% -> {100 * balance.tokens_overhead_after:.2f}%"
             f", images {100 * balance.images_overhead_before:.2f}% -> {100 * balance.images_overhead_after:.2f}%"
         )
-    output_format = report.output_format or "nemo"
-    if output_format == "nemo":
-        lines.append(f"output         {report.data_prefix}.{{bin,idx}}")
-    else:
-        lines.append(f"output         {report.data_prefix} ({output_format}: read it with neva_pack.dataset.PackedSeqDataset)")
+    from neva_pack.formats import NEMO_FORMAT, get_format
+
+    output_format = report.output_format or NEMO_FORMAT  # None: a prefix without meta, in NeMo's layout
+    lines.append(f"output         {get_format(output_format).summary_line(report.data_prefix)}")
     suggestion = report.suggestion
     if suggestion:
         lines.append(
             f"hint           --packing_algorithm {suggestion.algorithm} would need {suggestion.packs:,} packs"
             f" ({100 * suggestion.saving:.1f}% fewer)"
         )
-    if output_format == "nemo":
+    if output_format == NEMO_FORMAT:
         lines.append("train with:")
     else:
         source = Path(report.data_prefix).parent
         target = Path(nemo_data_prefix(report.data_prefix, output_format)).parent
-        lines.append(f"train with NeMo after: neva-pack convert {source} {target} --to nemo")
+        lines.append(f"train with NeMo after: neva-pack convert {source} {target} --to {NEMO_FORMAT}")
     lines += [f"  {line}" for line in report.training_overrides]
     return "\n".join(lines)
 
@@ -281,32 +283,29 @@ def load_outputs(path: Path, crop_size=None, max_seq_length: int | None = None) 
     prefix in NeMo's layout (no meta) from its .idx and cu_seqlens, given ``crop_size`` (a report
     with no records, algorithm, seed or format: they are unknown).
     """
-    from neva_pack import store as layout
     from neva_pack.errors import InputError
-    from neva_pack.formats import resolve_prefixes
+    from neva_pack.formats import prefix_without_meta, resolve_prefixes
 
     path = Path(path)
     try:
         prefixes = resolve_prefixes(path)
     except InputError:
-        prefix = path if layout.bin_path(path).is_file() else layout.packed_prefix(path)
-        if not layout.bin_path(prefix).is_file():
-            raise InputError(f"{path}: no {prefix.name}.bin/.idx nor {prefix.name}{layout.META_SUFFIX} here") from None
-        return [_load_foreign(prefix, crop_size, max_seq_length)]
+        return [_load_foreign(prefix_without_meta(path), crop_size, max_seq_length)]
     return [_load_prefix(prefix) for prefix in prefixes]
 
 
 def _load_prefix(prefix: Path) -> tuple[RunReport, PackingArrays]:
     """What stats reads of an output (meta, plan table, stats file) is checked against the meta's
     checksums first (small files): a damaged one is refused, never summarised (the .bin is not read)."""
-    from neva_pack import store as layout
-    from neva_pack.formats import checked_meta, open_prefix
+    from neva_pack import paths
+    from neva_pack.formats import checked_meta, get_format, open_prefix
+    from neva_pack.formats.meta import read_meta
     from neva_pack.report import read_report
 
-    stats_file = layout.stats_path_of(prefix)
-    read = [layout.plan_path(prefix), layout.prefix_file(prefix, layout.COMPACT_INDEX)]  # nemo's, compact's: the meta lists its own
+    stats_file = paths.stats_path_of(prefix)
+    read = [get_format(read_meta(paths.meta_path(prefix)).format).files(prefix).plan_table]
     read += [stats_file] if stats_file.is_file() else []  # without it, the report is rebuilt from the meta and plan
-    meta = checked_meta(prefix, [layout.relative_name(prefix.parent, f) for f in read])
+    meta = checked_meta(prefix, [paths.relative_name(prefix.parent, f) for f in read])
     reader = open_prefix(prefix, meta)
     table = reader.plan_table()
     reader.close()
@@ -339,14 +338,14 @@ def _moved_to(report: RunReport, prefix: Path) -> RunReport:
 
 
 def _load_foreign(prefix: Path, crop_size, max_seq_length) -> tuple[RunReport, PackingArrays]:
-    from neva_pack import store as layout
+    from neva_pack import paths
     from neva_pack.errors import InputError
-    from neva_pack.formats import nemo
+    from neva_pack.formats import read_without_meta
 
     if crop_size is None:
-        raise InputError(f"{prefix}: no {prefix.name}{layout.META_SUFFIX}; pass --crop_size H W to read it")
+        raise InputError(f"{prefix}: no {prefix.name}{paths.META_SUFFIX}; pass --crop_size H W to read it")
     crop = list(crop_size)
-    table = nemo.read_packs_from_index(prefix, 3 * crop[0] * crop[1])
+    table = read_without_meta(prefix, 3 * crop[0] * crop[1])
     loads = per_pack_sum(table["length"], table["offsets"])
     arrays = PackingArrays(
         capacity=int(max_seq_length or loads.max(initial=1)),

@@ -2,8 +2,7 @@
 
 Checked, for every prefix of the output (each --pack_sizes size) and every pack (DESIGN.md):
 - the meta's own checksum, and the checksum of every output file it lists;
-- the format's own structure (its module's ``check``: NeMo's 4 items with modes (0, 0, 0, 1),
-  the compact index against its files and pool); as many packs as the meta says;
+- the format's own structure (its ``check``, formats/base.py); as many packs as the meta says;
 - every invariant of ``neva_pack.invariants`` (which the writer checked too, before writing):
   cu_seqlens, lengths, labels, alignment padding (pad id, ignored labels), whole image runs, as many
   runs as images;
@@ -22,9 +21,10 @@ import numpy as np
 from tqdm import tqdm
 
 from neva_pack import invariants
-from neva_pack import store as layout
+from neva_pack import paths
+from neva_pack.checksums import file_checksum
 from neva_pack.errors import InputError
-from neva_pack.formats import format_module, resolve_prefixes
+from neva_pack.formats import get_format, resolve_prefixes
 from neva_pack.formats.meta import PackedMeta, checksum_problems, meta_checksum_ok, read_meta_json
 from neva_pack.invariant_kernels import fast_pack_problems
 from neva_pack.report import read_report
@@ -77,15 +77,15 @@ class _Labelled:
 def _verify_prefix(prefix: Path, data_path, progress: bool, result: Verification, label: str) -> None:
     out = _Labelled(result, label)
     try:
-        raw = read_meta_json(layout.meta_path(prefix))
+        raw = read_meta_json(paths.meta_path(prefix))
     except InputError as exc:
         out.add(str(exc))
         return
     if not meta_checksum_ok(raw):
-        out.add(f"{layout.meta_path(prefix).name}: its own checksum does not match (the meta was changed or corrupted)")
+        out.add(f"{paths.meta_path(prefix).name}: its own checksum does not match (the meta was changed or corrupted)")
     try:
-        meta = PackedMeta.from_json(raw, where=layout.meta_path(prefix).name)
-        fmt = format_module(meta.format)
+        meta = PackedMeta.from_json(raw, where=paths.meta_path(prefix).name)
+        fmt = get_format(meta.format)
     except InputError as exc:
         out.add(str(exc))
         return
@@ -97,7 +97,7 @@ def _verify_prefix(prefix: Path, data_path, progress: bool, result: Verification
     threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="verify")
     try:
         checksums = {
-            name: threads.submit(layout.file_checksum, prefix.parent / name) if (prefix.parent / name).is_file() else None
+            name: threads.submit(file_checksum, prefix.parent / name) if (prefix.parent / name).is_file() else None
             for name in meta.checksums
         }
         out.checked["files"] = sorted(set(out.checked.get("files", [])) | set(meta.checksums))
@@ -107,7 +107,7 @@ def _verify_prefix(prefix: Path, data_path, progress: bool, result: Verification
         threads.shutdown(wait=True, cancel_futures=True)
     for problems in found:
         problems.replay(out)
-    stats_file = layout.stats_path_of(prefix)
+    stats_file = paths.stats_path_of(prefix)
     if stats_file.is_file():  # what stats and convert read of it must parse, whatever its checksum says
         try:
             read_report(stats_file)
@@ -156,7 +156,7 @@ def _verify_reader(prefix: Path, meta: PackedMeta, fmt, out: _Labelled, progress
     stops verify before the packs)."""
     opened = _Deferred(out)
     try:
-        reader = fmt.Reader(prefix, meta)
+        reader = fmt.reader(prefix, meta)
         plan = reader.plan_table()
     except InputError as exc:  # a file the reader refused, named
         opened.add(str(exc))
@@ -234,9 +234,9 @@ def _verify_accounting(prefix: Path, plan, data_path: Path, result) -> None:
 
     total = count_records(data_path)
     packed = plan.record_index.astype(np.int64)
-    skipped_path = layout.skipped_path_of(prefix)
+    skipped_path = paths.skipped_path_of(prefix)
     try:
-        skipped = layout.read_skipped_indices(skipped_path) if skipped_path.is_file() else []
+        skipped = paths.read_skipped_indices(skipped_path) if skipped_path.is_file() else []
     except InputError as exc:  # a damaged list accounts for nothing: say so, as for any other file
         result.add(str(exc))
         return

@@ -233,7 +233,7 @@ def test_plan_defaults_to_the_outputs_multiple_and_takes_the_run_flags(runs, tmp
 @given(lengths=st.lists(st.integers(1, 20), min_size=1, max_size=6), multiple=st.integers(1, 8))
 def test_with_padding_puts_each_sample_at_its_padded_offset(lengths, multiple):
     """The vectorised padding equals the per-sample definition: sample, then fill up to its padded length."""
-    from neva_pack.assemble import with_padding
+    from neva_pack.packing.alignment import with_padding
 
     lengths = np.array(lengths, dtype=np.int64)
     padded = padded_lengths(lengths, multiple)

@@ -18,7 +18,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from neva_pack import store
+from neva_pack import paths
+from neva_pack.checksums import file_checksum
 from neva_pack.cli import main
 from neva_pack.formats.indexed import read_index
 from neva_pack.formats.meta import read_meta
@@ -144,10 +145,10 @@ def damaged_copy(outputs, fmt, name, tmp_path, restamp):
     file, damage = DAMAGES[fmt][name]
     damage(out / file)
     if restamp:
-        meta_file = store.meta_path(out / P)
+        meta_file = paths.meta_path(out / P)
         meta = read_meta(meta_file)
-        checksums = {n: store.file_checksum(out / n) if (out / n).is_file() else c for n, c in meta.checksums.items()}
-        store.write_json_atomic(meta_file, meta.replace(checksums=checksums).to_json())
+        checksums = {n: file_checksum(out / n) if (out / n).is_file() else c for n, c in meta.checksums.items()}
+        paths.write_json_atomic(meta_file, meta.replace(checksums=checksums).to_json())
     return out, file
 
 

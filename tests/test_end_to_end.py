@@ -18,7 +18,7 @@ from neva_pack.dataset import PackedSeqDataset, collate, position_ids_from_cu_se
 from neva_pack.encoders import resolve_encoder
 from neva_pack.images import ImagePreprocessor, decode_image
 from neva_pack.formats.sample_store import SampleStore
-from neva_pack.store import store_dir
+from neva_pack.paths import store_dir
 
 MAX = 2048
 

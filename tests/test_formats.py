@@ -1,23 +1,31 @@
-"""Every packed format through its own writer and reader, on hand-built packs.
+"""Every packed format through its own writer and reader, on hand-built packs and in real runs.
 
-Parametrised over the registry: a third format is one more module, and these tests cover it.
-Golden bytes pin each format's layout for a tiny pack; the normalisation table is checked
-against transformers' processors value by value.
+Parametrised over the registry: a new format is one more module, and these tests cover it --
+its contract (formats/base.py), a run that leaves exactly the files it declares, --overwrite that
+removes them all and nothing else, stats, verify and convert to every other format. Golden bytes
+pin each format's layout for a tiny pack; the normalisation table is checked against
+transformers' processors value by value.
 """
+
+import json
+import shutil
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from neva_pack import store as layout
+from neva_pack import paths
+from neva_pack.checksums import file_checksum
 from neva_pack.assemble import AssembledPack
 from neva_pack.packing.alignment import padded_lengths
 from neva_pack.formats import FORMATS, open_packed, resolve_prefixes
 from neva_pack.formats.base import WriteSpec
 from neva_pack.formats.image_pool import PoolWriter, image_key, pool_part
-from neva_pack.formats.meta import META_VERSION, Counts, ImageTokenIds, Normalisation, PackedMeta, PlanTable, read_meta
+from neva_pack.formats.meta import META_VERSION, Counts, ImageTokenIds, Normalisation, PackedMeta, read_meta
+from neva_pack.plan_table import PlanTable
 from neva_pack.verify import verify
+from tests.conftest import SAMPLE_DATA
 
 SHAPE = (3, 2, 2)
 CLIP = Normalisation(rescale_factor=1 / 255, mean=(0.48145466, 0.4578275, 0.40821073), std=(0.26862954, 0.26130258, 0.27577711))
@@ -70,7 +78,7 @@ def write_tiny(directory, name: str, stop_after: int | None = None, resume: bool
     """Write the tiny packs in format ``name`` into directory; with ``stop_after``, stop after
     checkpointing that many packs and writing one more (a run killed before its next checkpoint);
     with ``groups``, hand them to the writer prepared, that many packs at a time (as from workers)."""
-    store = layout.store_dir(directory)
+    store = paths.store_dir(directory)
     store.mkdir(parents=True, exist_ok=True)
     known: dict = {}
     pool = PoolWriter(pool_part(store, "shard_00000", 0), known, 0)
@@ -78,7 +86,7 @@ def write_tiny(directory, name: str, stop_after: int | None = None, resume: bool
     spec = WriteSpec(image_shape=SHAPE, normalisation=CLIP, pad_id=0, ignore_index=-1,
                      pool=(pool_part(store, "shard_00000", pool.close()),), plan_digest="tiny", image_run=(START, PATCH))  # fmt: skip
     fmt = FORMATS[name]
-    writer = fmt.Writer(layout.packed_prefix(directory), spec, resume=resume)
+    writer = fmt.writer(paths.packed_prefix(directory), spec, resume=resume)
     for first, count in zip(np.cumsum([0, *(groups or [])]).tolist(), groups or []):
         group = packs[first : first + count]
         writer.add_prepared(fmt.prepare(group, spec), [p.pixels for p in group])
@@ -105,9 +113,9 @@ EXPECTED = [  # (cu_seqlens, cu_seqlens_unpadded, tokens, labels, images as pixe
 @pytest.mark.parametrize("name", sorted(FORMATS))
 def test_round_trip_through_writer_and_reader(tmp_path, name):
     meta = write_tiny(tmp_path, name)
-    assert meta.format == name and read_meta(layout.meta_path(layout.packed_prefix(tmp_path))) == meta
+    assert meta.format == name and read_meta(paths.meta_path(paths.packed_prefix(tmp_path))) == meta
     reader = open_packed(tmp_path)
-    assert type(reader) is FORMATS[name].Reader and len(reader) == 3
+    assert type(reader) is type(FORMATS[name].reader(paths.packed_prefix(tmp_path))) and len(reader) == 3
     for p, (cu, cu_unpadded, tokens, labels, pixels) in enumerate(EXPECTED):
         got = reader.pack(p)
         assert got.cu_seqlens.tolist() == cu and got.cu_seqlens_unpadded.tolist() == cu_unpadded
@@ -126,13 +134,15 @@ def test_compact_golden_bytes_inline(tmp_path):
     """The compact layout, spelled out: int32 ids (an image run's first positions implied), the index
     arrays back to back, the pool."""
     write_tiny(tmp_path, "compact")
-    prefix = layout.packed_prefix(tmp_path)
-    assert (tmp_path / "packed_seq_dataset.tokens.bin").read_bytes() == np.array(
-        [5, 0, 9, 2, 0, 11, 4, 5, 6, 0, 8, 9, 10], "<i4").tobytes()  # fmt: skip
-    assert (tmp_path / "packed_seq_dataset.labels.bin").read_bytes() == np.array(
-        [-1, -1, 2, -1, -1, 12, 5, 6, -1, 8, -1, 10, -1], "<i4").tobytes()  # fmt: skip
-    arrays = read_meta(layout.meta_path(prefix)).layout["arrays"]
-    index = (tmp_path / "packed_seq_dataset.index.bin").read_bytes()
+    prefix = paths.packed_prefix(tmp_path)
+    from neva_pack.formats import compact
+
+    meta_file = paths.meta_path(prefix)
+    tokens_file, labels_file, index_file = (paths.prefix_file(prefix, s) for s in (compact.TOKENS, compact.LABELS, compact.INDEX))
+    assert tokens_file.read_bytes() == np.array([5, 0, 9, 2, 0, 11, 4, 5, 6, 0, 8, 9, 10], "<i4").tobytes()
+    assert labels_file.read_bytes() == np.array([-1, -1, 2, -1, -1, 12, 5, 6, -1, 8, -1, 10, -1], "<i4").tobytes()
+    arrays = read_meta(meta_file).layout["arrays"]
+    index = index_file.read_bytes()
     expected = {
         "pack_offsets": np.array([0, 2, 3, 5], "<i8"), "token_offsets": np.array([0, 6, 9, 13], "<i8"),
         "image_offsets": np.array([0, 2, 2, 3], "<i8"), "length": np.array([5, 3, 3, 3, 2], "<i4"),
@@ -142,9 +152,9 @@ def test_compact_golden_bytes_inline(tmp_path):
     }  # fmt: skip
     assert index == b"".join(values.tobytes() for values in expected.values())
     assert list(arrays) == list(expected)
-    pool = tmp_path / "packed_seq_dataset" / "shard_00000.images"
-    assert pool.read_bytes() == RED.tobytes() + BLUE.tobytes()  # RED once, though used twice
-    assert (tmp_path / "packed_seq_dataset" / "shard_00000.image_keys").read_bytes() == image_key(RED) + image_key(BLUE)
+    part = pool_part(paths.store_dir(tmp_path), "shard_00000", 2)
+    assert part.images_file.read_bytes() == RED.tobytes() + BLUE.tobytes()  # RED once, though used twice
+    assert part.keys_file.read_bytes() == image_key(RED) + image_key(BLUE)
 
 
 def test_nemo_golden_bytes_inline(tmp_path):
@@ -156,7 +166,9 @@ def test_nemo_golden_bytes_inline(tmp_path):
         [0, 3], [4, 5, 6], [5, 6, -1], zero,
         [0, 4, 8], [7, 0, 8, 0, 9, 10, 0, 0], [-1, 8, -1, -1, 10, -1, -1, -1], CLIP.apply(BLUE[None]),
     ]  # fmt: skip
-    assert (tmp_path / "packed_seq_dataset.bin").read_bytes() == b"".join(np.asarray(i, "<f4").tobytes() for i in items)
+    from neva_pack.formats.indexed import bin_path
+
+    assert bin_path(paths.packed_prefix(tmp_path)).read_bytes() == b"".join(np.asarray(i, "<f4").tobytes() for i in items)
 
 
 @pytest.mark.parametrize("name", sorted(FORMATS))
@@ -164,7 +176,7 @@ def test_writer_resumes_after_its_last_checkpoint_with_the_same_bytes(tmp_path, 
     write_tiny(tmp_path / "whole", name)
     assert write_tiny(tmp_path / "killed", name, stop_after=1) is None
     write_tiny(tmp_path / "killed", name, resume=True)
-    meta = read_meta(layout.meta_path(layout.packed_prefix(tmp_path / "whole")))
+    meta = read_meta(paths.meta_path(paths.packed_prefix(tmp_path / "whole")))
     for file in meta.checksums:
         assert (tmp_path / "killed" / file).read_bytes() == (tmp_path / "whole" / file).read_bytes(), file
 
@@ -175,7 +187,7 @@ def test_packs_prepared_in_groups_are_written_as_packs_added_one_by_one(tmp_path
     """What workers send (``fmt.prepare`` of a group of packs) writes the bytes ``add`` writes."""
     write_tiny(tmp_path / "one_by_one", name)
     write_tiny(tmp_path / "grouped", name, groups=groups)
-    meta = read_meta(layout.meta_path(layout.packed_prefix(tmp_path / "one_by_one")))
+    meta = read_meta(paths.meta_path(paths.packed_prefix(tmp_path / "one_by_one")))
     for file in meta.checksums:
         assert (tmp_path / "grouped" / file).read_bytes() == (tmp_path / "one_by_one" / file).read_bytes(), file
 
@@ -185,9 +197,9 @@ def test_a_meta_of_an_unknown_format_or_newer_version_is_refused(tmp_path, name)
     from neva_pack.errors import InputError
 
     meta = write_tiny(tmp_path, name)
-    path = layout.meta_path(layout.packed_prefix(tmp_path))
+    path = paths.meta_path(paths.packed_prefix(tmp_path))
     for change, message in (({"format": "parquet"}, "format 'parquet' is not one"), ({"version": META_VERSION + 1}, "newer")):
-        layout.write_json_atomic(path, {**meta.to_json(), **change})
+        paths.write_json_atomic(path, {**meta.to_json(), **change})
         with pytest.raises(InputError, match=message):
             open_packed(tmp_path)
 
@@ -219,10 +231,10 @@ def test_pool_keys_are_content_hashes():
 
 def test_resolve_prefixes_of_a_multi_size_directory(tmp_path):
     for size in (16, 8):
-        prefix = layout.packed_prefix(tmp_path, size)
-        layout.meta_path(prefix).write_text("{}")
-    assert [p.name for p in resolve_prefixes(tmp_path)] == ["packed_seq_dataset_8", "packed_seq_dataset_16"]
-    assert layout.stats_path_of(layout.packed_prefix(tmp_path, 8)).name == "stats_8.json"
+        prefix = paths.packed_prefix(tmp_path, size)
+        paths.meta_path(prefix).write_text("{}")
+    assert resolve_prefixes(tmp_path) == [paths.packed_prefix(tmp_path, 8), paths.packed_prefix(tmp_path, 16)]
+    assert paths.stats_path_of(paths.packed_prefix(tmp_path, 8)) == paths.stats_path(tmp_path, 8)
 
 
 @st.composite
@@ -264,13 +276,13 @@ def test_compact_stores_image_runs_once_and_reads_back_every_position(tmp_path_f
     from neva_pack.formats import compact
 
     directory = tmp_path_factory.mktemp("prop")
-    store = layout.store_dir(directory)
+    store = paths.store_dir(directory)
     store.mkdir()
     pool = PoolWriter(pool_part(store, "shard_00000", 0), {}, 0)
     pool.add(RED)
     spec = WriteSpec(image_shape=SHAPE, normalisation=CLIP, pad_id=0, ignore_index=-1, plan_digest="p",
                      pool=(pool_part(store, "shard_00000", pool.close()),), image_run=(START, PATCH, PATCH, 9))  # fmt: skip
-    writer = compact.Writer(layout.packed_prefix(directory), spec)
+    writer = compact.FORMAT.writer(paths.packed_prefix(directory), spec)
     for p in packs:
         writer.add(p)
     meta = tiny_meta(len(packs)).replace(image_positions=4, image_token_ids=ImageTokenIds(patch=PATCH, start=START, end=9))
@@ -286,19 +298,19 @@ def test_compact_stores_image_runs_once_and_reads_back_every_position(tmp_path_f
         assert np.all(got.tokens[pad] == 0) and np.all(got.labels[pad] == -1)
         assert got.cu_seqlens.tolist() == [0, *np.cumsum(p.padded_lengths).tolist()]
         stored += len(p.tokens) - 3 * len(p.image_starts)
-    assert (directory / "packed_seq_dataset.tokens.bin").stat().st_size == 4 * stored
+    assert paths.prefix_file(paths.packed_prefix(directory), compact.TOKENS).stat().st_size == 4 * stored
     reader.close()
 
 
 def test_nemo_writer_failure_in_its_thread_reaches_the_caller(tmp_path):
     """The nemo writer normalises and writes in a thread: what fails there is raised by the next call."""
-    store = layout.store_dir(tmp_path)
+    store = paths.store_dir(tmp_path)
     store.mkdir(parents=True)
     pool = PoolWriter(pool_part(store, "shard_00000", 0), {}, 0)
     good = tiny_packs(pool)[0]
     spec = WriteSpec(image_shape=SHAPE, normalisation=CLIP, pad_id=0, ignore_index=-1,
                      pool=(pool_part(store, "shard_00000", pool.close()),), plan_digest="tiny", image_run=(START, PATCH))  # fmt: skip
-    writer = FORMATS["nemo"].Writer(layout.packed_prefix(tmp_path), spec)
+    writer = FORMATS["nemo"].writer(paths.packed_prefix(tmp_path), spec)
     broken = AssembledPack(**{**{f: getattr(good, f) for f in AssembledPack.__dataclass_fields__},
                               "pixels": good.pixels[:, :, :1]})  # fmt: skip
     writer.add(broken)
@@ -315,4 +327,198 @@ def test_checksums_computed_while_writing_are_the_files(tmp_path, name):
             assert write_tiny(directory, name, stop_after=1) is None
         meta = write_tiny(directory, name, resume=resumed)
         for file, checksum in meta.checksums.items():
-            assert checksum == layout.file_checksum(directory / file), (name, resumed, file)
+            assert checksum == file_checksum(directory / file), (name, resumed, file)
+
+
+# --- the contract, over the registry ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_each_registered_format_satisfies_the_contract(tmp_path, name):
+    from neva_pack.errors import ConfigError
+    from neva_pack.formats.base import PackedFormat, PackReader, PackWriter
+
+    fmt = FORMATS[name]
+    assert isinstance(fmt, PackedFormat) and fmt.name == name
+    prefix = paths.packed_prefix(tmp_path)
+    files = fmt.files(prefix)
+    assert paths.meta_path(prefix) in files.final and files.plan_table in files.final and files.checkpoint in files.temporary
+    assert not set(files.final) & set(files.temporary)
+    for size in (None, 8):  # each prefix of a multi-size run has its own files, named after it
+        assert all(path.name.startswith(paths.packed_prefix(tmp_path, size).name + ".") for path in fmt.files(
+            paths.packed_prefix(tmp_path, size)).every)  # fmt: skip
+    write_tiny(tmp_path, name)
+    assert isinstance(fmt.reader(prefix), PackReader)
+    (tmp_path / "other").mkdir()
+    assert isinstance(fmt.writer(paths.packed_prefix(tmp_path / "other"), _tiny_spec(tmp_path)), PackWriter)
+    limits = fmt.limits
+    fmt.check_settings(max_seq_length=limits.max_pack, ignore_index=-limits.max_integer, vocab_size=limits.max_integer)
+    for settings, flag in (({"max_seq_length": limits.max_pack + 1}, "--max_seq_length"), ({"max_seq_length": 1}, "--max_seq_length"),
+                           ({"pack_sizes": [4, limits.max_pack + 1]}, "--pack_sizes"),
+                           ({"ignore_index": limits.max_integer + 1}, "--ignore_index")):  # fmt: skip
+        with pytest.raises(ConfigError, match=f"^{flag} "):
+            fmt.check_settings(**settings)
+
+
+def _tiny_spec(directory) -> WriteSpec:
+    store = paths.store_dir(directory)
+    return WriteSpec(image_shape=SHAPE, normalisation=CLIP, pad_id=0, ignore_index=-1,
+                     pool=(pool_part(store, "shard_00000", 0),), plan_digest="tiny", image_run=(START, PATCH))  # fmt: skip
+
+
+def test_only_nemo_is_bound_by_float32():
+    """2**24 is where float32 stops holding every integer: NeMo's limit, no other format's."""
+    assert FORMATS["nemo"].limits.max_pack == FORMATS["nemo"].limits.max_integer == 2**24
+    assert all(fmt.limits.max_pack > 2**24 for name, fmt in FORMATS.items() if name != "nemo")
+
+
+def run_preprocess(output_dir, name, *extra) -> None:
+    from neva_pack.cli import main
+
+    args = ["preprocess", "--quiet", "--data_path", str(SAMPLE_DATA / "llava_sample.json"), "--image_folder",
+            str(SAMPLE_DATA / "images"), "--tokenizer_path", str(SAMPLE_DATA / "tokenizer.model"), "--output_dir",
+            str(output_dir), "--num_workers", "0", "--pack_sizes", "1024", "2048", "--output_format", name, *extra]  # fmt: skip
+    assert main(args) == 0
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """A two-size run of the sample data in every registered format."""
+    root = tmp_path_factory.mktemp("runs")
+    for name in FORMATS:
+        run_preprocess(root / name, name)
+    return root
+
+
+def top_level(directory) -> set:
+    from neva_pack.output_dir import entries
+
+    return {directory / entry for entry in entries(directory)}
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_a_run_leaves_exactly_the_files_its_format_declares(runs, name):
+    out = runs / name
+    prefixes = resolve_prefixes(out)
+    assert prefixes == [paths.packed_prefix(out, 1024), paths.packed_prefix(out, 2048)]
+    declared = {path for prefix in prefixes for path in FORMATS[name].files(prefix).final}
+    others = {path for prefix in prefixes for other in FORMATS.values() if other.name != name
+              for path in other.files(prefix).final if path != paths.meta_path(prefix)}  # fmt: skip
+    run_files = set(paths.run_paths(out))
+    assert declared <= top_level(out), "a declared file is missing"
+    assert top_level(out) - declared <= run_files, "a file that neither the format nor the run declares"
+    assert not (top_level(out) & others), "another format's file"
+    for prefix in prefixes:
+        files = FORMATS[name].files(prefix)
+        assert not any(path.exists() for path in files.temporary)
+        listed = read_meta(paths.meta_path(prefix)).checksums
+        for path in files.final[1:]:  # every file besides the meta is checksummed by it
+            assert paths.relative_name(out, path) in listed
+        if FORMATS[name].uses_image_pool:  # its images: the sample store's pool, which the meta checksums too
+            assert any(name.startswith(paths.STORE_DIR + "/") for name in listed)
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_overwrite_removes_every_file_of_the_run_and_nothing_else(runs, tmp_path, name):
+    from neva_pack.output_dir import owned_outputs, remove
+
+    out = tmp_path / "out"
+    shutil.copytree(runs / name, out)
+    prefix = paths.packed_prefix(out, 1024)
+    for path in FORMATS[name].files(prefix).temporary:  # a killed writer's leftovers are the format's too
+        path.write_bytes(b"left by a killed run")
+    foreign = [out / "notes.txt", out / "their_data" / "keep.bin"]
+    for path in foreign:
+        path.parent.mkdir(exist_ok=True)
+        path.write_text("the user's")
+    remove(owned_outputs(out, {}))
+    assert top_level(out) == {out / "notes.txt", out / "their_data"}
+    assert all(path.read_text() == "the user's" for path in foreign)
+    for path in foreign:  # and a whole run with --overwrite over a run keeps them too
+        path.unlink()
+    shutil.copytree(runs / name, out, dirs_exist_ok=True)
+    for path in foreign:
+        path.write_text("the user's")
+    run_preprocess(out, name, "--overwrite")
+    assert all(path.read_text() == "the user's" for path in foreign)
+    assert verify(out, progress=False).ok
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_overwrite_refuses_a_file_under_a_format_name_that_is_not_the_formats(tmp_path, name):
+    from neva_pack.errors import ConfigError
+    from neva_pack.output_dir import owned_outputs
+
+    for k, path in enumerate(FORMATS[name].files(paths.packed_prefix(tmp_path / "dirs")).final):
+        directory = tmp_path / f"case_{k}"
+        directory.mkdir()
+        user_file = directory / path.name
+        user_file.write_text("the user's")
+        with pytest.raises(ConfigError, match=f"{path.name} .*nothing was deleted"):
+            owned_outputs(directory, {})
+        assert user_file.read_text() == "the user's"
+
+
+class DirectoryFormat:
+    """A format whose writer leaves a directory beside the prefix (as Energon's ``.nv-meta/``):
+    only what --overwrite needs of it."""
+
+    name = "with_directory"
+
+    def files(self, prefix):
+        from neva_pack.formats.base import PrefixFiles
+
+        checkpoint, staging = paths.checkpoint_paths(prefix)
+        return PrefixFiles(final=(paths.meta_path(prefix), paths.prefix_file(prefix, ".nv-meta")),
+                           plan_table=paths.meta_path(prefix), temporary=(checkpoint, staging), checkpoint=checkpoint)  # fmt: skip
+
+    def owns(self, path):
+        return path.is_dir() and (path / "dataset.yaml").is_file()
+
+
+def test_overwrite_removes_a_directory_a_format_declares_as_its_own(tmp_path, monkeypatch):
+    from neva_pack.errors import ConfigError
+    from neva_pack.output_dir import owned_outputs, remove
+
+    monkeypatch.setitem(FORMATS, DirectoryFormat.name, DirectoryFormat())
+    own = paths.prefix_file(paths.packed_prefix(tmp_path, 64), ".nv-meta")
+    own.mkdir()
+    (own / "dataset.yaml").write_text("ours")
+    remove(owned_outputs(tmp_path, {}))
+    assert not own.exists()
+    own.mkdir()  # without what the format recognises: refused
+    with pytest.raises(ConfigError, match="nothing was deleted"):
+        owned_outputs(tmp_path, {})
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_stats_verify_and_convert_to_every_other_format(runs, tmp_path, capsys, name):
+    from neva_pack.cli import main
+    from neva_pack.errors import ConfigError
+
+    out = runs / name
+    assert main(["verify", "--quiet", str(out)]) == 0
+    for prefix in resolve_prefixes(out):
+        capsys.readouterr()
+        assert main(["stats", "--json", str(prefix)]) == 0
+        assert json.loads(capsys.readouterr().out) == json.loads(paths.stats_path_of(prefix).read_text())
+    for other in sorted(set(FORMATS) - {name}):
+        try:  # a target that cannot hold the data is not one to convert to
+            for prefix in resolve_prefixes(out):
+                meta = read_meta(paths.meta_path(prefix))
+                FORMATS[other].check_settings(max_seq_length=meta.max_seq_length, ignore_index=meta.ignore_index)
+        except ConfigError:
+            continue
+        dest = tmp_path / other
+        assert main(["convert", "--quiet", str(out), str(dest), "--to", other]) == 0
+        assert main(["verify", "--quiet", str(dest)]) == 0
+        assert main(["stats", str(dest)]) == 0
+        for source_prefix, prefix in zip(resolve_prefixes(out), resolve_prefixes(dest), strict=True):
+            source, converted = open_packed(source_prefix), open_packed(prefix)
+            assert type(converted) is type(FORMATS[other].reader(prefix)) and len(converted) == len(source)
+            for p in range(len(source)):
+                a, b = source.pack(p, images=False), converted.pack(p, images=False)
+                assert a.tokens.tolist() == b.tokens.tolist() and a.labels.tolist() == b.labels.tolist()
+                assert source.images(p).numpy().tobytes() == converted.images(p).numpy().tobytes()
+            source.close()
+            converted.close()

@@ -882,7 +882,7 @@ class _Captured:
 
 def test_images_is_read_as_image_and_packs_the_same(tmp_path, capsys, images):
     from neva_pack.dataset import PackedSeqDataset
-    from neva_pack.store import packed_prefix
+    from neva_pack.paths import packed_prefix
 
     packs = {}
     for key, value in (("image", "chelsea.jpg"), ("images", ["chelsea.jpg"])):

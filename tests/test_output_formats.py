@@ -268,7 +268,7 @@ def test_a_compact_publish_reads_no_pool_file_back(tmp_path, monkeypatch):
 
     from neva_pack.formats import base
     from neva_pack.formats.sample_store import SampleStore
-    from neva_pack.store import file_checksum
+    from neva_pack.checksums import file_checksum
 
     read = []
     monkeypatch.setattr(base, "file_checksum", lambda path: read.append(Path(path).name) or file_checksum(path))

@@ -169,7 +169,8 @@ def test_verify_checks_invariants_beyond_checksums(uninterrupted, tmp_path, caps
 
     import numpy as np
 
-    from neva_pack import store as layout
+    from neva_pack import paths
+    from neva_pack.checksums import file_checksum
     from neva_pack.formats import nemo
     from neva_pack.formats.meta import read_meta
 
@@ -184,8 +185,8 @@ def test_verify_checks_invariants_beyond_checksums(uninterrupted, tmp_path, caps
     data[label_offset : label_offset + 4] = np.float32(tokens[0] + 1).tobytes()  # label 0 := not the next token
     (out / "packed_seq_dataset.bin").write_bytes(bytes(data))
     meta = read_meta(out / "packed_seq_dataset.meta.json")
-    checksums = {**meta.checksums, "packed_seq_dataset.bin": layout.file_checksum(out / "packed_seq_dataset.bin")}
-    layout.write_json_atomic(out / "packed_seq_dataset.meta.json", meta.replace(checksums=checksums).to_json())
+    checksums = {**meta.checksums, "packed_seq_dataset.bin": file_checksum(out / "packed_seq_dataset.bin")}
+    paths.write_json_atomic(out / "packed_seq_dataset.meta.json", meta.replace(checksums=checksums).to_json())
     code, report = verify(capsys, out)
     assert code == 1 and "pack 0: label at position 0" in report
 

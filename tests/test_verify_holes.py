@@ -10,13 +10,15 @@ import numpy as np
 import pytest
 import xxhash
 
-from neva_pack import store
+from neva_pack import checksums, paths
 from neva_pack.cli import main
 from neva_pack.formats import nemo
+from neva_pack.formats.indexed import bin_path
 from neva_pack.verify import verify
 from tests.conftest import SAMPLE_DATA
 
-BIN = "packed_seq_dataset.bin"
+BIN = bin_path(paths.PACKED_NAME).name
+"""The .bin of an output's prefix, as the meta names it."""
 
 
 def read_checksum(path) -> str:
@@ -36,7 +38,7 @@ def sparse_file(path, pieces, size):
 
 def holes_supported(path) -> bool:
     with open(path, "rb") as f:
-        extents = store.data_extents(f.fileno(), os.path.getsize(path))
+        extents = checksums.data_extents(f.fileno(), os.path.getsize(path))
     return extents is not None and extents != [(0, os.path.getsize(path))]
 
 
@@ -54,9 +56,9 @@ LAYOUTS = {
 def test_checksum_of_a_sparse_file_is_that_of_its_bytes(tmp_path, layout, monkeypatch):
     path = sparse_file(tmp_path / "f.bin", *layout)
     expected = read_checksum(path)
-    assert store.file_checksum(path) == expected
-    monkeypatch.setattr(store, "data_extents", lambda fd, size: None)  # where holes cannot be found
-    assert store.file_checksum(path) == expected
+    assert checksums.file_checksum(path) == expected
+    monkeypatch.setattr(checksums, "data_extents", lambda fd, size: None)  # where holes cannot be found
+    assert checksums.file_checksum(path) == expected
 
 
 def test_extents_are_the_data_and_fall_back_where_seek_data_is_unsupported(tmp_path, monkeypatch):
@@ -64,7 +66,7 @@ def test_extents_are_the_data_and_fall_back_where_seek_data_is_unsupported(tmp_p
     if not holes_supported(path):
         pytest.skip("this filesystem keeps no holes")
     with open(path, "rb") as f:
-        extents = store.data_extents(f.fileno(), 12 * MIB)
+        extents = checksums.data_extents(f.fileno(), 12 * MIB)
         assert len(extents) == 1 and extents[0][0] <= 4 * MIB and extents[0][1] >= 4 * MIB + 100
         real_lseek = os.lseek
 
@@ -74,10 +76,10 @@ def test_extents_are_the_data_and_fall_back_where_seek_data_is_unsupported(tmp_p
             return real_lseek(fd, position, how)
 
         monkeypatch.setattr(os, "lseek", unsupported)
-        assert store.data_extents(f.fileno(), 12 * MIB) is None
-    assert store.file_checksum(path) == read_checksum(path)
+        assert checksums.data_extents(f.fileno(), 12 * MIB) is None
+    assert checksums.file_checksum(path) == read_checksum(path)
     monkeypatch.delattr(os, "SEEK_DATA")
-    assert store.data_extents(0, 1) is None
+    assert checksums.data_extents(0, 1) is None
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +105,7 @@ def sparse_copy(source, destination):
             shutil.copy(path, destination / path.name)
     data = (source / BIN).read_bytes()
     with open(source / BIN, "rb") as f:
-        extents = store.data_extents(f.fileno(), len(data))
+        extents = checksums.data_extents(f.fileno(), len(data))
     sparse_file(destination / BIN, {start: data[start:end] for start, end in extents}, len(data))
     assert os.stat(destination / BIN).st_blocks * 512 < len(data) // 2
     return destination
@@ -111,7 +113,7 @@ def sparse_copy(source, destination):
 
 def zero_image_byte(out, pack: int) -> int:
     """Offset in the .bin of a byte in the middle of pack ``pack``'s zero image."""
-    reader = nemo.Reader(out / "packed_seq_dataset")
+    reader = nemo.Reader(paths.packed_prefix(out))
     first, _ = reader.items_of(pack)
     start = int(reader.dataset.index.sequence_pointers[first + nemo.ITEM_IMAGE])
     size = int(reader.dataset.index.sequence_lengths[first + nemo.ITEM_IMAGE]) * 4
@@ -139,10 +141,10 @@ def test_a_byte_written_into_a_zero_image_hole_is_found(text_output, tmp_path, r
     write_byte(out / BIN, zero_image_byte(out, pack), b"\x3f")  # one block of the hole becomes data
     assert os.path.getsize(out / BIN) == os.path.getsize(text_output / BIN)
     if restamp:  # the checksum agrees: only the format check can tell
-        meta_path = out / "packed_seq_dataset.meta.json"
+        meta_path = paths.meta_path(paths.packed_prefix(out))
         meta = nemo.read_meta(meta_path)
-        checksums = {**meta.checksums, BIN: store.file_checksum(out / BIN)}
-        store.write_json_atomic(meta_path, meta.replace(checksums=checksums).to_json())
+        restamped = {**meta.checksums, BIN: checksums.file_checksum(out / BIN)}
+        paths.write_json_atomic(meta_path, meta.replace(checksums=restamped).to_json())
     result = verify(out, progress=False)
     problems = [f"pack {pack}: no image, so one zero image was expected"]
     if not restamp:
@@ -152,7 +154,7 @@ def test_a_byte_written_into_a_zero_image_hole_is_found(text_output, tmp_path, r
 
 def test_a_flipped_data_byte_of_a_sparse_output_is_a_checksum_mismatch(text_output, tmp_path):
     out = sparse_copy(text_output, tmp_path / "copy")
-    reader = nemo.Reader(out / "packed_seq_dataset")
+    reader = nemo.Reader(paths.packed_prefix(out))
     first, _ = reader.items_of(0)
     offset = int(reader.dataset.index.sequence_pointers[first + nemo.ITEM_TOKENS]) + 2  # a token's high byte
     reader.close()
@@ -166,20 +168,20 @@ def test_zero_images_are_checked_by_reading_where_holes_are_unknown(text_output,
     out = sparse_copy(text_output, tmp_path / "copy")
     write_byte(out / BIN, zero_image_byte(out, 0), b"\x01")
     monkeypatch.setattr(nemo, "data_extents", lambda fd, size: None)
-    monkeypatch.setattr(store, "data_extents", lambda fd, size: None)
+    monkeypatch.setattr(checksums, "data_extents", lambda fd, size: None)
     result = verify(out, progress=False)
     assert result.problems == [
         f"{BIN}: checksum mismatch (the file was changed or corrupted)",
         "pack 0: no image, so one zero image was expected",
     ]
-    reader = nemo.Reader(out / "packed_seq_dataset")
-    assert nemo.read_packs_from_index(out / "packed_seq_dataset", int(np.prod(reader.image_shape)))["pack_images"][0] == 1
+    reader = nemo.Reader(paths.packed_prefix(out))
+    assert nemo.read_packs_from_index(paths.packed_prefix(out), int(np.prod(reader.image_shape)))["pack_images"][0] == 1
     reader.close()
 
 
 def test_a_zero_image_in_a_hole_is_not_read(text_output):
     """Only the blocks of a zero image shared with the text items around it are data, and read."""
-    reader = nemo.Reader(text_output / "packed_seq_dataset")
+    reader = nemo.Reader(paths.packed_prefix(text_output))
     image_values = int(np.prod(reader.image_shape))
     reads = []
     get = reader.dataset.get

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from neva_pack.formats import write_behind
 from neva_pack.formats.indexed import IndexedReader, IndexedWriter
 from neva_pack.formats.write_behind import WriteBehind
-from neva_pack.store import bin_path
+from neva_pack.formats.indexed import bin_path
 
 pytestmark = pytest.mark.skipif(write_behind._sync_file_range() is None, reason="no sync_file_range (not Linux)")
 

@@ -1,32 +1,77 @@
-"""On-disk formats: one module per format, each a matched writer, reader and ``check``.
+"""On-disk packed formats: the registry. The contract a format satisfies is ``formats/base.py``.
 
-    FORMATS["nemo"]      formats/nemo.py      float32, NeMo's NevaPackedSeqDatatset layout (default)
-    FORMATS["compact"]   formats/compact.py   int32 ids, uint8 images stored once, normalised on read
-    sample_store.py      the intermediate store the packs are assembled from (not a packed format)
+    FORMATS        meta "format" -> the format object (``base.PackedFormat``), one line per format
+    open_packed    the reader of an output directory or prefix, whatever its format (the meta says)
 
-A third format is one module with NAME, NEEDS_PIXELS, Writer, Reader and check, added here.
-``open_packed`` picks the reader from the meta's ``format`` field.
+A new format is one module exposing ``FORMAT`` plus one line in ``FORMATS``. ``sample_store.py``
+(with ``image_pool.py`` and ``indexed.py``) is the intermediate store the packs are assembled
+from, not a packed format.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from neva_pack.errors import InputError
+from neva_pack.checksums import file_checksum
+from neva_pack.errors import ConfigError, InputError
 from neva_pack.formats import compact, nemo
+from neva_pack.formats.base import PackedFormat
 from neva_pack.formats.meta import PackedMeta, checksum_problems, meta_checksum_ok, read_meta, read_meta_json
-from neva_pack.store import META_SUFFIX, PACKED_NAME, file_checksum, meta_path, pack_size_of, packed_prefixes
+from neva_pack.paths import META_SUFFIX, PACKED_NAME, meta_path, pack_size_of, packed_prefixes
 
-FORMATS = {module.NAME: module for module in (nemo, compact)}
-"""Registry: meta "format" -> format module."""
-DEFAULT_FORMAT = nemo.NAME
+__all__ = [
+    "DEFAULT_FORMAT", "FORMATS", "NEMO_FORMAT", "PackedFormat", "checked_meta", "declared_files", "get_format",
+    "open_packed", "open_prefix", "output_format", "prefix_without_meta", "read_without_meta", "resolve_prefixes",
+    "temporary_files",
+]  # fmt: skip
+
+FORMATS: dict[str, PackedFormat] = {fmt.name: fmt for fmt in (nemo.FORMAT, compact.FORMAT)}
+"""Registry: meta "format" (--output_format, convert --to) -> format object."""
+DEFAULT_FORMAT = nemo.FORMAT.name
+"""--output_format's default: NeMo's layout, as NeMo's own preprocessing writes it."""
+NEMO_FORMAT = nemo.FORMAT.name
+"""The format NeMo 1's NeVA training reads (``data_prefix``): what the run's training overrides
+name, after ``neva-pack convert --to`` it for an output of another format."""
 
 
-def format_module(name: str):
+def get_format(name: str) -> PackedFormat:
+    """The format of a meta's ``format`` field; InputError for one this neva_pack does not read."""
     try:
         return FORMATS[name]
     except KeyError:
         raise InputError(f"format {name!r} is not one this neva_pack reads ({', '.join(sorted(FORMATS))})") from None
+
+
+def output_format(name: str) -> PackedFormat:
+    """The format a run or a conversion is asked to write; ConfigError naming --output_format otherwise."""
+    if name not in FORMATS:
+        raise ConfigError(f"--output_format {name!r}: choose one of {', '.join(sorted(FORMATS))}")
+    return FORMATS[name]
+
+
+def declared_files(prefix: Path) -> dict[Path, list[PackedFormat]]:
+    """Every path some format's writer creates for ``prefix`` -> the formats that declare it."""
+    declared: dict[Path, list[PackedFormat]] = {}
+    for fmt in FORMATS.values():
+        for path in fmt.files(prefix).every:
+            declared.setdefault(path, []).append(fmt)
+    return declared
+
+
+def temporary_files(prefix: Path) -> list[Path]:
+    """Every temporary file any format's writer may leave beside ``prefix`` (a stale one, left by
+    another run, maybe of another format, goes before a writer starts)."""
+    return list(dict.fromkeys(path for fmt in FORMATS.values() for path in fmt.files(prefix).temporary))
+
+
+def prefix_without_meta(path: Path) -> Path:
+    """A prefix another tool wrote (no meta): read in NeMo's layout, the only one such tools write."""
+    return nemo.prefix_without_meta(path)
+
+
+def read_without_meta(prefix: Path, image_values: int) -> dict:
+    """Per-pack sample lengths and image counts of a prefix without meta (``prefix_without_meta``)."""
+    return nemo.read_packs_from_index(prefix, image_values)
 
 
 def resolve_prefixes(path: Path) -> list[Path]:
@@ -60,7 +105,7 @@ def open_packed(path: Path, pack_size: int | None = None):
 
 def open_prefix(prefix: Path, meta: PackedMeta | None = None):
     meta = meta if meta is not None else read_meta(meta_path(prefix))
-    return format_module(meta.format).Reader(Path(prefix), meta)
+    return get_format(meta.format).reader(Path(prefix), meta)
 
 
 def checked_meta(prefix: Path, names=None) -> PackedMeta:

@@ -1,23 +1,220 @@
-"""What every format module provides, and the steps all of them share (checkpoint, publish).
+"""The formats contract: what an on-disk packed format is, in one place.
 
-A format module defines ``NAME``, a writer class, a reader class and ``check(reader, result)``
-(the format's own structural checks, run by ``verify`` before the invariants every pack must
-hold, which verify checks through the reader). ``formats.FORMATS`` maps the meta's ``format``
-field to the module.
+A format is one module of ``neva_pack/formats/`` exposing one object (``FORMAT``) that satisfies
+``PackedFormat``, and one line in the registry (``formats.FORMATS``, keyed by the meta's
+``format`` field). Nothing outside ``formats/`` names a format: the pipeline, convert, verify,
+stats, config and --overwrite ask the registry's format object. Its three parts:
+
+- ``PackedFormat``: what it is (name, whether its writer needs decoded pixels, whether it refers
+  to the sample store's image pool, its limits and the check of a run's settings against them),
+  the files it writes for a prefix (``PrefixFiles``) and which paths of an output directory are
+  its own (``owns``), and the factories of its writer and reader, its ``prepare`` and ``check``.
+- ``PackWriter``: packs in, under temporary names; ``checkpoint`` makes them durable (a writer made
+  with ``resume=True`` for the same plan continues after it, byte-identical to a run never
+  stopped); ``publish`` renames the files into place and writes the meta last.
+- ``PackReader``: packs out, as ``ReadPack``s, and the plan table: what verify, stats, convert and
+  ``PackedSeqDataset`` read through, never through file names.
+
+Every format's prefix shares the names in ``neva_pack.paths`` (the prefix, ``<prefix>.meta.json``,
+the temporary prefix, the writer's checkpoint) and the helpers below (``WriteSpec``, ``Checkpoint``,
+``publish``, ``prefix_files``, ``Limits``). A format names its own files ``<prefix><suffix>`` (or
+``<prefix>.<name>/`` for a directory), so that each prefix of a multi-size run finds its own.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import zipfile
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from neva_pack.checksums import file_checksum
+from neva_pack.errors import ConfigError
 from neva_pack.formats.image_pool import PoolPart
-from neva_pack.formats.meta import Normalisation, PackedMeta
-from neva_pack.store import checkpoint_paths, file_checksum, meta_path, relative_name, tmp_prefix, write_json_atomic
+from neva_pack.formats.meta import Normalisation, PackedMeta, ReadPack
+from neva_pack.paths import TMP_SUFFIX, checkpoint_paths, meta_path, prefix_file, relative_name, tmp_prefix, write_json_atomic
+
+if TYPE_CHECKING:
+    from neva_pack.assemble import AssembledPack
+    from neva_pack.plan_table import PlanTable
+
+__all__ = [
+    "Checkpoint", "Limits", "PackReader", "PackWriter", "PackedFormat", "PrefixFiles", "Problems", "WriteSpec",
+    "meta_is_of", "prefix_files", "publish",
+]  # fmt: skip
+
+MIN_PACK = 2
+"""The smallest pack any format holds: a token and the next one (its label)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Limits:
+    """What a format stores exactly; ``check`` refuses a run's settings beyond it, naming the flag."""
+
+    max_pack: int
+    """Largest pack, in positions, the format describes exactly (its sample boundaries)."""
+    max_integer: int
+    """Largest magnitude of a token id or a label it stores exactly (every id is below it)."""
+    why: str
+    """Why, one phrase for the error line (``"NeMo's format stores ... as float32"``)."""
+
+    def check(self, *, max_seq_length: int | None = None, pack_sizes: Sequence[int] | None = None,
+              ignore_index: int | None = None, vocab_size: int | None = None) -> None:  # fmt: skip
+        """ConfigError, one line naming the flag, for the first setting given that the format cannot hold."""
+        if max_seq_length is not None and not MIN_PACK <= max_seq_length <= self.max_pack:
+            raise ConfigError(f"--max_seq_length {max_seq_length}: must be between {MIN_PACK} and {self.max_pack:,} ({self.why})")
+        if pack_sizes is not None and (not pack_sizes or min(pack_sizes) < MIN_PACK or max(pack_sizes) > self.max_pack):
+            raise ConfigError(f"--pack_sizes {list(pack_sizes)}: every size must be between {MIN_PACK} and {self.max_pack:,}")
+        if ignore_index is not None and abs(ignore_index) > self.max_integer:
+            raise ConfigError(f"--ignore_index {ignore_index}: labels must lie within ±{self.max_integer:,} ({self.why})")
+        if vocab_size is not None and vocab_size > self.max_integer:
+            raise ConfigError(f"--tokenizer_path: a vocabulary of {vocab_size:,} ids does not fit ({self.why})")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PrefixFiles:
+    """The paths a format's writer creates for one prefix (present or not)."""
+
+    final: tuple[Path, ...]
+    """What a published prefix consists of in the output directory, its meta included (the sample
+    store's pool, which a format may refer to, is the run's, not the format's)."""
+    plan_table: Path
+    """The file among ``final`` that holds the plan table (what stats reads and checks of an output)."""
+    temporary: tuple[Path, ...]
+    """What its writer may leave while it writes, the checkpoint included; none outlives ``publish``."""
+    checkpoint: Path
+    """The writer's checkpoint (among ``temporary``): what --resume continues from."""
+
+    @property
+    def every(self) -> tuple[Path, ...]:
+        return (*self.final, *self.temporary)
+
+
+@runtime_checkable
+class Problems(Protocol):
+    """Where ``PackedFormat.check`` reports what is wrong (verify's result)."""
+
+    def add(self, problem: str) -> None:
+        """One problem, one line."""
+
+
+@runtime_checkable
+class PackWriter(Protocol):
+    """Writes one prefix under temporary names; nothing is in place before ``publish``."""
+
+    num_packs: int
+    """Packs written so far (after a resume: those the checkpoint holds); the next pack's number."""
+
+    def add(self, pack: AssembledPack) -> None:
+        """One assembled pack (``prepare`` of it, then ``add_prepared``)."""
+
+    def add_prepared(self, prepared: Any, pixels: Iterable[np.ndarray | None] | None = None) -> None:
+        """Packs as the format's ``prepare`` gave them, and (``needs_pixels``) each pack's uint8 pixels,
+        an iterable read pack by pack."""
+
+    def checkpoint(self) -> None:
+        """Make every pack added so far durable (the files and the checkpoint, fsynced)."""
+
+    def publish(self, plan: PlanTable, extra_files: list[Path], meta: PackedMeta) -> PackedMeta:
+        """Finish the files, rename them into place, write the meta last (with ``format``, ``num_packs``,
+        ``layout`` and the checksums of its files and of ``extra_files``); the meta written."""
+
+
+@runtime_checkable
+class PackReader(Protocol):
+    """Reads a published prefix pack by pack, whatever the format stores."""
+
+    prefix: Path
+    meta: PackedMeta
+    image_shape: tuple[int, int, int]
+
+    def __len__(self) -> int:
+        """Packs in the prefix."""
+
+    def plan_table(self) -> PlanTable:
+        """Which records each pack holds; InputError naming the file if it is damaged."""
+
+    def pack(self, p: int, images: bool = True) -> ReadPack:
+        """Pack ``p``: padded tokens and labels, cu_seqlens, and its images (``pixels`` or ``images``)."""
+
+    def images(self, p: int, device=None, dtype=None) -> Any:
+        """Pack ``p``'s images as the model's input: a normalised (N, 3, H, W) torch tensor, one zero
+        image for a pack without any."""
+
+    def close(self) -> None:
+        """Release the files (a reader is not used after)."""
+
+
+@runtime_checkable
+class PackedFormat(Protocol):
+    """One on-disk packed format (``formats.FORMATS[name]``)."""
+
+    name: str
+    """The meta's ``format`` field, the --output_format and ``convert --to`` value."""
+    needs_pixels: bool
+    """Its writer stores image values: assembly reads each pack's uint8 pixels for it. False: it
+    refers to images by pool index only (assembly reads no pixel)."""
+    uses_image_pool: bool
+    """Its output refers to the sample store's image pool (so --drop_store cannot drop the store)."""
+    limits: Limits
+    """What it stores exactly (largest pack, largest id or label)."""
+
+    def check_settings(self, *, max_seq_length: int | None = None, pack_sizes: Sequence[int] | None = None,
+                       ignore_index: int | None = None, vocab_size: int | None = None) -> None:  # fmt: skip
+        """ConfigError naming the flag when a setting given is beyond what the format holds."""
+
+    def files(self, prefix: Path) -> PrefixFiles:
+        """Every path its writer creates for ``prefix``: the final files, the plan table, the temporaries."""
+
+    def owns(self, path: Path) -> bool:
+        """Whether ``path`` (one of ``files(...).every``) is recognisably this format's own, by its
+        content: what --overwrite may delete (a user's file under one of its names is not)."""
+
+    def writer(self, prefix: Path, spec: WriteSpec, resume: bool = False) -> PackWriter:
+        """A writer of ``prefix``; ``resume``: continue after the checkpoint of the same plan, if any."""
+
+    def reader(self, prefix: Path, meta: PackedMeta | None = None) -> PackReader:
+        """The reader of a published ``prefix`` (``meta``: its meta, already read)."""
+
+    def prepare(self, packs: Sequence[AssembledPack], spec: WriteSpec) -> Any:
+        """The packs turned into what ``PackWriter.add_prepared`` writes. Pure and picklable: the
+        processes that assemble the packs run it (a format with nothing to prepare returns the packs)."""
+
+    def check(self, reader: PackReader, result: Problems) -> None:
+        """Its own structural checks of a prefix (verify runs them before the invariants every pack
+        must hold, which it checks through the reader); each problem to ``result.add``."""
+
+    def summary_line(self, data_prefix: str) -> str:
+        """Where the output is, for the run's summary (``output  <this>``)."""
+
+
+def prefix_files(prefix: Path, suffixes: Sequence[str], plan_table_suffix: str) -> PrefixFiles:
+    """The files of a format whose writer writes ``<prefix>.tmp<suffix>`` for each suffix, with the
+    shared checkpoint, and ``publish`` renames them to ``<prefix><suffix>`` beside the meta."""
+    tmp = tmp_prefix(prefix)
+    checkpoint, staging = checkpoint_paths(prefix)
+    meta = meta_path(prefix)
+    return PrefixFiles(
+        final=(meta, *(prefix_file(prefix, suffix) for suffix in suffixes)),
+        plan_table=prefix_file(prefix, plan_table_suffix),
+        temporary=(*(prefix_file(tmp, suffix) for suffix in suffixes), checkpoint, staging,
+                   meta.with_name(meta.name + TMP_SUFFIX)),  # fmt: skip
+        checkpoint=checkpoint,
+    )
+
+
+def meta_is_of(path: Path, name: str) -> bool:
+    """Whether ``path`` is a meta whose ``format`` field is ``name`` (by what it says, unchecked)."""
+    try:
+        value = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return False
+    return isinstance(value, dict) and value.get("format") == name
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -41,17 +41,21 @@ from pathlib import Path
 import numpy as np
 
 from neva_pack.errors import InputError, parsing
-from neva_pack.formats.base import Checkpoint, WriteSpec, publish
-from neva_pack.formats.output_file import OutputFile
+from neva_pack.formats.base import Checkpoint, Limits, PrefixFiles, WriteSpec, meta_is_of, prefix_files, publish
 from neva_pack.formats.image_pool import ImagePool, PoolPart
-from neva_pack.formats.meta import PackedMeta, PlanTable, ReadPack, read_meta
-from neva_pack.store import COMPACT_INDEX, COMPACT_LABELS, COMPACT_TOKENS, meta_path, prefix_file, relative_name
+from neva_pack.formats.meta import PackedMeta, ReadPack, read_meta
+from neva_pack.formats.output_file import OutputFile
+from neva_pack.packing.alignment import with_padding
+from neva_pack.paths import meta_path, prefix_file, relative_name
+from neva_pack.plan_table import PlanTable
+
+__all__ = ["FORMAT", "CompactFormat", "PreparedPacks", "Reader", "Writer"]
 
 NAME = "compact"
 ID_DTYPE = np.dtype("<i4")
-NEEDS_PIXELS = False
-"""Packs reference the pool by index: assembly never reads a pixel, so re-packing takes seconds."""
-TOKENS, LABELS, INDEX = COMPACT_TOKENS, COMPACT_LABELS, COMPACT_INDEX
+TOKENS, LABELS, INDEX = ".tokens.bin", ".labels.bin", ".index.bin"
+SUFFIXES = (TOKENS, LABELS, INDEX)
+"""Its files beside the meta; the index holds the plan table."""
 ARRAYS = {
     "pack_offsets": "<i8",
     "token_offsets": "<i8",
@@ -223,8 +227,6 @@ class Reader:
             tokens[dropped] = np.tile(self.run[:-1], len(starts))
             labels[dropped] = self.ignore_index
         if not np.array_equal(lengths, padded):
-            from neva_pack.assemble import with_padding
-
             tokens = with_padding(tokens, lengths, padded, self.pad_id)
             labels = with_padding(labels, lengths, padded, self.ignore_index)
         return ReadPack(
@@ -365,3 +367,53 @@ def check(reader: Reader, result) -> None:
         expected = part.count * reader.pool.image_bytes
         if not part.images_file.is_file() or part.images_file.stat().st_size != expected:
             result.add(f"{part.images_file.name}: not {part.count} images of {reader.pool.image_bytes} bytes")
+
+
+class CompactFormat:
+    """int32 ids, uint8 images in the sample store's pool, normalised on read (``PackedFormat``)."""
+
+    name = NAME
+    needs_pixels = False
+    """Packs reference the pool by index: assembly never reads a pixel, so re-packing takes seconds."""
+    uses_image_pool = True
+    limits = Limits(
+        max_pack=int(np.iinfo(ID_DTYPE).max),
+        max_integer=int(np.iinfo(ID_DTYPE).max),
+        why="the compact format stores ids, labels and lengths as int32",
+    )
+
+    def check_settings(self, **settings) -> None:
+        self.limits.check(**settings)
+
+    def files(self, prefix: Path) -> PrefixFiles:
+        return prefix_files(prefix, SUFFIXES, plan_table_suffix=INDEX)
+
+    def owns(self, path: Path) -> bool:
+        path = Path(path)
+        if path.is_symlink() or not path.is_file():
+            return False
+        prefix = path.with_name(path.name.split(".", 1)[0])
+        files = self.files(prefix)
+        if path in files.temporary:
+            return True  # its temporary names
+        if path in files.final:  # the meta, or a file the compact meta beside it describes
+            return meta_is_of(meta_path(prefix), NAME)
+        return False
+
+    def writer(self, prefix: Path, spec: WriteSpec, resume: bool = False) -> Writer:
+        return Writer(prefix, spec, resume=resume)
+
+    def reader(self, prefix: Path, meta: PackedMeta | None = None) -> Reader:
+        return Reader(prefix, meta)
+
+    def prepare(self, packs, spec: WriteSpec) -> PreparedPacks:
+        return prepare(packs, spec)
+
+    def check(self, reader: Reader, result) -> None:
+        check(reader, result)
+
+    def summary_line(self, data_prefix: str) -> str:
+        return f"{data_prefix} ({NAME}: read it with neva_pack.dataset.PackedSeqDataset)"
+
+
+FORMAT = CompactFormat()

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from neva_pack.formats.output_file import OutputFile
-from neva_pack.store import pool_images_path, pool_keys_path
+from neva_pack.paths import pool_images_path, pool_keys_path
 
 KEY_BYTES = 16
 

@@ -35,7 +35,6 @@ import numpy as np
 
 from neva_pack.errors import InputError
 from neva_pack.formats.output_file import OutputFile
-from neva_pack.store import bin_path, idx_path
 
 INDEX_MAGIC = b"MMIDIDX\x00\x00"
 INDEX_VERSION = 1
@@ -53,6 +52,29 @@ DTYPE_CODES = {
 _HEADER = np.dtype([("magic", "S9"), ("version", "<u8"), ("code", "u1"), ("items", "<u8"), ("boundaries", "<u8")])
 """The fixed 34 bytes that open an .idx file."""
 _COPY_CHUNK = 16 << 20
+
+
+BIN_SUFFIX, IDX_SUFFIX = ".bin", ".idx"
+"""Megatron's names of an indexed dataset's two files: ``prefix.bin``, ``prefix.idx``."""
+
+
+def bin_path(prefix: Path) -> Path:
+    """The values file of an indexed dataset ``prefix``."""
+    return Path(str(prefix) + BIN_SUFFIX)
+
+
+def idx_path(prefix: Path) -> Path:
+    """The index file of an indexed dataset ``prefix``."""
+    return Path(str(prefix) + IDX_SUFFIX)
+
+
+def is_index(path: Path) -> bool:
+    """Whether ``path`` is a file that starts as a Megatron index does (its magic)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(INDEX_MAGIC)) == INDEX_MAGIC
+    except OSError:
+        return False
 
 
 class IndexedWriter:

@@ -29,24 +29,31 @@ from pathlib import Path
 
 import numpy as np
 
-from neva_pack import assemble  # the module, not its names: assemble imports formats (a cycle)
+from neva_pack.checksums import data_extents
 from neva_pack.errors import InputError
-from neva_pack.formats.base import Checkpoint, WriteSpec, publish
-from neva_pack.formats.indexed import IndexedWriter, read_index
+from neva_pack.formats.base import Checkpoint, Limits, PrefixFiles, WriteSpec, meta_is_of, prefix_files, publish
 from neva_pack.formats.common import megatron as _megatron
-from neva_pack.formats.meta import PackedMeta, PlanTable, ReadPack, read_meta, read_plan_table
-from neva_pack.store import bin_path, data_extents, idx_path, meta_path, plan_path
+from neva_pack.formats.indexed import BIN_SUFFIX, IDX_SUFFIX, IndexedWriter, bin_path, idx_path, is_index, read_index
+from neva_pack.formats.meta import PackedMeta, ReadPack, read_meta
+from neva_pack.packing.alignment import padded_view
+from neva_pack.paths import META_SUFFIX, PLAN_SUFFIX, meta_path, packed_prefix, plan_path
+from neva_pack.plan_table import PlanTable, read_plan_table, write_plan_table
+
+__all__ = ["FORMAT", "NemoFormat", "PreparedPacks", "Reader", "Writer", "indexed_dataset", "read_without_meta"]
 
 NAME = "nemo"
 PACKED_DTYPE = np.float32
 """NeMo's builder dtype for every item, ids included (exact below 2**24)."""
+EXACT_FLOAT32 = 2**24
+"""float32 holds every integer up to 2**24 in magnitude, not all beyond: the largest pack (its
+cu_seqlens), token id and label this format stores."""
+SUFFIXES = (BIN_SUFFIX, IDX_SUFFIX, PLAN_SUFFIX)
+"""Its files beside the meta: the IndexedDataset (Megatron's names) and the plan table."""
 ITEMS_PER_PACK = 4
 ITEM_CU_SEQLENS, ITEM_TOKENS, ITEM_LABELS, ITEM_IMAGE = range(ITEMS_PER_PACK)
 IMAGE_MODE = 1
 """Megatron-Core multimodal mode of the image item (text items are mode 0)."""
 PACK_MODES = (0, 0, 0, IMAGE_MODE)
-NEEDS_PIXELS = True
-"""The writer stores every image instance's values: assembly must read the pixels."""
 QUEUED_PACKS = 2
 """Hand-overs queued ahead of the writer thread (each holds at most one pack's uint8 pixels)."""
 TEXT_PACKS_PER_HANDOFF = 32
@@ -174,7 +181,7 @@ class Writer:
             self._thread = None
         self._data.finalize(idx_path(self._tmp))
         tmp_plan = plan_path(self._tmp)
-        np.savez(tmp_plan, **plan.to_arrays())
+        write_plan_table(tmp_plan, plan)
         renames = {
             plan_path(self.prefix): tmp_plan,
             bin_path(self.prefix): bin_path(self._tmp),
@@ -206,7 +213,7 @@ def prepare(packs, spec: WriteSpec) -> PreparedPacks:
         text = np.empty(boundaries + 2 * total, dtype=PACKED_DTYPE)
         text[0] = 0
         text[1:boundaries] = np.cumsum(pack.padded_lengths)
-        tokens, labels = assemble.padded_view(pack, spec.pad_id, spec.ignore_index)
+        tokens, labels = padded_view(pack, spec.pad_id, spec.ignore_index)
         text[boundaries : boundaries + total] = tokens
         text[boundaries + total :] = labels
         parts.append(text)
@@ -398,3 +405,78 @@ class _Holes:
                 return False
             k += 1
         return True
+
+
+def prefix_without_meta(path: Path) -> Path:
+    """A prefix in NeMo's layout that another tool wrote (no meta): ``path`` itself, or the
+    directory's packed_seq_dataset; InputError when neither has a .bin."""
+    path = Path(path)
+    prefix = path if bin_path(path).is_file() else packed_prefix(path)
+    if not bin_path(prefix).is_file():
+        raise InputError(f"{path}: no {prefix.name}{BIN_SUFFIX}/{IDX_SUFFIX} nor {prefix.name}{META_SUFFIX} here")
+    return prefix
+
+
+class NemoFormat:
+    """NeMo's float32 layout (``PackedFormat``): what NeMo 1's NevaPackedSeqDatatset reads as is."""
+
+    name = NAME
+    needs_pixels = True
+    """The writer stores every image instance's values: assembly reads the pixels."""
+    uses_image_pool = False
+    limits = Limits(
+        max_pack=EXACT_FLOAT32,
+        max_integer=EXACT_FLOAT32,
+        why="2**24: NeMo's format stores ids, labels and cu_seqlens as float32, exact only up to there",
+    )
+
+    def check_settings(self, **settings) -> None:
+        self.limits.check(**settings)
+
+    def files(self, prefix: Path) -> PrefixFiles:
+        return prefix_files(prefix, SUFFIXES, plan_table_suffix=PLAN_SUFFIX)
+
+    def owns(self, path: Path) -> bool:
+        path = Path(path)
+        if path.is_symlink() or not path.is_file():
+            return False
+        name = path.name
+        prefix = path.with_name(name.split(".", 1)[0])
+        files = self.files(prefix)
+        if path in files.temporary:
+            return True  # its temporary names
+        if path == meta_path(prefix):
+            return meta_is_of(path, NAME)
+        if path == idx_path(prefix):
+            return is_index(path)
+        if path == bin_path(prefix):
+            return is_index(idx_path(prefix))
+        if path == plan_path(prefix):
+            return _is_zip(path)
+        return False
+
+    def writer(self, prefix: Path, spec: WriteSpec, resume: bool = False) -> Writer:
+        return Writer(prefix, spec, resume=resume)
+
+    def reader(self, prefix: Path, meta: PackedMeta | None = None) -> Reader:
+        return Reader(prefix, meta)
+
+    def prepare(self, packs, spec: WriteSpec) -> PreparedPacks:
+        return prepare(packs, spec)
+
+    def check(self, reader: Reader, result) -> None:
+        check(reader, result)
+
+    def summary_line(self, data_prefix: str) -> str:
+        return f"{data_prefix}.{{{BIN_SUFFIX[1:]},{IDX_SUFFIX[1:]}}}"
+
+
+def _is_zip(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"PK\x03\x04"
+    except OSError:
+        return False
+
+
+FORMAT = NemoFormat()

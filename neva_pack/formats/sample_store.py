@@ -43,7 +43,7 @@ from neva_pack.formats.common import fsync_close as _fsync_close
 from neva_pack.formats.common import read_versioned as _read_versioned
 from neva_pack.formats.indexed import IndexedReader, IndexedWriter, bin_path, idx_path, read_index
 from neva_pack.formats.image_pool import KEY_BYTES, ImagePool, PoolPart, PoolWriter, image_key, load_keys, pool_part
-from neva_pack.store import (
+from neva_pack.paths import (
     STORE_PROGRESS,
     shard_image_refs_path,
     shard_rows_path,
@@ -290,7 +290,7 @@ def store_files_problem(directory: Path, progress: dict) -> str | None:
     each pool part's keys (a part's images are hashed as ``join_part`` copies them). None when all agree.
     Cheap: reads the indexes and keys, never the text or the pixels."""
     from neva_pack.errors import InputError
-    from neva_pack.store import file_checksum
+    from neva_pack.checksums import file_checksum
 
     directory = Path(directory)
     image_bytes = int(np.prod(progress["image_shape"]))

@@ -18,6 +18,10 @@ import math
 
 import numpy as np
 
+__all__ = [
+    "aligned_capacity", "alignment_multiple", "fixed_row_length", "padded_lengths", "padded_view", "real_positions", "with_padding",
+]  # fmt: skip
+
 
 def alignment_multiple(
     pad_to_multiple_of: int | None = None,
@@ -58,3 +62,32 @@ def fixed_row_length(capacity: int, multiple: int) -> int:
     if row < 1:
         raise ValueError(f"max_seq_length {capacity} is shorter than the alignment multiple {multiple}")
     return row
+
+
+def padded_view(pack, pad_id: int, ignore_index: int) -> tuple[np.ndarray, np.ndarray]:
+    """A pack's tokens and labels with padding (``assemble.AssembledPack``): as assembled, or built
+    here for a pack assembled without them."""
+    if pack.padded_tokens is not None and pack.padded_labels is not None:
+        return pack.padded_tokens, pack.padded_labels
+    return (with_padding(pack.tokens, pack.lengths, pack.padded_lengths, pad_id),
+            with_padding(pack.labels, pack.lengths, pack.padded_lengths, ignore_index))  # fmt: skip
+
+
+def with_padding(values: np.ndarray, lengths: np.ndarray, padded_lengths: np.ndarray, fill: int) -> np.ndarray:
+    """Concatenated per-sample values with (padded - length) ``fill`` values after each sample
+    (``values`` itself when nothing is padded)."""
+    if np.array_equal(lengths, padded_lengths):
+        return values
+    out = np.full(int(np.sum(padded_lengths)), fill, dtype=values.dtype)
+    out[real_positions(lengths, padded_lengths)] = values
+    return out
+
+
+def real_positions(lengths: np.ndarray, padded_lengths: np.ndarray) -> np.ndarray:
+    """Where each real position of the samples lands once each sample is padded::
+
+        lengths [2, 3], padded [4, 4]  ->  [0 1 | 4 5 6]
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    before = np.cumsum(padded_lengths, dtype=np.int64) - np.cumsum(lengths)  # padding up to each sample's end
+    return np.arange(int(lengths.sum()), dtype=np.int64) + np.repeat(np.concatenate([[0], before[:-1]]), lengths)
