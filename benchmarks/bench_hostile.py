@@ -12,6 +12,7 @@ Goal: no single hostile record costs a run more than 1.5 GB or 10 s over the bas
 budgets, the 50 MB value took 6.8 GB and the 20000 x 1 PNG 6 GB with ``pad`` (killed for memory
 without them); 142,000 <image> placeholders took 1.0 GB before they were refused; the progressive
 JPEG of 10,000 scans took minutes to decode before --max_image_decode_seconds.
+Figures: benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
