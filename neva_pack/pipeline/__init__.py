@@ -95,6 +95,8 @@ def _run(config: PreprocessConfig, builder: SampleBuilder, output_dir: Path, pro
     skipped = sum(store.skipped_by_reason.values())
     if config.num_shards is not None and skipped > config.max_skip_fraction * total:  # each part checked only its own
         raise too_many_skipped(config.max_skip_fraction, skipped, f"the {total}", output_dir)
+    if total == 0:
+        raise InputError(f"--data_path {config.data_path}: holds no records (an empty file, an empty list [] or only blank lines)")
     if len(store) == 0:
         raise InputError(
             f"none of the {total} record(s) of {config.data_path} could be used; reasons in {output_dir / paths.SKIPPED_FILE}"
