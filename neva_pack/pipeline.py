@@ -30,7 +30,7 @@ from neva_pack import __version__, invariants, shards
 from neva_pack import paths
 from neva_pack import output_dir as ownership
 from neva_pack.assemble import rows_at
-from neva_pack.formats import output_format, sample_store, temporary_files
+from neva_pack.formats import FORMATS, output_format, sample_store, temporary_files
 from neva_pack.formats.base import Checkpoint, WriteSpec
 from neva_pack.formats.meta import META_VERSION, Counts, ImageTokenIds, PackedMeta, read_meta_json
 from neva_pack.formats.sample_store import check_settings
@@ -43,7 +43,7 @@ from neva_pack.packing.alignment import aligned_capacity, padded_lengths
 from neva_pack.packing.balance import PackCosts, balance_order, reorder_plan, straggler_overhead
 from neva_pack.parallel_assembly import PackJob, pack_batches
 from neva_pack.plan_table import PlanTable
-from neva_pack.records import RecordIndex, RecordLimits, index_records, record_ids
+from neva_pack.records import IMAGES_NOT_HELD, RecordIndex, RecordLimits, index_records, record_ids
 from neva_pack.samples import (
     SampleBuilder,
     SampleStream,
@@ -140,6 +140,7 @@ def build_sample_builder(config: PreprocessConfig) -> SampleBuilder:
         record_limits=RecordLimits(max_bytes=config.max_record_bytes, max_depth=config.max_record_depth),
         max_conversation_chars=config.max_conversation_chars,
         max_image_pixels=config.max_image_pixels,
+        text_only=not output_format(config.output_format).holds_images,
     )
 
 
@@ -177,6 +178,7 @@ def sample_fingerprint(config: PreprocessConfig) -> dict:
         "image_ids": [config.image_patch_id, config.image_start_id, config.image_end_id],
         "system_prompt": config.system_prompt,
         "tokenization": config.tokenization,
+        "text_only": not output_format(config.output_format).holds_images,
         "budgets": [config.max_record_bytes, config.max_record_depth, config.max_conversation_chars,
                     config.max_image_bytes, config.max_image_pixels, config.allow_outside_image_folder],
         "neva_pack": __version__,
@@ -213,6 +215,10 @@ def _run(config: PreprocessConfig, builder: SampleBuilder, output_dir: Path, pro
     skipped = sum(store.skipped_by_reason.values())
     if config.num_shards is not None and skipped > config.max_skip_fraction * total:  # each part checked only its own
         raise _too_many_skipped(config, skipped, f"the {total}", output_dir)
+    if len(store) == 0 and store.skipped_by_reason.get(IMAGES_NOT_HELD) == total:
+        holding = " or ".join(name for name, fmt in FORMATS.items() if fmt.holds_images)
+        raise InputError(f"every record of {config.data_path} has images, which --output_format {config.output_format} "
+                         f"cannot hold (text only): use --output_format {holding}")  # fmt: skip
     if len(store) == 0:
         raise InputError(
             f"none of the {total} record(s) of {config.data_path} could be used; reasons in {output_dir / paths.SKIPPED_FILE}"

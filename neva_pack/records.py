@@ -53,8 +53,13 @@ SKIP_REASONS = {
     "image_too_large": "an image file is larger than --max_image_bytes, or its pixels (as decoded, padded "
     "or resized) exceed --max_image_pixels (checked before decoding)",
     "no_supervised_tokens": "no label is trained after templating and truncation (nothing to learn from)",
+    "images_not_held": "the record has images and --output_format holds text only",
 }
 """Every reason a record can be skipped for, with what it means (shown in the summary)."""
+
+
+IMAGES_NOT_HELD = "images_not_held"
+"""The skip reason of a record with images when the output format holds text only."""
 
 
 class RecordError(Exception):

@@ -28,6 +28,7 @@ from neva_pack.invariants import image_run
 from neva_pack.images import DEFAULT_MAX_IMAGE_PIXELS, ImagePreprocessor, ImageSource, decode_image
 from neva_pack.records import (
     DEFAULT_MAX_CONVERSATION_CHARS,
+    IMAGES_NOT_HELD,
     Conversation,
     RawRecord,
     RecordError,
@@ -187,8 +188,11 @@ class SampleBuilder:
         record_limits: RecordLimits = RecordLimits(),
         max_conversation_chars: int = DEFAULT_MAX_CONVERSATION_CHARS,
         max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+        text_only: bool = False,
     ):
+        """``text_only``: the output holds no image, so a record with images is skipped (``images_not_held``)."""
         self.tokenizer = tokenizer
+        self.text_only = text_only
         self.template = template
         self.image_source = image_source
         self.preprocessor = preprocessor
@@ -247,6 +251,8 @@ class SampleBuilder:
 
     def _build(self, raw: RawRecord) -> Sample:
         conversation = parse_record(raw, self.max_conversation_chars)
+        if self.text_only and conversation.images:
+            raise RecordError(IMAGES_NOT_HELD, f"{len(conversation.images)} image(s), and the output format holds text only")
         ids, trained, image_starts = self.encode(conversation)
         truncated = False
         if len(ids) > self.max_seq_length + 1:
