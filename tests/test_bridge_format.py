@@ -180,6 +180,14 @@ def test_a_run_writes_bridges_files_in_the_output_dir(tmp_path):
                               got.tokens[got.labels != -1])  # fmt: skip
         assert sum(row["loss_mask"]) == int(np.sum(got.labels != -1))
     reader.close()
+    import torch
+
+    from neva_pack.dataset import PackedSeqDataset
+
+    dataset = PackedSeqDataset(out)  # read in DataLoader worker processes as every format is
+    loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context="spawn")
+    for p, item in enumerate(loader):
+        assert item["tokens"].tolist() == open_packed(out).pack(p).tokens.tolist()
 
 
 def text_only_sample(directory: Path) -> Path:

@@ -35,6 +35,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -48,7 +49,10 @@ from neva_pack.paths import (
 )  # fmt: skip
 from neva_pack.plan_table import PlanTable, read_plan_table, write_plan_table
 
-__all__ = ["FORMAT", "BridgeFormat", "PreparedPacks", "Reader", "RowFile", "Writer", "metadata_name", "read_rows", "write_rows"]
+__all__ = [
+    "FORMAT", "BridgeFormat", "NpyRows", "PreparedPacks", "Reader", "RowFile", "Rows", "Writer", "metadata_name", "read_rows",
+    "write_rows",
+]  # fmt: skip
 
 IDS, MASK = ".bridge_ids.bin", ".bridge_mask.bin"
 """The writer's temporary files: int64 stored ids and uint8 mask of every pack, back to back."""
@@ -62,24 +66,28 @@ def metadata_name(size: int) -> str:
     return f"{size}_metadata.jsonl"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RowFile:
-    """The file Bridge reads the packs from: its name, how rows are written and read back."""
-
-    data_name: Callable[[int], str]
-    """The file of a pack size (``PackedSequenceSpecs.packed_train_data_path``)."""
-    tmp_suffix: str
-    """Its temporary name beside the temporary prefix."""
-    write: Callable[[Path, list[dict]], None]
-    read: Callable[[Path], "Rows"]
-
-
-class Rows:
+class Rows(Protocol):
     """Packs as stored: ``row(p)`` -> (input_ids int64, loss_mask bool, seq_start_id int64)."""
 
     def __len__(self) -> int: ...
 
     def row(self, p: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RowFile:
+    """The file Bridge reads the packs from: its name, how rows are written and read back
+    (module-level functions: a reader is pickled into DataLoader workers with it)."""
+
+    name_template: str
+    """The file of a pack size, ``{size}`` in it (``PackedSequenceSpecs.packed_train_data_path``)."""
+    tmp_suffix: str
+    """Its temporary name beside the temporary prefix."""
+    write: Callable[[Path, list[dict]], None]
+    read: Callable[[Path], Rows]
+
+    def data_name(self, size: int) -> str:
+        return self.name_template.format(size=size)
 
 
 # --- the .npy file -------------------------------------------------------------------------------
@@ -124,7 +132,7 @@ def read_rows(path: Path) -> "NpyRows":
     return NpyRows(array)
 
 
-class NpyRows(Rows):
+class NpyRows:
     def __init__(self, array: np.ndarray):
         self.array = array
 
@@ -137,7 +145,7 @@ class NpyRows(Rows):
                 np.asarray(row["seq_start_id"], dtype=np.int64))  # fmt: skip
 
 
-NPY = RowFile(data_name=lambda size: f"training_{size}.npy", tmp_suffix=".bridge.npy", write=write_rows, read=read_rows)
+NPY = RowFile(name_template="training_{size}.npy", tmp_suffix=".bridge.npy", write=write_rows, read=read_rows)
 
 
 # --- writing ---------------------------------------------------------------------------------------
@@ -322,7 +330,7 @@ class Reader:
         ids, mask, _ = self.rows.row(p)
         at = real_positions(lengths, padded + 1)  # stored samples hold one id more than their positions
         tokens = ids[at]
-        labels = np.where(mask[at], ids[np.minimum(at + 1, len(ids) - 1)], self.ignore_index)
+        labels = np.where(mask[at], ids[at + 1], self.ignore_index)  # every stored sample ends with its final id
         return ReadPack(
             cu_seqlens=np.concatenate([[0], np.cumsum(padded)]),
             cu_seqlens_unpadded=np.concatenate([[0], np.cumsum(lengths)]),

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from neva_pack.errors import ConfigError, parsing
-from neva_pack.formats.bridge import BridgeFormat, RowFile, Rows
+from neva_pack.formats.bridge import BridgeFormat, RowFile
 
 __all__ = ["FORMAT", "ParquetRows", "read_parquet_rows", "write_parquet_rows"]
 
@@ -28,7 +28,7 @@ def _pyarrow():
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
-        raise ConfigError("--output_format bridge_parquet needs pyarrow: pip install pyarrow") from None
+        raise ConfigError(f"the {FORMAT.name} format needs pyarrow: pip install pyarrow") from None
     return pa, pq
 
 
@@ -42,7 +42,7 @@ def write_parquet_rows(path: Path, rows: list[dict]) -> None:
     pq.write_table(table, str(path), row_group_size=ROW_GROUP_SIZE)
 
 
-class ParquetRows(Rows):
+class ParquetRows:
     def __init__(self, table):
         self.columns = {name: table.column(name).combine_chunks() for name in ("input_ids", "loss_mask", "seq_start_id")}
 
@@ -65,7 +65,7 @@ def read_parquet_rows(path: Path) -> ParquetRows:
         return ParquetRows(table)
 
 
-PARQUET = RowFile(data_name=lambda size: f"training_{size}.idx.parquet", tmp_suffix=".bridge.idx.parquet",
+PARQUET = RowFile(name_template="training_{size}.idx.parquet", tmp_suffix=".bridge.idx.parquet",
                   write=write_parquet_rows, read=read_parquet_rows)  # fmt: skip
 
 FORMAT = BridgeFormat("bridge_parquet", PARQUET)
