@@ -216,7 +216,8 @@ def packing_metadata(lists: dict, pack_size: int) -> dict:
     samples, stored, starts = lists["samples"], lists["stored"], lists["starts"]
     loads = stored - samples  # positions trained on: one stored id per sample is only a label
     firsts = np.concatenate([[0], np.cumsum(samples)]).tolist()
-    runtime = [int(np.max(np.diff([*starts[a:b].tolist(), end]))) - 1 for a, b, end in zip(firsts[:-1], firsts[1:], stored.tolist())]
+    runtime = [int(np.max(np.diff([*starts[a:b].tolist(), end]))) - 1
+               for a, b, end in zip(firsts[:-1], firsts[1:], stored.tolist())]  # fmt: skip
     return dict(zip(METADATA_KEYS, (
         max(runtime, default=0),
         int(np.max(samples)) if len(samples) else 0,
