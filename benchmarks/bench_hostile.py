@@ -6,8 +6,8 @@
 Each case runs ``neva-pack preprocess`` in a fresh process and prints its exit code, the hostile
 record's skip reason and the peak RSS of the main process and of the largest worker (when
 --workers > 0). The baseline (3 good records, nothing hostile) is measured in the same run.
-Goal (issue 9): no single record takes a run over 1.5 GB. Before the budgets, the 50 MB value
-took 6.8 GB and the 20000 x 1 PNG 6 GB with ``pad`` (killed for memory without them).
+Goal: no single record takes a run over 1.5 GB (without the budgets, the 50 MB value and the
+20000 x 1 PNG with ``pad`` took several GB). Figures: benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations

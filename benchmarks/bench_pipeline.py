@@ -29,13 +29,13 @@ Fixed costs apart from per-record cost:
   CPU        seconds of CPU of the main process, of the workers together (getrusage of the
              command's children) and of ``verify``; "x floor CPU" = workers' CPU / the floor's CPU
              on one core: the per-record cost of the workers' work, whatever else loads the machine.
-A line per 2-worker run says whether the goal of issue 12 is met (image <= 1.25x its floor, text-only
+A line per 2-worker run says whether the throughput goal is met (image <= 1.25x its floor, text-only
 <= 3x). ``--memory_records`` runs text-only workloads of those sizes (2 workers) for the main
 process's peak RSS against the record count (a size already run above is not run again).
 
 The package's bytecode is compiled (as pip does on install) and a small untimed run of each
 workload comes first (numba's disk cache then holds every kernel).
-The defaults take 15-20 minutes on this project's 2-core machine.
+The defaults take a quarter of an hour or more on a 2-core machine. Figures: benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ print(json.dumps({"code": code, **stages}))
 """
 
 GOALS = {"image": 1.25, "text": 3.0}
-"""Issue 12's goals with 2 workers: total <= this many times the floor."""
+"""The throughput goals with 2 workers: total <= this many times the floor."""
 GOAL_WORKERS = 2
 
 
@@ -163,7 +163,7 @@ def _children_cpu() -> float:
 
 def run_pipeline(args: list[str], workdir: Path) -> dict:
     """One run into an output directory emptied first, untimed (a new user's run: --overwrite's
-    removal of a previous output, ~0.2 s per GB here, is not the pipeline's throughput), once the
+    removal of a previous output is not the pipeline's throughput), once the
     disk has taken what earlier runs wrote."""
     report_dir = Path(tempfile.mkdtemp(dir=workdir))
     shutil.rmtree(args[args.index("--output_dir") + 1], ignore_errors=True)
@@ -231,8 +231,8 @@ so the tokenizer's word cache misses as on natural text, not as on the default w
 
 def warm_up(workdir: Path, common: list[str]) -> None:
     """The package's bytecode compiled, as ``pip install`` does (a checkout run with
-    PYTHONDONTWRITEBYTECODE, as in some containers, would compile every module again in every run:
-    ~0.15 s of start-up), then one small untimed run of each workload, so that numba's disk cache
+    PYTHONDONTWRITEBYTECODE, as in some containers, would compile every module again in every run,
+    inside the start-up being measured), then one small untimed run of each workload, so that numba's disk cache
     holds every kernel (a fresh checkout compiles them once) and the first timed run is like the others."""
     compileall.compile_dir(ROOT / "neva_pack", quiet=1)
     image = image_workload(workdir / "warm_up_image", WARM_UP_RECORDS, seed=2)

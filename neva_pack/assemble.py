@@ -72,7 +72,7 @@ def rows_at(
 
 PACKS_PER_READ = 32
 """Packs whose samples' text is read back with one ``SampleStore.texts`` call: its array work
-(~70 us) is paid once per group, not once per pack."""
+is paid once per group, not once per pack."""
 
 
 def assemble_packs(

@@ -78,6 +78,53 @@ class PackedSeqDataset(Dataset):
         }
 
 
+
+class PackedSamples(Dataset):
+    """The samples of a ``PackedSeqDataset`` one by one, for samplers that form their own batches
+    (``neva_pack.training.PackedBatchSampler`` over ``lengths``).
+
+    Item j is sample j (in pack order) as a one-sample pack, with the keys of a pack item;
+    ``lengths[j]`` is the positions it occupies (alignment padding included). The last pack read is
+    kept: a batch's samples that share a pack read it once. A sample without images carries one
+    zero image, as an image-less pack does.
+    """
+
+    def __init__(self, packs: PackedSeqDataset):
+        self.packs = packs
+        self.meta = packs.meta
+        self.offsets = packs._offsets
+        """int64 (packs + 1): pack p holds samples offsets[p]:offsets[p + 1]."""
+        table = packs._reader.plan_table()
+        self.lengths = table.padded_length
+        """int64: positions each sample occupies (what a sampler packs)."""
+        self.num_images = table.num_images
+        """int64: images of each sample (what a sampler balances the vision encoder's work by)."""
+        self._cached: tuple[int, dict] | None = None
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def __getitem__(self, j: int) -> dict[str, torch.Tensor]:
+        if not 0 <= j < len(self):
+            raise IndexError(f"sample {j} of {len(self)}")
+        p = int(np.searchsorted(self.offsets, j, side="right")) - 1
+        if self._cached is None or self._cached[0] != p:
+            self._cached = (p, self.packs[p])
+        pack, k = self._cached[1], j - int(self.offsets[p])
+        start, end = int(pack["cu_seqlens"][k]), int(pack["cu_seqlens"][k + 1])
+        first_image = int(pack["num_images"][:k].sum())
+        images = int(pack["num_images"][k])
+        real = int(pack["cu_seqlens_unpadded"][k + 1] - pack["cu_seqlens_unpadded"][k])
+        return {
+            "cu_seqlens": torch.tensor([0, end - start], dtype=torch.int32),
+            "cu_seqlens_unpadded": torch.tensor([0, real], dtype=torch.int32),
+            "num_images": pack["num_images"][k : k + 1].clone(),
+            "tokens": pack["tokens"][start:end].clone(),
+            "labels": pack["labels"][start:end].clone(),
+            "image": pack["image"][first_image : first_image + images].clone() if images else torch.zeros_like(pack["image"][:1]),
+        }
+
+
 def position_ids_from_cu_seqlens(cu_seqlens: torch.Tensor) -> torch.Tensor:
     """[0, 3, 5] -> [0, 1, 2, 0, 1]."""
     lengths = torch.diff(cu_seqlens.long())

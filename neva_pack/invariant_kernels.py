@@ -1,8 +1,8 @@
 """``invariants.pack_problems`` as one compiled pass that answers only "sound or not".
 
-The writer checks every pack before writing it and ``verify`` every pack it reads: ~0.1 ms of
-NumPy calls a pack in ``pack_problems`` (1.2 s of 100,000 text records' write stage). A sound pack,
-the only kind a correct run makes, is told apart here in a few microseconds; for anything else the
+The writer checks every pack before writing it and ``verify`` every pack it reads: the dozens of
+NumPy calls a pack that ``pack_problems`` makes were a visible share of the write stage. A sound pack,
+the only kind a correct run makes, is told apart here in one compiled pass; for anything else the
 caller asks ``pack_problems``, which says what is wrong (``fast_pack_problems`` does both). ``pack_is_sound`` is True exactly when
 ``pack_problems`` returns no problem (a hypothesis test holds the two together).
 """

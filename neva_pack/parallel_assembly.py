@@ -38,7 +38,7 @@ MESSAGES_IN_FLIGHT = 2
 """Messages each worker may have queued ahead."""
 MIN_PACKS_PER_WORKER = 4 * PACKS_PER_MESSAGE
 """Below this many packs a worker, the packs are assembled in the main process: starting workers
-(~0.1 s) would cost more than it saves."""
+is a fixed cost that a small plan does not earn back."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -3,8 +3,8 @@
 (``samples.chunk_labels``); their docstrings say what each computes.
 
 The kernels live at module level so numba's on-disk cache finds them again in the next process
-(a function defined inside a function gets a new cache key per process and was recompiled at
-every start: 1-1.7 s each). Imported only by a process that tokenizes.
+(a function defined inside a function gets a new cache key per process and is compiled again
+at every start). Imported only by a process that tokenizes.
 """
 
 from __future__ import annotations

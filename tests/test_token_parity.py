@@ -37,7 +37,7 @@ reasons below, each checked on the record itself, never by a list of ids:
 - ``llava_text_truncation``: LLaVA cuts text-only records at model_max_length (2048), image records
   not at all; we cut every sample at max_seq_length.
 
-Run: ``python -m pytest tests/test_token_parity.py -q`` (the README's parity claim).
+Run: ``python -m pytest tests/test_token_parity.py -q`` (the parity claim of docs/tokenization.md).
 """
 
 from __future__ import annotations

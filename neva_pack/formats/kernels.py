@@ -3,8 +3,8 @@
     r = float32(float64(v) * rescale_factor);  x = (r - mean[c]) / std[c]     (float32)
 
 The same IEEE operations in the same order as transformers' rescale + normalize (no fused
-multiply-add: fastmath is off), so the values are bit-identical; vectorised, about 0.1 ms per
-336 x 336 image on one core (tests compare it with the processor on every uint8 value).
+multiply-add: fastmath is off), so the values are bit-identical; vectorised, so that normalising on
+read costs little beside the read (tests compare it with the processor on every uint8 value).
 """
 
 from __future__ import annotations

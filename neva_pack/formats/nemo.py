@@ -229,8 +229,8 @@ class Reader:
 
     With its file reader (``mmap=False``), not the memory map: a fault on a page not cached reads
     ahead up to megabytes, and after an image-less pack's text comes its zero image, a hole, which
-    readahead fills the page cache with (16 GB for 100,000 text-only records: verify of an output
-    no longer cached took 33 s here instead of 10 s). The bytes read are the same."""
+    readahead fills the page cache with (a text-only output is mostly such holes, so a read of an
+    output no longer cached would read many times its data). The bytes read are the same."""
 
     def __init__(self, prefix: Path, meta: PackedMeta | None = None):
         self.prefix = Path(prefix)

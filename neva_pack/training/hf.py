@@ -1,0 +1,142 @@
+"""Hugging Face flattened batches from PackedSeqDataset items (axolotl's multipack, TRL's padding_free).
+
+``hf_batch(packs)`` lays packs end to end in one row, as ``DataCollatorWithFlattening`` does, with
+no padding between samples; a causal LM called with these ``position_ids`` and no attention mask
+keeps every sample to itself (sdpa/eager: transformers builds a block-causal mask from the position
+restarts; flash attention reads ``cu_seq_lens_q/k``)::
+
+    samples: a (3 tokens), b (2 tokens)          targets y (our labels, already next-token)
+    input_ids     [a0 a1 a2 b0 b1]
+    position_ids  [ 0  1  2  0  1]               restart per sample
+    shift_labels  [ya0 ya1 ya2 yb0 yb1]          target of each position: what the loss uses
+    labels        [-100 ya0 ya1 -100 yb0]        Hugging Face's convention (the model shifts it)
+    cu_seq_lens_q/k  [0, 3, 5] (int32)     max_length_q/k  3
+
+Labels. Our packs store next-token targets (tokens = ids[:-1], labels = ids[1:]): position i's
+target sits at i. Hugging Face's causal-LM loss (``ForCausalLMLoss``) shifts ``labels`` by one
+unless it is given ``shift_labels``, which it takes as they are; the Trainer counts
+``num_items_in_batch`` from ``shift_labels`` too. So the batch carries the targets as
+``shift_labels`` (exact: the per-sample next-token loss) and ``labels`` in the model's own
+convention, each sample's first position ignored, so that no label ever crosses from one sample to
+the next. ``labels`` alone, shifted by a loss that ignores ``shift_labels``, misses each sample's
+last target (its input holds one token fewer than Hugging Face's ids); passing our targets as
+``labels`` would shift them twice. Ignored positions are -100 in both.
+
+Images. LLaVA-family models place the k-th image's features where ``input_ids`` equal the
+model's image token id, image by image: ``pixel_values`` holds the batch's images in placeholder
+order, and ``image_token_id`` replaces every position of every image run (its start and end ids
+included, ``meta.image_positions`` per image) by that id.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+
+from neva_pack.dataset import position_ids_from_cu_seqlens
+
+__all__ = ["HF_IGNORE_INDEX", "hf_batch", "hf_collate", "image_run_starts"]
+
+HF_IGNORE_INDEX = -100
+"""The label Hugging Face's losses ignore (torch's cross_entropy default)."""
+
+
+def hf_batch(
+    packs: list[dict[str, torch.Tensor]],
+    image_token_id: int | None = None,
+    *,
+    image_run: np.ndarray | None = None,
+    ignore_index: int = -1,
+) -> dict:
+    """One flattened row from ``PackedSeqDataset`` items (packs, or one-sample items of
+    ``PackedSamples``), in order.
+
+    Returns input_ids, labels, shift_labels, position_ids (all (1, T) int64), cu_seq_lens_q/k
+    (int32, the samples' boundaries in the row, alignment padding included in its sample),
+    max_length_q/k (int), and pixel_values ((N, 3, H, W), in placeholder order) when the packs hold
+    images. ``image_token_id`` needs ``image_run``, the ids of one image run as the output spells
+    it (``meta.image_token_ids.run(meta.image_positions)``; ``hf_collate(dataset)`` reads it).
+    """
+    if not packs:
+        raise ValueError("hf_batch needs at least one pack")
+    if image_token_id is not None and image_run is None:
+        raise ValueError("image_token_id needs image_run (the meta's run: hf_collate(dataset, image_token_id) reads it)")
+    tokens, targets, bounds, images = [], [], [0], []
+    for item in packs:
+        cu = item["cu_seqlens"].long()
+        pack_tokens = item["tokens"].long()
+        count = int(item["num_images"].sum())
+        if image_token_id is not None and count:
+            pack_tokens = _with_image_token(pack_tokens, np.asarray(image_run, dtype=np.int64), count, image_token_id)
+        tokens.append(pack_tokens)
+        targets.append(item["labels"].long())
+        bounds += (bounds[-1] + cu[1:]).tolist()
+        images.append(item["image"][:count])  # not the zero image of an image-less pack
+    cu_seq_lens = torch.tensor(bounds, dtype=torch.int32)
+    shift_labels = torch.cat(targets)
+    shift_labels = torch.where(shift_labels == ignore_index, HF_IGNORE_INDEX, shift_labels)
+    labels = torch.roll(shift_labels, 1)
+    labels[cu_seq_lens[:-1].long()] = HF_IGNORE_INDEX  # the previous sample's last target stays out
+    longest = int(torch.diff(cu_seq_lens).max())
+    batch = {
+        "input_ids": torch.cat(tokens)[None],
+        "labels": labels[None],
+        "shift_labels": shift_labels[None],
+        "position_ids": position_ids_from_cu_seqlens(cu_seq_lens)[None],
+        "cu_seq_lens_q": cu_seq_lens,
+        "cu_seq_lens_k": cu_seq_lens,
+        "max_length_q": longest,
+        "max_length_k": longest,
+    }
+    pixels = torch.cat(images)
+    if len(pixels):
+        batch["pixel_values"] = pixels
+    return batch
+
+
+def _with_image_token(tokens: torch.Tensor, run: np.ndarray, count: int, image_token_id: int) -> torch.Tensor:
+    """``tokens`` with each of its ``count`` image runs (``run``'s ids) replaced by ``image_token_id``."""
+    ids = tokens.numpy()
+    starts = image_run_starts(ids, run)
+    if len(starts) != count:
+        raise ValueError(f"a pack with {count} images holds {len(starts)} whole image runs of {run[:3].tolist()}...")
+    replaced = ids.copy()
+    replaced[(starts[:, None] + np.arange(len(run))).reshape(-1)] = image_token_id
+    return torch.from_numpy(replaced)
+
+
+def image_run_starts(tokens: np.ndarray, run: np.ndarray) -> np.ndarray:
+    """Start positions of the whole image runs in ``tokens``, left to right.
+
+    A run that opens (or closes) with its own id is found by that id; a run of patch ids only is
+    found in stretches of patch ids, which must then hold whole runs (a text token equal to the patch
+    id next to an image would make its place ambiguous: ValueError).
+    """
+    tokens = np.asarray(tokens, dtype=np.int64)
+    size, patch = len(run), run[len(run) // 2]
+    if run[0] != patch or run[-1] != patch:
+        anchor, shift = (0, 0) if run[0] != patch else (size - 1, size - 1)
+        starts = np.flatnonzero(tokens == run[anchor]) - shift
+        starts = starts[(starts >= 0) & (starts + size <= len(tokens))]
+        whole = (tokens[starts[:, None] + np.arange(size)] == run).all(axis=1) if len(starts) else starts.astype(bool)
+        return starts[whole]
+    is_patch = np.concatenate([[False], tokens == patch, [False]])
+    edges = np.flatnonzero(np.diff(is_patch.astype(np.int8)))
+    first, stretch = edges[::2], edges[1::2] - edges[::2]
+    if np.any(stretch % size):
+        at = int(first[np.flatnonzero(stretch % size)[0]])
+        raise ValueError(f"a stretch of patch ids at position {at} is not a whole number of {size}-position image runs")
+    return np.concatenate([start + size * np.arange(n) for start, n in zip(first, stretch // size)] or [np.zeros(0)]).astype(np.int64)
+
+
+def hf_collate(dataset, image_token_id: int | None = None):
+    """A DataLoader collate_fn: ``hf_batch`` with the dataset meta's ignore value and image run."""
+    meta = dataset.meta
+    return functools.partial(
+        hf_batch,
+        image_token_id=image_token_id,
+        image_run=meta.image_token_ids.run(meta.image_positions),
+        ignore_index=int(meta.ignore_index),
+    )

@@ -1,0 +1,174 @@
+"""PackedBatchSampler: per-epoch packs dealt to data-parallel ranks (the specification, as properties)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from neva_pack.packing import ALGORITHMS
+from neva_pack.training import PackedBatchSampler
+
+CAPACITY = 64
+
+
+@st.composite
+def setups(draw):
+    """Without drop_last every sample must be dealt: lengths of at most half the capacity and at least
+    two samples per rank leave enough bins of two samples or more to cut (first fit fills all bins
+    but one past half)."""
+    replicas = draw(st.integers(1, 5))
+    drop_last = draw(st.booleans())
+    longest, fewest = (CAPACITY, 0) if drop_last else (CAPACITY // 2, 2 * replicas)
+    lengths = draw(st.lists(st.integers(1, longest), min_size=fewest, max_size=120))
+    return {
+        "lengths": lengths,
+        "num_replicas": replicas,
+        "seed": draw(st.integers(0, 2**32)),
+        "algorithm": draw(st.sampled_from(sorted(ALGORITHMS))),
+        "drop_last": drop_last,
+    }
+
+
+def every_rank(setup, epoch=0):
+    """Each rank's batches for ``epoch`` from its own sampler, as on R machines."""
+    batches = []
+    for rank in range(setup["num_replicas"]):
+        sampler = PackedBatchSampler(capacity=CAPACITY, rank=rank, **setup)
+        sampler.set_epoch(epoch)
+        batches.append(list(sampler))
+        assert len(sampler) == len(batches[-1])
+    return batches, sampler.dropped
+
+
+@given(setups(), st.integers(0, 3))
+def test_every_sample_once_per_epoch_across_ranks_or_listed_as_dropped(setup, epoch):
+    batches, dropped = every_rank(setup, epoch)
+    lengths = np.asarray(setup["lengths"])
+    seen = [i for rank in batches for batch in rank for i in batch] + dropped.tolist()
+    assert sorted(seen) == list(range(len(lengths)))
+    assert all(batch and lengths[batch].sum() <= CAPACITY for rank in batches for batch in rank)
+    assert len({len(rank) for rank in batches}) == 1  # the same number of steps on every rank
+    if not setup["drop_last"]:
+        assert len(dropped) == 0
+    else:  # only the bins that do not fill a last step: fewer bins than ranks
+        assert lengths[dropped].sum() < setup["num_replicas"] * CAPACITY
+
+
+@given(setups())
+def test_each_step_groups_bins_of_alike_attention_cost(setup):
+    """With tolerance 0 the steps are the bins sorted by sum of squared lengths, cut R at a time:
+    the step maxima are every R-th cost of that sorted list (the least sum of maxima any dealing has)."""
+    replicas = setup["num_replicas"]
+    sampler = PackedBatchSampler(capacity=CAPACITY, tolerance=0, **setup)
+    plan = sampler.plan_epoch(0)
+    lengths = np.asarray(setup["lengths"], dtype=np.int64)
+    cost = np.array([(lengths[plan.batch(s, r)] ** 2).sum() for s in range(plan.num_steps) for r in range(replicas)])
+    steps = cost.reshape(-1, replicas)
+    assert sorted(steps.max(axis=1).tolist(), reverse=True) == np.sort(cost)[::-1][::replicas].tolist()
+
+
+@given(setups())
+def test_the_plan_is_a_function_of_seed_and_epoch_only(setup):
+    first, second = (PackedBatchSampler(capacity=CAPACITY, rank=r, **setup) for r in (0, setup["num_replicas"] - 1))
+    for epoch in (0, 1):
+        a, b = first.plan_epoch(epoch), second.plan_epoch(epoch)
+        assert np.array_equal(a.offsets, b.offsets) and np.array_equal(a.indices, b.indices)
+
+
+def test_epochs_differ_and_seeds_differ():
+    lengths = np.random.default_rng(0).integers(1, 500, 400)
+    sampler = PackedBatchSampler(lengths, 1024, num_replicas=4)
+    epochs = [sampler.plan_epoch(e).indices.tolist() for e in range(3)]
+    assert epochs[0] != epochs[1] != epochs[2]
+    other = PackedBatchSampler(lengths, 1024, num_replicas=4, seed=1)
+    assert other.plan_epoch(0).indices.tolist() != epochs[0]
+
+
+def test_the_same_batches_in_another_process():
+    """Same seed and epoch, another interpreter (another hash seed): the same batches."""
+    code = (
+        "import json, numpy as np; from neva_pack.training import PackedBatchSampler;"
+        "s = PackedBatchSampler(np.arange(1, 300) % 97 + 1, 256, num_replicas=3, rank=2, seed=5); s.set_epoch(7);"
+        "print(json.dumps(list(s)))"
+    )
+    here = PackedBatchSampler(np.arange(1, 300) % 97 + 1, 256, num_replicas=3, rank=2, seed=5)
+    here.set_epoch(7)
+    env = {**os.environ, "PYTHONHASHSEED": "123"}
+    there = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    assert json.loads(there.stdout) == list(here)
+
+
+@given(setups(), st.integers(0, 2), st.data())
+def test_a_resumed_sampler_continues_mid_epoch_where_the_saved_one_was(setup, epoch, data):
+    sampler = PackedBatchSampler(capacity=CAPACITY, **setup)
+    sampler.set_epoch(epoch)
+    whole = list(sampler)
+    sampler = PackedBatchSampler(capacity=CAPACITY, **setup)
+    sampler.set_epoch(epoch)
+    done = data.draw(st.integers(0, len(whole)))
+    iterator = iter(sampler)
+    head = [next(iterator) for _ in range(done)]
+    state = sampler.state_dict()
+    resumed = PackedBatchSampler(capacity=CAPACITY, **setup)
+    resumed.load_state_dict(json.loads(json.dumps(state)))  # a checkpoint stores it as JSON
+    resumed.set_epoch(epoch)  # what a trainer calls before iterating: keeps the resumed step
+    assert head + list(resumed) == whole
+    assert list(resumed) == whole  # iterated again without set_epoch: the epoch repeats
+    resumed.set_epoch(epoch + 1)
+    assert len(list(resumed)) == len(resumed)  # the next epoch starts at its first step
+
+
+def test_a_state_from_other_settings_is_refused():
+    state = PackedBatchSampler([3, 4, 5], 8, seed=1).state_dict()
+    with pytest.raises(ValueError, match="seed=1, this sampler has 2"):
+        PackedBatchSampler([3, 4, 5], 8, seed=2).load_state_dict(state)
+    with pytest.raises(ValueError, match="num_samples"):
+        PackedBatchSampler([3, 4, 5, 6], 8, seed=1).load_state_dict(state)
+
+
+def test_bad_settings_fail_at_construction_with_one_line():
+    with pytest.raises(ValueError, match="rank must be in"):
+        PackedBatchSampler([1, 2], 8, num_replicas=2, rank=2)
+    with pytest.raises(ValueError, match="longer than the capacity 8"):
+        PackedBatchSampler([1, 9], 8)
+    with pytest.raises(ValueError, match="use drop_last=True"):
+        PackedBatchSampler([8, 8, 8], 8, num_replicas=2)  # 3 full bins for 2 ranks and no sample to spare
+    with pytest.raises(ValueError, match="num_images has 1 entries for 2 lengths"):
+        PackedBatchSampler([1, 2], 8, num_images=[1])
+
+
+def test_without_drop_last_bins_are_taken_apart_into_a_whole_step_of_lighter_bins():
+    """First fit decreasing makes 6 bins (four of one sample, 4 + 4, 2 + 2 + 2 + 2) for 4 ranks: the
+    two bins of most samples are dealt to 4 bins of 4 (one whole step), every sample is trained;
+    drop_last drops two bins instead (all are full: two of a single sample)."""
+    lengths = [8, 4, 4, 8, 8, 2, 2, 2, 2, 8]
+    plan = PackedBatchSampler(lengths, 8, num_replicas=4, algorithm="first_fit_decreasing").plan_epoch(0)
+    assert plan.num_steps == 2 and len(plan.dropped) == 0 and sorted(plan.indices.tolist()) == list(range(10))
+    steps = sorted(sorted(plan.loads[s * 4 : s * 4 + 4].tolist()) for s in range(2))
+    assert steps == [[4, 4, 4, 4], [8, 8, 8, 8]]  # no step mixes full and light bins
+    dropping = PackedBatchSampler(lengths, 8, num_replicas=4, drop_last=True, algorithm="first_fit_decreasing")
+    assert dropping.plan_epoch(0).num_steps == 1 and len(dropping.dropped) == 2
+
+
+def test_every_sample_is_dealt_while_there_are_enough_samples():
+    """Bins of 3, 3, 1, 1, 1 samples for 4 ranks: 3 more bins are needed and no single bin holds
+    4 samples, so all five are dealt to 8 bins."""
+    lengths = [1, 1, 1, 1, 1, 1, 3, 3, 3]
+    plan = PackedBatchSampler(lengths, 3, num_replicas=4, algorithm="first_fit_decreasing").plan_epoch(0)
+    assert plan.num_steps == 2 and sorted(plan.indices.tolist()) == list(range(9))
+    assert all(load <= 3 for load in plan.loads.tolist())
+
+
+@given(setups())
+def test_rank_none_yields_every_rank_step_by_step_as_a_round_robin_dealer_expects(setup):
+    batches, _ = every_rank(setup)
+    everyone = PackedBatchSampler(capacity=CAPACITY, rank=None, **setup)
+    replicas = setup["num_replicas"]
+    dealt = list(everyone)
+    assert len(dealt) == len(everyone) == replicas * len(batches[0])
+    assert [dealt[r::replicas] for r in range(replicas)] == batches
