@@ -58,8 +58,13 @@ SKIP_REASONS = {
     "no_supervised_tokens": "no label is trained after templating and truncation (nothing to learn from)",
     "image_too_slow": "decoding one image took more CPU time than --max_image_decode_seconds (it was stopped)",
     "too_many_images": "the record names more images than --max_images_per_record (checked before any is read)",
+    "images_not_held": "the record has images and --output_format holds text only",
 }
 """Every reason a record can be skipped for, with what it means (shown in the summary)."""
+
+
+IMAGES_NOT_HELD = "images_not_held"
+"""The skip reason of a record with images when the output format holds text only."""
 
 
 class RecordError(Exception):

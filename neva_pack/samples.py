@@ -36,6 +36,7 @@ from neva_pack.images import (
 from neva_pack.records import (
     DEFAULT_MAX_CONVERSATION_CHARS,
     DEFAULT_MAX_IMAGES_PER_RECORD,
+    IMAGES_NOT_HELD,
     Conversation,
     RawRecord,
     RecordError,
@@ -194,8 +195,11 @@ class SampleBuilder:
         max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
         max_image_decode_seconds: float = DEFAULT_MAX_IMAGE_DECODE_SECONDS,
         max_images_per_record: int = DEFAULT_MAX_IMAGES_PER_RECORD,
+        text_only: bool = False,
     ):
+        """``text_only``: the output holds no image, so a record with images is skipped (``images_not_held``)."""
         self.tokenizer = tokenizer
+        self.text_only = text_only
         self.template = template
         self.image_source = image_source
         self.preprocessor = preprocessor
@@ -256,6 +260,8 @@ class SampleBuilder:
 
     def _build(self, raw: RawRecord) -> Sample:
         conversation = parse_record(raw, self.max_conversation_chars, self.max_images_per_record)
+        if self.text_only and conversation.images:
+            raise RecordError(IMAGES_NOT_HELD, f"{len(conversation.images)} image(s), and the output format holds text only")
         ids, trained, image_starts = self.encode(conversation)
         truncated = False
         if len(ids) > self.max_seq_length + 1:

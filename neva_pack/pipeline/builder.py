@@ -72,6 +72,7 @@ def build_sample_builder(config: PreprocessConfig) -> SampleBuilder:
         max_image_pixels=config.max_image_pixels,
         max_image_decode_seconds=config.max_image_decode_seconds,
         max_images_per_record=config.max_images_per_record,
+        text_only=not output_format(config.output_format).holds_images,
     )
 
 
