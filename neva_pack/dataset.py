@@ -58,6 +58,11 @@ class PackedSeqDataset(Dataset):
     def __len__(self) -> int:
         return len(self._reader)
 
+    @property
+    def max_samples_in_a_pack(self) -> int:
+        """The most samples any pack holds (what fixed-size cu_seqlens are sized by)."""
+        return int(np.diff(self._offsets).max(initial=1))
+
     def __getitem__(self, p: int) -> dict[str, torch.Tensor]:
         if not 0 <= p < len(self):
             raise IndexError(f"pack {p} of {len(self)}")

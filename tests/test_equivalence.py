@@ -95,15 +95,18 @@ class TinyVLM(torch.nn.Module):
 
 
 def per_token_loss(logits, labels, ignore_index=-1):
-    return F.cross_entropy(logits, labels.clamp(min=0), reduction="none") * (labels != ignore_index)
+    """The NaN-safe recipe of neva_pack.training.thd: select, never multiply by the mask."""
+    return torch.where(labels != ignore_index, F.cross_entropy(logits, labels.clamp(min=0), reduction="none"), 0.0)
 
 
-def packed_losses(model, batch) -> torch.Tensor:
-    """Per-sample mean losses from one THD batch, with the batch's own normalisation metadata."""
+def packed_losses(model, batch, spoil_padding: bool = False) -> torch.Tensor:
+    """Per-sample mean losses from one THD batch, with the batch's own normalisation metadata
+    (``spoil_padding``: NaN logits on every padding position, as a kernel that skips padding may leave)."""
     tokens, labels = batch["tokens"][0], batch["labels"][0]
-    bounds = batch["cu_seqlens_q_padded"] if batch["cu_seqlens_q_padded"] is not None else batch["cu_seqlens_q"]
-    logits = model(tokens, batch["position_ids"][0], batch["images"].double(), bounds)
-    loss = per_token_loss(logits, labels) * batch["loss_mask"][0].double()
+    logits = model(tokens, batch["position_ids"][0], batch["images"].double(), batch["cu_seqlens_q"])
+    if spoil_padding:
+        logits = torch.where(batch["padding_mask"][0, :, None], torch.nan, logits)
+    loss = torch.where(batch["loss_mask"][0] > 0, per_token_loss(logits, labels), 0.0)
     segment = batch["segment_ids"][0]
     sums = torch.zeros(batch["num_samples"], dtype=torch.float64).index_add(0, segment.clamp(min=0), loss * (segment >= 0))
     return sums / batch["num_targets"].clamp(min=1)
@@ -171,9 +174,10 @@ def case(request, tmp_path_factory):
 
 @pytest.mark.parametrize("fixed_length", [False, True])
 def test_packed_thd_batch_trains_exactly_like_the_samples_one_by_one(case, fixed_length):
-    batch = thd_batch(case["packs"], fixed_length, max_seq_length=512, with_packed_seq_params=False)
-    if case["multiple"] > 1:
-        assert batch["cu_seqlens_q_padded"] is not None and not torch.equal(batch["cu_seqlens_q_padded"], batch["cu_seqlens_q"])
+    batch = thd_batch(case["packs"], fixed_length, max_seq_length=512, max_samples_per_pack=20,
+                      pad_to_multiple_of=case["multiple"], with_packed_seq_params=False)
+    if case["multiple"] > 1:  # attention runs over the padded segments; the real ones are kept beside them
+        assert not torch.equal(batch["cu_seqlens_q"], batch["cu_seqlens_unpadded"]) and batch["padding_mask"].any()
     loss_diff, grad_diff = max_differences(case["model"], batch, case["reference"])
     print(f"max |loss diff| {loss_diff:.3e}, max |grad diff| {grad_diff:.3e}")
     assert loss_diff <= TOLERANCE and grad_diff <= TOLERANCE
@@ -182,9 +186,8 @@ def test_packed_thd_batch_trains_exactly_like_the_samples_one_by_one(case, fixed
 def test_the_per_sample_loss_weight_gives_the_mean_of_the_sample_means(case):
     batch = thd_batch(case["packs"], with_packed_seq_params=False)
     model = case["model"]
-    bounds = batch["cu_seqlens_q_padded"] if batch["cu_seqlens_q_padded"] is not None else batch["cu_seqlens_q"]
     with torch.no_grad():
-        logits = model(batch["tokens"][0], batch["position_ids"][0], batch["images"].double(), bounds)
+        logits = model(batch["tokens"][0], batch["position_ids"][0], batch["images"].double(), batch["cu_seqlens_q"])
         ce = per_token_loss(logits, batch["labels"][0])
         weighted = (ce * batch["sample_loss_weight"][0].double()).sum() / batch["num_samples"]
         per_token = ce.sum() / batch["num_target_tokens"]
@@ -192,6 +195,15 @@ def test_the_per_sample_loss_weight_gives_the_mean_of_the_sample_means(case):
     assert torch.allclose(weighted, losses.mean(), rtol=1e-6)  # float32 weights
     assert batch["num_target_tokens"] == sum(int((torch.from_numpy(s["labels"]) != -1).sum()) for s in case["samples"])
     assert per_token > 0
+
+
+def test_nan_logits_on_padding_leave_the_losses_unchanged(case):
+    """The loss recipe selects supervised positions: whatever padding holds never reaches the total."""
+    batch = thd_batch(case["packs"], with_packed_seq_params=False)
+    with torch.no_grad():
+        losses = packed_losses(case["model"], batch, spoil_padding=True)
+    assert batch["padding_mask"].any() == (case["multiple"] > 1)
+    assert float((losses - case["reference"][0]).abs().max()) <= TOLERANCE
 
 
 def _images_reversed(batch):
@@ -205,8 +217,8 @@ def _positions_not_reset(batch):
 def _label_crosses_a_boundary(batch):
     """The last real position of the first sample is trained to predict the next sample's first token."""
     labels, mask = batch["labels"].clone(), batch["loss_mask"].clone()
-    bounds = batch["cu_seqlens_q_padded"] if batch["cu_seqlens_q_padded"] is not None else batch["cu_seqlens_q"]
-    last = int(batch["cu_seqlens_q"][1]) - 1
+    bounds = batch["cu_seqlens_q"]
+    last = int(batch["cu_seqlens_unpadded"][1]) - 1
     labels[0, last] = batch["tokens"][0, int(bounds[1])]
     mask[0, last] = 1.0
     return {**batch, "labels": labels, "loss_mask": mask}

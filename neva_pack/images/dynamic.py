@@ -1,0 +1,112 @@
+"""What the dynamic-resolution families (anyres.py, native.py) share: the stored image, the
+processor's interface, and token counts read from an image file's header.
+
+An image's token count depends on its size only, and the size is in the file's header: reading
+it costs microseconds where decoding and resizing a photo costs tens to hundreds of milliseconds,
+so a packing plan can be made from headers before any pixel is decoded. The decoded image is
+then checked to have the size its header announced (``check_decoded_size``), so the count the
+plan used is the count the sample gets.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+from PIL import Image
+
+from neva_pack.records import RecordError
+
+__all__ = ["DynamicProcessor", "StoredImage", "check_decoded_size", "header_size", "tokens_from_header"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoredImage:
+    """One image as a sample store holds it: uint8, at the sizes the processor resized it to.
+
+    The model's float layout is rebuilt from it bit-identically by the processor's
+    ``model_inputs`` (a quarter of float32's bytes, and for Qwen an eighth of its repeated patches).
+    """
+
+    size: tuple[int, int]
+    """(width, height) of the decoded image, as its header gives it (LLaVA-NeXT's ``image_sizes``
+    are made from it; its token count is a function of it)."""
+    parts: tuple[np.ndarray, ...]
+    """uint8 (3, H, W) arrays, C-contiguous, each at its own shape: Qwen one (the smart-resized
+    image); LLaVA-NeXT / OneVision two (the base image resized to the tile, then the image resized
+    into its best grid resolution, before padding), or one for a OneVision multi-image sample."""
+    tokens: int
+    """Sequence positions the image takes in the language model."""
+
+
+class DynamicProcessor(Protocol):
+    """The interface every dynamic-resolution family's processor offers (anyres, native)."""
+
+    def tokens_for_size(self, width: int, height: int) -> int:
+        """Sequence positions of an image of this size: arithmetic only, nothing decoded."""
+
+    def to_uint8(self, image: Image.Image) -> StoredImage:
+        """RGB image -> its stored uint8 parts (the worker's half)."""
+
+    def model_inputs(self, images: list[StoredImage]) -> dict[str, np.ndarray]:
+        """Stored images, in sample order -> the model's inputs, bit-identical to transformers' processor."""
+
+
+def header_size(data: bytes | str | os.PathLike) -> tuple[int, int]:
+    """(width, height) of an image file from its header alone (PIL's ``open`` reads no pixel data).
+
+    The file's magic number picks PIL's plugin first (JPEG, PNG), which halves the cost of an open
+    that would otherwise try each plugin in turn; any other file is identified by PIL as usual.
+    Anything PIL cannot identify is an ``unreadable_image`` skip, as it would be when decoded.
+    (PIL warns, DecompressionBombWarning, of an image over ``Image.MAX_IMAGE_PIXELS``; the caller
+    checks its own pixel budget on the size returned.)"""
+    try:
+        if isinstance(data, bytes):
+            return _open_size(io.BytesIO(data), data[:8])
+        with open(data, "rb") as f:
+            head = f.read(8)
+            f.seek(0)
+            return _open_size(f, head)
+    except Image.DecompressionBombError as exc:
+        raise RecordError("image_too_large", f"{_name(data)}: {exc}") from None
+    except (OSError, ValueError, SyntaxError) as exc:
+        raise RecordError("unreadable_image", f"{_name(data)}: {exc.__class__.__name__}: {exc}") from None
+
+
+def _open_size(stream, head: bytes) -> tuple[int, int]:
+    formats = next((names for magic, names in _MAGIC if head.startswith(magic)), None)
+    try:
+        with Image.open(stream, formats=formats) as image:
+            return image.size
+    except Image.UnidentifiedImageError:
+        if formats is None:
+            raise
+    stream.seek(0)
+    with Image.open(stream) as image:  # a file whose magic lies about its kind: PIL's full identification
+        return image.size
+
+
+_MAGIC = ((b"\xff\xd8\xff", ("JPEG",)), (b"\x89PNG\r\n\x1a\n", ("PNG",)))
+
+
+def tokens_from_header(data: bytes | str | os.PathLike, processor: DynamicProcessor) -> int:
+    """An image file's token count, from its header size (no decode)."""
+    width, height = header_size(data)
+    return processor.tokens_for_size(width, height)
+
+
+def check_decoded_size(image: Image.Image, expected: tuple[int, int], name: str) -> None:
+    """A decoded image must have the (width, height) its header gave the plan: else its token
+    count, and the pack it was planned into, would be wrong. Skipped with the two sizes."""
+    if tuple(image.size) != tuple(expected):
+        raise RecordError(
+            "unreadable_image",
+            f"{name}: decoded as {image.size[0]} x {image.size[1]}, its header said {expected[0]} x {expected[1]}",
+        )
+
+
+def _name(data) -> str:
+    return "image bytes" if isinstance(data, bytes) else os.fspath(data)
