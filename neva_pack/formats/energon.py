@@ -145,7 +145,8 @@ def decode(sample: dict) -> ReadPack:
     """The raw sample Energon yields (a dict of member bytes, or of arrays once Energon's decoder has
     read the ``.npy`` members) -> the pack, exactly as ``open_packed(...).pack(pack_index(sample))``.
 
-    Use it as the cooker of the ``CrudeWebdataset`` the dataset's ``dataset.yaml`` declares::
+    The dataset's own ``dataset.yaml`` runs it in Energon's sample loader (samples come out as
+    ``PackSample``); with a ``CrudeWebdataset`` dataset.yaml, cook the raw samples with it::
 
         class PackEncoder(DefaultTaskEncoder):
             cookers = [Cooker(stateless(decode))]
