@@ -13,10 +13,12 @@ import xxhash
 from neva_pack import checksums, paths
 from neva_pack.cli import main
 from neva_pack.formats import nemo
+from neva_pack.formats.indexed import bin_path
 from neva_pack.verify import verify
 from tests.conftest import SAMPLE_DATA
 
-BIN = "packed_seq_dataset.bin"
+BIN = bin_path(paths.PACKED_NAME).name
+"""The .bin of an output's prefix, as the meta names it."""
 
 
 def read_checksum(path) -> str:
@@ -111,7 +113,7 @@ def sparse_copy(source, destination):
 
 def zero_image_byte(out, pack: int) -> int:
     """Offset in the .bin of a byte in the middle of pack ``pack``'s zero image."""
-    reader = nemo.Reader(out / "packed_seq_dataset")
+    reader = nemo.Reader(paths.packed_prefix(out))
     first, _ = reader.items_of(pack)
     start = int(reader.dataset.index.sequence_pointers[first + nemo.ITEM_IMAGE])
     size = int(reader.dataset.index.sequence_lengths[first + nemo.ITEM_IMAGE]) * 4
@@ -139,7 +141,7 @@ def test_a_byte_written_into_a_zero_image_hole_is_found(text_output, tmp_path, r
     write_byte(out / BIN, zero_image_byte(out, pack), b"\x3f")  # one block of the hole becomes data
     assert os.path.getsize(out / BIN) == os.path.getsize(text_output / BIN)
     if restamp:  # the checksum agrees: only the format check can tell
-        meta_path = out / "packed_seq_dataset.meta.json"
+        meta_path = paths.meta_path(paths.packed_prefix(out))
         meta = nemo.read_meta(meta_path)
         restamped = {**meta.checksums, BIN: checksums.file_checksum(out / BIN)}
         paths.write_json_atomic(meta_path, meta.replace(checksums=restamped).to_json())
@@ -152,7 +154,7 @@ def test_a_byte_written_into_a_zero_image_hole_is_found(text_output, tmp_path, r
 
 def test_a_flipped_data_byte_of_a_sparse_output_is_a_checksum_mismatch(text_output, tmp_path):
     out = sparse_copy(text_output, tmp_path / "copy")
-    reader = nemo.Reader(out / "packed_seq_dataset")
+    reader = nemo.Reader(paths.packed_prefix(out))
     first, _ = reader.items_of(0)
     offset = int(reader.dataset.index.sequence_pointers[first + nemo.ITEM_TOKENS]) + 2  # a token's high byte
     reader.close()
@@ -172,14 +174,14 @@ def test_zero_images_are_checked_by_reading_where_holes_are_unknown(text_output,
         f"{BIN}: checksum mismatch (the file was changed or corrupted)",
         "pack 0: no image, so one zero image was expected",
     ]
-    reader = nemo.Reader(out / "packed_seq_dataset")
-    assert nemo.read_packs_from_index(out / "packed_seq_dataset", int(np.prod(reader.image_shape)))["pack_images"][0] == 1
+    reader = nemo.Reader(paths.packed_prefix(out))
+    assert nemo.read_packs_from_index(paths.packed_prefix(out), int(np.prod(reader.image_shape)))["pack_images"][0] == 1
     reader.close()
 
 
 def test_a_zero_image_in_a_hole_is_not_read(text_output):
     """Only the blocks of a zero image shared with the text items around it are data, and read."""
-    reader = nemo.Reader(text_output / "packed_seq_dataset")
+    reader = nemo.Reader(paths.packed_prefix(text_output))
     image_values = int(np.prod(reader.image_shape))
     reads = []
     get = reader.dataset.get

@@ -20,7 +20,7 @@ import numpy as np
 
 __all__ = [
     "aligned_capacity", "alignment_multiple", "fixed_row_length", "padded_lengths", "padded_view", "real_positions", "with_padding",
-]
+]  # fmt: skip
 
 
 def alignment_multiple(
@@ -51,6 +51,19 @@ def aligned_capacity(capacity: int, multiple: int) -> int:
     return capacity // multiple * multiple
 
 
+def fixed_row_length(capacity: int, multiple: int) -> int:
+    """The row length of fixed-length batches: ``capacity`` rounded down to a multiple of ``multiple``.
+
+    Every pack fits (its segments are multiples of ``multiple`` and sum to at most ``capacity``), and
+    the last segment, grown to the row's end, stays aligned: with CP = 2 (M = 4) and packs of 510, rows
+    of 508, where rows of 510 would give a last segment that context parallelism cannot split.
+    """
+    row = aligned_capacity(capacity, multiple)
+    if row < 1:
+        raise ValueError(f"max_seq_length {capacity} is shorter than the alignment multiple {multiple}")
+    return row
+
+
 def padded_view(pack, pad_id: int, ignore_index: int) -> tuple[np.ndarray, np.ndarray]:
     """A pack's tokens and labels with padding (``assemble.AssembledPack``): as assembled, or built
     here for a pack assembled without them."""
@@ -78,16 +91,3 @@ def real_positions(lengths: np.ndarray, padded_lengths: np.ndarray) -> np.ndarra
     lengths = np.asarray(lengths, dtype=np.int64)
     before = np.cumsum(padded_lengths, dtype=np.int64) - np.cumsum(lengths)  # padding up to each sample's end
     return np.arange(int(lengths.sum()), dtype=np.int64) + np.repeat(np.concatenate([[0], before[:-1]]), lengths)
-
-
-def fixed_row_length(capacity: int, multiple: int) -> int:
-    """The row length of fixed-length batches: ``capacity`` rounded down to a multiple of ``multiple``.
-
-    Every pack fits (its segments are multiples of ``multiple`` and sum to at most ``capacity``), and
-    the last segment, grown to the row's end, stays aligned: with CP = 2 (M = 4) and packs of 510, rows
-    of 508, where rows of 510 would give a last segment that context parallelism cannot split.
-    """
-    row = aligned_capacity(capacity, multiple)
-    if row < 1:
-        raise ValueError(f"max_seq_length {capacity} is shorter than the alignment multiple {multiple}")
-    return row
