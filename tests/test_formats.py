@@ -448,8 +448,9 @@ def test_a_run_leaves_exactly_the_files_its_format_declares(runs, name):
         files = FORMATS[name].files(prefix)
         assert not any(path.exists() for path in files.temporary)
         listed = read_meta(paths.meta_path(prefix)).checksums
-        for path in files.final[1:]:  # every file besides the meta is checksummed by it
-            assert paths.relative_name(out, path) in listed
+        for path in files.final[1:]:  # every file besides the meta (in a format's directory: every file in it) is checksummed by it
+            inside = sorted(f for f in path.rglob("*") if f.is_file()) if path.is_dir() else [path]
+            assert inside and all(paths.relative_name(out, f) in listed for f in inside)
         if FORMATS[name].uses_image_pool:  # its images: the sample store's pool, which the meta checksums too
             assert any(name.startswith(paths.STORE_DIR + "/") for name in listed)
 
