@@ -1,6 +1,6 @@
-"""Counting a JSON list's records with one compiled pass (``records.index_records``'s fast path).
+"""Counting a JSON list's records with one compiled pass (``record_stream.index_records``'s fast path).
 
-The scan follows only what ``records._ListScanner`` follows (brackets and braces as one kind,
+The scan follows only what ``list_scanner.ListScanner`` follows (brackets and braces as one kind,
 strings with their escapes), so it delimits the same records; it accepts only a plain list of
 arrays, objects and strings and answers None for anything else (a byte-order mark, a top-level
 number or literal, any structural error), which the scanner then counts or reports, with its
@@ -20,7 +20,11 @@ from pathlib import Path
 import numba
 import numpy as np
 
-_CHUNK = 16 << 20
+__all__ = ["READ_CHUNK", "count_list_records", "index_list_records"]
+
+READ_CHUNK = 16 << 20
+"""Bytes read per pass over the file (a tuning knob: any size from 1 byte gives the same answer;
+read at each call)."""
 _BEFORE, _FIRST, _VALUE, _AFTER_VALUE, _AFTER_COMMA, _AFTER_LIST, _UNSURE = range(7)
 _PHASE, _DEPTH, _IN_STRING, _ESCAPED, _COUNT = range(5)
 
@@ -35,10 +39,10 @@ def index_list_records(path: Path, every: int) -> tuple[int, np.ndarray] | None:
     """Records of the JSON list at ``path`` and the file offset of the first byte of records 0,
     every, 2 * every, ... (int64; empty when ``every`` is 0), or None when the fast scan cannot tell."""
     state = np.zeros(5, dtype=np.int64)
-    buffer = bytearray(_CHUNK)
+    buffer = bytearray(READ_CHUNK)
     view = np.frombuffer(buffer, dtype=np.uint8)
     # records start at least 3 bytes apart ("",): a chunk holds at most size // every + 1 checkpoints
-    found = np.zeros(_CHUNK // every + 2 if every else 0, dtype=np.int64)
+    found = np.zeros(READ_CHUNK // every + 2 if every else 0, dtype=np.int64)
     parts = []
     base = 0
     with open(path, "rb", buffering=0) as f:

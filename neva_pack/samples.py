@@ -40,12 +40,11 @@ from neva_pack.records import (
     Conversation,
     RawRecord,
     RecordError,
-    RecordIndex,
     RecordLimits,
     Turn,
-    iter_raw_records,
     parse_record,
 )
+from neva_pack.record_stream import RecordIndex, iter_raw_records
 from neva_pack.templates import DEFAULT_TOKENIZATION, TOKENIZATIONS, Piece, Template, Tokenization, render
 from neva_pack.tokenizer import Tokenizer
 
@@ -615,7 +614,7 @@ class SampleStream(IterableDataset):
 
     A message is one StoredBatch (the store's bytes of its records' samples, and its skips), not
     a list of Samples: one cheap object to unpickle per message in the main process.
-    ``index`` (records.index_records, taken before the workers fork): with its offsets a worker
+    ``index`` (record_stream.index_records, taken before the workers fork): with its offsets a worker
     seeks to its own messages instead of delimiting every record of the file. ``share_images``: a
     stored message's images cross to the main process in shared memory (``received`` takes them back).
     """

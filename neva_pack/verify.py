@@ -226,7 +226,7 @@ def pack_spec(meta: PackedMeta) -> invariants.PackSpec:
 
 
 def _verify_accounting(prefix: Path, plan, data_path: Path, result) -> None:
-    from neva_pack.records import count_records
+    from neva_pack.record_stream import count_records
 
     total = count_records(data_path)
     packed = plan.record_index.astype(np.int64)

@@ -39,7 +39,8 @@ from neva_pack.cli import main
 from neva_pack.image_run import ImageRun
 from neva_pack.invariants import PackSpec, accounting_problem, pack_problems
 from neva_pack.pipeline.ownership import LOCK_FILE, OutputLock
-from neva_pack.records import SKIP_REASONS, RecordError, iter_raw_records
+from neva_pack.record_stream import iter_raw_records
+from neva_pack.records import SKIP_REASONS, RecordError
 from neva_pack.samples import truncation
 from neva_pack.verify import verify
 from tests.conftest import SAMPLE_DATA
@@ -197,13 +198,13 @@ def test_the_image_budget_names_the_limit_and_the_flag(tmp_path, capsys, images)
 
 
 def test_json_list_scanner_gives_json_loads_values_at_any_chunk_boundary(tmp_path, monkeypatch):
-    import neva_pack.records as records
+    import neva_pack.list_scanner as list_scanner
 
     values = [GOOD[1], [1, [2, "\\"]], 'a"b\\', 1.5, None, {"k": ']]]\\"[[', "ü": "日本"}, [], {}]
     path = tmp_path / "data.json"
     path.write_text(json.dumps(values, indent=1, ensure_ascii=False), encoding="utf-8")
     for chunk in (1, 2, 3, 7, 64):
-        monkeypatch.setattr(records, "_CHUNK", chunk)
+        monkeypatch.setattr(list_scanner, "READ_CHUNK", chunk)
         assert [raw.value for raw in iter_raw_records(path)] == values
 
 
@@ -217,21 +218,19 @@ JSON_VALUES = st.recursive(
 @settings(max_examples=200, deadline=None)
 @given(values=st.lists(JSON_VALUES, max_size=6), indent=st.sampled_from([None, 1]), chunk=st.integers(1, 40))
 def test_property_the_list_scanner_agrees_with_json_loads(tmp_path_factory, values, indent, chunk):
-    import neva_pack.records as records
-    from neva_pack.records import count_records
+    import neva_pack.list_scanner as list_scanner
+    from neva_pack.record_stream import count_records
 
     path = tmp_path_factory.mktemp("scan") / "data.json"
     path.write_text(json.dumps(values, indent=indent, ensure_ascii=False), encoding="utf-8")
-    saved, records._CHUNK = records._CHUNK, chunk
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(list_scanner, "READ_CHUNK", chunk)
         assert [raw.value for raw in iter_raw_records(path)] == values
         assert count_records(path) == len(values)
-    finally:
-        records._CHUNK = saved
 
 
 def test_counting_and_reading_agree_on_blank_and_oversized_jsonl_lines(tmp_path):
-    from neva_pack.records import count_records
+    from neva_pack.record_stream import count_records
 
     path = tmp_path / "data.jsonl"
     path.write_bytes(b'\xef\xbb\xbf{"a": 1}\n' + b" " * 2_000_000 + b'\n\n{"b": 2}\n' + b"x" * 9_000_000 + b'\n{"c": 3}')

@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from neva_pack.errors import InputError
-from neva_pack.records import RawRecord, RecordError, count_records, iter_raw_records, parse_record
+from neva_pack.record_stream import count_records, iter_raw_records
+from neva_pack.records import RawRecord, RecordError, parse_record
 
 GOOD = {
     "id": "a",
@@ -95,15 +96,14 @@ def test_json_list_is_streamed_and_counted(tmp_path):
 @pytest.mark.parametrize("suffix", ["json", "jsonl"])
 def test_only_the_records_in_the_ranges_are_decoded(tmp_path, monkeypatch, suffix):
     """A DataLoader worker decodes its own records only: the others are delimited, not parsed."""
-    from neva_pack import records
-
     values = [{"n": n} for n in range(7)]
     path = tmp_path / f"data.{suffix}"
     path.write_text(json.dumps(values) if suffix == "json" else "".join(json.dumps(v) + "\n" for v in values))
     decoded = []
-    original = records._decode
-    monkeypatch.setattr(records, "_decode", lambda index, *rest: decoded.append(index) or original(index, *rest))
+    original = json.loads
+    monkeypatch.setattr(json, "loads", lambda text, **options: decoded.append(original(text)["n"]) or original(text, **options))
     raws = list(iter_raw_records(path, ranges=[(1, 2), (3, 4), (5, 6)]))
+    monkeypatch.undo()
     assert [(r.index, r.value) for r in raws] == [(1, {"n": 1}), (3, {"n": 3}), (5, {"n": 5})]
     assert decoded == [1, 3, 5]
 
@@ -122,10 +122,12 @@ SOUP = st.text(alphabet=st.sampled_from('[]{}",\\ a1:\n\t\r\f\ufeffü'), max_siz
 
 def scanner_count(path) -> int | None:
     """The scanner's own count (count_records without the fast path), None where it refuses the file."""
-    from neva_pack.records import MAX_RECORD_DEPTH_LIMIT, RecordLimits, _record_texts
+    from neva_pack.list_scanner import ListScanner
+    from neva_pack.records import MAX_RECORD_DEPTH_LIMIT, RecordLimits
 
     try:
-        return sum(1 for _ in _record_texts(path, RecordLimits(max_bytes=0, max_depth=MAX_RECORD_DEPTH_LIMIT)))
+        with open(path, "rb") as f:
+            return sum(1 for _ in ListScanner(f, path, RecordLimits(max_bytes=0, max_depth=MAX_RECORD_DEPTH_LIMIT)).records())
     except InputError:
         return None
 
@@ -138,11 +140,9 @@ def test_property_the_fast_count_is_the_scanners_or_none(tmp_path_factory, text,
 
     path = tmp_path_factory.mktemp("count") / "data.json"
     path.write_text(text, encoding="utf-8")
-    saved, list_count._CHUNK = list_count._CHUNK, chunk
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(list_count, "READ_CHUNK", chunk)
         fast = list_count.count_list_records(path)
-    finally:
-        list_count._CHUNK = saved
     assert fast is None or fast == scanner_count(path)
 
 
@@ -158,11 +158,9 @@ def test_property_the_fast_count_counts_every_plain_list(tmp_path_factory, value
 
     path = tmp_path_factory.mktemp("count") / "data.json"
     path.write_text(json.dumps(values, indent=indent, ensure_ascii=False), encoding="utf-8")
-    saved, list_count._CHUNK = list_count._CHUNK, chunk
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(list_count, "READ_CHUNK", chunk)
         assert list_count.count_list_records(path) == len(values) == scanner_count(path)
-    finally:
-        list_count._CHUNK = saved
 
 
 def test_the_fast_count_leaves_numbers_and_broken_lists_to_the_scanner(tmp_path):
@@ -196,20 +194,12 @@ def sorted_ranges(count: int, cuts: list[int]) -> list[tuple[int, int]]:
 
 def scanner_starts(path) -> list[int]:
     """File offsets where the sequential scanner starts each record."""
-    from neva_pack import records
+    from neva_pack.list_scanner import ListScanner
+    from neva_pack.records import RecordLimits
 
-    starts = []
-    original = records._ListScanner._record
-
-    def record(self):
-        self._next_char()
-        starts.append(self.offset + self.pos)
-        return original(self)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(records._ListScanner, "_record", record)
-        list(iter_raw_records(path))
-    return starts
+    with open(path, "rb") as f:
+        scanner = ListScanner(f, path, RecordLimits())
+        return [scanner.start for _ in scanner.records()]
 
 
 @settings(max_examples=200, deadline=None)
@@ -224,14 +214,15 @@ def test_property_ranged_reading_is_the_sequential_scan(tmp_path_factory, values
     the sequential scan gives for the same ranges, and the checkpoints are where the scanner starts
     those records; whatever the chunk sizes of the counting pass and of the reader."""
     import neva_pack.list_count as list_count
-    from neva_pack import records
-    from neva_pack.records import RecordLimits, index_records
+    import neva_pack.record_stream as record_stream
+    from neva_pack.record_stream import index_records
+    from neva_pack.records import RecordLimits
 
     path = tmp_path_factory.mktemp("ranges") / "data.json"
     text = json.dumps(values, indent=indent, separators=(separator, ": "), ensure_ascii=ascii_only)
     path.write_text(" \n" + text + "\n ", encoding="utf-8")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(list_count, "_CHUNK", chunk)
+        patch.setattr(list_count, "READ_CHUNK", chunk)
         index = index_records(path, every=every)
     assert index.count == len(values) and index.every == every
     assert index.offsets.tolist() == scanner_starts(path)[::every]
@@ -240,40 +231,46 @@ def test_property_ranged_reading_is_the_sequential_scan(tmp_path_factory, values
     sequential = list(iter_raw_records(path, limits))
     expected = [raw for raw in sequential if any(first <= raw.index < stop for first, stop in ranges)]
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(records, "_JUMP_CHUNK", jump_chunk)
+        patch.setattr(record_stream, "SEEK_CHUNK", jump_chunk)
         assert list(iter_raw_records(path, limits, ranges=ranges, index=index)) == expected
     assert list(iter_raw_records(path, limits, ranges=ranges)) == expected  # no index: delimit all
 
 
 def test_a_reader_with_offsets_delimits_only_the_records_after_a_checkpoint(tmp_path, monkeypatch):
     """What the offsets are for: a worker that wants records 90..91 of 100 does not scan 0..89."""
-    from neva_pack import records
-    from neva_pack.records import index_records
+    from neva_pack.list_scanner import ListScanner
+    from neva_pack.record_stream import index_records
 
     path = tmp_path / "data.json"
     path.write_text(json.dumps([{"n": n, "text": "x" * n} for n in range(100)], indent=1))
     index = index_records(path, every=8)
     delimited = []
-    original = records._ListScanner._record
-    monkeypatch.setattr(records._ListScanner, "_record", lambda self: delimited.append(1) or original(self))
+    original = ListScanner.next_record
+    monkeypatch.setattr(ListScanner, "next_record", lambda self: delimited.append(1) or original(self))
     raws = list(iter_raw_records(path, ranges=[(3, 4), (5, 6), (90, 92)], index=index))
     assert [(raw.index, raw.value["n"]) for raw in raws] == [(3, 3), (5, 5), (90, 90), (91, 91)]
     assert len(delimited) == 4 + 2 + 4  # 0..3, reading on 4..5 (nearer than a seek), from checkpoint 88 to 91
 
 
 def test_a_checkpoint_inside_the_read_buffer_is_reached_without_a_seek(tmp_path, monkeypatch):
-    from neva_pack import records
-    from neva_pack.records import index_records
+    import neva_pack.record_stream as record_stream
+    from neva_pack.list_scanner import ListScanner
+    from neva_pack.record_stream import index_records
 
     path = tmp_path / "data.json"
     path.write_text(json.dumps([{"n": n} for n in range(40)], separators=(",", ":")))  # 8 bytes a record
     index = index_records(path, every=4)
-    monkeypatch.setattr(records, "_JUMP_CHUNK", 64)  # record 1 read: the buffer holds records 0..7
+    monkeypatch.setattr(record_stream, "SEEK_CHUNK", 64)  # record 1 read: the buffer holds records 0..7
     seeks = []
-    original = records._ListScanner.elements_from
-    monkeypatch.setattr(records._ListScanner, "elements_from",
-                        lambda self, offset: seeks.append(not self.offset <= offset < self.offset + len(self.buf))
-                        or original(self, offset))  # fmt: skip
+    original = ListScanner.elements_from
+
+    def elements_from(self, offset):
+        before = self.seeks
+        elements = original(self, offset)
+        seeks.append(self.seeks > before)
+        return elements
+
+    monkeypatch.setattr(ListScanner, "elements_from", elements_from)
     raws = list(iter_raw_records(path, ranges=[(1, 2), (5, 6), (30, 31)], index=index))
     assert [(raw.index, raw.value) for raw in raws] == [(1, {"n": 1}), (5, {"n": 5}), (30, {"n": 30})]
     assert seeks == [True, False, True]  # to record 0, then within the buffer to 4, then a seek to 28
@@ -281,7 +278,7 @@ def test_a_checkpoint_inside_the_read_buffer_is_reached_without_a_seek(tmp_path,
 
 def test_jsonl_and_lists_the_fast_pass_refuses_are_read_sequentially(tmp_path):
     """No offsets where the compiled pass cannot vouch for the record starts: the reader delimits all."""
-    from neva_pack.records import index_records
+    from neva_pack.record_stream import index_records
 
     values = [{"n": n} for n in range(9)]
     cases = {
@@ -301,7 +298,7 @@ def test_jsonl_and_lists_the_fast_pass_refuses_are_read_sequentially(tmp_path):
 
 def test_after_a_seek_a_broken_list_is_reported_by_its_byte_offset(tmp_path):
     """Lines before a checkpoint are never counted: the error names the byte, not a wrong line."""
-    from neva_pack.records import RecordIndex
+    from neva_pack.record_stream import RecordIndex
 
     path = tmp_path / "data.json"
     text = '[\n{"a": 1},\n{"b": 2},\n{"c": 3} {"d": 4}]'
@@ -337,16 +334,17 @@ def test_property_fast_record_pattern_delimits_as_the_scanner(tmp_path_factory, 
     """The one-call pattern finds the records the byte-by-byte scanner finds, with the same
     values and reasons: brackets and braces open and close levels alike in both (a mismatched
     pair is then refused by json.loads, in both), and depth is counted the same way."""
-    import re
-
-    from neva_pack import records
+    from neva_pack.list_scanner import ListScanner
     from neva_pack.records import RecordLimits
 
     path = tmp_path_factory.mktemp("fast") / "data.json"
     path.write_text("[" + ",".join(texts) + "]", encoding="utf-8")
     limits = RecordLimits(max_bytes=1000, max_depth=max_depth)
-    fast = list(iter_raw_records(path, limits))
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(records, "_fast_record_pattern", lambda levels: re.compile(rb"(?!)"))
-        assert list(iter_raw_records(path, limits)) == fast
+
+    def delimited(fast: bool):
+        with open(path, "rb") as f:
+            return list(ListScanner(f, path, limits, fast=fast).records())
+
+    fast = delimited(True)
+    assert delimited(False) == fast
     assert len(fast) == len(texts)

@@ -42,7 +42,8 @@ from neva_pack.pipeline.report import packed_meta, run_report
 from neva_pack.pipeline.skipped import too_many_skipped, write_run_skipped, write_size_skipped
 from neva_pack.pipeline.write import drop_store, plan_digest, remove_stale_tmp, resumed_prefix, write_packs
 from neva_pack.plan_table import PlanTable
-from neva_pack.records import IMAGES_NOT_HELD, RecordIndex, index_records, record_ids
+from neva_pack.record_stream import RecordIndex, index_records, record_ids
+from neva_pack.records import IMAGES_NOT_HELD
 from neva_pack.report import RunReport
 from neva_pack.sample_store import SampleStore
 from neva_pack.samples import SampleBuilder

@@ -11,7 +11,7 @@ from tqdm import tqdm
 
 from neva_pack.config import PreprocessConfig
 from neva_pack.pipeline.skipped import too_many_skipped, write_run_skipped
-from neva_pack.records import RecordIndex
+from neva_pack.record_stream import RecordIndex
 from neva_pack.sample_store import SampleStoreWriter, StoredBatch
 from neva_pack.samples import SampleStream, received
 from neva_pack.workers import worker_messages

@@ -31,7 +31,7 @@ from neva_pack.config import PreprocessConfig
 from neva_pack.errors import ConfigError, InputError
 from neva_pack.pipeline.encode import encode_samples, records_per_message
 from neva_pack.pipeline.ownership import LOCK_FILE, is_part_file, prepare_part_dir
-from neva_pack.records import index_records
+from neva_pack.record_stream import index_records
 from neva_pack.sample_store import (
     PROGRESS_FILE,
     SampleStoreWriter,
