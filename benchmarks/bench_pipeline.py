@@ -66,7 +66,7 @@ HARNESS = PEAK_RSS_SOURCE + r"""
 import json, os, resource, sys, time
 stages = {"process_start": float(sys.argv[1])}
 report_dir = sys.argv[2]
-from neva_pack import pipeline, samples
+from neva_pack import pipeline, sample_stream
 from neva_pack.pipeline import pack as pack_stage
 from neva_pack.sample_store import SampleStoreWriter
 
@@ -96,12 +96,12 @@ pipeline.encode_samples = encode
 timed(pack_stage, "pack", "pack")
 timed(pipeline, "_write_prefix", "write_prefix")
 
-original_iter = samples.SampleStream.__iter__
+original_iter = sample_stream.SampleStream.__iter__
 def iter_and_report(self):
     yield from original_iter(self)
     with open(os.path.join(report_dir, f"worker_{os.getpid()}.json"), "w") as f:
         json.dump({"maxrss_kb": peak_rss_kb()}, f)
-samples.SampleStream.__iter__ = iter_and_report
+sample_stream.SampleStream.__iter__ = iter_and_report
 
 from neva_pack.cli import main
 stages["main_start"] = time.time()

@@ -1,6 +1,6 @@
 """The compiled loops of tokenization: the reader of a serialized ``SentencePieceText``
 (``tokenizer.piece_table``), offsets from ids (``tokenizer.spelled_offsets``) and a chunk's labels
-(``samples.chunk_labels``); their docstrings say what each computes.
+(``label_chunks.chunk_labels``); their docstrings say what each computes.
 
 The kernels live at module level so numba's on-disk cache finds them again in the next process
 (a function defined inside a function gets a new cache key per process and is compiled again

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from neva_pack import parallel_assembly, samples
+from neva_pack import parallel_assembly, sample_stream
 from neva_pack.cli import main
 from tests.test_throughput import GOLDEN, run_golden
 
@@ -162,7 +162,7 @@ def test_images_cross_in_shared_memory_only_where_dev_shm_has_room(
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(encode.shutil, "disk_usage", lambda path: usage(shm_free, 0, shm_free))
     arrived = []
-    monkeypatch.setattr(encode, "received", lambda batch: arrived.append(type(batch.images).__name__) or samples.received(batch))
+    monkeypatch.setattr(encode, "received", lambda batch: arrived.append(type(batch.images).__name__) or sample_stream.received(batch))
     got = run_golden("image_v1_pad_clip336", 2, workloads, tmp_path / "out", sample_tokenizer_path, mistral_tokenizer_path)
     assert got == GOLDEN["image_v1_pad_clip336"][2]
     assert ("Tensor" in arrived) == shared and ("ndarray" in arrived)  # text-only messages are never shared

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from neva_pack.records import RawRecord
-from neva_pack.samples import Sample, Skipped, image_run_for
+from neva_pack.image_ids import image_run_for
+from neva_pack.samples import Sample, Skipped
 from neva_pack.tokenizer import load_tokenizer
 from tests.conftest import SAMPLE_DATA
 from tests.test_templates import make_builder

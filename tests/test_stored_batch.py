@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from neva_pack.files.indexed import IndexedWriter
 from neva_pack.sample_store import STORE_TEXT_DTYPE, StoredBatch, stored_batch
 from neva_pack.pipeline.encode import record_stops
-from neva_pack import samples
+from neva_pack import sample_stream
 from neva_pack.samples import Skipped
 from neva_pack.workers import passthrough
 from tests.test_sample_store_runs import IGNORE, SHAPE, sample, samples_and_run, writer
@@ -89,7 +89,7 @@ class _Messages(torch.utils.data.IterableDataset):
         self.batches = batches
 
     def __iter__(self):
-        return iter([samples.in_shared_memory(batch) for batch in self.batches])
+        return iter([sample_stream.in_shared_memory(batch) for batch in self.batches])
 
 
 def test_images_cross_the_dataloader_in_shared_memory_and_arrive_unchanged():
@@ -106,7 +106,7 @@ def test_images_cross_the_dataloader_in_shared_memory_and_arrive_unchanged():
     sent = list(loader)
     assert isinstance(sent[0].images, torch.Tensor) and sent[0].images.is_shared()
     assert isinstance(sent[1].images, np.ndarray)
-    got = [samples.received(batch) for batch in sent]
+    got = [sample_stream.received(batch) for batch in sent]
     for before, after in zip([with_images, text_only], got):
         assert isinstance(after.images, np.ndarray) and after.images.dtype == np.uint8
         np.testing.assert_array_equal(after.images, before.images)

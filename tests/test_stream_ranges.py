@@ -29,17 +29,17 @@ def builder(sample_tokenizer_path):
 @pytest.mark.parametrize("workers", [1, 2, 3, 7])
 @pytest.mark.parametrize(("start", "end", "every"), [(0, None, 1), (2, 19, 3), (5, 20, 4), (13, 17, 32)])
 def test_each_worker_reads_the_same_batches_by_offsets(builder, monkeypatch, workers, start, end, every):
-    from neva_pack import samples
+    from neva_pack import sample_stream
     from neva_pack.record_stream import index_records
 
     index = index_records(SAMPLE_DATA / "llava_sample.json", every=every)
     assert index.offsets is not None
     read = {}
     for worker in range(workers):
-        monkeypatch.setattr(samples, "get_worker_info", lambda: FakeWorker(worker, workers))
+        monkeypatch.setattr(sample_stream, "get_worker_info", lambda: FakeWorker(worker, workers))
         for name, given in (("offsets", index), ("scan", None)):
-            stream = samples.SampleStream(SAMPLE_DATA / "llava_sample.json", builder, start=start, end=end,
-                                          batch_size=3, first_batch_size=2, index=given)  # fmt: skip
+            stream = sample_stream.SampleStream(SAMPLE_DATA / "llava_sample.json", builder, start=start, end=end,
+                                                       batch_size=3, first_batch_size=2, index=given)  # fmt: skip
             read[name, worker] = [pickle.dumps(batch) for batch in stream]
         assert read["offsets", worker] == read["scan", worker]
     messages = [pickle.loads(batch) for worker in range(workers) for batch in read["offsets", worker]]

@@ -8,7 +8,8 @@ from neva_pack.encoders import resolve_encoder
 from neva_pack.errors import ConfigError
 from neva_pack.images import ImagePreprocessor, ImageSource
 from neva_pack.records import RawRecord, RecordError, Turn
-from neva_pack.samples import SampleBuilder, image_run_for
+from neva_pack.image_ids import image_run_for
+from neva_pack.samples import SampleBuilder
 from neva_pack.templates import TOKENIZATIONS, Piece, available_templates, load_template, render
 from neva_pack.tokenizer import load_tokenizer
 

@@ -244,7 +244,7 @@ def test_batches_arrive_in_input_order_for_any_number_of_workers(workers, sample
 
     from neva_pack.config import PreprocessConfig
     from neva_pack.pipeline import build_sample_builder
-    from neva_pack.samples import SampleStream
+    from neva_pack.sample_stream import SampleStream
     from neva_pack.workers import passthrough
     from tests.conftest import SAMPLE_DATA
 
@@ -266,7 +266,7 @@ def test_a_small_first_message_per_worker_keeps_the_input_order(workers, sample_
 
     from neva_pack.config import PreprocessConfig
     from neva_pack.pipeline import build_sample_builder
-    from neva_pack.samples import SampleStream
+    from neva_pack.sample_stream import SampleStream
     from neva_pack.workers import passthrough
     from tests.conftest import SAMPLE_DATA
 

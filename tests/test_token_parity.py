@@ -57,7 +57,8 @@ from neva_pack.encoders import resolve_encoder
 from neva_pack.errors import ConfigError
 from neva_pack.images import ImagePreprocessor, ImageSource
 from neva_pack.records import IMAGE_PLACEHOLDER, RawRecord, RecordError, parse_record
-from neva_pack.samples import SampleBuilder, image_run_for, missing_nemo_specials, truncation
+from neva_pack.image_ids import image_run_for, missing_nemo_specials
+from neva_pack.samples import SampleBuilder, truncation
 from neva_pack.templates import TOKENIZATIONS, available_templates, load_template
 from neva_pack.tokenizer import load_tokenizer
 

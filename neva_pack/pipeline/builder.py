@@ -14,7 +14,8 @@ from neva_pack.formats import output_format
 from neva_pack.images import ImagePreprocessor, ImageSource
 from neva_pack.packing.alignment import aligned_capacity
 from neva_pack.records import RecordLimits
-from neva_pack.samples import SampleBuilder, check_token_ids, image_run_for, missing_nemo_specials
+from neva_pack.image_ids import check_token_ids, image_run_for, missing_nemo_specials
+from neva_pack.samples import SampleBuilder
 from neva_pack.templates import load_template
 from neva_pack.tokenizer import load_tokenizer
 

@@ -13,7 +13,7 @@ from neva_pack.config import PreprocessConfig
 from neva_pack.pipeline.skipped import too_many_skipped, write_run_skipped
 from neva_pack.record_stream import RecordIndex
 from neva_pack.sample_store import SampleStoreWriter, StoredBatch
-from neva_pack.samples import SampleStream, received
+from neva_pack.sample_stream import SampleStream, received
 from neva_pack.workers import worker_messages
 
 __all__ = ["encode_samples", "images_in_shared_memory", "record_stops", "records_per_message"]
