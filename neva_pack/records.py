@@ -20,6 +20,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+__all__ = [
+    "ASSISTANT_ROLES", "DEFAULT_MAX_CONVERSATION_CHARS", "DEFAULT_MAX_IMAGES_PER_RECORD", "DEFAULT_MAX_RECORD_BYTES",
+    "DEFAULT_MAX_RECORD_DEPTH", "IMAGES_NOT_HELD", "IMAGE_PLACEHOLDER", "MAX_RECORD_DEPTH_LIMIT", "SKIP_REASONS",
+    "USER_ROLES", "Conversation", "RawRecord", "RecordError", "RecordLimits", "Turn", "parse_record",
+]  # fmt: skip
+
 IMAGE_PLACEHOLDER = "<image>"
 
 USER_ROLES = frozenset({"human", "user"})

@@ -29,6 +29,11 @@ import numpy as np
 from neva_pack.errors import ConfigError
 from neva_pack.untrusted import read_bytes, read_json, read_text
 
+__all__ = [
+    "MAX_TOKENIZER_BYTES", "Encoding", "HuggingFaceTokenizer", "SentencePieceTokenizer", "Tokenizer", "WordCache",
+    "load_tokenizer", "piece_table", "spelled_offsets",
+]  # fmt: skip
+
 MAX_TOKENIZER_BYTES = 256 << 20
 """Budget of a tokenizer file: SentencePiece models are under 5 MB, the largest tokenizer.json
 files (256k-vocabulary models) under 40 MB."""
@@ -100,9 +105,15 @@ class SentencePieceTokenizer:
             encoding = _encode_spelled(self._ids, self._widths, self._dummy_prefix if text else 0, text)
             if encoding is not None:
                 return encoding
-        return self._encode_with_offsets(text)
+        return self.encode_with_offsets(text)
 
-    def _encode_with_offsets(self, text: str) -> Encoding:
+    @property
+    def word_cache(self) -> WordCache | None:
+        """Where ``encode`` takes its ids from word by word, or None (the model has a piece across
+        a word's start, or changes its input: sentencepiece's whole-text call)."""
+        return self._ids if isinstance(self._ids, WordCache) else None
+
+    def encode_with_offsets(self, text: str) -> Encoding:
         """sentencepiece's own offsets, for any model: the serialized SentencePieceText, read by a
         compiled loop (protobuf objects read in Python cost more than the tokenization itself)."""
         table = piece_table(np.frombuffer(self._sp.encode(text, out_type="serialized_proto"), dtype=np.uint8))

@@ -29,6 +29,8 @@ from neva_pack.images import (
     expand_to_square,
     fast_geometry,
     normalisation_from_settings,
+    normalisation_of,
+    processor_halves,
 )
 from neva_pack.tokenizer import SentencePieceTokenizer
 
@@ -106,8 +108,9 @@ def test_fast_image_paths_are_bit_identical_to_the_processor(zoo, encoder_name, 
 
 @pytest.mark.parametrize("encoder_name", known_encoders(family="fixed"))
 def test_normalisation_read_from_the_settings_is_the_processors(encoder_name):
-    pre = ImagePreprocessor(resolve_encoder(encoder_name), "square")
-    assert normalisation_from_settings(pre.encoder) == pre._processor_normalisation()
+    encoder = resolve_encoder(encoder_name)
+    _, values = processor_halves(encoder)
+    assert normalisation_from_settings(encoder) == normalisation_of(values) == ImagePreprocessor(encoder, "square").normalisation()
 
 
 def test_settings_outside_the_proven_ones_go_through_the_processor(zoo):
@@ -130,9 +133,9 @@ def test_settings_outside_the_proven_ones_go_through_the_processor(zoo):
 # tokenizer
 
 
-def _protobuf_encoding(tokenizer: SentencePieceTokenizer, text: str):
+def _protobuf_encoding(reference, text: str):
     """The previous implementation: protobuf objects, offsets mapped byte by byte in Python."""
-    pieces = tokenizer._sp.encode(text, out_type="proto").pieces
+    pieces = reference.encode(text, out_type="proto").pieces
     table = np.array([(p.id, p.begin, p.end) for p in pieces], dtype=np.int64).reshape(-1, 3)
     widths = [len(ch.encode("utf-8", "surrogatepass")) for ch in text]
     char_of_byte = np.append(np.repeat(np.arange(len(text)), widths), len(text)).astype(np.int64)
@@ -141,7 +144,11 @@ def _protobuf_encoding(tokenizer: SentencePieceTokenizer, text: str):
 
 @pytest.fixture(scope="module")
 def tokenizers(sample_tokenizer_path, mistral_tokenizer_path):
-    return [SentencePieceTokenizer(sample_tokenizer_path), SentencePieceTokenizer(mistral_tokenizer_path)]
+    """Each of our tokenizers with sentencepiece's own processor of the same model."""
+    import sentencepiece
+
+    paths = (sample_tokenizer_path, mistral_tokenizer_path)
+    return [(SentencePieceTokenizer(path), sentencepiece.SentencePieceProcessor(model_file=str(path))) for path in paths]
 
 
 EDGE_TEXTS = ["", " ", "  \n\t ", "héllo  world", "日本語 テキスト", "a\u0301", "🙂🙂 x", "<extra_id_4>x", "x" * 5000]
@@ -149,18 +156,18 @@ EDGE_TEXTS = ["", " ", "  \n\t ", "héllo  world", "日本語 テキスト", "a\
 
 @pytest.mark.parametrize("text", EDGE_TEXTS)
 def test_encoding_equals_the_protobuf_objects_on_edge_cases(tokenizers, text):
-    for tokenizer in tokenizers:
+    for tokenizer, reference in tokenizers:
         encoding = tokenizer.encode(text)
-        for ours, expected in zip((encoding.ids, encoding.starts, encoding.ends), _protobuf_encoding(tokenizer, text)):
+        for ours, expected in zip((encoding.ids, encoding.starts, encoding.ends), _protobuf_encoding(reference, text)):
             assert ours.dtype == np.int64 and np.array_equal(ours, expected), text
 
 
 @settings(max_examples=300, deadline=None)
 @given(text=st.text(st.characters(blacklist_categories=("Cs",)), max_size=80))
 def test_encoding_equals_the_protobuf_objects(tokenizers, text):
-    for tokenizer in tokenizers:
+    for tokenizer, reference in tokenizers:
         encoding = tokenizer.encode(text)
-        for ours, expected in zip((encoding.ids, encoding.starts, encoding.ends), _protobuf_encoding(tokenizer, text)):
+        for ours, expected in zip((encoding.ids, encoding.starts, encoding.ends), _protobuf_encoding(reference, text)):
             assert np.array_equal(ours, expected), text
 
 

@@ -167,8 +167,8 @@ def test_identity_models_never_ask_sentencepiece_for_offsets(tokenizers, monkeyp
     asked = []
 
     def counting(tokenizer):
-        original = tokenizer._encode_with_offsets
-        monkeypatch.setattr(tokenizer, "_encode_with_offsets", lambda text: asked.append(text) or original(text))
+        original = tokenizer.encode_with_offsets
+        monkeypatch.setattr(tokenizer, "encode_with_offsets", lambda text: asked.append(text) or original(text))
 
     for tokenizer in tokenizers.values():
         counting(tokenizer)
@@ -184,7 +184,7 @@ def test_identity_models_never_ask_sentencepiece_for_offsets(tokenizers, monkeyp
 def test_word_cache_serves_only_models_no_piece_spans(tokenizers, references):
     """BPE models without a piece across a word's start get their ids from the cache; the others
     from sentencepiece's whole-text call, which is what makes "xy z" one piece where it is one."""
-    cached = {name for name, tokenizer in tokenizers.items() if isinstance(tokenizer._ids, WordCache)}
+    cached = {name for name, tokenizer in tokenizers.items() if tokenizer.word_cache is not None}
     assert cached == {"sample", "mistral", "mistral_nemo", "sample_without_byte_fallback"}
     across = tokenizers["sample_with_piece_across_a_space"]
     spanning = across.token_to_id("y▁z")
@@ -202,4 +202,4 @@ def test_word_cache_is_bounded_and_exact_when_emptied(sample_tokenizer_path, ref
     texts = ["the cat sat on the mat", "a  sesquipedalian ▁word", " leading and trailing ", "the cat"]
     for text in texts * 2:
         _check(tokenizer.encode(text), _protobuf_offsets(references["sample"][0], text), text)
-        assert len(tokenizer._ids) <= 3 and all(len(word) <= 6 for word in tokenizer._ids)
+        assert len(tokenizer.word_cache) <= 3 and all(len(word) <= 6 for word in tokenizer.word_cache)

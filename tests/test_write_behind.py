@@ -15,14 +15,14 @@ from neva_pack.files import write_behind
 from neva_pack.files.indexed import IndexedReader, IndexedWriter, bin_path
 from neva_pack.files.write_behind import WriteBehind
 
-pytestmark = pytest.mark.skipif(write_behind._sync_file_range() is None, reason="no sync_file_range (not Linux)")
+pytestmark = pytest.mark.skipif(write_behind.sync_file_range() is None, reason="no sync_file_range (not Linux)")
 
 
 @pytest.fixture()
 def calls(monkeypatch):
     """Every sync_file_range and fadvise call, as (name, offset, length, flags)."""
     seen = []
-    real = write_behind._sync_file_range()
+    real = write_behind.sync_file_range()
 
     def sync_file_range(fd, offset, length, flags):
         seen.append(("sync", offset, length, flags))
@@ -31,7 +31,7 @@ def calls(monkeypatch):
     def posix_fadvise(fd, offset, length, advice):
         seen.append(("drop", offset, length, advice))
 
-    monkeypatch.setattr(write_behind, "_sync_file_range", lambda: sync_file_range)
+    monkeypatch.setattr(write_behind, "sync_file_range", lambda: sync_file_range)
     monkeypatch.setattr(write_behind.os, "posix_fadvise", posix_fadvise)
     return seen
 
@@ -68,7 +68,7 @@ def test_holes_count_for_nothing(tmp_path, calls):
             f.seek(f.tell() + 100_000)
             behind.skip(f.tell())
             assert len(calls) == (0 if k < 3 else 1 if k < 7 else 4), k
-    page = write_behind._PAGE  # a range ends where the page the next write continues begins
+    page = write_behind.PAGE  # a range ends where the page the next write continues begins
     cuts = [end - end % page for end in (3 * 101_024 + 1024, 7 * 101_024 + 1024)]
     first, second = (0, cuts[0]), (cuts[0], cuts[1] - cuts[0])  # the hole after the first is in the second
     assert calls == [("sync", *first, 2), ("sync", *second, 2), ("sync", *first, 7), ("drop", *first, os.POSIX_FADV_DONTNEED)]
@@ -77,7 +77,7 @@ def test_holes_count_for_nothing(tmp_path, calls):
 def test_a_range_ends_where_the_page_being_written_begins(tmp_path, calls):
     """The partly written page at the writer's end is left to the next range: handed to the disk
     now, the next write into it would wait for the disk (stable pages)."""
-    page = write_behind._PAGE
+    page = write_behind.PAGE
     with open(tmp_path / "f", "wb", buffering=0) as f:
         behind = WriteBehind(f.fileno(), window=page)
         f.write(b"z" * (2 * page + 100))
@@ -90,7 +90,7 @@ def test_a_range_ends_where_the_page_being_written_begins(tmp_path, calls):
 
 def test_a_refusing_file_system_gets_plain_writes(tmp_path, monkeypatch):
     refused = []
-    monkeypatch.setattr(write_behind, "_sync_file_range", lambda: lambda *args: refused.append(args) or -1)
+    monkeypatch.setattr(write_behind, "sync_file_range", lambda: lambda *args: refused.append(args) or -1)
     with open(tmp_path / "f", "wb", buffering=0) as f:
         behind = WriteBehind(f.fileno(), window=4096)
         for _ in range(4):
@@ -108,9 +108,9 @@ def test_an_indexed_file_written_behind_has_the_same_bytes(tmp_path_factory, ite
     rng = np.random.default_rng(len(items))
     values = [rng.integers(-5, 5, n).astype(np.float32) if n and not hole else None for n, hole in items]
     for name, behind in (("plain", False), ("behind", True)):
-        writer = IndexedWriter(bin_path(directory / name), np.float32, write_behind=behind)
-        if behind:
-            writer.file._behind.window = window
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(write_behind, "WINDOW", window)
+            writer = IndexedWriter(bin_path(directory / name), np.float32, write_behind=behind)
         for (n, hole), value in zip(items, values):
             writer.skip_item(n) if value is None else writer.write_item(value)
             writer.end_document()
@@ -124,7 +124,7 @@ def test_an_indexed_file_written_behind_has_the_same_bytes(tmp_path_factory, ite
 def test_a_window_under_a_page_never_hands_over_a_zero_length(tmp_path, calls):
     """A length of 0 means "to the end of the file" to both calls: until a whole page is written
     there is nothing to hand over."""
-    page = write_behind._PAGE
+    page = write_behind.PAGE
     with open(tmp_path / "f", "wb", buffering=0) as f:
         behind = WriteBehind(f.fileno(), window=page // 4)
         f.write(b"w" * (page // 2))

@@ -17,16 +17,20 @@ import functools
 import mmap
 import os
 
-WINDOW = 32 << 20
-"""Bytes of data written back as one range; two ranges at most are in flight or dirty."""
+__all__ = ["PAGE", "WINDOW", "WriteBehind", "sync_file_range"]
 
-_PAGE = mmap.PAGESIZE
+WINDOW = 32 << 20
+"""Bytes of data written back as one range; two ranges at most are in flight or dirty (a tuning
+knob, read when a WriteBehind is made: any size gives the same file)."""
+
+PAGE = mmap.PAGESIZE
+"""A range ends at a page boundary."""
 _WRITE = 2  # SYNC_FILE_RANGE_WRITE: start write-back of the range's dirty pages
 _WAIT = 1 | 2 | 4  # WAIT_BEFORE | WRITE | WAIT_AFTER: the range is on disk when it returns
 
 
 @functools.cache
-def _sync_file_range():
+def sync_file_range():
     """libc's sync_file_range (Linux), or None."""
     try:
         function = ctypes.CDLL(None, use_errno=True).sync_file_range
@@ -56,14 +60,14 @@ class WriteBehind:
         """Bytes written in [started, end)."""
         self.pending: tuple[int, int] | None = None
         """(offset, length) of the range whose write-back was started last."""
-        self.enabled = _sync_file_range() is not None and hasattr(os, "posix_fadvise")
+        self.enabled = sync_file_range() is not None and hasattr(os, "posix_fadvise")
 
     def advance(self, end: int) -> None:
         self.data += end - self.end
         self.end = end
         if not self.enabled or self.data < self.window:
             return
-        cut = end - end % _PAGE  # a page the next write continues is not handed to the disk (it would wait for it)
+        cut = end - end % PAGE  # a page the next write continues is not handed to the disk (it would wait for it)
         if cut <= self.started:  # a window under a page: nothing whole yet (a length of 0 would mean "to the end")
             return
         written = (self.started, cut - self.started)
@@ -79,5 +83,5 @@ class WriteBehind:
         self.end = end
 
     def _call(self, offset: int, length: int, flags: int) -> None:
-        if self.enabled and _sync_file_range()(self.fd, offset, length, flags) != 0:
+        if self.enabled and sync_file_range()(self.fd, offset, length, flags) != 0:
             self.enabled = False  # refused here (e.g. a file system without it): plain writes from now on

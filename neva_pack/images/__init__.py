@@ -20,7 +20,9 @@ from neva_pack.images.fixed import (
     expand_to_square,
     fast_geometry,
     normalisation_from_settings,
+    normalisation_of,
     processor_class,
+    processor_halves,
 )
 from neva_pack.images.native import NativeProcessor, NativeSettings, smart_resize
 from neva_pack.images.source import DEFAULT_MAX_IMAGE_BYTES, ImageSource
@@ -50,5 +52,7 @@ __all__ = [
     "expand_to_square",
     "fast_geometry",
     "normalisation_from_settings",
+    "normalisation_of",
     "processor_class",
+    "processor_halves",
 ]

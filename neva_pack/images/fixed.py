@@ -46,12 +46,7 @@ class ImagePreprocessor:
         """The two processors, built on first use: a process that never touches an image (the main
         process of a text-only run) never imports transformers."""
         if self._processors is None:
-            image_processor = processor_class(self.encoder.processor)
-            settings = {k: v for k, v in self.encoder.preprocessor_config.items() if k not in _NOT_PROCESSOR_KWARGS}
-            self._processors = (
-                image_processor(**{**settings, "do_rescale": False, "do_normalize": False}),
-                image_processor(**{**settings, "do_resize": False, "do_center_crop": False}),
-            )
+            self._processors = processor_halves(self.encoder)
         return self._processors
 
     def __getstate__(self):
@@ -96,17 +91,8 @@ class ImagePreprocessor:
         and what every writer and reader normalises with: formats.meta.Normalisation). Read from the
         encoder's settings when they spell them out; else asked of the processor (transformers)."""
         if self._normalisation is None:
-            self._normalisation = normalisation_from_settings(self.encoder) or self._processor_normalisation()
+            self._normalisation = normalisation_from_settings(self.encoder) or normalisation_of(self._built()[1])
         return self._normalisation
-
-    def _processor_normalisation(self):
-        from neva_pack.formats.meta import Normalisation
-
-        _, values = self._built()
-        scale = float(values.rescale_factor) if values.do_rescale else 1.0
-        mean = tuple(float(v) for v in values.image_mean) if values.do_normalize else (0.0, 0.0, 0.0)
-        std = tuple(float(v) for v in values.image_std) if values.do_normalize else (1.0, 1.0, 1.0)
-        return Normalisation(rescale_factor=scale, mean=mean, std=std)
 
     def normalize(self, pixels: np.ndarray) -> np.ndarray:
         """(N, 3, H, W) uint8 -> (N, 3, H, W) float32, rescaled and normalised as the processor does
@@ -164,6 +150,28 @@ def fast_geometry(encoder: EncoderSpec) -> FastGeometry | None:
     if encoder.processor == "siglip" and isinstance(size, dict) and set(size) == {"height", "width"}:
         return FastGeometry(shortest_edge=None, size=(int(size["height"]), int(size["width"])), crop=None, resample=cfg["resample"])
     return None
+
+
+def processor_halves(encoder: EncoderSpec):
+    """The encoder's transformers image processor as two processors: geometry (pad, resize, crop;
+    no rescale or normalise) and values (rescale and normalise only)."""
+    image_processor = processor_class(encoder.processor)
+    settings = {k: v for k, v in encoder.preprocessor_config.items() if k not in _NOT_PROCESSOR_KWARGS}
+    return (
+        image_processor(**{**settings, "do_rescale": False, "do_normalize": False}),
+        image_processor(**{**settings, "do_resize": False, "do_center_crop": False}),
+    )
+
+
+def normalisation_of(values_processor):
+    """The rescale factor, mean and std a transformers image processor applies (formats.meta.Normalisation)."""
+    from neva_pack.formats.meta import Normalisation
+
+    values = values_processor
+    scale = float(values.rescale_factor) if values.do_rescale else 1.0
+    mean = tuple(float(v) for v in values.image_mean) if values.do_normalize else (0.0, 0.0, 0.0)
+    std = tuple(float(v) for v in values.image_std) if values.do_normalize else (1.0, 1.0, 1.0)
+    return Normalisation(rescale_factor=scale, mean=mean, std=std)
 
 
 def normalisation_from_settings(encoder: EncoderSpec):
