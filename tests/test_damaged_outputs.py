@@ -21,11 +21,12 @@ import pytest
 from neva_pack import paths
 from neva_pack.checksums import file_checksum
 from neva_pack.cli import main
-from neva_pack.files.indexed import read_index
+from neva_pack.files.indexed import bin_path, idx_path, read_index
+from neva_pack.formats import FORMATS, compact
 from neva_pack.formats.meta import read_meta
+from neva_pack.paths import packed_prefix
+from neva_pack.sample_store.files import pool_images_path, segment_name
 from tests.conftest import SAMPLE_DATA
-
-P = "packed_seq_dataset"
 pytestmark = [
     pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning"),  # Megatron's __del__ on a broken file
     pytest.mark.filterwarnings("error::RuntimeWarning"),  # numpy casting damaged values
@@ -65,7 +66,7 @@ def outputs(tmp_path_factory):
     data.write_text(json.dumps(records))
     for fmt in ("nemo", "compact"):
         preprocess(data, root / fmt, "--output_format", fmt)
-    assert (root / "nemo" / "skipped.jsonl").stat().st_size > 1000
+    assert paths.skipped_path(root / "nemo").stat().st_size > 1000
     return {"root": root, "data": data}
 
 
@@ -105,30 +106,52 @@ def delete(path):
     path.unlink()
 
 
+def bin_file(out):
+    return bin_path(packed_prefix(out))
+
+
+def idx_file(out):
+    return idx_path(packed_prefix(out))
+
+
+def plan_file(out):
+    return paths.plan_path(packed_prefix(out))
+
+
+def pool_file(out):
+    return pool_images_path(paths.store_dir(out), segment_name(0))
+
+
+def compact_file(suffix):
+    return lambda out: paths.prefix_file(packed_prefix(out), suffix)
+
+
+stats_file, skipped_file = paths.stats_path, paths.skipped_path
+
 DAMAGES = {
     "nemo": {
-        "bin +1.0 at byte 100": (f"{P}.bin", add_one_to_float(100)),
-        "bin byte 9 flipped": (f"{P}.bin", flip(9)),
-        "bin cut to 1000 bytes": (f"{P}.bin", cut(1000)),
-        "bin deleted": (f"{P}.bin", delete),
-        "idx byte 134 flipped": (f"{P}.idx", flip(134)),
-        "idx cut to 201 bytes": (f"{P}.idx", cut(201)),
-        "idx deleted": (f"{P}.idx", delete),
-        "plan table cut": (f"{P}.plan.npz", cut()),
-        "stats empty": ("stats.json", cut(0)),
-        "stats cut": ("stats.json", cut()),
-        "stats appended": ("stats.json", append),
-        "stats key changed": ("stats.json", rename_min),
-        "skipped list cut mid-line": ("skipped.jsonl", cut(1000)),
+        "bin +1.0 at byte 100": (bin_file, add_one_to_float(100)),
+        "bin byte 9 flipped": (bin_file, flip(9)),
+        "bin cut to 1000 bytes": (bin_file, cut(1000)),
+        "bin deleted": (bin_file, delete),
+        "idx byte 134 flipped": (idx_file, flip(134)),
+        "idx cut to 201 bytes": (idx_file, cut(201)),
+        "idx deleted": (idx_file, delete),
+        "plan table cut": (plan_file, cut()),
+        "stats empty": (stats_file, cut(0)),
+        "stats cut": (stats_file, cut()),
+        "stats appended": (stats_file, append),
+        "stats key changed": (stats_file, rename_min),
+        "skipped list cut mid-line": (skipped_file, cut(1000)),
     },
     "compact": {
-        "pool image byte flipped": (f"{P}/shard_00000.images", flip(1000)),
-        "tokens cut": (f"{P}.tokens.bin", cut()),
-        "labels cut": (f"{P}.labels.bin", cut()),
-        "index cut": (f"{P}.index.bin", cut()),
-        "index byte 5 flipped": (f"{P}.index.bin", flip(5)),
-        "stats cut": ("stats.json", cut()),
-        "skipped list cut mid-line": ("skipped.jsonl", cut(1000)),
+        "pool image byte flipped": (pool_file, flip(1000)),
+        "tokens cut": (compact_file(compact.TOKENS), cut()),
+        "labels cut": (compact_file(compact.LABELS), cut()),
+        "index cut": (compact_file(compact.INDEX), cut()),
+        "index byte 5 flipped": (compact_file(compact.INDEX), flip(5)),
+        "stats cut": (stats_file, cut()),
+        "skipped list cut mid-line": (skipped_file, cut(1000)),
     },
 }
 CASES = [(fmt, name) for fmt, damages in DAMAGES.items() for name in damages]
@@ -142,10 +165,11 @@ UNDETECTABLE_ONCE_RESTAMPED = {
 def damaged_copy(outputs, fmt, name, tmp_path, restamp):
     out = tmp_path / fmt
     shutil.copytree(outputs["root"] / fmt, out)
-    file, damage = DAMAGES[fmt][name]
-    damage(out / file)
+    file_of, damage = DAMAGES[fmt][name]
+    file = file_of(out)
+    damage(file)
     if restamp:
-        meta_file = paths.meta_path(out / P)
+        meta_file = paths.meta_path(packed_prefix(out))
         meta = read_meta(meta_file)
         checksums = {n: file_checksum(out / n) if (out / n).is_file() else c for n, c in meta.checksums.items()}
         paths.write_json_atomic(meta_file, meta.replace(checksums=checksums).to_json())
@@ -157,12 +181,13 @@ def assert_clean(result):
     assert all(line.startswith("neva-pack: error: ") for line in result.stderr.splitlines()), result.stderr
 
 
-def assert_one_line_refusal(result, file):
+def assert_one_line_refusal(result, file: str):
+    """Refused (exit 2) with one line naming ``file`` (or the meta that vouches for it)."""
     assert_clean(result)
     assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("neva-pack: error: "), result.stderr
-    assert file.split("/")[-1] in lines[0] or f"{P}.meta.json" in lines[0], lines[0]
+    assert file in lines[0] or paths.meta_path(packed_prefix(".")).name in lines[0], lines[0]
 
 
 @pytest.mark.parametrize("restamp", [False, True], ids=["stale", "restamped"])
@@ -175,7 +200,7 @@ def test_verify_fails_with_fail_lines(neva_pack, outputs, tmp_path, fmt, name, r
         return
     assert result.returncode == 1, result.stdout
     assert result.stdout.splitlines()[-1].startswith("FAILED")
-    named = [line for line in result.stdout.splitlines() if line.startswith("FAIL ") and file.split("/")[-1] in line]
+    named = [line for line in result.stdout.splitlines() if line.startswith("FAIL ") and file.name in line]
     assert named or restamp, result.stdout  # restamped: the problem may be a pack's, found by its invariants
 
 
@@ -194,7 +219,7 @@ def test_convert_refuses_and_writes_nothing(neva_pack, outputs, tmp_path, fmt, n
     if restamp and name == "bin byte 9 flipped":  # a token changed: a pack whose lengths disagree with its plan
         assert_clean(result)
         return  # not refused by convert (it reads packs, it does not check their invariants): see the report
-    assert_one_line_refusal(result, file)
+    assert_one_line_refusal(result, file.name)
     if not restamp:
         assert "checksum mismatch" in result.stderr or "missing" in result.stderr
         assert not dest.exists()  # refused before anything was written
@@ -204,9 +229,10 @@ def test_convert_refuses_and_writes_nothing(neva_pack, outputs, tmp_path, fmt, n
 def test_stats_refuses_what_it_reads_damaged(neva_pack, outputs, tmp_path, fmt, name):
     out, file = damaged_copy(outputs, fmt, name, tmp_path, restamp=False)
     result = neva_pack("stats", out)
-    read_by_stats = file.startswith(("stats", f"{P}.plan", f"{P}.index", f"{P}.idx", f"{P}.tokens", f"{P}.labels"))
+    prefix_files = FORMATS[fmt].files(packed_prefix(out)).final
+    read_by_stats = file == stats_file(out) or (file in prefix_files and file != bin_file(out))  # the .bin's values: not read
     if read_by_stats or name in ("bin deleted", "bin cut to 1000 bytes"):
-        assert_one_line_refusal(result, file)
+        assert_one_line_refusal(result, file.name)
     else:  # stats is not verify: the pixels, the .bin's values and the skipped list are not read
         assert_clean(result)
         assert result.returncode == 0
@@ -215,33 +241,33 @@ def test_stats_refuses_what_it_reads_damaged(neva_pack, outputs, tmp_path, fmt, 
 @pytest.mark.parametrize("name", ["stats empty", "stats appended", "stats key changed", "plan table cut"])
 def test_stats_refuses_a_damaged_file_even_when_the_meta_vouches_for_it(neva_pack, outputs, tmp_path, name):
     out, file = damaged_copy(outputs, "nemo", name, tmp_path, restamp=True)
-    assert_one_line_refusal(neva_pack("stats", out), file)
+    assert_one_line_refusal(neva_pack("stats", out), file.name)
 
 
 @pytest.fixture(scope="module")
 def foreign(outputs, tmp_path_factory):
     """A prefix as NeMo's own script writes it: .bin/.idx only."""
     directory = tmp_path_factory.mktemp("foreign")
-    for suffix in (".bin", ".idx"):
-        shutil.copy(outputs["root"] / "nemo" / f"{P}{suffix}", directory / f"{P}{suffix}")
+    for file_of in (bin_file, idx_file):
+        shutil.copy(file_of(outputs["root"] / "nemo"), file_of(directory))
     return directory
 
 
 def write_cu_seqlens_value(directory, position, value):
-    index = read_index(directory / f"{P}.idx")
-    with open(directory / f"{P}.bin", "r+b") as f:
+    index = read_index(idx_file(directory))
+    with open(bin_file(directory), "r+b") as f:
         f.seek(int(index.sequence_pointers[0]) + 4 * position)
         f.write(struct.pack("<f", value))
 
 
 FOREIGN_DAMAGES = {
-    "bin cut to 1000 bytes": lambda d: os.truncate(d / f"{P}.bin", 1000),
+    "bin cut to 1000 bytes": lambda d: os.truncate(bin_file(d), 1000),
     "1e30 in cu_seqlens[1]": lambda d: write_cu_seqlens_value(d, 1, 1e30),
     "nan in cu_seqlens[1]": lambda d: write_cu_seqlens_value(d, 1, float("nan")),
     "cu_seqlens[1] not whole": lambda d: write_cu_seqlens_value(d, 1, 3.5),
     "cu_seqlens[0] not 0": lambda d: write_cu_seqlens_value(d, 0, 7.0),
     "cu_seqlens falling": lambda d: write_cu_seqlens_value(d, 1, -5.0),
-    "idx cut to 201 bytes": lambda d: os.truncate(d / f"{P}.idx", 201),
+    "idx cut to 201 bytes": lambda d: os.truncate(idx_file(d), 201),
 }
 
 
@@ -250,14 +276,14 @@ def test_stats_of_a_damaged_prefix_without_meta_refuses(neva_pack, foreign, tmp_
     copy = tmp_path / "foreign"
     shutil.copytree(foreign, copy)
     FOREIGN_DAMAGES[name](copy)
-    result = neva_pack("stats", copy / P, "--crop_size", "336", "336")
-    assert_one_line_refusal(result, f"{P}.")
+    result = neva_pack("stats", packed_prefix(copy), "--crop_size", "336", "336")
+    assert_one_line_refusal(result, packed_prefix(copy).name + ".")
     assert "-9,223,372,036,854,775,808" not in result.stdout
 
 
 def test_stats_of_a_prefix_without_meta_and_another_crop_size_refuses(neva_pack, foreign):
-    result = neva_pack("stats", foreign / P, "--crop_size", "300", "300")
-    assert_one_line_refusal(result, f"{P}.idx")
+    result = neva_pack("stats", packed_prefix(foreign), "--crop_size", "300", "300")
+    assert_one_line_refusal(result, idx_file(foreign).name)
     assert "--crop_size" in result.stderr
 
 
@@ -276,10 +302,10 @@ def test_stats_of_a_moved_output_names_where_it_is_now(neva_pack, outputs, tmp_p
     result = neva_pack("stats", moved, "--global_batch_size", "64")
     assert result.returncode == 0, result.stderr
     assert original not in result.stdout
-    assert f"model.data.data_prefix={moved if fmt == 'nemo' else tmp_path / 'moved_nemo'}/{P}" in result.stdout
+    assert f"model.data.data_prefix={packed_prefix(moved if fmt == 'nemo' else tmp_path / 'moved_nemo')}" in result.stdout
     if fmt == "compact":
         assert f"neva-pack convert {moved} {tmp_path / 'moved_nemo'} --to nemo" in result.stdout
     report = json.loads(neva_pack("stats", moved, "--json").stdout)
-    assert report["data_prefix"] == str(moved / P)
-    assert report["packing"] == json.loads((moved / "stats.json").read_text())["packing"]
+    assert report["data_prefix"] == str(packed_prefix(moved))
+    assert report["packing"] == json.loads(stats_file(moved).read_text())["packing"]
     assert np.isfinite(report["packing"]["efficiency"])

@@ -19,10 +19,13 @@ import torch
 
 from neva_pack.cli import main
 from neva_pack.dataset import PackedSeqDataset
+from neva_pack.files.indexed import bin_path, idx_path
+from neva_pack.formats import FORMATS
+from neva_pack.paths import meta_path, packed_prefix, relative_name, skipped_path, stats_path, store_dir
 from neva_pack.report import RunReport
 from neva_pack.sample_store import PROGRESS_FILE
+from neva_pack.sample_store.files import pool_images_path, pool_keys_path, segment_name
 from neva_pack.stats import format_summary
-from neva_pack.paths import store_dir
 from tests.conftest import SAMPLE_DATA
 
 NEMO_GOLDEN = {
@@ -30,9 +33,10 @@ NEMO_GOLDEN = {
     # wrote them for the same samples (re-taken when issue 8 changed the default tokenization; the pre-formats
     # writer and this one were run side by side at that merge and gave these same bytes; re-taken again when
     # the sample tokenizer was rebuilt LLaMA-like, the pre-formats writer again giving the same bytes)
-    "packed_seq_dataset.bin": "0d286fb1b8fbed285108b841a60b3527616786da634ecf235a2bcf7ae2629dcf",
-    "packed_seq_dataset.idx": "f68cd44da609b58e250ec03d235c4f8f7c1a15aaf1b37740887405d62a711f18",
+    bin_path: "0d286fb1b8fbed285108b841a60b3527616786da634ecf235a2bcf7ae2629dcf",
+    idx_path: "f68cd44da609b58e250ec03d235c4f8f7c1a15aaf1b37740887405d62a711f18",
 }
+"""The prefix's IndexedDataset files (their names: files/indexed.py) -> the SHA-256 of their bytes."""
 
 
 def preprocess(data_path, image_folder, output_dir, *extra):
@@ -91,8 +95,8 @@ def assert_bit_identical(a: PackedSeqDataset, b: PackedSeqDataset) -> int:
 
 
 def test_nemo_output_is_byte_identical_to_before_the_formats_layer(sample_runs):
-    for name, digest in NEMO_GOLDEN.items():
-        assert sha256(sample_runs / "nemo" / name) == digest, name
+    for path_of, digest in NEMO_GOLDEN.items():
+        assert sha256(path_of(packed_prefix(sample_runs / "nemo"))) == digest, path_of.__name__
 
 
 def test_both_formats_read_bit_identically_on_sample_data(sample_runs):
@@ -102,20 +106,20 @@ def test_both_formats_read_bit_identically_on_sample_data(sample_runs):
 def test_both_formats_read_bit_identically_on_multi_image_text_only_and_two_sizes(mixed_runs):
     for size in (1024, 2048):
         nemo = PackedSeqDataset(mixed_runs / "nemo", pack_size=size)
-        compact = PackedSeqDataset(mixed_runs / "compact" / f"packed_seq_dataset_{size}")
-        assert nemo.prefix.name == compact.prefix.name == f"packed_seq_dataset_{size}"
+        compact = PackedSeqDataset(packed_prefix(mixed_runs / "compact", size))
+        assert nemo.prefix.name == compact.prefix.name == packed_prefix(mixed_runs, size).name
         assert assert_bit_identical(nemo, compact) > 0  # image-less packs (one zero image) were compared too
     # 7 distinct images (8 files: one is a copy of another under a new name) for 24 instances: stored once each
-    pool = sorted((mixed_runs / "compact" / "packed_seq_dataset").glob("*.images"))
+    pool = pool_files(mixed_runs / "compact")
     assert sum(p.stat().st_size for p in pool) == 7 * 3 * 336 * 336
 
 
 def test_asking_a_prefix_for_another_pack_size_is_an_error(mixed_runs):
     from neva_pack.errors import InputError
 
-    assert len(PackedSeqDataset(mixed_runs / "nemo" / "packed_seq_dataset_1024", pack_size=1024)) > 0
+    assert len(PackedSeqDataset(packed_prefix(mixed_runs / "nemo", 1024), pack_size=1024)) > 0
     with pytest.raises(InputError, match="no prefix of pack size 2048"):
-        PackedSeqDataset(mixed_runs / "nemo" / "packed_seq_dataset_1024", pack_size=2048)
+        PackedSeqDataset(packed_prefix(mixed_runs / "nemo", 1024), pack_size=2048)
 
 
 def test_bf16_on_read_equals_the_float32_values_cast(sample_runs):
@@ -127,53 +131,58 @@ def test_bf16_on_read_equals_the_float32_values_cast(sample_runs):
 
 def test_compact_is_a_quarter_of_nemo_or_less(sample_runs):
     """Final files: float32 values of every image instance vs uint8 values of each distinct image."""
-    nemo = sum(p.stat().st_size for p in (sample_runs / "nemo").glob("packed_seq_dataset.*"))
-    compact_files = [*(sample_runs / "compact").glob("packed_seq_dataset.*"),
-                     *(sample_runs / "compact" / "packed_seq_dataset").glob("*.images")]  # fmt: skip
-    assert sum(p.stat().st_size for p in compact_files) * 4 <= nemo
+    nemo = sum(p.stat().st_size for p in FORMATS["nemo"].files(packed_prefix(sample_runs / "nemo")).final)
+    compact = [*FORMATS["compact"].files(packed_prefix(sample_runs / "compact")).final, *pool_files(sample_runs / "compact")]
+    assert sum(p.stat().st_size for p in compact) * 4 <= nemo
 
 
 def test_convert_compact_to_nemo_is_byte_identical_to_a_direct_run(sample_runs, tmp_path, capsys):
     assert main(["convert", "--quiet", str(sample_runs / "compact"), str(tmp_path / "nemo"), "--to", "nemo"]) == 0
-    for name, digest in NEMO_GOLDEN.items():
-        assert sha256(tmp_path / "nemo" / name) == digest
+    for path_of, digest in NEMO_GOLDEN.items():
+        assert sha256(path_of(packed_prefix(tmp_path / "nemo"))) == digest
     assert main(["convert", "--quiet", str(sample_runs / "nemo"), str(tmp_path / "compact"), "--to", "compact"]) == 0
     capsys.readouterr()
     for converted in ("nemo", "compact"):
         assert main(["verify", "--quiet", str(tmp_path / converted)]) == 0
         assert capsys.readouterr().out.startswith("OK")
     assert_bit_identical(PackedSeqDataset(tmp_path / "compact"), PackedSeqDataset(sample_runs / "nemo"))
-    stats = json.loads((tmp_path / "nemo" / "stats.json").read_text())
-    assert stats["data_prefix"] == str(tmp_path / "nemo" / "packed_seq_dataset")
+    stats = json.loads(stats_path(tmp_path / "nemo").read_text())
+    assert stats["data_prefix"] == str(packed_prefix(tmp_path / "nemo"))
 
 
 def test_convert_every_size_of_a_multi_size_output(mixed_runs, tmp_path, capsys):
     assert main(["convert", "--quiet", str(mixed_runs / "compact"), str(tmp_path / "n"), "--to", "nemo"]) == 0
     for size in (1024, 2048):
-        for suffix in (".bin", ".idx"):
-            name = f"packed_seq_dataset_{size}{suffix}"
-            assert sha256(tmp_path / "n" / name) == sha256(mixed_runs / "nemo" / name)
+        for path_of in (bin_path, idx_path):
+            assert sha256(path_of(packed_prefix(tmp_path / "n", size))) == sha256(path_of(packed_prefix(mixed_runs / "nemo", size)))
     assert main(["convert", str(mixed_runs / "compact"), str(tmp_path / "n"), "--to", "nemo"]) == 2
     assert "not an empty directory" in capsys.readouterr().err
 
 
+def pool_files(output_dir) -> list:
+    """The image pool's files of a run's sample store (its segments' images)."""
+    return sorted(store_dir(output_dir).glob(pool_images_path(".", "*").name))
+
+
 def compact_files(output_dir) -> list[str]:
-    meta = json.loads((output_dir / "packed_seq_dataset.meta.json").read_text())
-    return sorted(meta["checksums"]["files"]) + ["packed_seq_dataset.meta.json"]
+    """The files the meta checksums, and the meta (as the meta names them: relative to output_dir)."""
+    meta = json.loads(meta_path(packed_prefix(output_dir)).read_text())
+    return sorted(meta["checksums"]["files"]) + [relative_name(output_dir, meta_path(packed_prefix(output_dir)))]
 
 
 def test_every_file_of_a_compact_output_is_checksummed(sample_runs):
-    assert compact_files(sample_runs / "compact") == [
-        "packed_seq_dataset.index.bin", "packed_seq_dataset.labels.bin", "packed_seq_dataset.tokens.bin",
-        "packed_seq_dataset/shard_00000.image_keys", "packed_seq_dataset/shard_00000.images", "skipped.jsonl",
-        "stats.json", "packed_seq_dataset.meta.json",
-    ]  # fmt: skip
+    """The format's files, the one pool segment's images and keys, the skipped list and the stats."""
+    out = sample_runs / "compact"
+    segment = segment_name(0)
+    expected = [*FORMATS["compact"].files(packed_prefix(out)).final, pool_images_path(store_dir(out), segment),
+                pool_keys_path(store_dir(out), segment), skipped_path(out), stats_path(out)]  # fmt: skip
+    assert sorted(compact_files(out)) == sorted(relative_name(out, path) for path in expected)
 
 
 @pytest.mark.parametrize("where", [0.0, 0.5, 0.999])
 def test_a_flipped_byte_in_any_file_of_a_compact_output_fails_verify(sample_runs, tmp_path, capsys, where):
     for name in compact_files(sample_runs / "compact"):
-        if name == "skipped.jsonl":  # empty here: nothing to flip
+        if name == skipped_path(".").name:  # empty here: nothing to flip
             continue
         out = tmp_path / name.replace("/", "_")
         shutil.copytree(sample_runs / "compact", out)
@@ -190,14 +199,14 @@ def test_stats_and_verify_of_a_multi_size_output(mixed_runs, capsys):
     assert main(["stats", str(mixed_runs / "nemo")]) == 0
     text = capsys.readouterr().out
     assert "== pack size 1024" in text and "== pack size 2048" in text
-    assert main(["stats", "--json", str(mixed_runs / "compact" / "packed_seq_dataset_1024")]) == 0
-    assert json.loads(capsys.readouterr().out) == json.loads((mixed_runs / "compact" / "stats_1024.json").read_text())
+    assert main(["stats", "--json", str(packed_prefix(mixed_runs / "compact", 1024))]) == 0
+    assert json.loads(capsys.readouterr().out) == json.loads(stats_path(mixed_runs / "compact", 1024).read_text())
 
 
 def test_drop_store_leaves_a_verified_nemo_output_that_stats_and_plan_read(tmp_path, capsys):
     out = tmp_path / "out"
     preprocess(SAMPLE_DATA / "llava_sample.json", SAMPLE_DATA / "images", out, "--max_seq_length", 2048, "--drop_store")
-    assert not (out / "packed_seq_dataset").exists()
+    assert not store_dir(out).exists()
     for command in (["verify", "--quiet"], ["stats"], ["plan", "--pack_sizes", "4096", "--json"]):
         assert main([*command[:1], str(out), *command[1:]]) == 0, command
     capsys.readouterr()
@@ -208,12 +217,14 @@ def test_drop_store_leaves_a_verified_nemo_output_that_stats_and_plan_read(tmp_p
 
 def test_compact_reuses_the_store_pool_and_repacking_reads_no_pixel(sample_runs):
     """The compact output's pool IS the sample store's image data: no second copy anywhere."""
-    meta = json.loads((sample_runs / "compact" / "packed_seq_dataset.meta.json").read_text())
-    assert [part["images"] for part in meta["layout"]["pool"]] == ["packed_seq_dataset/shard_00000.images"]
-    images = list((sample_runs / "compact").rglob("*.images"))
-    assert len(images) == 1
+    out = sample_runs / "compact"
+    meta = json.loads(meta_path(packed_prefix(out)).read_text())
+    pool = pool_images_path(store_dir(out), segment_name(0))
+    assert [part["images"] for part in meta["layout"]["pool"]] == [relative_name(out, pool)]
+    images = list(out.rglob("*" + pool.suffix))
+    assert images == [pool]
     # the store's samples reference pool entries; nemo's store holds the same pool bytes
-    assert (sample_runs / "nemo" / "packed_seq_dataset" / "shard_00000.images").read_bytes() == images[0].read_bytes()
+    assert pool_images_path(store_dir(sample_runs / "nemo"), segment_name(0)).read_bytes() == images[0].read_bytes()
     assert np.frombuffer(images[0].read_bytes(), np.uint8).size == 7 * 3 * 336 * 336
 
 
@@ -248,18 +259,18 @@ def test_compact_run_killed_while_encoding_resumes_to_the_same_bytes(tmp_path):
     process.wait()
     assert main(["preprocess", *args, "--output_dir", str(out), "--resume"]) == 0
     for name in compact_files(tmp_path / "whole"):
-        if name not in ("stats.json", "packed_seq_dataset.meta.json"):  # these hold the run's duration
+        if name not in (stats_path(".").name, meta_path(packed_prefix(".")).name):  # these hold the run's duration
             assert (out / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
 
 
 def test_a_compact_output_tells_nemo_users_to_convert_first(sample_runs):
-    report = json.loads((sample_runs / "compact" / "stats.json").read_text())
-    converted = sample_runs / "compact_nemo" / "packed_seq_dataset"
+    report = json.loads(stats_path(sample_runs / "compact").read_text())
+    converted = packed_prefix(sample_runs / "compact_nemo")
     assert f"model.data.data_prefix={converted}" in report["training_overrides"]
     summary = format_summary(RunReport.from_json(report))
     assert f"neva-pack convert {sample_runs / 'compact'} {sample_runs / 'compact_nemo'} --to nemo" in summary
-    nemo = json.loads((sample_runs / "nemo" / "stats.json").read_text())
-    assert f"model.data.data_prefix={sample_runs / 'nemo' / 'packed_seq_dataset'}" in nemo["training_overrides"]
+    nemo = json.loads(stats_path(sample_runs / "nemo").read_text())
+    assert f"model.data.data_prefix={packed_prefix(sample_runs / 'nemo')}" in nemo["training_overrides"]
 
 
 def test_a_compact_publish_reads_no_pool_file_back(tmp_path, monkeypatch):
@@ -276,7 +287,8 @@ def test_a_compact_publish_reads_no_pool_file_back(tmp_path, monkeypatch):
     monkeypatch.setattr(base, "file_checksum", lambda path: read.append(Path(path).name) or file_checksum(path))
     out = tmp_path / "c"
     preprocess(SAMPLE_DATA / "llava_sample.json", SAMPLE_DATA / "images", out, "--max_seq_length", 2048, "--output_format", "compact")
-    assert read and not any(name.endswith((".images", ".image_keys")) for name in read)
+    pool = (pool_images_path(".", "segment").suffix, pool_keys_path(".", "segment").suffix)
+    assert read and not any(name.endswith(pool) for name in read)
     assert main(["verify", "--quiet", str(out)]) == 0
     (segment,) = SampleStore(store_dir(out)).pool_segments
     assert segment.known_checksums() == {path: file_checksum(path) for path in (segment.images_file, segment.keys_file)}

@@ -49,7 +49,7 @@ from neva_pack.paths import meta_path, prefix_file, relative_name
 from neva_pack.plan_table import PlanTable
 from neva_pack.sample_store.image_pool import ImagePool, PoolSegment
 
-__all__ = ["FORMAT", "CompactFormat", "PreparedPacks", "Reader", "Writer"]
+__all__ = ["FORMAT", "INDEX", "LABELS", "TOKENS", "CompactFormat", "PreparedPacks", "Reader", "Writer"]
 
 NAME = "compact"
 ID_DTYPE = np.dtype("<i4")
