@@ -11,6 +11,8 @@ from neva_pack.cli import main
 from neva_pack.pipeline import ownership
 from neva_pack.dataset import PackedSeqDataset
 from neva_pack.errors import ConfigError
+from neva_pack.files.indexed import bin_path, idx_path
+from neva_pack.paths import meta_path, packed_prefix, plan_path, relative_name, skipped_path, stats_path
 from neva_pack.plan import explore, load_lengths
 from neva_pack.pipeline.skipped import write_size_skipped
 from neva_pack.packing import pack
@@ -46,7 +48,7 @@ def output(tmp_path_factory):
 def test_stats_report_matches_the_end_of_run_summary(output, capsys):
     assert main(["stats", str(output), "--global_batch_size", "128"]) == 0
     text = capsys.readouterr().out
-    stats = json.loads((output / "stats.json").read_text())
+    stats = json.loads(stats_path(output).read_text())
     assert "records                20   packed 20   skipped 0   truncated 0" in text
     assert f"packs          {stats['packing']['packs']:>10,}   lower bound" in text
     assert "pack fill      min" in text and "  text         min" in text and "  image        min" in text
@@ -56,9 +58,9 @@ def test_stats_report_matches_the_end_of_run_summary(output, capsys):
 
 
 def test_stats_json_is_the_same_report(output, capsys):
-    assert main(["stats", str(output / "packed_seq_dataset"), "--json"]) == 0
+    assert main(["stats", str(packed_prefix(output)), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report == json.loads((output / "stats.json").read_text())
+    assert report == json.loads(stats_path(output).read_text())
 
 
 def test_plot_is_a_png_of_sensible_size(output, tmp_path, capsys):
@@ -74,13 +76,13 @@ def test_stats_of_a_prefix_without_meta_reads_the_index(output, tmp_path, capsys
     """A prefix as NeMo's own script writes it: only .bin/.idx."""
     foreign = tmp_path / "nemo"
     foreign.mkdir()
-    for suffix in (".bin", ".idx"):
-        shutil.copy(output / f"packed_seq_dataset{suffix}", foreign / f"packed_seq_dataset{suffix}")
+    for file_of in (bin_path, idx_path):
+        shutil.copy(file_of(packed_prefix(output)), file_of(packed_prefix(foreign)))
     assert main(["stats", str(foreign)]) == 2
     assert "pass --crop_size H W" in capsys.readouterr().err
     assert main(["stats", str(foreign), "--crop_size", "336", "336", "--max_seq_length", "2048", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    ours = json.loads((output / "stats.json").read_text())
+    ours = json.loads(stats_path(output).read_text())
     for key in ("packs", "lower_bound_packs", "efficiency", "samples", "images", "positions", "samples_per_pack"):
         assert report["packing"][key] == ours["packing"][key], key
     assert report["records"] is None and report["packing"]["text_positions"] is None
@@ -90,14 +92,14 @@ def test_stats_of_a_prefix_without_meta_reads_the_index(output, tmp_path, capsys
 def test_stats_of_an_output_without_its_stats_file_rebuilds_the_report_from_meta_and_plan(output, tmp_path, capsys):
     copy = tmp_path / "copy"
     shutil.copytree(output, copy)
-    (copy / "stats.json").unlink()
+    stats_path(copy).unlink()
     assert main(["stats", str(copy), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    ours = json.loads((output / "stats.json").read_text())
+    ours = json.loads(stats_path(output).read_text())
     assert list(report) == list(ours) and report["packing"] == ours["packing"]
     assert report["records"] == ours["records"] and report["algorithm"] == ours["algorithm"] and report["seed"] == ours["seed"]
     assert report["output_format"] == "nemo" and report["image_positions"] == ours["image_positions"]
-    assert report["seconds"] is None and report["data_prefix"] == str(copy / "packed_seq_dataset")
+    assert report["seconds"] is None and report["data_prefix"] == str(packed_prefix(copy))
 
 
 def test_packing_stats_golden():
@@ -115,7 +117,7 @@ def test_packing_stats_golden():
 
 def test_a_runs_stats_json_round_trips_through_the_typed_report(output):
     """stats.json is RunReport.to_json(): reading and writing it back gives the same keys, values and order."""
-    text = (output / "stats.json").read_text()
+    text = stats_path(output).read_text()
     data = json.loads(text)
     report = RunReport.from_json(data)
     assert isinstance(report.packing, PackingStats) and isinstance(report.packing.sample_length, Percentiles)
@@ -127,7 +129,7 @@ def test_a_runs_stats_json_round_trips_through_the_typed_report(output):
 def test_an_older_stats_json_without_the_newer_optional_fields_still_loads(output, capsys):
     """Before --pad_to_multiple_of, --balance_data_parallel and --output_format a stats.json had no
     padding, balance, image_positions, output_format, GBS or seconds: it reads as a run without them."""
-    data = json.loads((output / "stats.json").read_text())
+    data = json.loads(stats_path(output).read_text())
     for key in ("balance", "image_positions", "output_format", "global_batch_size", "packed_global_batch_size", "seconds"):
         del data[key]
     del data["packing"]["padding"]
@@ -173,7 +175,7 @@ def test_plan_explores_sizes_from_the_store(output, capsys):
     assert main(["plan", str(output), "--pack_sizes", "1024", "2048", "4096", "--global_batch_size", "64"]) == 0
     text = capsys.readouterr().out
     lengths = load_lengths(output)
-    assert f"20 samples from {output / 'packed_seq_dataset'}" in text
+    assert f"20 samples from {packed_prefix(output)}" in text
     rows = explore(lengths, [1024, 2048, 4096], ["first_fit_shuffle", "near_optimal"], global_batch_size=64)
     long = int((lengths.lengths > 1024).sum())
     assert long > 0
@@ -193,18 +195,18 @@ def test_plan_explores_sizes_from_the_store(output, capsys):
 def test_plan_falls_back_to_the_plan_table_without_the_store(output, tmp_path, capsys):
     copy = tmp_path / "copy"
     shutil.copytree(output, copy)
-    shutil.rmtree(copy / "packed_seq_dataset")
+    shutil.rmtree(packed_prefix(copy))
     assert main(["plan", str(copy), "--pack_sizes", "4096", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert len(rows) == 2 and rows[0]["pack_size"] == 4096
     # at the run's own size the table's samples are the run's, fed to the packer in input order as the
     # run fed them (the table lists them in pack order): a seeded shuffle packs them as the run did
-    run_packs = json.loads((output / "stats.json").read_text())["packing"]["packs"]
+    run_packs = json.loads(stats_path(output).read_text())["packing"]["packs"]
     for source in (output, copy):
         assert main(["plan", str(source), "--pack_sizes", "2048", "--algorithms", "first_fit_shuffle", "--json"]) == 0
         [row] = json.loads(capsys.readouterr().out)
         assert row["packs"] == run_packs, source
-    in_pack_order = np.load(copy / "packed_seq_dataset.plan.npz")["length"]
+    in_pack_order = np.load(plan_path(packed_prefix(copy)))["length"]
     assert pack(in_pack_order, 2048, algorithm="first_fit_shuffle", seed=0).num_bins != run_packs  # the order matters here
 
 
@@ -214,33 +216,33 @@ def test_several_pack_sizes_write_one_prefix_each_from_one_store(tmp_path, capsy
     assert main(preprocess_args(out, "--pack_sizes", "1024", "2048", "--packing_algorithm", "near_optimal")) == 0
     summary = capsys.readouterr().out
     assert "== pack size 1024" in summary and "== pack size 2048" in summary
-    assert sorted(p.name for p in out.glob("stats*.json")) == ["stats_1024.json", "stats_2048.json"]
-    small = json.loads((out / "stats_1024.json").read_text())
-    big = json.loads((out / "stats_2048.json").read_text())
+    assert [stats_path(out, size).is_file() for size in (None, 1024, 2048)] == [False, True, True]
+    small = json.loads(stats_path(out, 1024).read_text())
+    big = json.loads(stats_path(out, 2048).read_text())
     # the two 2-image records: 1024 cuts them before their second image and their only answer, so
     # that size skips them (as a run at 1024 does); 2048 packs them whole
     assert small["records"] | {"skipped_by_reason": None} == {
         "total": 20, "packed": 18, "skipped": 2, "truncated": 0, "skipped_by_reason": None}  # fmt: skip
     assert small["records"]["skipped_by_reason"] == {"no_supervised_tokens": 2}
     assert big["records"]["packed"] == 20 and big["records"]["skipped"] == 0 and big["records"]["truncated"] == 0
-    own = [json.loads(line) for line in (out / "skipped_1024.jsonl").read_text().splitlines()]
+    own = [json.loads(line) for line in skipped_path(out, 1024).read_text().splitlines()]
     assert [line["reason"] for line in own] == ["no_supervised_tokens"] * 2
     assert all("pack size 1024" in line["detail"] for line in own)
-    assert (out / "skipped_2048.jsonl").read_text() == (out / "skipped.jsonl").read_text() == ""
+    assert skipped_path(out, 2048).read_text() == skipped_path(out).read_text() == ""
     unsupervised = {line["index"] for line in own}
-    small_plan = np.load(out / "packed_seq_dataset_1024.plan.npz")
-    big_plan = np.load(out / "packed_seq_dataset_2048.plan.npz")
+    small_plan = np.load(plan_path(packed_prefix(out, 1024)))
+    big_plan = np.load(plan_path(packed_prefix(out, 2048)))
     assert unsupervised.isdisjoint(small_plan["record_index"].tolist())
     assert unsupervised <= set(big_plan["record_index"].tolist())
-    meta = json.loads((out / "packed_seq_dataset_1024.meta.json").read_text())
-    assert "skipped_1024.jsonl" in meta["checksums"]["files"] and meta["counts"]["skipped"] == 2
+    meta = json.loads(meta_path(packed_prefix(out, 1024)).read_text())
+    assert relative_name(out, skipped_path(out, 1024)) in meta["checksums"]["files"] and meta["counts"]["skipped"] == 2
     # every prefix accounts for every input record, through its own skipped list
-    for target in (out / "packed_seq_dataset_1024", out / "packed_seq_dataset_2048", out):
+    for target in (packed_prefix(out, 1024), packed_prefix(out, 2048), out):
         assert main(["verify", "--quiet", str(target), "--data_path", data]) == 0
     for size in (1024, 2048):
-        for pack in PackedSeqDataset(out / f"packed_seq_dataset_{size}"):
+        for pack in PackedSeqDataset(packed_prefix(out, size)):
             assert len(pack["tokens"]) <= size
-    assert main(["stats", str(out / "packed_seq_dataset_1024")]) == 0
+    assert main(["stats", str(packed_prefix(out, 1024))]) == 0
     assert "records                20   packed 18   skipped 2   truncated 0" in capsys.readouterr().out
     # plan, from the store, cuts and skips at 1024 as the run did: the same packs
     assert main(["plan", str(out), "--pack_sizes", "1024", "--algorithms", "near_optimal", "--json"]) == 0
@@ -251,36 +253,36 @@ def test_several_pack_sizes_write_one_prefix_each_from_one_store(tmp_path, capsy
     single = tmp_path / "single"
     assert main(preprocess_args(single, "--max_seq_length", "1024", "--packing_algorithm", "near_optimal",
                                 "--max_skip_fraction", "1")) == 0  # fmt: skip
-    single_skips = [json.loads(line) for line in (single / "skipped.jsonl").read_text().splitlines()]
+    single_skips = [json.loads(line) for line in skipped_path(single).read_text().splitlines()]
     named = [(line["index"], line["id"], line["reason"]) for line in own]
     assert [(line["index"], line["id"], line["reason"]) for line in single_skips] == named
     assert all(record_id is not None for _, record_id, _ in named)  # named as the encode's own skips are
-    single_plan = np.load(single / "packed_seq_dataset.plan.npz")
+    single_plan = np.load(plan_path(packed_prefix(single)))
     for key in ("offsets", "record_index", "length", "num_images"):
         assert np.array_equal(small_plan[key], single_plan[key]), key
     # a tampered list is caught; --overwrite recognises the size's list as neva-pack's own
-    (out / "skipped_1024.jsonl").write_text("\n".join(json.dumps(line) for line in own[:1]) + "\n")
-    assert main(["verify", "--quiet", str(out / "packed_seq_dataset_1024"), "--data_path", data]) == 1
+    skipped_path(out, 1024).write_text("\n".join(json.dumps(line) for line in own[:1]) + "\n")
+    assert main(["verify", "--quiet", str(packed_prefix(out, 1024)), "--data_path", data]) == 1
     assert "neither packed nor skipped" in capsys.readouterr().out
     assert main(preprocess_args(out, "--pack_sizes", "1024", "2048", "--overwrite")) == 0
     assert main(["verify", "--quiet", str(out), "--data_path", data]) == 0
 
 
 def test_a_sizes_skipped_list_merges_the_runs_lines_and_its_own_by_record_index(tmp_path):
-    run_file = tmp_path / "skipped.jsonl"
+    run_file = skipped_path(tmp_path)
     run_file.write_text("".join(json.dumps({"index": i, "id": f"r{i}", "reason": "too_long", "detail": "x"}) + "\n" for i in (1, 7)))
-    write_size_skipped(run_file, tmp_path / "skipped_64.jsonl", np.array([4, 9]), {4: "r4", 9: None}, 64)
-    lines = [json.loads(line) for line in (tmp_path / "skipped_64.jsonl").read_text().splitlines()]
+    write_size_skipped(run_file, skipped_path(tmp_path, 64), np.array([4, 9]), {4: "r4", 9: None}, 64)
+    lines = [json.loads(line) for line in skipped_path(tmp_path, 64).read_text().splitlines()]
     assert [(line["index"], line["id"], line["reason"]) for line in lines] == [
         (1, "r1", "too_long"), (4, "r4", "no_supervised_tokens"), (7, "r7", "too_long"), (9, None, "no_supervised_tokens")]  # fmt: skip
     assert lines[1] == {"index": 4, "id": "r4", "reason": "no_supervised_tokens",
                         "detail": "no trained label after truncation to pack size 64"}  # fmt: skip
-    assert not (tmp_path / "skipped_64.jsonl.tmp").exists()
+    assert sorted(tmp_path.iterdir()) == sorted([run_file, skipped_path(tmp_path, 64)])  # no temporary left
 
 
 def test_overwrite_recognises_a_sizes_skipped_list_by_its_keys(tmp_path):
-    (tmp_path / "skipped_1024.jsonl").write_text(json.dumps({"index": 3, "id": None, "reason": "no_supervised_tokens"}) + "\n")
-    assert ownership.owned_outputs(tmp_path, {}) == [tmp_path / "skipped_1024.jsonl"]
-    (tmp_path / "skipped_1024.jsonl").write_text("my notes\n")
-    with pytest.raises(ConfigError, match="skipped_1024.jsonl is not a skipped-records list"):
+    skipped_path(tmp_path, 1024).write_text(json.dumps({"index": 3, "id": None, "reason": "no_supervised_tokens"}) + "\n")
+    assert ownership.owned_outputs(tmp_path, {}) == [skipped_path(tmp_path, 1024)]
+    skipped_path(tmp_path, 1024).write_text("my notes\n")
+    with pytest.raises(ConfigError, match=f"{skipped_path(tmp_path, 1024).name} is not a skipped-records list"):
         ownership.owned_outputs(tmp_path, {})
