@@ -35,7 +35,7 @@ def _fast_record_pattern(levels: int) -> re.Pattern:
 
     Brackets and braces open and close levels alike, as ``ListScanner``'s depth counter counts
     them (a mismatched pair is json.loads's to refuse), so the pattern grows by one level's text
-    per level, not twice over: it compiles in a millisecond, on every worker's start-up path."""
+    per level, not twice over: it compiles quickly, on every worker's start-up path."""
     string = rb'"(?:[^"\\]++|\\.)*+"'
     inside = rb'(?:[^\[\]{}"]++|' + string + rb")*+"
     for _ in range(levels - 1):

@@ -1,6 +1,6 @@
 """Megatron-Core's IndexedDataset file format (.bin/.idx), written and read with NumPy alone.
 
-Why: importing ``megatron.core`` costs about 4 s of CPU (it imports torch's and its own
+Why: importing ``megatron.core`` costs seconds of CPU (it imports torch's and its own
 submodules), taken from the encoding workers on a small machine or spent on the critical path
 before the first pack is written. The format itself is a few arrays, so preprocessing writes it
 here and never imports Megatron. Training, ``verify`` and ``PackedSeqDataset`` still read the output

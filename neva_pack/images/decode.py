@@ -39,9 +39,9 @@ from neva_pack.records import RecordError
 
 DEFAULT_MAX_IMAGE_PIXELS = 36_000_000
 """36 megapixels per image as decoded, padded to a square (pad) or resized (square): decoding,
-padding and the image processor need 12 to 15 bytes per pixel on top of a process's ~0.9 GB of
-libraries, so one image keeps a process under 1.5 GB (benchmarks/bench_hostile.py); a 6000 x 4000
-(24-megapixel) photo passes, padded too."""
+padding and the image processor need 12 to 15 bytes per pixel on top of the libraries a process
+loads, so one image keeps a worker's memory bounded (benchmarks/bench_hostile.py measures it); a
+6000 x 4000 (24-megapixel) photo passes, padded too."""
 
 
 DEFAULT_MAX_IMAGE_DECODE_SECONDS = 5.0
@@ -49,8 +49,8 @@ DEFAULT_MAX_IMAGE_DECODE_SECONDS = 5.0
 
 DECODE_CHUNK = 1024
 """Bytes handed to PIL's decoder per call, so the deadline is checked often enough: one call on
-a chunk of the slowest progressive JPEG (a scan of ~50 bytes per ~30 ms at 36 megapixels) stays
-under half a second, and ordinary images lose next to nothing (benchmarks/bench_hostile.py)."""
+a chunk of the slowest progressive JPEG (each scan of a few bytes walks the whole image) stays far
+under the budget, and ordinary images lose next to nothing (benchmarks/bench_hostile.py)."""
 
 
 class _TooSlow(Exception):
