@@ -1,4 +1,4 @@
-"""The image run: the ids one image takes in a sequence, ``[start] patch ... patch [end]``.
+"""The image run, the ids one image takes in a sequence (``[start] patch ... patch [end]``).
 
 One type from the sample builder to the writers and the pack checks. On disk it is spelled twice,
 and those spellings stay as they are: an output's meta records ``image_positions`` and

@@ -361,6 +361,7 @@ def test_each_registered_format_satisfies_the_contract(tmp_path, name):
 
     fmt = FORMATS[name]
     assert isinstance(fmt, PackedFormat) and fmt.name == name
+    assert fmt.description and "\n" not in fmt.description  # its line of --output_format's help
     prefix = paths.packed_prefix(tmp_path)
     files = fmt.files(prefix)
     assert paths.meta_path(prefix) in files.final and files.plan_table in files.final and files.checkpoint in files.temporary
@@ -380,6 +381,17 @@ def test_each_registered_format_satisfies_the_contract(tmp_path, name):
                            ({"ignore_index": limits.max_integer + 1}, "--ignore_index")):  # fmt: skip
         with pytest.raises(ConfigError, match=f"^{flag} "):
             fmt.check_settings(**settings)
+
+
+def test_output_format_help_is_each_formats_description(capsys):
+    """--output_format's help is made from the registry: a new format brings its own line."""
+    from neva_pack.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["preprocess", "--help"])
+    text = "".join(capsys.readouterr().out.split())  # argparse wraps lines anywhere
+    for name, fmt in FORMATS.items():
+        assert "".join(f"{name}: {fmt.description}".split()) in text, name
 
 
 def _tiny_spec(directory) -> WriteSpec:

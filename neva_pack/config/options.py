@@ -28,9 +28,10 @@ GROUPS = (NEMO, OURS, TRAINING, BUDGETS)
 class Option:
     """A field's user-facing side (the ``"option"`` entry of its dataclass metadata)."""
 
-    help: str | None
-    """The flag's help text (``{default}`` is replaced by the field's default); None: no flag, the
-    field is set only by the hparams file or the Python API."""
+    help: str | Callable[[], str] | None
+    """The flag's help text (``{default}`` is replaced by the field's default), or what builds it when
+    asked (help made from a registry); None: no flag, the field is set only by the hparams file or
+    the Python API."""
     group: str = OURS
     """The --help section listing the flag."""
     hparams: tuple[str, ...] | None = None
@@ -84,7 +85,8 @@ def flag_of(spec: dataclasses.Field) -> str | None:
 
 def help_of(spec: dataclasses.Field) -> str:
     opt = spec.metadata["option"]
-    return opt.help.replace("{default}", str(default_of(spec)))
+    text = opt.help() if callable(opt.help) else opt.help
+    return text.replace("{default}", str(default_of(spec)))
 
 
 def hparams_key(spec: dataclasses.Field) -> str | None:

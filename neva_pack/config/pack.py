@@ -52,10 +52,10 @@ class PackConfig:
     """Cap on samples per pack (for fixed-size cu_seqlens buffers)."""
     output_format: str = option(
         DEFAULT_FORMAT, choices=lambda: sorted(FORMATS), written_as="format",
-        help="{default} (default): NeMo's float32 packed_seq_dataset; compact: uint8 images stored once, normalised on read",
+        help=lambda: "; ".join(f"{name}: {fmt.description}" for name, fmt in FORMATS.items()) + "; default {default}",
     )  # fmt: skip
-    """nemo: NeMo's float32 packed_seq_dataset (what data_prefix reads); compact: int32 ids and uint8
-    images stored once (the sample store's pool), normalised when read (neva_pack.dataset)."""
+    """The on-disk format of the packed output: a name of the registry (``formats.FORMATS``), each
+    format's ``description`` its line of the help."""
     # --- training side: THD alignment and data-parallel balance ---
     pad_to_multiple_of: int | None = option(
         None, help="pad every sample to a multiple of M before packing", group=TRAINING, minimum=1,

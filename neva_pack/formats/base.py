@@ -157,6 +157,8 @@ class PackedFormat(Protocol):
 
     name: str
     """The meta's ``format`` field, the --output_format and ``convert --to`` value."""
+    description: str
+    """One line for --output_format's help: what it stores and what reads it."""
     needs_pixels: bool
     """Its writer stores image values: assembly reads each pack's uint8 pixels for it. False: it
     refers to images by pool index only (assembly reads no pixel)."""

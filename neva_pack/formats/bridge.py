@@ -395,9 +395,10 @@ class BridgeFormat:
         why="Megatron Bridge's files store Python ints",
     )
 
-    def __init__(self, name: str, rows: RowFile):
+    def __init__(self, name: str, rows: RowFile, description: str):
         self.name = name
         self.rows = rows
+        self.description = description
 
     def check_settings(self, **settings) -> None:
         self.limits.check(**settings)
@@ -464,4 +465,4 @@ def _meta_size(path: Path) -> int | None:
     return size if type(size) is int else None
 
 
-FORMAT = BridgeFormat("bridge", NPY)
+FORMAT = BridgeFormat("bridge", NPY, "Megatron Bridge's packed SFT .npy, text only (Bridge's packed SFT dataset)")

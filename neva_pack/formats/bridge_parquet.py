@@ -68,4 +68,6 @@ def read_parquet_rows(path: Path) -> ParquetRows:
 PARQUET = RowFile(name_template="training_{size}.idx.parquet", tmp_suffix=".bridge.idx.parquet",
                   write=write_parquet_rows, read=read_parquet_rows)  # fmt: skip
 
-FORMAT = BridgeFormat("bridge_parquet", PARQUET)
+FORMAT = BridgeFormat(
+    "bridge_parquet", PARQUET, "Megatron Bridge's packed SFT Parquet, text only (Bridge's GPTSFTPackedParquetDataset)"
+)

@@ -373,6 +373,7 @@ class CompactFormat:
     """int32 ids, uint8 images in the sample store's pool, normalised on read (``PackedFormat``)."""
 
     name = NAME
+    description = "int32 ids, uint8 images stored once (the sample store's pool), normalised when read (PackedSeqDataset)"
     needs_pixels = False
     """Packs reference the pool by index: assembly never reads a pixel, so re-packing takes seconds."""
     uses_image_pool = True

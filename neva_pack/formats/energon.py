@@ -435,6 +435,7 @@ class EnergonFormat:
     """A Megatron-Energon WebDataset dataset of the packs (``PackedFormat``)."""
 
     name = NAME
+    description = "a Megatron-Energon WebDataset dataset, one pack per sample, uint8 images (Energon's loaders)"
     needs_pixels = True
     """Each sample holds its pack's images (uint8)."""
     uses_image_pool = False

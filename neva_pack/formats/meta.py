@@ -1,4 +1,4 @@
-"""What every packed output says about itself: the typed meta, the plan table, a read pack.
+"""What every packed output says about itself: the typed meta, and a pack as a reader gives it.
 
 The meta (``<prefix>.meta.json``) is written last and marks a complete output. It records
 everything a reader needs, the processor's normalisation included, so that no reader ever

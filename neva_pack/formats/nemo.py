@@ -39,7 +39,10 @@ from neva_pack.packing.alignment import padded_view
 from neva_pack.paths import META_SUFFIX, PLAN_SUFFIX, meta_path, packed_prefix, plan_path
 from neva_pack.plan_table import PlanTable, read_plan_table, write_plan_table
 
-__all__ = ["FORMAT", "NemoFormat", "PreparedPacks", "Reader", "Writer", "indexed_dataset", "read_without_meta"]
+__all__ = [
+    "FORMAT", "NemoFormat", "PreparedPacks", "Reader", "Writer", "indexed_dataset", "prefix_without_meta",
+    "read_packs_from_index",
+]  # fmt: skip
 
 NAME = "nemo"
 PACKED_DTYPE = np.float32
@@ -421,6 +424,7 @@ class NemoFormat:
     """NeMo's float32 layout (``PackedFormat``): what NeMo 1's NevaPackedSeqDatatset reads as is."""
 
     name = NAME
+    description = "NeMo's float32 packed_seq_dataset .bin/.idx (NeMo 1.x NeVA's data_prefix reads it)"
     needs_pixels = True
     """The writer stores every image instance's values: assembly reads the pixels."""
     uses_image_pool = False
