@@ -266,6 +266,16 @@ class Checkpoint:
                 return None
         return data
 
+    def start(self, files: list[Path], resume: bool) -> tuple[dict | None, list[int | None]]:
+        """Where a writer of ``files`` starts: with ``resume`` and a checkpoint ``load`` accepts, its
+        state and each file's size at it (the files are cut back to them); else None and no sizes,
+        any checkpoint left removed (it must not outlive the files it describes)."""
+        state = self.load(files) if resume else None
+        if state is None:
+            self.remove()
+            return None, [None] * len(files)
+        return state, [int(size) for size in state["bytes"]]
+
     def saved_digest(self) -> str | None:
         """The digest the checkpoint was saved with; None without a checkpoint, or an unreadable one."""
         if not self.path.is_file():

@@ -239,14 +239,11 @@ class Writer:
         self._checkpoint = Checkpoint(self.prefix, spec.plan_digest)
         tmp = self._checkpoint.tmp
         self._paths = [prefix_file(tmp, IDS), prefix_file(tmp, MASK)]
-        state = self._checkpoint.load(self._paths) if resume else None
+        state, sizes = self._checkpoint.start(self._paths, resume)
         self._lists: dict[str, list] = {"samples": [], "stored": [], "starts": []}
         if state is None:
-            self._checkpoint.remove()
-            sizes = [None, None]
             self.num_packs = 0
         else:
-            sizes = [int(size) for size in state["bytes"]]
             self._lists = {name: state[name].tolist() for name in self._lists}
             self.num_packs = int(state["packs"])
         self._files = [OutputFile(path, resume_at=size, checksum=False) for path, size in zip(self._paths, sizes)]

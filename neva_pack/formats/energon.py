@@ -468,17 +468,12 @@ class EnergonFormat:
             return path.is_file() and meta_is_of(meta_path(prefix), NAME)
         return False
 
-    def writer(self, prefix: Path, spec: WriteSpec, resume: bool = False) -> Writer:
-        return Writer(prefix, spec, resume=resume)
-
-    def reader(self, prefix: Path, meta: PackedMeta | None = None) -> Reader:
-        return Reader(prefix, meta)
-
-    def prepare(self, packs, spec: WriteSpec) -> list[PreparedPack]:
-        return prepare(packs, spec)
-
-    def check(self, reader: Reader, result) -> None:
-        check(reader, result)
+    # the contract's writer(prefix, spec, resume), reader(prefix, meta), prepare(packs, spec) and
+    # check(reader, result) are this module's own
+    writer = staticmethod(Writer)
+    reader = staticmethod(Reader)
+    prepare = staticmethod(prepare)
+    check = staticmethod(check)
 
     def summary_line(self, data_prefix: str) -> str:
         return f"{data_prefix}{DATASET_SUFFIX} ({NAME}: a Megatron-Energon dataset; cook its samples with neva_pack.formats.energon.decode)"
