@@ -21,6 +21,7 @@ from neva_pack.plan import SampleLengths, explore
 from neva_pack.packing import ALGORITHMS
 from neva_pack.packing.alignment import aligned_capacity, alignment_multiple, padded_lengths
 from neva_pack.verify import verify
+from neva_pack.paths import meta_path, packed_prefix, plan_path, stats_path
 from tests.conftest import SAMPLE_DATA
 
 ENCODER = "openai/clip-vit-base-patch32"  # 49 positions per image: small, fast packs
@@ -84,7 +85,7 @@ def test_parallel_sizes_are_read_from_a_nemo_config(tmp_path, capsys):
     hparams.write_text("model:\n  context_parallel_size: 2\n  tensor_model_parallel_size: 2\n  sequence_parallel: true\n")
     out = tmp_path / "out"
     assert main(preprocess_args(out, "--max_seq_length", "1024", "--hparams_file", str(hparams))) == 0
-    assert json.loads((out / "packed_seq_dataset.meta.json").read_text())["pad_to_multiple_of"] == 4
+    assert json.loads(meta_path(packed_prefix(out)).read_text())["pad_to_multiple_of"] == 4
 
 
 @pytest.fixture(scope="module")
@@ -98,8 +99,8 @@ def runs(tmp_path_factory):
 
 def _samples_by_record(directory):
     """record index -> (tokens, labels) of each real sample, read back from the packs."""
-    ds = PackedSeqDataset(directory / "packed_seq_dataset")
-    table = np.load(directory / "packed_seq_dataset.plan.npz")
+    ds = PackedSeqDataset(packed_prefix(directory))
+    table = np.load(plan_path(packed_prefix(directory)))
     found = {}
     for p in range(len(ds)):
         item = ds[p]
@@ -111,7 +112,7 @@ def _samples_by_record(directory):
 
 
 def test_padded_packs_hold_the_same_samples_followed_by_pad_positions(runs):
-    ds = PackedSeqDataset(runs["m64"] / "packed_seq_dataset")
+    ds = PackedSeqDataset(packed_prefix(runs["m64"]))
     assert ds.pad_to_multiple_of == 64 and ds.pad_id == 0
     padding_seen = 0
     for p in range(len(ds)):
@@ -132,22 +133,22 @@ def test_padded_packs_hold_the_same_samples_followed_by_pad_positions(runs):
 
 
 def test_without_padding_both_cu_seqlens_agree(runs):
-    ds = PackedSeqDataset(runs["plain"] / "packed_seq_dataset")
+    ds = PackedSeqDataset(packed_prefix(runs["plain"]))
     for p in range(len(ds)):
         assert np.array_equal(ds[p]["cu_seqlens"], ds[p]["cu_seqlens_unpadded"])
 
 
 def test_plan_table_meta_and_stats_record_the_padding(runs, capsys):
-    table = np.load(runs["m64"] / "packed_seq_dataset.plan.npz")
+    table = np.load(plan_path(packed_prefix(runs["m64"])))
     assert np.array_equal(table["padded_length"], padded_lengths(table["length"], 64))
-    meta = json.loads((runs["m64"] / "packed_seq_dataset.meta.json").read_text())
+    meta = json.loads(meta_path(packed_prefix(runs["m64"])).read_text())
     assert meta["pad_to_multiple_of"] == 64 and meta["pad_id"] == 0
-    padding = json.loads((runs["m64"] / "stats.json").read_text())["packing"]["padding"]
+    padding = json.loads(stats_path(runs["m64"]).read_text())["packing"]["padding"]
     pad = int(table["padded_length"].sum() - table["length"].sum())
     assert padding == {"pad_to_multiple_of": 64, "positions": pad, "overhead": pad / table["length"].sum()}
     assert main(["stats", str(runs["m64"])]) == 0
     assert f"padding        {pad:>10,}   positions to align samples to a multiple of 64" in capsys.readouterr().out
-    plain = json.loads((runs["plain"] / "stats.json").read_text())["packing"]["padding"]
+    plain = json.loads(stats_path(runs["plain"]).read_text())["packing"]["padding"]
     assert plain == {"pad_to_multiple_of": 1, "positions": 0, "overhead": 0.0}
 
 
@@ -157,9 +158,9 @@ def test_verify_checks_the_padding(runs, tmp_path):
     assert verify(runs["m64"], progress=False).ok
     broken = tmp_path / "broken"
     shutil.copytree(runs["m64"], broken)
-    table = dict(np.load(broken / "packed_seq_dataset.plan.npz"))
+    table = dict(np.load(plan_path(packed_prefix(broken))))
     table["length"] = table["length"] - 1  # claims one real token less: a real token where padding should be
-    np.savez(broken / "packed_seq_dataset.plan.npz", **table)
+    np.savez(plan_path(packed_prefix(broken)), **table)
     problems = " ".join(verify(broken, progress=False).problems)
     assert "checksum mismatch" in problems and "padding position" in problems and "not 0 / -1" in problems
 
@@ -172,10 +173,10 @@ def test_every_algorithm_packs_padded_lengths_and_cuts_what_does_not_fit_aligned
     args = ["--max_seq_length", "200", "--pad_to_multiple_of", "64", "--packing_algorithm", algorithm]
     assert main(preprocess_args(out, *args)) == 0
     assert verify(out, progress=False).ok  # images match runs, padding holds pad id / ignore
-    table = np.load(out / "packed_seq_dataset.plan.npz")
+    table = np.load(plan_path(packed_prefix(out)))
     loads = np.add.reduceat(table["padded_length"], table["offsets"][:-1])
     assert loads.max() <= 200 and table["length"].max() <= 192
-    stats = json.loads((out / "stats.json").read_text())
+    stats = json.loads(stats_path(out).read_text())
     assert stats["records"]["truncated"] >= 1 and stats["records"]["packed"] == 20
 
 
@@ -206,7 +207,7 @@ def test_plan_defaults_to_the_outputs_multiple_and_takes_the_run_flags(runs, tmp
         (row,) = json.loads(capsys.readouterr().out)
         return row
 
-    stats = json.loads((runs["m64"] / "stats.json").read_text())
+    stats = json.loads(stats_path(runs["m64"]).read_text())
     assert stats["algorithm"] == "first_fit_shuffle" and stats["seed"] == 0
     from_store = plan(runs["m64"])  # the output's meta records 64: the plan packs what the run packed
     assert from_store["pad_to_multiple_of"] == 64 and from_store["packs"] == stats["packing"]["packs"]

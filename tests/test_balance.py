@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from neva_pack.cli import main
 from neva_pack.packing import pack
 from neva_pack.packing.balance import PackCosts, balance_order, reorder_plan, straggler_overhead
+from neva_pack.paths import packed_prefix, plan_path, stats_path
 from tests.conftest import SAMPLE_DATA
 
 
@@ -107,13 +108,13 @@ def test_pipeline_reorders_the_packs_and_reports_the_overheads(tmp_path, capsys)
     assert main([*common, "--output_dir", str(tmp_path / "plain")]) == 0
     assert main([*common, "--output_dir", str(tmp_path / "balanced"), "--balance_data_parallel", "2"]) == 0
     out = capsys.readouterr().out
-    plain, balanced = (np.load(tmp_path / name / "packed_seq_dataset.plan.npz") for name in ("plain", "balanced"))
+    plain, balanced = (np.load(plan_path(packed_prefix(tmp_path / name))) for name in ("plain", "balanced"))
     bins = lambda t: sorted(tuple(t["record_index"][a:b]) for a, b in zip(t["offsets"][:-1], t["offsets"][1:]))  # noqa: E731
     assert bins(plain) == bins(balanced)  # the same packs, another order
-    report = json.loads((tmp_path / "balanced" / "stats.json").read_text())["balance"]
+    report = json.loads(stats_path(tmp_path / "balanced").read_text())["balance"]
     assert report["data_parallel"] == 2
     assert report["attention_overhead_after"] <= report["attention_overhead_before"]
     assert "balance        N = 2 ranks: straggler overhead" in out
     attention = np.add.reduceat(balanced["length"].astype(np.int64) ** 2, balanced["offsets"][:-1])
     assert straggler_overhead(attention, 2) == pytest.approx(report["attention_overhead_after"])
-    assert json.loads((tmp_path / "plain" / "stats.json").read_text())["balance"] is None
+    assert json.loads(stats_path(tmp_path / "plain").read_text())["balance"] is None

@@ -8,6 +8,8 @@ import pytest
 
 from neva_pack.cli import main, preprocess_parser
 from neva_pack.packing import ALGORITHMS
+from neva_pack.paths import packed_prefix, skipped_path
+from neva_pack.files.indexed import bin_path
 from tests.conftest import ROOT
 
 NEMO_FLAGS = [
@@ -55,8 +57,8 @@ def test_a_run_where_every_record_is_skipped_fails_clearly(sample_dataset, tmp_p
                  "--max_skip_fraction", "1"])  # fmt: skip
     err = capsys.readouterr().err
     assert code == 2 and "none of the 1 record(s)" in err
-    assert json.loads((tmp_path / "o" / "skipped.jsonl").read_text())["reason"] == "empty_conversation"
-    assert not (tmp_path / "o" / "packed_seq_dataset.bin").exists()
+    assert json.loads(skipped_path(tmp_path / "o").read_text())["reason"] == "empty_conversation"
+    assert not bin_path(packed_prefix(tmp_path / "o")).exists()
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from neva_pack.cli import main
 from neva_pack.dataset import PackedSeqDataset
 from neva_pack.training import cp_partition_index, cp_slice, thd_batch, thd_collate
+from neva_pack.paths import packed_prefix
 from tests.conftest import SAMPLE_DATA
 from tests.test_training import GOLDEN, plain, tensor
 
@@ -124,7 +125,7 @@ def test_sample_data_at_510_positions_with_cp_2_splits_exactly_in_fixed_length_b
             "--output_dir", str(out), "--conv_template", "v1", "--num_workers", "0",
             "--hf_vision_encoder", "openai/clip-vit-base-patch32", "--max_seq_length", "510", "--context_parallel_size", "2"]  # fmt: skip
     assert main(args) == 0
-    dataset = PackedSeqDataset(out / "packed_seq_dataset")
+    dataset = PackedSeqDataset(packed_prefix(out))
     assert dataset.pad_to_multiple_of == 4
     collate = thd_collate(dataset, fixed_length=True, with_packed_seq_params=False)
     for first in range(0, len(dataset), 2):

@@ -18,7 +18,8 @@ from neva_pack.dataset import PackedSeqDataset, collate, position_ids_from_cu_se
 from neva_pack.encoders import resolve_encoder
 from neva_pack.images import ImagePreprocessor, decode_image
 from neva_pack.sample_store import SampleStore
-from neva_pack.paths import store_dir
+from neva_pack.paths import meta_path, packed_prefix, skipped_path, stats_path, store_dir
+from neva_pack.files.indexed import bin_path
 
 MAX = 2048
 
@@ -57,7 +58,7 @@ def packed(tmp_path_factory):
         "tokenizer_path": SAMPLE_DATA / "tokenizer.model",
     }
     assert main(["preprocess", "--quiet", *map(str, base_args(data, output_dir, "--global_batch_size", "64"))]) == 0
-    return {"dir": output_dir, "prefix": output_dir / "packed_seq_dataset", "data": data}
+    return {"dir": output_dir, "prefix": packed_prefix(output_dir), "data": data}
 
 
 def test_output_files_and_meta(packed):
@@ -71,12 +72,12 @@ def test_output_files_and_meta(packed):
         "skipped.jsonl",
         "stats.json",
     ]
-    meta = json.loads((packed["dir"] / "packed_seq_dataset.meta.json").read_text())
+    meta = json.loads(meta_path(packed_prefix(packed["dir"])).read_text())
     assert meta["crop_size"] == [336, 336] and meta["template"] == "v1"
     assert meta["algorithm"] == "first_fit_shuffle" and meta["seed"] == 42
     assert meta["counts"]["records"] == 20 and meta["counts"]["samples"] == 20
-    stats = json.loads((packed["dir"] / "stats.json").read_text())
-    assert stats["records"]["skipped"] == 0 and (packed["dir"] / "skipped.jsonl").read_text() == ""
+    stats = json.loads(stats_path(packed["dir"]).read_text())
+    assert stats["records"]["skipped"] == 0 and skipped_path(packed["dir"]).read_text() == ""
     assert stats["packing"]["packs"] == meta["num_packs"]
     assert any(line.startswith("model.global_batch_size=") for line in stats["training_overrides"])
 
@@ -178,7 +179,7 @@ def test_tar_image_folder_gives_the_same_output(packed, tmp_path, capsys):
     data = {**packed["data"], "image_folder": archive}
     code, _, _ = run(capsys, *base_args(data, tmp_path / "tar", "--global_batch_size", "64"))
     assert code == 0
-    assert (tmp_path / "tar" / "packed_seq_dataset.bin").read_bytes() == (packed["dir"] / "packed_seq_dataset.bin").read_bytes()
+    assert bin_path(packed_prefix(tmp_path / "tar")).read_bytes() == bin_path(packed_prefix(packed["dir"])).read_bytes()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -208,11 +209,11 @@ def test_bad_records_are_skipped_reported_and_counted(sample_dataset, tmp_path, 
     data = {**sample_dataset, "data_path": data_path}
     code, out, _ = run(capsys, *base_args(data, tmp_path / "o", "--max_skip_fraction", "1"))
     assert code == 0
-    skipped = [json.loads(line) for line in (tmp_path / "o" / "skipped.jsonl").read_text().splitlines()]
+    skipped = [json.loads(line) for line in skipped_path(tmp_path / "o").read_text().splitlines()]
     expected = [(i + 1, r["id"], reason) for i, (r, reason) in enumerate(bad)] + [(10, None, "malformed_json")]
     assert [(s["index"], s["id"], s["reason"]) for s in skipped] == expected
     assert all(s["detail"] for s in skipped)
-    stats = json.loads((tmp_path / "o" / "stats.json").read_text())
+    stats = json.loads(stats_path(tmp_path / "o").read_text())
     assert stats["records"] == {
         "total": 12, "packed": 2, "skipped": 10, "truncated": 0,
         "skipped_by_reason": {"missing_image": 1, "unreadable_image": 2, "empty_conversation": 1,
@@ -222,7 +223,7 @@ def test_bad_records_are_skipped_reported_and_counted(sample_dataset, tmp_path, 
     assert "skipped: unreadable_image" in out
     code, _, err = run(capsys, *base_args(data, tmp_path / "strict", "--strict", "--max_skip_fraction", "1"))
     assert code == 1 and "--strict: 10 record(s) skipped" in err
-    assert (tmp_path / "strict" / "skipped.jsonl").exists()
+    assert skipped_path(tmp_path / "strict").exists()
 
 
 def test_text_only_packs_carry_one_zero_image_and_long_samples_are_truncated(sample_dataset, tmp_path, capsys):
@@ -235,12 +236,12 @@ def test_text_only_packs_carry_one_zero_image_and_long_samples_are_truncated(sam
     code, out, _ = run(capsys, *base_args(data, tmp_path / "t")[:-6], "--max_seq_length", "256",
                        "--num_workers", "0", "--conv_template", "v1")  # fmt: skip
     assert code == 0 and "truncated 1" in out
-    for pack in PackedSeqDataset(tmp_path / "t" / "packed_seq_dataset"):
+    for pack in PackedSeqDataset(packed_prefix(tmp_path / "t")):
         assert pack["image"].shape == (1, 3, 336, 336) and not pack["image"].any()
         assert len(pack["tokens"]) <= 256
     code, _, _ = run(capsys, *base_args(data, tmp_path / "nt")[:-6], "--max_seq_length", "256",
                      "--num_workers", "0", "--no_truncate")  # fmt: skip
-    stats = json.loads((tmp_path / "nt" / "stats.json").read_text())
+    stats = json.loads(stats_path(tmp_path / "nt").read_text())
     assert stats["records"]["skipped_by_reason"] == {"too_long": 1}
 
 
@@ -264,7 +265,7 @@ def test_bad_arguments_fail_at_once_with_one_line(sample_dataset, tmp_path, caps
     assert code == 2
     assert err.count("\n") == 1 and err.startswith("neva-pack: error: ")
     assert message in err
-    assert not (tmp_path / "x" / "packed_seq_dataset").exists()
+    assert not store_dir(tmp_path / "x").exists()
 
 
 def test_existing_output_is_refused_unless_overwrite(packed, tmp_path, capsys):
@@ -274,7 +275,7 @@ def test_existing_output_is_refused_unless_overwrite(packed, tmp_path, capsys):
     assert code == 2 and "not empty" in err and "--resume" in err and "--overwrite" in err
     code, _, _ = run(capsys, *base_args(packed["data"], target, "--overwrite", "--global_batch_size", "64"))
     assert code == 0
-    assert (target / "packed_seq_dataset.bin").read_bytes() == (packed["dir"] / "packed_seq_dataset.bin").read_bytes()
+    assert bin_path(packed_prefix(target)).read_bytes() == bin_path(packed_prefix(packed["dir"])).read_bytes()
 
 
 def test_hparams_file_supplies_nemo_keys_and_flags_win(packed, tmp_path, capsys):
@@ -293,9 +294,9 @@ def test_hparams_file_supplies_nemo_keys_and_flags_win(packed, tmp_path, capsys)
                      d["image_folder"], "--tokenizer_path", d["tokenizer_path"], "--output_dir", tmp_path / "h",
                      "--max_seq_length", MAX, "--seed", "42", "--num_workers", "0")  # fmt: skip
     assert code == 0
-    meta = json.loads((tmp_path / "h" / "packed_seq_dataset.meta.json").read_text())
+    meta = json.loads(meta_path(packed_prefix(tmp_path / "h")).read_text())
     assert meta["template"] == "v1" and meta["image_aspect_ratio"] == "pad" and meta["max_seq_length"] == MAX
-    assert (tmp_path / "h" / "packed_seq_dataset.bin").read_bytes() == (packed["dir"] / "packed_seq_dataset.bin").read_bytes()
+    assert bin_path(packed_prefix(tmp_path / "h")).read_bytes() == bin_path(packed_prefix(packed["dir"])).read_bytes()
     hparams.write_text("model:\n  mm_cfg:\n    vision_encoder:\n      crop_size: [224, 224]\n")
     code, _, err = run(capsys, "--hparams_file", hparams, "--data_path", d["data_path"], "--tokenizer_path",
                        d["tokenizer_path"], "--output_dir", tmp_path / "h2")  # fmt: skip
@@ -307,6 +308,6 @@ def test_hugging_face_tokenizer_directory_end_to_end(sample_dataset, hf_tokenize
     code, _, _ = run(capsys, *base_args(data, tmp_path / "hf")[:-8], "--conv_template", "chatml",
                      "--max_seq_length", MAX, "--num_workers", "0")  # fmt: skip
     assert code == 0
-    ds = PackedSeqDataset(tmp_path / "hf" / "packed_seq_dataset")
+    ds = PackedSeqDataset(packed_prefix(tmp_path / "hf"))
     images = sum(len(p["image"]) for p in ds)
     assert images == 18  # no <extra_id_4>: 576 patch ids per image, runs counted through the images

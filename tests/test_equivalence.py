@@ -22,6 +22,7 @@ from neva_pack.formats import FORMATS
 from neva_pack.pipeline import build_sample_builder
 from neva_pack.record_stream import iter_raw_records
 from neva_pack.training import thd_batch
+from neva_pack.paths import packed_prefix
 from tests.conftest import SAMPLE_DATA
 
 TOLERANCE = 1e-9
@@ -157,7 +158,7 @@ def case(request, tmp_path_factory):
         images = torch.from_numpy(builder.preprocessor.normalize(sample.images)).double()
         reference[tuple(sample.tokens.tolist())] = {"tokens": sample.tokens, "labels": sample.labels, "images": images}
     assert len(reference) == 20  # every sample is told apart by its tokens
-    dataset = PackedSeqDataset(out / "packed_seq_dataset")
+    dataset = PackedSeqDataset(packed_prefix(out))
     packs = [dataset[p] for p in range(len(dataset))]
     samples = []
     for item in packs:  # the reference samples in pack order, found by their real tokens

@@ -43,6 +43,7 @@ from neva_pack.record_stream import iter_raw_records
 from neva_pack.records import SKIP_REASONS, RecordError
 from neva_pack.samples import truncation
 from neva_pack.verify import verify
+from neva_pack.paths import skipped_path, stats_path, store_dir
 from tests.conftest import SAMPLE_DATA
 
 TOKENIZER = SAMPLE_DATA / "tokenizer.model"
@@ -108,8 +109,8 @@ def run_on(tmp_path, capsys, data, images, *extra) -> Run:
                  "--num_workers", "0", *extra])  # fmt: skip
     err = capsys.readouterr().err
     reasons = {}
-    if (out / "skipped.jsonl").is_file():
-        reasons = {line["index"]: line["reason"] for line in map(json.loads, (out / "skipped.jsonl").read_text().splitlines())}
+    if skipped_path(out).is_file():
+        reasons = {line["index"]: line["reason"] for line in map(json.loads, skipped_path(out).read_text().splitlines())}
     return Run(code, out, data, err, reasons)
 
 
@@ -193,7 +194,7 @@ def test_a_hostile_image_is_skipped_without_reading_it_whole(tmp_path, capsys, i
 
 def test_the_image_budget_names_the_limit_and_the_flag(tmp_path, capsys, images):
     run = run_with(tmp_path, capsys, images, image_record(wide_png(images)), "--image_aspect_ratio", "pad")
-    detail = json.loads((run.out / "skipped.jsonl").read_text())["detail"]
+    detail = json.loads(skipped_path(run.out).read_text())["detail"]
     assert detail == "wide.png: padded to 20000 x 20000 = 400,000,000 pixels > --max_image_pixels 36,000,000"
 
 
@@ -378,7 +379,7 @@ def test_a_symlink_loop_is_an_unreadable_image_not_a_crash(tmp_path, capsys, ima
     (images / "loop.jpg").symlink_to("loop.jpg")
     run = run_with(tmp_path, capsys, images, image_record("loop.jpg"))
     assert run.code == 0 and run.reasons == {HOSTILE_AT: "unreadable_image"}
-    assert "cannot be resolved" in json.loads((run.out / "skipped.jsonl").read_text())["detail"]
+    assert "cannot be resolved" in json.loads(skipped_path(run.out).read_text())["detail"]
     assert run.verified
 
 
@@ -446,7 +447,7 @@ def test_a_tar_names_outside_and_sparse_members_as_a_folder_would(tmp_path, caps
     run = run_on(tmp_path, capsys, write_data(tmp_path / "s.jsonl", GOOD[:1] + [image_record("holes.jpg"), GOOD[1]], "jsonl"),
                  sparse, "--max_skip_fraction", "1")  # fmt: skip
     assert run.code == 0 and run.reasons == {1: "unreadable_image"}  # skipped, the archive itself is sound
-    assert "sparse" in json.loads((run.out / "skipped.jsonl").read_text())["detail"]
+    assert "sparse" in json.loads(skipped_path(run.out).read_text())["detail"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -460,7 +461,7 @@ def test_a_second_run_on_a_locked_output_dir_exits_2_naming_the_holder(tmp_path,
         run = run_with(tmp_path, capsys, images, GOOD[0], "--resume")
     assert run.code == 2 and run.err.count("\n") == 1
     assert f"in use by another neva-pack run (pid {os.getpid()} on " in run.err
-    assert not (out / "packed_seq_dataset").exists()
+    assert not store_dir(out).exists()
     again = run_with(tmp_path, capsys, images, GOOD[0], "--resume")  # the lock is gone with its holder
     assert again.code == 0 and not (out / LOCK_FILE).exists()
     assert again.verified
@@ -468,7 +469,7 @@ def test_a_second_run_on_a_locked_output_dir_exits_2_naming_the_holder(tmp_path,
 
 def test_overwrite_refuses_to_delete_an_input_or_a_stranger(tmp_path, capsys):
     out = tmp_path / "out"
-    user_images = out / "packed_seq_dataset"  # the reported case: an image folder with our store's name
+    user_images = store_dir(out)  # the reported case: an image folder with our store's name
     user_images.mkdir(parents=True)
     shutil.copy(SAMPLE_DATA / "images" / "chelsea.jpg", user_images)
     run = run_with(tmp_path, capsys, user_images, GOOD[0], "--overwrite")
@@ -479,7 +480,7 @@ def test_overwrite_refuses_to_delete_an_input_or_a_stranger(tmp_path, capsys):
 def test_overwrite_refuses_an_input_inside_what_it_would_delete(tmp_path, capsys, images):
     first = run_with(tmp_path, capsys, images, GOOD[0])
     assert first.code == 0
-    data = first.out / "packed_seq_dataset" / "mine.jsonl"  # a user's file inside our own store
+    data = store_dir(first.out) / "mine.jsonl"  # a user's file inside our own store
     shutil.copy(first.data, data)
     run = run_on(tmp_path, capsys, data, images, "--overwrite")
     assert run.code == 2 and "--data_path" in run.err and "which --overwrite would delete" in run.err
@@ -489,16 +490,16 @@ def test_overwrite_refuses_an_input_inside_what_it_would_delete(tmp_path, capsys
 def test_overwrite_keeps_a_foreign_file_with_one_of_our_names(tmp_path, capsys, images):
     out = tmp_path / "out"
     out.mkdir()
-    (out / "stats.json").write_text('{"my": "notes"}')
+    stats_path(out).write_text('{"my": "notes"}')
     run = run_with(tmp_path, capsys, images, GOOD[0], "--overwrite")
     assert run.code == 2 and "stats.json is not a neva_pack report" in run.err
-    assert (out / "stats.json").read_text() == '{"my": "notes"}'
+    assert stats_path(out).read_text() == '{"my": "notes"}'
 
 
 def test_overwrite_keeps_a_users_file_inside_our_store_directory(tmp_path, capsys, images):
     first = run_with(tmp_path, capsys, images, GOOD[0])
     assert first.code == 0
-    mine = first.out / "packed_seq_dataset" / "shard_0001.tar"  # named like a shard, but not a store file
+    mine = store_dir(first.out) / "shard_0001.tar"  # named like a shard, but not a store file
     mine.write_bytes(b"user data")
     run = run_with(tmp_path, capsys, images, GOOD[0], "--overwrite")
     assert run.code == 2 and "shard_0001.tar" in run.err and "nothing was deleted" in run.err
@@ -510,7 +511,7 @@ def test_overwrite_replaces_a_converted_compact_output(tmp_path, capsys, images)
     assert first.code == 0
     converted = tmp_path / "converted"
     assert main(["convert", str(first.out), str(converted), "--to", "compact"]) == 0
-    assert any(p.name.startswith("pool_") for p in (converted / "packed_seq_dataset").iterdir())
+    assert any(p.name.startswith("pool_") for p in store_dir(converted).iterdir())
     capsys.readouterr()
     code = main(["preprocess", "--quiet", "--data_path", str(first.data), "--image_folder", str(images),
                  "--tokenizer_path", str(TOKENIZER), "--output_dir", str(converted), "--conv_template", "v1",
@@ -627,7 +628,7 @@ def test_a_signal_exits_with_one_line_resume_advice_and_no_orphans(tmp_path, sig
     )  # fmt: skip
     deadline = time.monotonic() + 60
     workers: set[int] = set()
-    while len(workers) < 2 or not (out / "packed_seq_dataset").exists():
+    while len(workers) < 2 or not store_dir(out).exists():
         assert process.poll() is None and time.monotonic() < deadline
         workers |= children_of(process.pid)
         time.sleep(0.05)
@@ -701,7 +702,7 @@ def test_a_108_megapixel_jpeg_is_image_too_large_naming_the_limit_and_flag(tmp_p
     (images / "huge.jpg").write_bytes(jpeg_claiming(12_000, 9_000))
     run = run_with(tmp_path, capsys, images, image_record("huge.jpg"))
     assert run.code == 0 and run.reasons == {HOSTILE_AT: "image_too_large"}
-    detail = json.loads((run.out / "skipped.jsonl").read_text())["detail"]
+    detail = json.loads(skipped_path(run.out).read_text())["detail"]
     assert detail == "huge.jpg: 12000 x 9000 = 108,000,000 pixels > --max_image_pixels 36,000,000"
     assert run.verified
 
@@ -712,7 +713,7 @@ def test_an_image_over_pils_own_limit_is_image_too_large_and_a_larger_budget_lif
     (images / "vast.jpg").write_bytes(jpeg_claiming(15_000, 15_000))  # PIL refuses over 178,956,970 in open
     run = run_with(tmp_path, capsys, images, image_record("vast.jpg"))
     assert run.code == 0 and run.reasons == {HOSTILE_AT: "image_too_large"}
-    detail = json.loads((run.out / "skipped.jsonl").read_text())["detail"]
+    detail = json.loads(skipped_path(run.out).read_text())["detail"]
     assert detail == "vast.jpg: size = 225,000,000 pixels > --max_image_pixels 36,000,000"
     # a budget the user raised above PIL's limit is the one checked, from the header, as below it
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", Image.MAX_IMAGE_PIXELS)  # restored after the test
@@ -735,7 +736,7 @@ def test_a_sample_cut_before_its_answer_is_no_supervised_tokens(tmp_path, capsys
 
 
 def skip_detail(run: Run, index: int = HOSTILE_AT) -> str:
-    return next(line["detail"] for line in map(json.loads, (run.out / "skipped.jsonl").read_text().splitlines())
+    return next(line["detail"] for line in map(json.loads, skipped_path(run.out).read_text().splitlines())
                 if line["index"] == index)  # fmt: skip
 
 
@@ -783,7 +784,7 @@ def test_the_skip_report_is_the_same_bytes_in_two_runs_of_the_same_input(tmp_pat
         (tmp_path / attempt).mkdir()
         run = run_on(tmp_path / attempt, capsys, data, images)
         assert run.code == 0 and run.reasons == {1: "unreadable_image"}
-        reports.append((run.out / "skipped.jsonl").read_bytes())
+        reports.append(skipped_path(run.out).read_bytes())
     assert reports[0] == reports[1] and b" at 0x" not in reports[0]
 
 
@@ -1062,7 +1063,7 @@ def test_a_bad_configuration_file_is_one_line_naming_it(tmp_path, capsys, images
     run = run_configured(tmp_path, capsys, images, flags)
     assert run.code == 2 and one_line(run), run.err
     assert says in run.err
-    assert not (run.out / "skipped.jsonl").exists()
+    assert not skipped_path(run.out).exists()
 
 
 @pytest.mark.parametrize("flag", ["--hparams_file", "--tokenizer_path", "--conv_template"])

@@ -10,6 +10,8 @@ import json
 import subprocess
 import sys
 
+from neva_pack.files.indexed import bin_path
+from neva_pack.paths import packed_prefix
 from tests.conftest import ROOT, SAMPLE_DATA
 
 RUNS = """
@@ -45,4 +47,4 @@ def test_preprocess_never_imports_megatron(tmp_path):
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["codes"] == [0] * len(runs)
     assert result["megatron"] == []
-    assert (tmp_path / "sharded" / "packed_seq_dataset.bin").read_bytes() == (tmp_path / "image_nemo" / "packed_seq_dataset.bin").read_bytes()
+    assert bin_path(packed_prefix(tmp_path / "sharded")).read_bytes() == bin_path(packed_prefix(tmp_path / "image_nemo")).read_bytes()

@@ -18,6 +18,7 @@ from neva_pack import paths
 from neva_pack.cli import main
 from neva_pack.files.indexed import bin_path, idx_path
 from neva_pack.sample_store import PROGRESS_FILE
+from neva_pack.paths import meta_path, packed_prefix, skipped_path
 from tests.conftest import SAMPLE_DATA
 
 RECORDS = json.loads((SAMPLE_DATA / "llava_sample.json").read_text())
@@ -83,12 +84,12 @@ def test_sigkill_then_resume_gives_the_same_bytes(big_dataset, uninterrupted, tm
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
     # a killed run never leaves the pair at its final name, nor a meta
-    assert not (out / "packed_seq_dataset.meta.json").exists()
-    assert not ((out / "packed_seq_dataset.bin").exists() and (out / "packed_seq_dataset.idx").exists())
+    assert not meta_path(packed_prefix(out)).exists()
+    assert not (bin_path(packed_prefix(out)).exists() and idx_path(packed_prefix(out)).exists())
     assert main(["preprocess", *command(big_dataset, out)]) == 2  # not empty: refused without --resume
     assert main(["preprocess", *command(big_dataset, out, "--resume")]) == 0
     assert output_bytes(out) == output_bytes(uninterrupted)
-    assert (out / "skipped.jsonl").read_bytes() == (uninterrupted / "skipped.jsonl").read_bytes()
+    assert skipped_path(out).read_bytes() == skipped_path(uninterrupted).read_bytes()
 
 
 def test_resume_with_other_settings_is_refused(uninterrupted, big_dataset, tmp_path, capsys):
@@ -96,7 +97,7 @@ def test_resume_with_other_settings_is_refused(uninterrupted, big_dataset, tmp_p
 
     out = tmp_path / "out"
     shutil.copytree(uninterrupted, out)
-    (out / "packed_seq_dataset.meta.json").unlink()  # as if the run had died at the very end
+    meta_path(packed_prefix(out)).unlink()  # as if the run had died at the very end
     assert main(["preprocess", *command(big_dataset, out, "--resume", "--image_aspect_ratio", "pad")]) == 2
     assert "--resume: the output was started with image_aspect_ratio='square'" in capsys.readouterr().err
     assert (paths.store_dir(out) / PROGRESS_FILE).is_file()
@@ -135,7 +136,7 @@ def verify(capsys, *args) -> tuple[int, str]:
 def test_verify_passes_on_a_good_output_and_accounts_for_every_record(uninterrupted, big_dataset, capsys):
     code, out = verify(capsys, uninterrupted, "--data_path", big_dataset)
     assert code == 0 and out.startswith("OK: checked 5 files") and "120 records" in out
-    meta = json.loads((uninterrupted / "packed_seq_dataset.meta.json").read_text())
+    meta = json.loads(meta_path(packed_prefix(uninterrupted)).read_text())
     assert meta["checksums"]["algorithm"] == "xxh3_128"
     assert sorted(meta["checksums"]["files"]) == [
         "packed_seq_dataset.bin", "packed_seq_dataset.idx", "packed_seq_dataset.plan.npz", "skipped.jsonl",
@@ -180,17 +181,17 @@ def test_verify_checks_invariants_beyond_checksums(uninterrupted, tmp_path, caps
 
     out = tmp_path / "copy"
     shutil.copytree(uninterrupted, out)
-    reader = nemo.Reader(out / "packed_seq_dataset")
+    reader = nemo.Reader(packed_prefix(out))
     first, _ = reader.items_of(0)
     label_offset = int(reader.dataset.index.sequence_pointers[first + nemo.ITEM_LABELS])
     tokens = reader.pack(0).tokens
     reader.close()
-    data = bytearray((out / "packed_seq_dataset.bin").read_bytes())
+    data = bytearray(bin_path(packed_prefix(out)).read_bytes())
     data[label_offset : label_offset + 4] = np.float32(tokens[0] + 1).tobytes()  # label 0 := not the next token
-    (out / "packed_seq_dataset.bin").write_bytes(bytes(data))
-    meta = read_meta(out / "packed_seq_dataset.meta.json")
-    checksums = {**meta.checksums, "packed_seq_dataset.bin": file_checksum(out / "packed_seq_dataset.bin")}
-    paths.write_json_atomic(out / "packed_seq_dataset.meta.json", meta.replace(checksums=checksums).to_json())
+    bin_path(packed_prefix(out)).write_bytes(bytes(data))
+    meta = read_meta(meta_path(packed_prefix(out)))
+    checksums = {**meta.checksums, "packed_seq_dataset.bin": file_checksum(bin_path(packed_prefix(out)))}
+    paths.write_json_atomic(meta_path(packed_prefix(out)), meta.replace(checksums=checksums).to_json())
     code, report = verify(capsys, out)
     assert code == 1 and "pack 0: label at position 0" in report
 
@@ -207,16 +208,16 @@ def test_verify_reports_checksums_first_and_counts_every_problem(uninterrupted, 
 
     out = tmp_path / "copy"
     shutil.copytree(uninterrupted, out)
-    reader = nemo.Reader(out / "packed_seq_dataset")
+    reader = nemo.Reader(packed_prefix(out))
     packs = len(reader)
-    data = bytearray((out / "packed_seq_dataset.bin").read_bytes())
+    data = bytearray(bin_path(packed_prefix(out)).read_bytes())
     wrong = [int(reader.pack(p).tokens[0]) + 1 for p in range(packs)]
     for p in range(packs):  # label 0 of every pack := not the next token (checksum left stale)
         first, _ = reader.items_of(p)
         offset = int(reader.dataset.index.sequence_pointers[first + nemo.ITEM_LABELS])
         data[offset : offset + 4] = np.float32(wrong[p]).tobytes()
     reader.close()
-    (out / "packed_seq_dataset.bin").write_bytes(bytes(data))
+    bin_path(packed_prefix(out)).write_bytes(bytes(data))
     monkeypatch.setattr(verification, "MAX_REPORTED", 2)
     result = verification.verify(out, progress=False)
     assert packs > 2 and result.problem_count == 1 + packs
@@ -242,7 +243,7 @@ def test_verify_stops_at_a_structure_it_cannot_read(uninterrupted, tmp_path, mon
         result.add("pack 0: a structure problem")
         raise OSError("disk gone")
 
-    monkeypatch.setattr(nemo, "check", unreadable)
+    monkeypatch.setattr(nemo.FORMAT, "check", unreadable)  # the registry's nemo format object
     monkeypatch.setattr(verification, "_verify_packs", lambda *args, **kwargs: args[3].add("a pack problem"))
     result = verification.verify(out, progress=False)
     assert result.problems == ["pack 0: a structure problem", "cannot read the packed dataset: OSError: disk gone"]
@@ -276,7 +277,7 @@ def test_max_skip_fraction_aborts_early_with_the_report_so_far(tmp_path, capsys)
     code = main(["preprocess", *command(data, out)])
     err = capsys.readouterr().err
     assert code == 2 and "750 of the first 1000 records were skipped (> --max_skip_fraction 0.5)" in err
-    lines = (out / "skipped.jsonl").read_text().splitlines()
+    lines = skipped_path(out).read_text().splitlines()
     assert len(lines) == 750 and json.loads(lines[0])["reason"] == "missing_image"
 
 
@@ -296,7 +297,7 @@ def test_unreadable_tar_member_is_a_counted_skip(tmp_path, capsys):
     args = command(data, tmp_path / "out", "--max_skip_fraction", "1")
     args[args.index("--image_folder") + 1] = str(archive)
     assert main(["preprocess", *args]) == 0
-    skipped = json.loads((tmp_path / "out" / "skipped.jsonl").read_text())
+    skipped = json.loads(skipped_path(tmp_path / "out").read_text())
     assert skipped["index"] == 1 and skipped["reason"] == "unreadable_image"
 
 

@@ -13,6 +13,7 @@ from neva_pack import paths
 from neva_pack.cli import main
 from neva_pack.files.indexed import bin_path
 from neva_pack.formats import compact, nemo
+from neva_pack.paths import meta_path, packed_prefix, stats_path
 from tests.conftest import SAMPLE_DATA
 
 
@@ -155,7 +156,7 @@ def test_every_writing_setting_is_read_back_from_a_finished_output(finished):
     config = PreprocessConfig(data_path=str(SAMPLE_DATA / "llava_sample.json"), tokenizer_path=str(SAMPLE_DATA / "tokenizer.model"),
                               output_dir=str(finished))  # fmt: skip
     settings = config.write_settings(512)
-    meta = json.loads((finished / "packed_seq_dataset.meta.json").read_text())
+    meta = json.loads(meta_path(packed_prefix(finished)).read_text())
     assert set(settings) == set(meta_fields()) | {"global_batch_size"}
     assert all(field in meta for field in meta_fields().values())
-    assert "global_batch_size" in json.loads((finished / "stats.json").read_text())
+    assert "global_batch_size" in json.loads(stats_path(finished).read_text())

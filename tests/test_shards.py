@@ -21,6 +21,7 @@ from neva_pack.sample_store.files import (
     segment_text_prefix,
 )
 from neva_pack.shards import resolve_shards, shard_range
+from neva_pack.paths import meta_path, packed_prefix, skipped_path, stats_path
 from tests.conftest import SAMPLE_DATA
 
 RECORDS = json.loads((SAMPLE_DATA / "llava_sample.json").read_text())
@@ -69,9 +70,9 @@ def test_joined_parts_give_the_bytes_of_a_run_without_shards(dataset, unsharded,
     assert "once every shard is done" in capsys.readouterr().out
     assert main(command(dataset, out, "--num_shards", str(num_shards))) == 0
     assert outputs(out) == outputs(unsharded)
-    stats, expected = (json.loads((d / "stats.json").read_text())["records"] for d in (out, unsharded))
+    stats, expected = (json.loads(stats_path(d).read_text())["records"] for d in (out, unsharded))
     assert stats == expected and stats["skipped"] == 1
-    assert not list((out / "packed_seq_dataset").glob("part_*"))  # joined, then removed
+    assert not list(packed_prefix(out).glob("part_*"))  # joined, then removed
     assert main(command(dataset, out, "--num_shards", str(num_shards), "--resume")) == 0  # final step again: a no-op
     assert outputs(out) == outputs(unsharded)
 
@@ -94,14 +95,14 @@ def test_compact_and_padded_outputs_joined_from_parts_are_those_of_a_run_without
     plain, out = tmp_path / "plain", tmp_path / "out"
     assert main(command(dataset, plain, *extra)) == 0
     run_parts(dataset, out, "3", None, *extra)
-    part_pools = [p for p in (out / "packed_seq_dataset").glob("part_*/shard_*.images")]
+    part_pools = [p for p in packed_prefix(out).glob("part_*/shard_*.images")]
     assert len({p.parent for p in part_pools}) == 3  # each part stored the images it uses
     assert main(command(dataset, out, "--num_shards", "3", *extra)) == 0
     files = sorted(p.name for p in plain.iterdir() if p.is_file() and p.name.startswith("packed_seq_dataset.")
                    and not p.name.endswith(".meta.json")) + ["skipped.jsonl"]  # fmt: skip
     assert len(files) >= 4 and all((out / name).read_bytes() == (plain / name).read_bytes() for name in files), files
     assert pool_bytes(out) == pool_bytes(plain)
-    metas = [json.loads((d / "packed_seq_dataset.meta.json").read_text()) for d in (plain, out)]
+    metas = [json.loads(meta_path(packed_prefix(d)).read_text()) for d in (plain, out)]
     assert metas[0]["pad_to_multiple_of"] == 8
     # the metas differ only where they list files (the pool's parts: the store is split at other places)
     # and checksums (stats.json holds the run's duration)
@@ -127,7 +128,7 @@ def test_a_missing_part_is_named(dataset, tmp_path, capsys):
     assert main(command(dataset, out, "--num_shards", "3")) == 2
     err = capsys.readouterr().err
     assert "part_00001_of_00003" in err and "missing" in err and "--shard_index 1" in err
-    assert not (out / "packed_seq_dataset.bin").exists()
+    assert not bin_path(packed_prefix(out)).exists()
 
 
 def test_a_duplicated_part_is_named(dataset, tmp_path, capsys):
@@ -190,7 +191,7 @@ def test_repacking_the_joined_store_needs_no_parts(dataset, tmp_path, capsys):
     repack = command(dataset, out, "--num_shards", "3", "--overwrite")
     repack[repack.index("near_optimal")] = "first_fit_decreasing"
     assert main(repack) == 0
-    assert json.loads((out / "packed_seq_dataset.meta.json").read_text())["algorithm"] == "first_fit_decreasing"
+    assert json.loads(meta_path(packed_prefix(out)).read_text())["algorithm"] == "first_fit_decreasing"
 
 
 def test_shard_ranges_tile_the_records():
@@ -227,7 +228,7 @@ def test_the_final_step_checks_the_skip_fraction_of_the_whole_run(tmp_path, caps
     capsys.readouterr()
     assert main(command(data, out, "--num_shards", "2")) == 2
     assert "6 of the 10 records were skipped" in capsys.readouterr().err
-    assert (out / "skipped.jsonl").read_text().count("missing_image") == 6
+    assert skipped_path(out).read_text().count("missing_image") == 6
 
 
 
@@ -332,7 +333,7 @@ def test_a_damaged_part_is_named_before_anything_is_joined_or_deleted(dataset, u
     assert err.count("\n") == 0 and "part_00001_of_00003 (records 13..26) is damaged" in err, err
     assert target.name in err and "--shard_index 1 --overwrite" in err, err
     assert parts() == before  # every part kept, as it was (a pool image's damage shows as it is joined)
-    assert not (out / "packed_seq_dataset.meta.json").exists()
+    assert not meta_path(packed_prefix(out)).exists()
     run_parts(dataset, out, "3", [1], "--overwrite")  # what the line says
     assert main(command(dataset, out, "--num_shards", "3")) == 0
     assert outputs(out) == outputs(unsharded)

@@ -61,6 +61,7 @@ from neva_pack.image_ids import image_run_for, missing_nemo_specials
 from neva_pack.samples import SampleBuilder, truncation
 from neva_pack.templates import TOKENIZATIONS, available_templates, load_template
 from neva_pack.tokenizer import load_tokenizer
+from neva_pack.paths import meta_path, packed_prefix
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 RECORDS = {r["id"]: r for r in map(json.loads, (GOLDEN / "records.jsonl").read_text(encoding="utf-8").splitlines())}
@@ -478,6 +479,6 @@ def test_the_flag_reaches_the_output_meta(tokenization, sample_dataset, tmp_path
         "--conv_template", "v1", "--max_seq_length", "2048", "--num_workers", "0", "--tokenization", tokenization,
     ]  # fmt: skip
     assert main([str(a) for a in args]) == 0
-    meta = json.loads((output / "packed_seq_dataset.meta.json").read_text())
+    meta = json.loads(meta_path(packed_prefix(output)).read_text())
     assert meta["tokenization"] == tokenization
     capsys.readouterr()
