@@ -222,6 +222,9 @@ class RunReport:
     """NeMo config lines to train on the prefix."""
     seconds: float | None = None
     """Wall time of the run up to this prefix (None when not a run's report)."""
+    input_digest: str | None = None
+    """xxh3-128 of the input records file's bytes as packed: --resume and ``verify --data_path`` tell
+    by it whether the input changed since (None in a report written before it was recorded)."""
 
     def to_json(self) -> dict:
         """The stats.json layout: keys in field order, nested parts as objects."""
