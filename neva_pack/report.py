@@ -250,10 +250,9 @@ class RunReport:
 
 def read_report(path) -> RunReport:
     """A stats file (stats.json, stats_<size>.json); InputError naming it if damaged."""
-    import json
-    from pathlib import Path
+    from neva_pack.errors import InputError, parsing
+    from neva_pack.untrusted import MAX_OUTPUT_JSON_BYTES, read_json
 
-    from neva_pack.errors import parsing
-
+    data = read_json(path, what="", max_bytes=MAX_OUTPUT_JSON_BYTES, error=InputError)
     with parsing(path):
-        return RunReport.from_json(json.loads(Path(path).read_text(encoding="utf-8")))
+        return RunReport.from_json(data)

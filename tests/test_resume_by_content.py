@@ -224,3 +224,16 @@ def test_a_shard_resumes_from_another_mount_point_of_the_same_files(tmp_path, ca
     assert main(command(mount / "records.json", mount / "out", "--num_shards", "2", "--shard_index", "0")) == 0
     assert main(command(mount / "records.json", mount / "out", "--num_shards", "2")) == 0
     assert verify(mount / "out", data_path=real / "records.json", progress=False).ok
+
+
+def test_the_sharded_final_step_resumed_after_drop_store_reports_the_published_output(data, tmp_path, capsys):
+    out = tmp_path / "out"
+    for index in range(2):
+        assert main(command(data, out, "--num_shards", "2", "--shard_index", str(index))) == 0
+    assert main(command(data, out, "--num_shards", "2", "--drop_store")) == 0
+    published = bin_path(paths.packed_prefix(out)).read_bytes()
+    capsys.readouterr()
+    assert main(command(data, out, "--num_shards", "2", "--drop_store", "--resume")) == 0
+    said = capsys.readouterr()
+    assert "part" not in said.err and "records" in said.out
+    assert bin_path(paths.packed_prefix(out)).read_bytes() == published
