@@ -90,7 +90,7 @@ def _run(config: PreprocessConfig, builder: SampleBuilder, output_dir: Path, pro
         encode_samples(config, builder, store_directory, output_dir, index, progress, input_digest=digest)
     else:
         resume_fingerprint = config.sample_fingerprint()
-        fingerprint = content_fingerprint(config, builder, total, resume_fingerprint)
+        fingerprint = content_fingerprint(config, builder, total, resume_fingerprint, digest)
         join_parts(
             store_directory, config.num_shards, total, fingerprint, builder.preprocessor.shape, resume_fingerprint,
             image_run=builder.image_run.ids(), ignore_index=config.ignore_index, data_path=config.data_path,

@@ -100,14 +100,15 @@ def encode_part(config: PreprocessConfig, builder: SampleBuilder, progress: bool
     )
 
 
-def content_fingerprint(config, builder, total_records: int, resume_fingerprint: dict) -> dict:
+def content_fingerprint(config, builder, total_records: int, resume_fingerprint: dict, data_digest: str | None = None) -> dict:
     """What decides the samples, by content (no absolute path, no mtime): the resume fingerprint
-    (``PreprocessConfig.sample_fingerprint``) with its locations and names replaced by content digests."""
+    (``PreprocessConfig.sample_fingerprint``) with its locations and names replaced by content digests
+    (``data_digest``: the input's ``input_digest`` where the caller has it already)."""
     locations = set(config.sample.location_keys())
     encoder = builder.preprocessor.encoder
     template = {k: v for k, v in dataclasses.asdict(builder.template).items() if k != "name"}
     return {
-        "data": input_digest(config.data_path),
+        "data": input_digest(config.data_path) if data_digest is None else data_digest,
         "records": total_records,
         "tokenizer": _tokenizer_digest(Path(config.tokenizer_path)),
         "template": _text_digest(json.dumps(template, sort_keys=True, default=str)),
