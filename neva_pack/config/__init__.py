@@ -92,7 +92,8 @@ class PreprocessConfig:
         """Everything that decides the samples: ``SampleConfig.fingerprint`` at this run's cut, and whether
         the output format holds images (a text-only format skips the records that have some)."""
         fingerprint = self.sample.fingerprint(self.pack.cut_length)
-        fingerprint["text_only"] = not FORMATS[self.pack.output_format].holds_images
+        if not FORMATS[self.pack.output_format].holds_images:  # absent otherwise: stores made before it resume
+            fingerprint["text_only"] = True
         return fingerprint
 
     def write_settings(self, size: int) -> dict:
