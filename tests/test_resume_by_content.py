@@ -123,6 +123,20 @@ def test_the_same_input_resumes_and_publishes_what_an_uninterrupted_run_does(pac
     assert bin_path(paths.packed_prefix(out)).read_bytes() == before
 
 
+def test_a_store_written_before_the_digests_were_recorded_still_resumes(packed):
+    data, out = restored(packed)
+    before = bin_path(paths.packed_prefix(out)).read_bytes()
+    as_if_killed_before_publishing(out)
+    progress_file = paths.store_dir(out) / PROGRESS_FILE
+    progress = json.loads(progress_file.read_text())
+    del progress["input_digest"]
+    for segment in progress["shards"]:
+        del segment["checksums"]
+    progress_file.write_text(json.dumps(progress))
+    assert main(command(data, out, "--resume")) == 0
+    assert bin_path(paths.packed_prefix(out)).read_bytes() == before
+
+
 def store_files():
     """Each kind of file of a committed store segment (segment 0: its images are all new)."""
     name = "shard_00000"

@@ -73,15 +73,17 @@ def check_settings(stored: dict, current: dict) -> None:
             )
 
 
-def check_input(directory: Path, stored: str | None, current: str, data_path) -> None:
+def check_input(directory: Path, stored: str | None, current: str | None, data_path) -> None:
     """--resume: the input must be, byte for byte, the one the store at ``directory`` was started from
-    (its content digest, ``input_digest``), whatever its size and mtime say; InputError otherwise."""
-    if stored == current:
+    (its content digest, ``input_digest``), whatever its size and mtime say; InputError otherwise.
+    A store written before the digest was recorded (None) resumes on its fingerprint's size and mtime,
+    as it did: refusing it would throw away every store made until now."""
+    if stored is None or stored == current:
         return
-    why = ("records no input digest (written by an older neva_pack), so the input cannot be proven the same" if stored is None
-           else "was built from other content than --data_path {data_path} holds now (the input was edited, "
-           "even if its size and mtime are the same)".format(data_path=data_path))  # fmt: skip
-    raise InputError(f"--resume: the sample store in {directory} {why}; run with --overwrite to start again")
+    raise InputError(
+        f"--resume: the sample store in {directory} was built from other content than --data_path {data_path} "
+        "holds now (the input was edited, even if its size and mtime are the same); run with --overwrite to start again"
+    )
 
 
 def segment_checksums(directory: Path, name: str) -> dict[str, str]:
@@ -92,23 +94,24 @@ def segment_checksums(directory: Path, name: str) -> dict[str, str]:
 def store_checksums_problem(directory: Path, progress: dict) -> str | None:
     """What first differs between a store's committed files and the checksums its progress file
     records (every byte read: a resume checks them before adding to them), None when all agree.
-    A segment recorded without checksums (an older store) is a problem: nothing proves it whole."""
+    A segment recorded without them (a store written before they were) is checked by its sizes and
+    its pool's checksums only."""
     directory = Path(directory)
     problem = store_files_problem(directory, progress)
     if problem is not None:
         return problem
     for segment in (SegmentInfo(**info) for info in progress["shards"]):
+        pool = pool_segment(directory, segment.name, segment.pool_images, segment.pool_checksums)
+        if pool.count and pool.checksums is not None and file_checksum(pool.images_file) != pool.checksums[0]:
+            return f"{pool.images_file.name} does not hash to the checksum its progress file records"
         if segment.checksums is None:
-            return f"{segment.name} records no checksums (written by an older neva_pack)"
+            continue
         found = {path.name for path in segment_files(directory, segment.name)}
         if found != set(segment.checksums):
             return f"{segment.name}: files {sorted(found ^ set(segment.checksums))} differ from those recorded"
         for file_name, expected in segment.checksums.items():
             if file_checksum(directory / file_name) != expected:
                 return f"{file_name} does not hash to the checksum its progress file records"
-        pool = pool_segment(directory, segment.name, segment.pool_images, segment.pool_checksums)
-        if pool.count and pool.checksums is not None and file_checksum(pool.images_file) != pool.checksums[0]:
-            return f"{pool.images_file.name} does not hash to the checksum its progress file records"
     return None
 
 
