@@ -238,14 +238,27 @@ def _raise_terminated(signum, frame):
 def _interrupted(args, code: int) -> int:
     what = "interrupted" if code == EXIT_INTERRUPTED else "terminated"
     if args.command == "preprocess" and args.output_dir is not None:
-        print(
-            f"neva-pack: {what}; nothing was published, committed work is kept in {args.output_dir}: "
-            "run the same command with --resume to continue",
-            file=sys.stderr,
-        )
+        print(f"neva-pack: {what}; {_published_now(Path(args.output_dir))}", file=sys.stderr)
     else:
         print(f"neva-pack: {what}", file=sys.stderr)
     return code
+
+
+def _published_now(output_dir: Path) -> str:
+    """What an interrupted run leaves: the prefixes published (a meta written) before the signal, and
+    how to go on."""
+    from neva_pack import paths
+
+    try:
+        published = [prefix.name for prefix in paths.packed_prefixes(output_dir) if paths.meta_path(prefix).is_file()]
+    except (OSError, NevaPackError):
+        published = []
+    if not published:
+        return (f"nothing was published, committed work is kept in {output_dir}: run the same command with "
+                "--resume to continue")  # fmt: skip
+    were = "was" if len(published) == 1 else "were"
+    return (f"{', '.join(published)} in {output_dir} {were} published before it (complete, verifiable); run the same "
+            "command with --resume to finish what remains")  # fmt: skip
 
 
 EXIT_INTERRUPTED = 130

@@ -73,10 +73,14 @@ def skipped_path_of(prefix: Path) -> Path:
 
 def read_skipped_indices(path: Path) -> list[int]:
     """The record index of every line of a skipped list; InputError naming it if a line is damaged."""
-    from neva_pack.errors import parsing
+    import io
+
+    from neva_pack.errors import InputError, parsing
+    from neva_pack.untrusted import MAX_OUTPUT_TABLE_BYTES, open_file
 
     indices = []
-    with parsing(path), open(path, encoding="utf-8") as f:
+    raw = open_file(path, what="", max_bytes=MAX_OUTPUT_TABLE_BYTES, error=InputError)
+    with parsing(path), io.TextIOWrapper(raw, encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
             if line.strip():
                 try:

@@ -84,8 +84,12 @@ class PlanTable:
 
 def read_plan_table(path: Path) -> PlanTable:
     """``<prefix>.plan.npz``; InputError naming it if damaged."""
-    with parsing(path), np.load(path) as table:
-        return PlanTable.from_arrays({key: table[key] for key in table.files})
+    from neva_pack.errors import InputError
+    from neva_pack.untrusted import MAX_OUTPUT_TABLE_BYTES, open_file
+
+    with open_file(path, what="", max_bytes=MAX_OUTPUT_TABLE_BYTES, error=InputError) as f:
+        with parsing(path), np.load(f) as table:
+            return PlanTable.from_arrays({key: table[key] for key in table.files})
 
 
 def write_plan_table(path: Path, table: PlanTable) -> None:

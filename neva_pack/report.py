@@ -222,6 +222,9 @@ class RunReport:
     """NeMo config lines to train on the prefix."""
     seconds: float | None = None
     """Wall time of the run up to this prefix (None when not a run's report)."""
+    input_digest: str | None = None
+    """xxh3-128 of the input records file's bytes as packed: --resume and ``verify --data_path`` tell
+    by it whether the input changed since (None in a report written before it was recorded)."""
 
     def to_json(self) -> dict:
         """The stats.json layout: keys in field order, nested parts as objects."""
@@ -247,10 +250,9 @@ class RunReport:
 
 def read_report(path) -> RunReport:
     """A stats file (stats.json, stats_<size>.json); InputError naming it if damaged."""
-    import json
-    from pathlib import Path
+    from neva_pack.errors import InputError, parsing
+    from neva_pack.untrusted import MAX_OUTPUT_JSON_BYTES, read_json
 
-    from neva_pack.errors import parsing
-
+    data = read_json(path, what="", max_bytes=MAX_OUTPUT_JSON_BYTES, error=InputError)
     with parsing(path):
-        return RunReport.from_json(json.loads(Path(path).read_text(encoding="utf-8")))
+        return RunReport.from_json(data)

@@ -23,9 +23,13 @@ from typing import Literal
 from neva_pack.errors import ConfigError, NevaPackError
 
 __all__ = [
+    "MAX_OUTPUT_JSON_BYTES",
+    "MAX_OUTPUT_TABLE_BYTES",
     "MAX_SETTINGS_BYTES",
     "FileRefused",
     "compression_of",
+    "open_file",
+    "open_regular",
     "parse_yaml",
     "read_bytes",
     "read_json",
@@ -36,6 +40,11 @@ __all__ = [
 
 MAX_SETTINGS_BYTES = 16 << 20
 """Budget of a settings file (template, hparams, preprocessor_config.json): they are a few KB."""
+
+MAX_OUTPUT_JSON_BYTES = 256 << 20
+"""Budget of a JSON file of an output or a store (meta, stats, progress): they are KBs to a few MBs."""
+MAX_OUTPUT_TABLE_BYTES = 1 << 36
+"""Budget of a table of an output read as a stream (plan table, skipped list): GBs at most."""
 
 FailureKind = Literal["missing", "not_regular", "too_large", "unreadable"]
 
@@ -57,6 +66,20 @@ def regular_file_bytes(path: str | Path, max_bytes: int) -> bytes:
     again through the open descriptor, which is what is read: nothing is read from a device,
     FIFO, socket or directory, nor from a file over the budget.
     """
+    with open_regular(path, max_bytes) as f:
+        try:
+            data = f.read(max_bytes + 1)
+        except OSError as exc:
+            raise FileRefused("unreadable", f"cannot be read ({exc.strerror or exc})") from None
+    if len(data) > max_bytes:
+        raise FileRefused("too_large", f"more than the {max_bytes:,} bytes read at most (it grew while read)")
+    return data
+
+
+def open_regular(path: str | Path, max_bytes: int):
+    """``path`` opened for reading in binary (the caller closes it), once it is a regular file of at
+    most ``max_bytes`` (``FileRefused`` otherwise): for a file read as a stream or by a library that
+    takes a file object. The checks are ``regular_file_bytes``'s, on the descriptor returned."""
     try:
         _check(os.stat(path), max_bytes)
         descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
@@ -64,15 +87,13 @@ def regular_file_bytes(path: str | Path, max_bytes: int) -> bytes:
         raise FileRefused("missing", "no such file") from None
     except OSError as exc:
         raise FileRefused("unreadable", f"cannot be opened ({exc.strerror or exc})") from None
-    with open(descriptor, "rb") as f:
-        try:
-            _check(os.fstat(f.fileno()), max_bytes)
-            data = f.read(max_bytes + 1)
-        except OSError as exc:
-            raise FileRefused("unreadable", f"cannot be read ({exc.strerror or exc})") from None
-    if len(data) > max_bytes:
-        raise FileRefused("too_large", f"more than the {max_bytes:,} bytes read at most (it grew while read)")
-    return data
+    f = open(descriptor, "rb")
+    try:
+        _check(os.fstat(f.fileno()), max_bytes)
+    except BaseException:
+        f.close()
+        raise
+    return f
 
 
 def _check(info: os.stat_result, max_bytes: int) -> None:
@@ -95,6 +116,14 @@ def read_bytes(path: str | Path, *, what: str, max_bytes: int, error: type[NevaP
     (``what`` is the flag that named the file, or "" when the path says enough)."""
     try:
         return regular_file_bytes(path, max_bytes)
+    except FileRefused as refused:
+        raise error(f"{_label(what, path)}: {refused.why}") from None
+
+
+def open_file(path: str | Path, *, what: str, max_bytes: int, error: type[NevaPackError] = ConfigError):
+    """``open_regular``, failing with ``error`` as one line (``read_bytes``'s)."""
+    try:
+        return open_regular(path, max_bytes)
     except FileRefused as refused:
         raise error(f"{_label(what, path)}: {refused.why}") from None
 

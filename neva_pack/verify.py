@@ -108,11 +108,16 @@ def _verify_prefix(prefix: Path, data_path, progress: bool, result: Verification
     for problems in found:
         problems.replay(out)
     stats_file = paths.stats_path_of(prefix)
+    report = None
     if stats_file.is_file():  # what stats and convert read of it must parse, whatever its checksum says
         try:
-            read_report(stats_file)
+            report = read_report(stats_file)
         except InputError as exc:
             out.add(str(exc))
+    if data_path is not None and report is not None and report.input_digest is not None:
+        if file_checksum(Path(data_path)) != report.input_digest:
+            out.add(f"stale: {data_path} changed since this output was packed from it (its content differs from "
+                    f"the input digest in {stats_file.name}); pack it again with --overwrite")  # fmt: skip
     if data_path is not None and plan is not None:
         _verify_accounting(prefix, plan, Path(data_path), out)
 

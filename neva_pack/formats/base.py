@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 from neva_pack.checksums import file_checksum
-from neva_pack.errors import ConfigError
+from neva_pack.errors import ConfigError, InputError
 from neva_pack.formats.meta import Normalisation, PackedMeta, ReadPack
 from neva_pack.image_run import ImageRun
 from neva_pack.paths import TMP_SUFFIX, checkpoint_paths, meta_path, prefix_file, relative_name, tmp_prefix, write_json_atomic
@@ -216,9 +216,11 @@ def prefix_files(prefix: Path, suffixes: Sequence[str], plan_table_suffix: str) 
 
 def meta_is_of(path: Path, name: str) -> bool:
     """Whether ``path`` is a meta whose ``format`` field is ``name`` (by what it says, unchecked)."""
+    from neva_pack.untrusted import MAX_OUTPUT_JSON_BYTES, read_json
+
     try:
-        value = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError, UnicodeDecodeError):
+        value = read_json(path, what="", max_bytes=MAX_OUTPUT_JSON_BYTES, error=InputError)
+    except InputError:
         return False
     return isinstance(value, dict) and value.get("format") == name
 
@@ -257,7 +259,7 @@ class Checkpoint:
         """The saved state, if it belongs to this plan and every file is at least as long as saved."""
         if not self.path.is_file() or not all(f.is_file() for f in files):
             return None
-        with np.load(self.path) as state:
+        with self._opened() as f, np.load(f) as state:
             if str(state["plan_digest"]) != self.plan_digest:
                 return None
             data = {key: state[key] for key in state.files}
@@ -281,10 +283,16 @@ class Checkpoint:
         if not self.path.is_file():
             return None
         try:
-            with np.load(self.path) as state:
+            with self._opened() as f, np.load(f) as state:
                 return str(state["plan_digest"])
-        except (OSError, ValueError, KeyError, zipfile.BadZipFile):
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile, InputError):
             return None
+
+    def _opened(self):
+        """The checkpoint file opened as untrusted (a regular file within a budget)."""
+        from neva_pack.untrusted import MAX_OUTPUT_TABLE_BYTES, open_file
+
+        return open_file(self.path, what="", max_bytes=MAX_OUTPUT_TABLE_BYTES, error=InputError)
 
     def save(self, open_files: list, **arrays) -> None:
         sizes = []

@@ -455,9 +455,11 @@ class BridgeFormat:
 
 def _meta_size(path: Path) -> int | None:
     """max_seq_length of a meta, if there is one that says it."""
+    from neva_pack.untrusted import MAX_OUTPUT_JSON_BYTES, read_json
+
     try:
-        size = json.loads(path.read_text(encoding="utf-8")).get("max_seq_length")
-    except (OSError, ValueError, UnicodeDecodeError, AttributeError):
+        size = read_json(path, what="", max_bytes=MAX_OUTPUT_JSON_BYTES, error=InputError).get("max_seq_length")
+    except (InputError, AttributeError):
         return None
     return size if type(size) is int else None
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -301,12 +302,16 @@ def checksum_problems(expected: dict[str, str], actual: dict[str, str | None]) -
 
 
 def read_meta_json(path: Path) -> dict:
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(f"{path}: missing (the output is incomplete or not a neva_pack output)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"{path}: unreadable ({exc})") from None
+    """A meta file's JSON object, read as untrusted (a regular file, within a budget); InputError
+    as one line naming it otherwise."""
+    from neva_pack.untrusted import MAX_OUTPUT_JSON_BYTES, read_json
+
+    if not os.path.lexists(path):
+        raise InputError(f"{path}: missing (the output is incomplete or not a neva_pack output)")
+    value = read_json(path, what="", max_bytes=MAX_OUTPUT_JSON_BYTES, error=InputError)
+    if not isinstance(value, dict):
+        raise InputError(f"{path}: unreadable (not a JSON object)")
+    return value
 
 
 def read_meta(path: Path) -> PackedMeta:

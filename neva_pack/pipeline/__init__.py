@@ -37,7 +37,7 @@ from neva_pack.pipeline.builder import build_sample_builder, pack_spec
 from neva_pack.pipeline.encode import encode_samples, records_per_message
 from neva_pack.pipeline.ownership import prepare_output_dir
 from neva_pack.pipeline.pack import balance, pack_kept
-from neva_pack.pipeline.parts import content_fingerprint, encode_part, join_parts
+from neva_pack.pipeline.parts import content_fingerprint, encode_part, input_digest, join_parts
 from neva_pack.pipeline.report import packed_meta, run_report
 from neva_pack.pipeline.skipped import too_many_skipped, write_run_skipped, write_size_skipped
 from neva_pack.pipeline.write import drop_store, plan_digest, remove_stale_tmp, resumed_prefix, write_packs
@@ -79,17 +79,22 @@ def _run(config: PreprocessConfig, builder: SampleBuilder, output_dir: Path, pro
     """Every stage, while the output directory's lock is held. With --num_shards (and no
     --shard_index) this is the final step of a sharded run: the parts are checked and joined
     into the sample store instead of encoding, and the rest is the same."""
+    digest = input_digest(config.data_path)
+    store_directory = paths.store_dir(output_dir)
+    if config.resume and not store_directory.exists():
+        published = _published(config, output_dir, digest)
+        if published is not None:  # every prefix was published (and the store dropped) before: nothing to redo
+            return published
     index = index_records(config.data_path, every=records_per_message(config), progress=progress)
     total = index.count
-    store_directory = paths.store_dir(output_dir)
     if config.num_shards is None:
-        encode_samples(config, builder, store_directory, output_dir, index, progress)
+        encode_samples(config, builder, store_directory, output_dir, index, progress, input_digest=digest)
     else:
         resume_fingerprint = config.sample_fingerprint()
-        fingerprint = content_fingerprint(config, builder, total, resume_fingerprint)
+        fingerprint = content_fingerprint(config, builder, total, resume_fingerprint, digest)
         join_parts(
             store_directory, config.num_shards, total, fingerprint, builder.preprocessor.shape, resume_fingerprint,
-            image_run=builder.image_run.ids(), ignore_index=config.ignore_index,
+            image_run=builder.image_run.ids(), ignore_index=config.ignore_index, data_path=config.data_path,
         )  # fmt: skip
     store = SampleStore(store_directory)
     write_run_skipped(store.skipped_files(), output_dir)
@@ -108,15 +113,32 @@ def _run(config: PreprocessConfig, builder: SampleBuilder, output_dir: Path, pro
         )
     reports = {}
     for size in config.sizes:
-        reports[size] = _write_prefix(config, builder, store, index, size, output_dir, progress, started)
+        reports[size] = _write_prefix(config, builder, store, index, size, output_dir, progress, started, digest)
     if config.drop_store:
         drop_store(output_dir, [paths.packed_prefix(output_dir, size if len(config.sizes) > 1 else None) for size in config.sizes])
     strict_failure = config.strict and any(report.records.skipped > 0 for report in reports.values())
     return RunResult(reports=reports, exit_code=1 if strict_failure else 0)
 
 
+def _published(config, output_dir: Path, digest: str) -> RunResult | None:
+    """--resume where the sample store is gone (--drop_store after a complete run): the reports of the
+    published prefixes when every pack size was published from this very input with these settings;
+    None when one is missing (the run starts the store again)."""
+    reports = {}
+    for size in config.sizes:
+        named_size = size if len(config.sizes) > 1 else None
+        prefix = paths.packed_prefix(output_dir, named_size)
+        report = resumed_prefix(prefix, paths.stats_path(output_dir, named_size), config.write_settings(size),
+                                digest, config.data_path)  # fmt: skip
+        if report is None:
+            return None
+        reports[size] = report
+    strict_failure = config.strict and any(report.records.skipped > 0 for report in reports.values())
+    return RunResult(reports=reports, exit_code=1 if strict_failure else 0)
+
+
 def _write_prefix(
-    config, builder, store, index: RecordIndex, size: int, output_dir: Path, progress: bool, started
+    config, builder, store, index: RecordIndex, size: int, output_dir: Path, progress: bool, started, digest: str
 ) -> RunReport:
     """Pack the store for one pack size and publish its prefix (skipped when --resume finds it complete)."""
     total = index.count
@@ -125,7 +147,7 @@ def _write_prefix(
     stats_file = paths.stats_path(output_dir, named_size)
     settings = config.write_settings(size)
     if config.resume:
-        published = resumed_prefix(prefix, stats_file, settings)
+        published = resumed_prefix(prefix, stats_file, settings, digest, config.data_path)
         if published is not None:
             return published  # published before the interruption, with these settings
     multiple = config.alignment
@@ -156,7 +178,7 @@ def _write_prefix(
     report = run_report(
         config, builder, store, rows, plan, padded, kept, len(unsupervised), balance_report, total, prefix,
         time.perf_counter() - started,
-    )  # fmt: skip
+    ).replace(input_digest=digest)  # fmt: skip
     problem = invariants.accounting_problem(total, report.records.packed, report.records.skipped)
     if problem is not None:
         raise OutputError(f"{prefix}: {problem}; nothing was published (run again with --overwrite)")

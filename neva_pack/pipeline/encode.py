@@ -36,14 +36,17 @@ what bounds the main process's memory)."""
 
 def encode_samples(
     config, builder, store_directory: Path, report_dir: Path, index: RecordIndex, progress: bool, first: int = 0,
-    end: int | None = None, extra: dict | None = None,
+    end: int | None = None, extra: dict | None = None, *, input_digest: str, fingerprint: dict | None = None,
 ) -> None:
     """Stream samples of records [first, end) from the DataLoader into the store at ``store_directory``,
-    committing a store segment every checkpoint. The workers seek to their records by ``index``."""
+    committing a store segment every checkpoint. The workers seek to their records by ``index``.
+    ``fingerprint``: what a resume must match (the run's sample fingerprint unless given: a shard's
+    part gives its content fingerprint, which names no absolute path); ``input_digest``: the input's."""
     end = index.count if end is None else end
     writer = SampleStoreWriter(
-        store_directory, builder.preprocessor.shape, config.sample_fingerprint(), resume=config.resume,
-        first_record=first, extra=extra, image_run=builder.image_run.ids(), ignore_index=config.ignore_index,
+        store_directory, builder.preprocessor.shape, config.sample_fingerprint() if fingerprint is None else fingerprint,
+        resume=config.resume, first_record=first, extra=extra, image_run=builder.image_run.ids(),
+        ignore_index=config.ignore_index, input_digest=input_digest, data_path=config.data_path,
     )  # fmt: skip
     start = writer.next_record
     skipped = sum(sum(s.skipped_by_reason.values()) for s in writer.segments)

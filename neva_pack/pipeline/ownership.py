@@ -25,7 +25,7 @@ import socket
 from pathlib import Path
 
 from neva_pack import paths
-from neva_pack.errors import ConfigError
+from neva_pack.errors import ConfigError, InputError
 from neva_pack.formats import declared_files
 from neva_pack.paths import LOCK_FILE
 from neva_pack.sample_store import PROGRESS_FILE, STORE_FORMAT, is_store_file, part_dir, part_of
@@ -166,9 +166,8 @@ def _not_ours(path: Path, formats: list) -> str | None:
             return "is not a skipped-records list"
         return None if isinstance(line, dict) and {"index", "reason"} <= line.keys() else "is not a skipped-records list"
     if name.endswith(".json"):
-        try:
-            report = json.loads(path.read_text(encoding="utf-8"))
-        except (ValueError, UnicodeDecodeError):
+        report = _json_field(path, None)
+        if report is None:
             return "is not a neva_pack report"
         return None if isinstance(report, dict) and {"records", "packing"} <= report.keys() else "is not a neva_pack report"
     return "is not a file neva_pack writes"
@@ -193,12 +192,18 @@ def _store_problem(directory: Path) -> str | None:
     return None
 
 
-def _json_field(path: Path, field: str):
+def _json_field(path: Path, field: str | None):
+    """The value of ``field`` in a JSON object file (the object itself for None); None when the file
+    is not one (read as untrusted: a regular file within a budget)."""
+    from neva_pack.untrusted import MAX_OUTPUT_JSON_BYTES, read_json
+
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, UnicodeDecodeError):
+        value = read_json(path, what="", max_bytes=MAX_OUTPUT_JSON_BYTES, error=InputError)
+    except InputError:
         return None
-    return value.get(field) if isinstance(value, dict) else None
+    if not isinstance(value, dict):
+        return None
+    return value if field is None else value.get(field)
 
 
 def prepare_output_dir(config, keep_store: bool = False) -> OutputLock:

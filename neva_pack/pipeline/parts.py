@@ -36,16 +36,19 @@ from neva_pack.sample_store import (
     PROGRESS_FILE,
     SampleStoreWriter,
     StoreDamage,
+    check_input,
     join_part,
     part_dir,
     part_of,
+    read_progress,
+    store_checksums_problem,
     store_files_problem,
 )
 from neva_pack.samples import SampleBuilder
 from neva_pack.shards import shard_range
 from neva_pack.checksums import file_checksum
 
-__all__ = ["Partition", "content_fingerprint", "encode_part", "join_parts"]
+__all__ = ["Partition", "content_fingerprint", "encode_part", "input_digest", "join_parts"]
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Partition:
@@ -89,21 +92,23 @@ def encode_part(config: PreprocessConfig, builder: SampleBuilder, progress: bool
             fingerprint=content_fingerprint(config, builder, total, resume_fingerprint),
         )
         extra = {"partition": partition.to_json()}
-        encode_samples(config, builder, part, part, index, progress, first=first, end=end, extra=extra)
+        encode_samples(config, builder, part, part, index, progress, first=first, end=end, extra=extra,
+                       fingerprint=partition.fingerprint, input_digest=partition.fingerprint["data"])  # fmt: skip
     return (
         f"shard {config.shard_index} of {config.num_shards}: records {first}..{end - 1} encoded into {part}; "
         f"once every shard is done, run the same command without --shard_index to pack"
     )
 
 
-def content_fingerprint(config, builder, total_records: int, resume_fingerprint: dict) -> dict:
+def content_fingerprint(config, builder, total_records: int, resume_fingerprint: dict, data_digest: str | None = None) -> dict:
     """What decides the samples, by content (no absolute path, no mtime): the resume fingerprint
-    (``PreprocessConfig.sample_fingerprint``) with its locations and names replaced by content digests."""
+    (``PreprocessConfig.sample_fingerprint``) with its locations and names replaced by content digests
+    (``data_digest``: the input's ``input_digest`` where the caller has it already)."""
     locations = set(config.sample.location_keys())
     encoder = builder.preprocessor.encoder
     template = {k: v for k, v in dataclasses.asdict(builder.template).items() if k != "name"}
     return {
-        "data": _file_digest(Path(config.data_path)),
+        "data": input_digest(config.data_path) if data_digest is None else data_digest,
         "records": total_records,
         "tokenizer": _tokenizer_digest(Path(config.tokenizer_path)),
         "template": _text_digest(json.dumps(template, sort_keys=True, default=str)),
@@ -116,7 +121,7 @@ def content_fingerprint(config, builder, total_records: int, resume_fingerprint:
 
 def join_parts(
     store_directory: Path, num_shards: int, total_records: int, fingerprint: dict, image_shape, resume_fingerprint: dict,
-    *, image_run, ignore_index: int,
+    *, image_run, ignore_index: int, data_path,
 ) -> None:  # fmt: skip
     """Check that the parts tile [0, total_records) once with identical settings and that each part's
     files are what its progress file records, then join them into the sample store (one store shard
@@ -128,14 +133,22 @@ def join_parts(
     store_directory = Path(store_directory)
     progress_file = store_directory / PROGRESS_FILE
     if progress_file.is_file():
-        joined = json.loads(progress_file.read_text(encoding="utf-8"))
+        joined = read_progress(store_directory)
         if joined.get("complete") and joined.get("joined_from") == _joined_marker(num_shards, total_records, fingerprint):
+            problem = store_checksums_problem(store_directory, joined)
+            if problem is not None:
+                raise InputError(f"--resume: the sample store in {store_directory} is damaged ({problem}); run the "
+                                 "shards and this step again with --overwrite")  # fmt: skip
             _remove_joined_parts(store_directory, num_shards)
             return
+        if joined.get("complete") and not any(part_of(p.name) for p in store_directory.iterdir()):
+            check_input(store_directory, (joined.get("joined_from") or {}).get("fingerprint", {}).get("data"),
+                        fingerprint["data"], data_path)  # fmt: skip
     parts = _check_parts(store_directory, num_shards, total_records, fingerprint)
     marker = {"joined_from": _joined_marker(num_shards, total_records, fingerprint)}
     writer = SampleStoreWriter(
-        store_directory, image_shape, resume_fingerprint, extra=marker, image_run=image_run, ignore_index=ignore_index
+        store_directory, image_shape, resume_fingerprint, extra=marker, image_run=image_run, ignore_index=ignore_index,
+        input_digest=fingerprint["data"],
     )
     for path, progress in parts:
         partition = progress["partition"]
@@ -143,7 +156,7 @@ def join_parts(
             join_part(writer, path, partition["first_record"], partition["end_record"])
         except StoreDamage as exc:
             raise _damaged(path, partition, exc) from None
-    problem = store_files_problem(store_directory, json.loads(progress_file.read_text(encoding="utf-8")))
+    problem = store_files_problem(store_directory, read_progress(store_directory))
     if problem is not None:  # left incomplete, with every part: the final step joins them again
         raise InputError(f"{store_directory}: the store joined from the parts is damaged ({problem}); the parts "
                          "were kept: run the final step again")  # fmt: skip
@@ -224,13 +237,15 @@ def _check_parts(store_directory: Path, num_shards: int, total: int, fingerprint
 
 
 def _read_part(path: Path) -> dict | None:
-    progress = path / PROGRESS_FILE
-    if not progress.is_file():
+    if not (path / PROGRESS_FILE).exists():
         return None
-    try:
-        return json.loads(progress.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise InputError(f"{progress}: unreadable ({exc})") from None
+    return read_progress(path)
+
+
+def input_digest(data_path) -> str:
+    """The input records file's content digest: what a resume and ``verify --data_path`` compare, so
+    that an input edited in place (same size, mtime put back) is never taken for the one packed."""
+    return file_checksum(Path(data_path))
 
 
 def _file_digest(path: Path) -> str:

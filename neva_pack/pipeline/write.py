@@ -41,13 +41,18 @@ def plan_digest(plan: PackingPlan, padded: np.ndarray, settings: dict) -> str:
     return json.dumps({"plan": digest.hexdigest(), "settings": settings}, sort_keys=True)
 
 
-def resumed_prefix(prefix: Path, stats_file: Path, settings: dict) -> RunReport | None:
+def resumed_prefix(prefix: Path, stats_file: Path, settings: dict, digest: str, data_path) -> RunReport | None:
     """--resume of one prefix: its report when it was published before the interruption (None when it
     was not), once its meta -- or, unfinished, the writer's checkpoint -- shows that it was written with
-    these settings; otherwise ConfigError naming the setting (nothing is touched)."""
+    these settings; otherwise ConfigError naming the setting (nothing is touched). A published prefix
+    must also have been packed from this input's content (``digest``, where its report records one):
+    InputError otherwise."""
     meta_file = paths.meta_path(prefix)
     if meta_file.is_file() and stats_file.is_file():
         report = read_report(stats_file)
+        if report.input_digest is not None and report.input_digest != digest:  # None: a report from before it
+            raise InputError(f"--resume: {prefix} was packed from other content than --data_path {data_path} holds "
+                             "now (the input was edited); run with --overwrite to pack it again")  # fmt: skip
         meta = read_meta_json(meta_file)
         stored = {key: meta[field] for key, field in meta_fields().items() if field in meta}
         stored["global_batch_size"] = report.global_batch_size

@@ -18,7 +18,14 @@ another algorithm reads them, re-encodes nothing, and a compact output adds no p
 from __future__ import annotations
 
 from neva_pack.sample_store.batches import StoreDocument, StoredBatch, store_document, stored_batch
-from neva_pack.sample_store.checks import StoreDamage, check_settings, read_progress, store_files_problem
+from neva_pack.sample_store.checks import (
+    StoreDamage,
+    check_input,
+    check_settings,
+    read_progress,
+    store_checksums_problem,
+    store_files_problem,
+)
 from neva_pack.sample_store.files import (
     PROGRESS_FILE,
     SAMPLE_ROW,
@@ -45,12 +52,14 @@ __all__ = [
     "StoreDocument",
     "StoredBatch",
     "StoredTexts",
+    "check_input",
     "check_settings",
     "is_store_file",
     "join_part",
     "part_dir",
     "part_of",
     "read_progress",
+    "store_checksums_problem",
     "store_document",
     "store_files_problem",
     "stored_batch",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +16,7 @@ from neva_pack.sample_store.files import (
     STORE_TEXT_DTYPE,
     TEXT_ITEMS,
     SegmentInfo,
+    segment_files,
     segment_image_refs_path,
     segment_rows_path,
     segment_skipped_path,
@@ -24,8 +24,21 @@ from neva_pack.sample_store.files import (
 )
 from neva_pack.sample_store.image_pool import KEY_BYTES, pool_segment
 from neva_pack.checksums import file_checksum
+from neva_pack.untrusted import read_json
 
-__all__ = ["StoreDamage", "check_settings", "read_progress", "store_files_problem"]
+__all__ = [
+    "MAX_PROGRESS_BYTES",
+    "StoreDamage",
+    "check_input",
+    "check_settings",
+    "read_progress",
+    "segment_checksums",
+    "store_checksums_problem",
+    "store_files_problem",
+]
+
+MAX_PROGRESS_BYTES = 256 << 20
+"""Budget of a progress file: a segment's entry is a few hundred bytes, a store has thousands."""
 
 
 class StoreDamage(ValueError):
@@ -35,12 +48,11 @@ class StoreDamage(ValueError):
 def read_progress(directory: Path) -> dict:
     """The store's progress file, once it is a sample store's of this version (InputError otherwise)."""
     path = Path(directory) / PROGRESS_FILE
-    try:
-        progress = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(f"{path}: missing (the output is incomplete or not a neva_pack output)") from None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise InputError(f"{path}: unreadable ({exc})") from None
+    if not path.exists() and not path.is_symlink():
+        raise InputError(f"{path}: missing (the output is incomplete or not a neva_pack output)")
+    progress = read_json(path, what="", max_bytes=MAX_PROGRESS_BYTES, error=InputError)
+    if not isinstance(progress, dict):
+        raise InputError(f"{path}: not a JSON object")
     if progress.get("format") != STORE_FORMAT:
         raise InputError(f"{path}: format {progress.get('format')!r}, expected {STORE_FORMAT!r}")
     if not isinstance(progress.get("version"), int) or progress["version"] > STORE_FORMAT_VERSION:
@@ -59,6 +71,48 @@ def check_settings(stored: dict, current: dict) -> None:
                 f"--resume: the output was started with {key}={stored.get(key)!r}, this run has "
                 f"{current.get(key)!r}; run with the same settings, or --overwrite to start again"
             )
+
+
+def check_input(directory: Path, stored: str | None, current: str | None, data_path) -> None:
+    """--resume: the input must be, byte for byte, the one the store at ``directory`` was started from
+    (its content digest, ``input_digest``), whatever its size and mtime say; InputError otherwise.
+    A store written before the digest was recorded (None) resumes on its fingerprint's size and mtime,
+    as it did: refusing it would throw away every store made until now."""
+    if stored is None or stored == current:
+        return
+    raise InputError(
+        f"--resume: the sample store in {directory} was built from other content than --data_path {data_path} "
+        "holds now (the input was edited, even if its size and mtime are the same); run with --overwrite to start again"
+    )
+
+
+def segment_checksums(directory: Path, name: str) -> dict[str, str]:
+    """xxh3-128 of each file of a committed segment besides its pool's, by file name (``SegmentInfo.checksums``)."""
+    return {path.name: file_checksum(path) for path in segment_files(directory, name)}
+
+
+def store_checksums_problem(directory: Path, progress: dict) -> str | None:
+    """What first differs between a store's committed files and the checksums its progress file
+    records (every byte read: a resume checks them before adding to them), None when all agree.
+    A segment recorded without them (a store written before they were) is checked by its sizes and
+    its pool's checksums only."""
+    directory = Path(directory)
+    problem = store_files_problem(directory, progress)
+    if problem is not None:
+        return problem
+    for segment in (SegmentInfo(**info) for info in progress["shards"]):
+        pool = pool_segment(directory, segment.name, segment.pool_images, segment.pool_checksums)
+        if pool.count and pool.checksums is not None and file_checksum(pool.images_file) != pool.checksums[0]:
+            return f"{pool.images_file.name} does not hash to the checksum its progress file records"
+        if segment.checksums is None:
+            continue
+        found = {path.name for path in segment_files(directory, segment.name)}
+        if found != set(segment.checksums):
+            return f"{segment.name}: files {sorted(found ^ set(segment.checksums))} differ from those recorded"
+        for file_name, expected in segment.checksums.items():
+            if file_checksum(directory / file_name) != expected:
+                return f"{file_name} does not hash to the checksum its progress file records"
+    return None
 
 
 def store_files_problem(directory: Path, progress: dict) -> str | None:

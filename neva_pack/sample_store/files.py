@@ -47,6 +47,7 @@ __all__ = [
     "run_pairs",
     "pool_images_path",
     "pool_keys_path",
+    "segment_files",
     "segment_image_refs_path",
     "segment_name",
     "segment_of",
@@ -95,6 +96,9 @@ class SegmentInfo:
     """Skipped records of the segment, by reason."""
     pool_checksums: dict | None = None
     """Checksums of the segment's pool files, computed as they were written (``PoolSegment.checksums``)."""
+    checksums: dict | None = None
+    """xxh3-128 of the segment's other files once committed, by file name (``segment_files``): what a
+    resume checks them against (None in a store written before they were recorded)."""
 
     def to_json(self) -> dict:
         return {field: getattr(self, field) for field in SegmentInfo.__dataclass_fields__}
@@ -103,6 +107,15 @@ class SegmentInfo:
 def segment_name(number: int) -> str:
     """The file stem of the store's ``number``-th segment (its on-disk spelling: shard_00000)."""
     return f"shard_{number:05d}"
+
+
+def segment_files(directory: Path, name: str) -> list[Path]:
+    """The files of segment ``name`` besides its pool's, in a fixed order (those it has: a segment of
+    skipped records has no text files)."""
+    text = segment_text_prefix(directory, name)
+    files = [segment_rows_path(directory, name), segment_image_refs_path(directory, name),
+             segment_skipped_path(directory, name), Path(f"{text}.bin"), Path(f"{text}.idx")]  # fmt: skip
+    return [path for path in files if path.is_file()]
 
 
 def segment_skipped_path(directory: Path, name: str) -> Path:

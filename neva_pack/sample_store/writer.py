@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -9,8 +10,9 @@ import numpy as np
 
 from neva_pack.files import fsync_close
 from neva_pack.files.indexed import IndexedWriter, bin_path, idx_path
+from neva_pack.errors import InputError
 from neva_pack.sample_store.batches import StoredBatch, stored_batch
-from neva_pack.sample_store.checks import check_settings, read_progress
+from neva_pack.sample_store.checks import check_input, check_settings, read_progress, segment_checksums, store_checksums_problem
 from neva_pack.sample_store.files import (
     PROGRESS_FILE,
     SAMPLE_ROW,
@@ -42,7 +44,7 @@ class SampleStoreWriter:
 
     def __init__(
         self, directory: Path, image_shape, fingerprint: dict, resume: bool = False, first_record: int = 0,
-        extra: dict | None = None, *, image_run, ignore_index: int,
+        extra: dict | None = None, *, image_run, ignore_index: int, input_digest: str | None = None, data_path=None,
     ):  # fmt: skip
         self.directory = Path(directory)
         self.image_shape = tuple(image_shape)
@@ -51,14 +53,20 @@ class SampleStoreWriter:
         self.ignore_index = int(ignore_index)
         self.first_record = first_record  # a sharded run's part starts at its range (pipeline/parts.py)
         self.extra = extra or {}  # written into progress.json as is (a part's partition, a join's origin)
+        self.input_digest = input_digest  # the input's content digest: a resume proves it is the same input
         self.segments: list[SegmentInfo] = []
         if resume and (self.directory / PROGRESS_FILE).is_file():
             progress = read_progress(self.directory)
+            check_input(self.directory, progress.get("input_digest"), input_digest, data_path)
             check_settings(progress["fingerprint"], fingerprint)
             check_settings(
                 {"image_run": progress["image_run"], "ignore_index": progress["ignore_index"]},
                 {"image_run": run_pairs(self.image_run), "ignore_index": self.ignore_index},
             )
+            problem = store_checksums_problem(self.directory, progress)
+            if problem is not None:
+                raise InputError(f"--resume: the sample store in {self.directory} is damaged ({problem}); "
+                                 "run with --overwrite to start again")  # fmt: skip
             self.segments = [SegmentInfo(**segment) for segment in progress["shards"]]
             self.complete = bool(progress["complete"])
         else:
@@ -113,6 +121,8 @@ class SampleStoreWriter:
         """Record a segment whose files are written and durable (the open one, or one joined from a part)."""
         if self._open is not None and self._open.name != segment.name:
             raise ValueError(f"{segment.name}: segment {self._open.name} is open (a bug)")
+        if segment.checksums is None:
+            segment = dataclasses.replace(segment, checksums=segment_checksums(self.directory, segment.name))
         self.segments.append(segment)
         self._open = None
         self._write_progress(complete=False)
@@ -142,6 +152,7 @@ class SampleStoreWriter:
                 "image_run": run_pairs(self.image_run),
                 "ignore_index": self.ignore_index,
                 "fingerprint": self.fingerprint,
+                "input_digest": self.input_digest,
                 **self.extra,
                 "complete": complete,
                 "shards": [segment.to_json() for segment in self.segments],
