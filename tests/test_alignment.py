@@ -214,7 +214,7 @@ def test_plan_defaults_to_the_outputs_multiple_and_takes_the_run_flags(runs, tmp
     assert from_store["padding_overhead"] == pytest.approx(stats["packing"]["padding"]["overhead"])
     without_store = tmp_path / "m64"
     without_store.mkdir()
-    for path in runs["m64"].glob("packed_seq_dataset.*"):
+    for path in runs["m64"].glob(packed_prefix(runs["m64"]).name + ".*"):
         (without_store / path.name).write_bytes(path.read_bytes())
     assert plan(without_store) | {"seconds": 0} == from_store | {"seconds": 0}  # from the plan table and the meta
     # the run's flags, through the run's lcm rule: 64 from an explicit multiple or from CP 32

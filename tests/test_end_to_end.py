@@ -18,8 +18,9 @@ from neva_pack.dataset import PackedSeqDataset, collate, position_ids_from_cu_se
 from neva_pack.encoders import resolve_encoder
 from neva_pack.images import ImagePreprocessor, decode_image
 from neva_pack.sample_store import SampleStore
+from neva_pack.files.indexed import bin_path, idx_path
+from neva_pack.formats import FORMATS
 from neva_pack.paths import meta_path, packed_prefix, skipped_path, stats_path, store_dir
-from neva_pack.files.indexed import bin_path
 
 MAX = 2048
 
@@ -62,16 +63,11 @@ def packed(tmp_path_factory):
 
 
 def test_output_files_and_meta(packed):
-    names = sorted(p.name for p in packed["dir"].iterdir())
-    assert names == [
-        "packed_seq_dataset",
-        "packed_seq_dataset.bin",
-        "packed_seq_dataset.idx",
-        "packed_seq_dataset.meta.json",
-        "packed_seq_dataset.plan.npz",
-        "skipped.jsonl",
-        "stats.json",
-    ]
+    """The nemo format's files (.bin, .idx, the plan table, the meta), the sample store, the skipped
+    list and the stats: nothing else."""
+    out = packed["dir"]
+    expected = [*FORMATS["nemo"].files(packed_prefix(out)).final, store_dir(out), skipped_path(out), stats_path(out)]
+    assert sorted(out.iterdir()) == sorted(expected) and len(expected) == 7
     meta = json.loads(meta_path(packed_prefix(packed["dir"])).read_text())
     assert meta["crop_size"] == [336, 336] and meta["template"] == "v1"
     assert meta["algorithm"] == "first_fit_shuffle" and meta["seed"] == 42
@@ -166,9 +162,9 @@ def test_same_output_bytes_for_any_number_of_workers(packed, tmp_path, capsys):
     code, _, _ = run(capsys, *base_args(packed["data"], tmp_path / "w2", "--global_batch_size", "64")[:-2],
                      "--num_workers", "2", "--global_batch_size", "64")  # fmt: skip
     assert code == 0
-    for suffix in (".bin", ".idx"):
-        a = (packed["dir"] / f"packed_seq_dataset{suffix}").read_bytes()
-        b = (tmp_path / "w2" / f"packed_seq_dataset{suffix}").read_bytes()
+    for path_of in (bin_path, idx_path):
+        a = path_of(packed_prefix(packed["dir"])).read_bytes()
+        b = path_of(packed_prefix(tmp_path / "w2")).read_bytes()
         assert a == b
 
 

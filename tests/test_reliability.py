@@ -18,7 +18,7 @@ from neva_pack import paths
 from neva_pack.cli import main
 from neva_pack.files.indexed import bin_path, idx_path
 from neva_pack.sample_store import PROGRESS_FILE
-from neva_pack.paths import meta_path, packed_prefix, skipped_path
+from neva_pack.paths import meta_path, packed_prefix, plan_path, relative_name, skipped_path, stats_path
 from tests.conftest import SAMPLE_DATA
 
 RECORDS = json.loads((SAMPLE_DATA / "llava_sample.json").read_text())
@@ -138,20 +138,20 @@ def test_verify_passes_on_a_good_output_and_accounts_for_every_record(uninterrup
     assert code == 0 and out.startswith("OK: checked 5 files") and "120 records" in out
     meta = json.loads(meta_path(packed_prefix(uninterrupted)).read_text())
     assert meta["checksums"]["algorithm"] == "xxh3_128"
-    assert sorted(meta["checksums"]["files"]) == [
-        "packed_seq_dataset.bin", "packed_seq_dataset.idx", "packed_seq_dataset.plan.npz", "skipped.jsonl",
-        "stats.json",
-    ]  # fmt: skip
+    prefix = packed_prefix(uninterrupted)
+    checksummed = (bin_path(prefix), idx_path(prefix), plan_path(prefix), skipped_path(uninterrupted), stats_path(uninterrupted))
+    assert sorted(meta["checksums"]["files"]) == sorted(relative_name(uninterrupted, path) for path in checksummed)
 
 
-@pytest.mark.parametrize("name", ["packed_seq_dataset.bin", "packed_seq_dataset.idx"])
+@pytest.mark.parametrize("path_of", [bin_path, idx_path])
 @pytest.mark.parametrize("where", [0.0, 0.5, 0.999])
-def test_a_single_flipped_byte_is_caught(uninterrupted, tmp_path, capsys, name, where):
+def test_a_single_flipped_byte_is_caught(uninterrupted, tmp_path, capsys, path_of, where):
     import shutil
 
     out = tmp_path / "copy"
     shutil.copytree(uninterrupted, out)
-    path = out / name
+    path = path_of(packed_prefix(out))
+    name = path.name
     data = bytearray(path.read_bytes())
     position = min(int(len(data) * where), len(data) - 1)
     data[position] ^= 0x01
@@ -190,7 +190,7 @@ def test_verify_checks_invariants_beyond_checksums(uninterrupted, tmp_path, caps
     data[label_offset : label_offset + 4] = np.float32(tokens[0] + 1).tobytes()  # label 0 := not the next token
     bin_path(packed_prefix(out)).write_bytes(bytes(data))
     meta = read_meta(meta_path(packed_prefix(out)))
-    checksums = {**meta.checksums, "packed_seq_dataset.bin": file_checksum(bin_path(packed_prefix(out)))}
+    checksums = {**meta.checksums, relative_name(out, bin_path(packed_prefix(out))): file_checksum(bin_path(packed_prefix(out)))}
     paths.write_json_atomic(meta_path(packed_prefix(out)), meta.replace(checksums=checksums).to_json())
     code, report = verify(capsys, out)
     assert code == 1 and "pack 0: label at position 0" in report
@@ -222,7 +222,7 @@ def test_verify_reports_checksums_first_and_counts_every_problem(uninterrupted, 
     result = verification.verify(out, progress=False)
     assert packs > 2 and result.problem_count == 1 + packs
     assert result.problems == [
-        "packed_seq_dataset.bin: checksum mismatch (the file was changed or corrupted)",
+        f"{bin_path(packed_prefix(out)).name}: checksum mismatch (the file was changed or corrupted)",
         f"pack 0: label at position 0 is {wrong[0]}, neither the next token nor -1",
     ]
     assert list(result.checked) == ["files", "packs", "samples"]

@@ -32,7 +32,7 @@ def command(output_dir, *extra):
 
 
 def files(output_dir):
-    return {p.name: p.read_bytes() for p in sorted(output_dir.iterdir()) if p.is_file() and p.name != "stats.json"
+    return {p.name: p.read_bytes() for p in sorted(output_dir.iterdir()) if p.is_file() and p.name != paths.STATS_FILE
             and not p.name.endswith(paths.META_SUFFIX)}  # fmt: skip
 
 

@@ -10,7 +10,7 @@ import pytest
 from neva_pack import paths
 from neva_pack.cli import main
 from neva_pack.errors import ConfigError
-from neva_pack.files.indexed import bin_path
+from neva_pack.files.indexed import bin_path, idx_path
 from neva_pack.sample_store import PROGRESS_FILE, part_dir
 from neva_pack.sample_store.files import (
     pool_images_path,
@@ -21,7 +21,7 @@ from neva_pack.sample_store.files import (
     segment_text_prefix,
 )
 from neva_pack.shards import resolve_shards, shard_range
-from neva_pack.paths import meta_path, packed_prefix, skipped_path, stats_path
+from neva_pack.paths import meta_path, packed_prefix, plan_path, skipped_path, stats_path, store_dir
 from tests.conftest import SAMPLE_DATA
 
 RECORDS = json.loads((SAMPLE_DATA / "llava_sample.json").read_text())
@@ -47,8 +47,9 @@ def command(data_path, output_dir, *extra):
 
 
 def outputs(output_dir):
-    names = ("packed_seq_dataset.bin", "packed_seq_dataset.idx", "packed_seq_dataset.plan.npz", "skipped.jsonl")
-    return {name: (output_dir / name).read_bytes() for name in names}
+    prefix = packed_prefix(output_dir)
+    files = (bin_path(prefix), idx_path(prefix), plan_path(prefix), skipped_path(output_dir))
+    return {path.name: path.read_bytes() for path in files}
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +96,7 @@ def test_compact_and_padded_outputs_joined_from_parts_are_those_of_a_run_without
     plain, out = tmp_path / "plain", tmp_path / "out"
     assert main(command(dataset, plain, *extra)) == 0
     run_parts(dataset, out, "3", None, *extra)
-    part_pools = [p for p in packed_prefix(out).glob("part_*/shard_*.images")]
+    part_pools = [p for p in store_dir(out).glob("part_*/shard_*.images")]
     assert len({p.parent for p in part_pools}) == 3  # each part stored the images it uses
     assert main(command(dataset, out, "--num_shards", "3", *extra)) == 0
     files = sorted(p.name for p in plain.iterdir() if p.is_file() and p.name.startswith("packed_seq_dataset.")

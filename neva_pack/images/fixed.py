@@ -65,7 +65,8 @@ class ImagePreprocessor:
             if side * side > self.max_pixels:
                 raise RecordError("image_too_large", too_many_pixels(name, f"padded to {side} x {side}", side * side, self.max_pixels))
             width = height = side
-        shortest = self.encoder.preprocessor_config.get("size", {}).get("shortest_edge")
+        size = self.encoder.preprocessor_config.get("size")
+        shortest = size.get("shortest_edge") if isinstance(size, dict) else None  # an int size: the processor's to read
         if shortest and min(width, height) > 0:
             scale = shortest / min(width, height)
             resized = (max(round(width * scale), shortest), max(round(height * scale), shortest))
