@@ -16,8 +16,8 @@ import pytest
 
 from neva_pack import parallel_assembly, sample_stream
 from neva_pack.cli import main
-from neva_pack.formats import FORMATS
-from neva_pack.paths import meta_path, packed_prefix
+from neva_pack.formats import declared_files
+from neva_pack.paths import meta_path, packed_prefixes
 from tests.test_throughput import GOLDEN, run_golden
 
 
@@ -36,9 +36,9 @@ def test_packs_assembled_in_workers_give_the_golden_bytes(
 
 
 def _files(directory: Path) -> dict[str, bytes]:
-    """The compact format's data files (the meta holds the run's duration)."""
-    prefix = packed_prefix(directory)
-    return {p.name: p.read_bytes() for p in FORMATS["compact"].files(prefix).final if p != meta_path(prefix)}
+    """Every prefix's files but its meta (which holds the run's duration), whatever the format."""
+    return {path.name: path.read_bytes() for prefix in packed_prefixes(directory) for path in declared_files(prefix)
+            if path.is_file() and path != meta_path(prefix)}  # fmt: skip
 
 
 def test_compact_output_is_the_same_from_workers(workloads, tmp_path, sample_tokenizer_path, monkeypatch):
