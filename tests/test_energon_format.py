@@ -16,31 +16,38 @@ import pytest
 pytest.importorskip("megatron.energon")
 
 from click.testing import CliRunner  # noqa: E402
-from megatron.energon import Cooker, DefaultTaskEncoder, WorkerConfig, get_loader, get_train_dataset, stateless  # noqa: E402
+from megatron.energon import Cooker, DefaultTaskEncoder, WorkerConfig, cooker, get_loader, get_train_dataset, stateless  # noqa: E402
 from megatron.energon.cli.main import main as energon_cli  # noqa: E402
 
 from neva_pack import paths  # noqa: E402
 from neva_pack.formats import FORMATS, open_packed  # noqa: E402
 from neva_pack.formats.base import WriteSpec  # noqa: E402
-from neva_pack.formats.energon import IMAGES_MEMBER, Writer, dataset_path, decode, pack_index  # noqa: E402
+from neva_pack.errors import InputError  # noqa: E402
+from neva_pack.formats.energon import IMAGES_MEMBER, Writer, dataset_path, decode, fetch_from, pack_index  # noqa: E402
 from neva_pack.image_run import ImageRun  # noqa: E402
 from neva_pack.sample_store.files import segment_name  # noqa: E402
 from neva_pack.sample_store.image_pool import PoolWriter, pool_segment  # noqa: E402
 from neva_pack.verify import verify  # noqa: E402
-from tests.test_formats import CLIP, SHAPE, START, PATCH, run_preprocess, tiny_meta, tiny_packs  # noqa: E402
+from tests.test_formats import BLUE, CLIP, PATCH, RED, SHAPE, START, pack, run_preprocess, tiny_meta, tiny_packs  # noqa: E402
 
 ONE_WORKER = WorkerConfig(rank=0, world_size=1, num_workers=0)
 
 
-def write_tiny_shards(directory, stop_after: int | None = None, resume: bool = False):
+def shared_packs(pool):
+    """The tiny packs and a fourth using RED and BLUE again (each first used by an earlier pack)."""
+    red, blue = pool.add(RED)[1], pool.add(BLUE)[1]
+    return [*tiny_packs(pool), pack([[START, PATCH, 9], [START, PATCH, 3]], [[-1, 9, -1], [-1, 3, -1]], [[blue], [red]], records=[5, 6], multiple=1)]
+
+
+def write_tiny_shards(directory, stop_after: int | None = None, resume: bool = False, packs_of=tiny_packs, shard_bytes: int = 1):
     """The tiny packs, one shard each (shard_bytes=1); ``stop_after``: killed after checkpointing that many."""
     store = paths.store_dir(directory)
     store.mkdir(parents=True, exist_ok=True)
     pool = PoolWriter(pool_segment(store, segment_name(0), 0), {}, 0)
-    packs = tiny_packs(pool)
+    packs = packs_of(pool)
     spec = WriteSpec(image_shape=SHAPE, normalisation=CLIP, pad_id=0, ignore_index=-1, plan_digest="tiny",
                      pool=(pool_segment(store, segment_name(0), pool.close()),), image_run=ImageRun(positions=2, patch_id=PATCH, start_id=START))  # fmt: skip
-    writer = Writer(paths.packed_prefix(directory), spec, resume=resume, shard_bytes=1)
+    writer = Writer(paths.packed_prefix(directory), spec, resume=resume, shard_bytes=shard_bytes)
     for p in range(writer.num_packs, len(packs)):
         writer.add(packs[p])
         if stop_after is not None and p + 1 == stop_after:
@@ -48,8 +55,9 @@ def write_tiny_shards(directory, stop_after: int | None = None, resume: bool = F
             return None
     from neva_pack.plan_table import PlanTable
 
-    table = PlanTable(offsets=np.array([0, 2, 3, 5]), record_index=np.array([3, 0, 1, 2, 4]), length=np.array([5, 3, 3, 3, 2]),
-                      padded_length=np.array([5, 3, 3, 4, 4]), num_images=np.array([1, 1, 0, 1, 0]))  # fmt: skip
+    table = PlanTable(offsets=np.cumsum([0, *(len(p.lengths) for p in packs)]), record_index=np.concatenate([p.record_indices for p in packs]),
+                      length=np.concatenate([p.lengths for p in packs]), padded_length=np.concatenate([p.padded_lengths for p in packs]),
+                      num_images=np.concatenate([p.num_images for p in packs]))  # fmt: skip
     return writer.publish(table, [], tiny_meta(len(packs)))
 
 
@@ -100,10 +108,17 @@ def test_every_pack_through_energons_loader_is_the_readers_pack_once_per_epoch(r
         reader.close()
 
 
+@cooker(need_primary=True)
+@stateless
+def cook(raw, primary):
+    """A raw sample and Energon's file store of its dataset -> its pack."""
+    return {"pack": pack_index(raw), "read": decode(raw, fetch=fetch_from(primary))}
+
+
 class CookedPacks(DefaultTaskEncoder):
     """The raw (crude) samples, cooked by ``decode``: the route for a dataset.yaml of its own."""
 
-    cookers = [Cooker(stateless(lambda raw: {"pack": pack_index(raw), "read": decode(raw)}))]
+    cookers = [Cooker(cook)]
 
     @stateless
     def encode_sample(self, sample):
@@ -113,8 +128,9 @@ class CookedPacks(DefaultTaskEncoder):
         return samples
 
 
-def test_decode_turns_energons_raw_samples_into_the_readers_packs(tiny):
-    prefix = paths.packed_prefix(tiny)
+@pytest.mark.parametrize("which", ["tiny", "shared"])
+def test_decode_turns_energons_raw_samples_into_the_readers_packs(request, which):
+    prefix = paths.packed_prefix(request.getfixturevalue(which))
     meta_dir = dataset_path(prefix) / ".nv-meta"
     (meta_dir / "crude.yaml").write_text("__module__: megatron.energon\n__class__: CrudeWebdataset\n")
     try:
@@ -166,11 +182,14 @@ def test_the_nv_meta_is_what_energon_prepare_makes_of_the_tars(tiny, tmp_path):
     assert index(ours / ".nv-meta/index.sqlite") == index(theirs / ".nv-meta/index.sqlite")
 
 
-def test_tars_are_byte_identical_between_runs_and_after_a_resume(tiny, tmp_path):
-    write_tiny_shards(tmp_path / "again")
-    assert write_tiny_shards(tmp_path / "resumed", stop_after=2) is None
-    write_tiny_shards(tmp_path / "resumed", resume=True)
-    ours = dataset_path(paths.packed_prefix(tiny))
+@pytest.mark.parametrize("which", ["tiny", "shared"])
+def test_tars_are_byte_identical_between_runs_and_after_a_resume(request, which, tmp_path):
+    """``shared`` stops with the shard open after pack 1: the resumed run still refers to the image pack 0 carries."""
+    settings = {"packs_of": shared_packs, "shard_bytes": 1 << 30} if which == "shared" else {}
+    write_tiny_shards(tmp_path / "again", **settings)
+    assert write_tiny_shards(tmp_path / "resumed", stop_after=2, **settings) is None
+    write_tiny_shards(tmp_path / "resumed", resume=True, **settings)
+    ours = dataset_path(paths.packed_prefix(request.getfixturevalue(which)))
     files = sorted(p.relative_to(ours) for p in ours.rglob("*") if p.is_file())
     for other in ("again", "resumed"):
         theirs = dataset_path(paths.packed_prefix(tmp_path / other))
@@ -196,6 +215,59 @@ def test_an_image_used_twice_in_a_pack_is_stored_once(tiny):
     reader = open_packed(tiny)
     stored = np.load(io.BytesIO(reader.sample(0)[IMAGES_MEMBER]))
     assert reader.pack(0).num_images == 2 and len(stored) == 1
+    reader.close()
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    """Four packs in one shard, the fourth using the images the first and third carry."""
+    out = tmp_path_factory.mktemp("shared")
+    write_tiny_shards(out, packs_of=shared_packs, shard_bytes=1 << 30)
+    return out
+
+
+def stored_images(tar_path):
+    """Every image stored in a shard (the rows of every images member), as bytes."""
+    images = []
+    with tarfile.open(tar_path) as tar:
+        for member in tar.getmembers():
+            data = tar.extractfile(member).read()
+            if member.name.endswith("." + IMAGES_MEMBER):
+                images.extend(row.tobytes() for row in np.load(io.BytesIO(data), allow_pickle=False))
+            else:
+                assert RED.tobytes() not in data and BLUE.tobytes() not in data, member.name
+    return images
+
+
+def test_an_image_used_by_two_packs_of_a_shard_is_stored_once_in_it(shared):
+    (tar,) = dataset_path(paths.packed_prefix(shared)).glob("*.tar")
+    assert sorted(stored_images(tar)) == sorted([RED.tobytes(), BLUE.tobytes()])
+    reader = open_packed(shared)
+    assert len(reader) == 4 and reader.pack(3).num_images == 2
+    assert reader.pack(3).pixels.tobytes() == np.stack([BLUE, RED]).tobytes()
+    assert verify(shared, progress=False).ok
+    reader.close()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_shared_images_read_through_energons_loaders_are_the_readers_packs(shared, workers):
+    prefix = paths.packed_prefix(shared)
+    reader = open_packed(prefix)
+    dataset = get_train_dataset(str(dataset_path(prefix)), batch_size=None, shuffle_buffer_size=None, max_samples_per_sequence=None,
+                                worker_config=WorkerConfig(rank=0, world_size=1, num_workers=workers))  # fmt: skip
+    seen = []
+    for sample, _ in zip(get_loader(dataset), range(len(reader))):
+        seen.append(sample.pack)
+        assert_same_pack(sample, reader.pack(sample.pack), reader, sample.pack)
+    assert sorted(seen) == list(range(len(reader)))
+    reader.close()
+
+
+def test_decode_asks_for_a_fetch_when_a_pack_uses_images_another_pack_carries(shared):
+    reader = open_packed(shared)
+    with pytest.raises(InputError, match="uses images of pack"):
+        decode(reader.sample(3))
+    assert decode(reader.sample(3), fetch=reader.member).pixels.tobytes() == np.stack([BLUE, RED]).tobytes()
     reader.close()
 
 

@@ -19,20 +19,29 @@ every shard in ``train``; formats/webdataset.py), with a ``dataset.yaml`` naming
     labels.npy                int32 (T,)       labels (the ignore value on padding)
     cu_seqlens.npy            int64 (n + 1,)   padded sample boundaries
     cu_seqlens_unpadded.npy   int64 (n + 1,)   real lengths, cumulated
-    images.npy                uint8 (U, 3, H, W)  the pack's distinct images, each once
-    image_index.npy           int64 (N,)       row of images.npy of each image, in placeholder order
+    images.npy                uint8 (U, 3, H, W)  the images this pack is the first of its shard to use
+    image_refs.npy            int64 (N, 2)     each image, in placeholder order: (pack whose images.npy
+                                               holds it, its row there)
 
-``decode(sample)`` turns the raw dict Energon yields for a sample (a ``CrudeWebdataset`` dataset.yaml
-of one's own, cooked with it) into the ``ReadPack`` our reader gives (``reader.images`` normalises the uint8 pixels with the meta's normalisation, as compact does).
-A sample is self-contained, so an image shared by two packs is stored in both (each distinct
-image once per pack). The tars are
-byte-identical between runs: fixed member order, mtime 0, uid/gid 0, no user names, mode 0644, ustar.
+Each distinct image (by content) is stored once per shard: the first pack of the shard that uses it
+carries it, later packs of the shard refer to it by that pack's number. References never leave a
+shard and are read by random access through what Energon offers for a prepared dataset: its
+``WebdatasetFileStore`` fetches one member ``<key>.<part>`` at the offset ``index.sqlite``'s part index
+gives (the store a ``@cooker(need_primary=True)`` cooker is handed as ``primary``). Members are
+fetched whole, so reusing one image reads every image its carrier introduced; one member per image
+would avoid that, but leave a pack without images without the image shape, and samples unlike.
+
+``decode(sample, fetch)`` turns the raw dict Energon yields for a sample into the ``ReadPack`` our reader
+gives (``reader.images`` normalises the uint8 pixels with the meta's normalisation, as compact does);
+``fetch`` reads another sample's member by its full name: the dataset's ``sample_loader`` fetches
+through Energon's ``WebdatasetFileStore`` of the sample's dataset, a cooker through its ``primary``.
+The tars are byte-identical between runs: fixed member order, mtime 0, uid/gid 0, no user names,
+mode 0644, ustar.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import shutil
@@ -46,15 +55,16 @@ from neva_pack.errors import InputError, parsing
 from neva_pack.formats.base import Checkpoint, Limits, PrefixFiles, WriteSpec, meta_is_of, prefix_files, publish
 from neva_pack.formats.meta import PackedMeta, ReadPack, read_meta
 from neva_pack.formats.webdataset import (
-    BLOCK, META_DIR, ShardIndex, end_of_archive, member_header, padded, read_members, sample_count, shard_name, write_nv_meta,
+    BLOCK, META_DIR, ShardIndex, ShardSamples, end_of_archive, file_store_of, member_header, npy_array, npy_bytes, padded, sample_count,
+    shard_name, write_nv_meta,
 )  # fmt: skip
 from neva_pack.packing.alignment import padded_view
 from neva_pack.paths import meta_path, prefix_file, relative_name
 from neva_pack.plan_table import PlanTable, read_plan_table, write_plan_table
 
 __all__ = [
-    "DATASET_SUFFIX", "FORMAT", "IMAGES_MEMBER", "MEMBERS", "SHARD_BYTES", "EnergonFormat", "PreparedPack", "Reader", "Writer", "dataset_path",
-    "decode", "pack_index", "sample_fields",
+    "DATASET_SUFFIX", "FORMAT", "IMAGES_MEMBER", "IMAGE_REFS_MEMBER", "MEMBERS", "SHARD_BYTES", "EnergonFormat", "PreparedPack", "Reader", "Writer", "dataset_path",
+    "decode", "fetch_from", "pack_index", "sample_fields",
 ]  # fmt: skip
 
 NAME = "energon"
@@ -64,7 +74,8 @@ PLAN_SUFFIX = ".energon.plan.npz"
 SHARD_BYTES = 1 << 30
 """A shard closes once it holds this many bytes (deterministic: a function of the packs only)."""
 IMAGES_MEMBER = "images.npy"
-MEMBERS = ("tokens.npy", "labels.npy", "cu_seqlens.npy", "cu_seqlens_unpadded.npy", IMAGES_MEMBER, "image_index.npy")
+IMAGE_REFS_MEMBER = "image_refs.npy"
+MEMBERS = ("tokens.npy", "labels.npy", "cu_seqlens.npy", "cu_seqlens_unpadded.npy", IMAGES_MEMBER, IMAGE_REFS_MEMBER)
 """The members of every sample, in the order they are written."""
 DATASET_YAML = f"""\
 sample_type:
@@ -117,9 +128,16 @@ def __getattr__(name: str):
     return PackSample
 
 
+def fetch_from(store):
+    """``decode``'s ``fetch`` of an Energon ``FileStore`` (``WebdatasetFileStore``, a cooker's ``primary``):
+    a member's content by its full name ``<key>.<part>``."""
+    return lambda name: store[name][0]
+
+
 def sample_fields(raw: dict) -> dict:
-    """The ``PackSample`` fields of a raw sample (the dataset's ``sample_loader``)."""
-    pack = decode(raw)
+    """The ``PackSample`` fields of a raw sample (the dataset's ``sample_loader``): images other packs
+    of the shard carry are read through Energon's file store of the dataset."""
+    pack = decode(raw, fetch=lambda name: file_store_of(raw)[name][0])
     return {"pack": pack_index(raw), **{name: getattr(pack, name) for name in ReadPack.__dataclass_fields__ if name != "images"}}
 
 
@@ -128,42 +146,46 @@ def pack_index(sample: dict) -> int:
     return int(sample["__key__"])
 
 
-def _npy(array: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    np.save(buffer, np.ascontiguousarray(array), allow_pickle=False)
-    return buffer.getvalue()
-
-
-def _array(value) -> np.ndarray:
-    """A member as Energon yields it: the .npy bytes, or already decoded by its default decoder."""
-    if isinstance(value, np.ndarray):
-        return value
-    return np.load(io.BytesIO(value), allow_pickle=False)
-
-
-def decode(sample: dict) -> ReadPack:
+def decode(sample: dict, fetch=None) -> ReadPack:
     """The raw sample Energon yields (a dict of member bytes, or of arrays once Energon's decoder has
     read the ``.npy`` members) -> the pack, exactly as ``open_packed(...).pack(pack_index(sample))``.
 
-    The dataset's own ``dataset.yaml`` runs it in Energon's sample loader (samples come out as
-    ``PackSample``); with a ``CrudeWebdataset`` dataset.yaml, cook the raw samples with it::
+    ``fetch(name)``: the content (bytes or array) of the member ``name`` (``<key>.images.npy``) of
+    another sample of the dataset, for the images an earlier pack of the shard carries; needed only
+    when the pack refers to one. The dataset's own ``dataset.yaml`` runs it in Energon's sample loader
+    (samples come out as ``PackSample``); with a ``CrudeWebdataset`` dataset.yaml, cook the raw samples
+    with a cooker that asks Energon for the primary dataset's file store::
+
+        @cooker(need_primary=True)
+        @stateless
+        def cook(raw, primary):
+            return decode(raw, fetch=fetch_from(primary))
 
         class PackEncoder(DefaultTaskEncoder):
-            cookers = [Cooker(stateless(decode))]
+            cookers = [Cooker(cook)]
     """
     try:
-        values = {name: _array(sample[name]) for name in MEMBERS}
+        values = {name: npy_array(sample[name]) for name in MEMBERS}
     except KeyError as missing:
         raise InputError(f"sample {sample.get('__key__')!r}: no member {missing} (not a neva_pack energon sample)") from None
-    image_index = values["image_index.npy"].astype(np.int64)
+    refs, own, carriers = values[IMAGE_REFS_MEMBER].astype(np.int64).reshape(-1, 2).tolist(), pack_index(sample), {}
+    for carrier, row in refs:
+        if carrier not in carriers:
+            if carrier != own and fetch is None:
+                raise InputError(f"sample {sample['__key__']!r} uses images of pack {carrier}: decode it with a fetch (see decode)")
+            carriers[carrier] = values[IMAGES_MEMBER] if carrier == own else npy_array(fetch(f"{carrier:09d}.{IMAGES_MEMBER}"))
+        if carrier > own or not 0 <= row < len(carriers[carrier]):
+            raise InputError(f"sample {sample['__key__']!r} refers to image {row} of pack {carrier} (not an earlier pack's image)")
+    pixels = [carriers[carrier][row] for carrier, row in refs]
+    shape = values[IMAGES_MEMBER].shape[1:]
     return ReadPack(
         cu_seqlens=values["cu_seqlens.npy"].astype(np.int64),
         cu_seqlens_unpadded=values["cu_seqlens_unpadded.npy"].astype(np.int64),
         tokens=values["tokens.npy"].astype(np.int64),
         labels=values["labels.npy"].astype(np.int64),
-        pixels=np.ascontiguousarray(values[IMAGES_MEMBER][image_index]),
+        pixels=np.stack(pixels) if pixels else np.zeros((0, *shape), np.uint8),
         images=None,
-        num_images=len(image_index),
+        num_images=len(refs),
     )
 
 
@@ -183,33 +205,27 @@ def prepare(packs, spec: WriteSpec) -> list[PreparedPack]:
     for pack in packs:
         tokens, labels = padded_view(pack, spec.pad_id, spec.ignore_index)
         prepared.append(PreparedPack(num_images=len(pack.image_indices), members={
-            "tokens.npy": _npy(np.asarray(tokens, dtype=np.int32)),
-            "labels.npy": _npy(np.asarray(labels, dtype=np.int32)),
-            "cu_seqlens.npy": _npy(np.concatenate([[0], np.cumsum(pack.padded_lengths, dtype=np.int64)])),
-            "cu_seqlens_unpadded.npy": _npy(np.concatenate([[0], np.cumsum(pack.lengths, dtype=np.int64)])),
+            "tokens.npy": npy_bytes(np.asarray(tokens, dtype=np.int32)),
+            "labels.npy": npy_bytes(np.asarray(labels, dtype=np.int32)),
+            "cu_seqlens.npy": npy_bytes(np.concatenate([[0], np.cumsum(pack.padded_lengths, dtype=np.int64)])),
+            "cu_seqlens_unpadded.npy": npy_bytes(np.concatenate([[0], np.cumsum(pack.lengths, dtype=np.int64)])),
         }))  # fmt: skip
     return prepared
 
 
-def _first_uses(pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(row of each distinct image, by content, in first-use order; each instance's distinct number)."""
-    seen: dict[bytes, int] = {}
-    rows, numbers = [], []
-    for row, image in enumerate(pixels):
-        index = hashlib.blake2b(image.tobytes(), digest_size=16).digest()
-        if index not in seen:
-            seen[index] = len(rows)
-            rows.append(row)
-        numbers.append(seen[index])
-    return np.asarray(rows, dtype=np.int64), np.asarray(numbers, dtype=np.int64)
+def _digest(image: np.ndarray) -> bytes:
+    """An image's identity by content."""
+    return hashlib.blake2b(image.tobytes(), digest_size=16).digest()
 
 
 class Writer:
     """Appends one sample per pack to the current shard (a plain ustar stream), a new shard past
     ``shard_bytes``; ``publish`` writes the indexes and ``.nv-meta/`` and renames the dataset into place.
 
-    Checkpoints save the open shard's size and what the indexes need; ``resume=True`` cuts the open
-    shard back to it and continues: byte-identical to a run never stopped.
+    Each distinct image is stored by the first pack of its shard that uses it (``shard_images``: the
+    open shard's images by content -> (carrying pack, row)). Checkpoints save the open shard's size,
+    what the indexes need and ``shard_images``; ``resume=True`` cuts the open shard back to it and
+    continues: byte-identical to a run never stopped.
     """
 
     def __init__(self, prefix: Path, spec: WriteSpec, resume: bool = False, shard_bytes: int = SHARD_BYTES):
@@ -219,6 +235,7 @@ class Writer:
         self._checkpoint = Checkpoint(self.prefix, spec.plan_digest)
         self.directory = prefix_file(self._checkpoint.tmp, DATASET_SUFFIX)
         self._file = None
+        self.shard_images: dict[bytes, tuple[int, int]] = {}
         state = self._resumable(self._checkpoint.load([])) if resume else None
         if state is None:
             self._checkpoint.remove()
@@ -235,6 +252,8 @@ class Writer:
         self.shard_sizes = state["shard_sizes"].tolist()
         self.sample_offsets = state["sample_offsets"].tolist()
         self.member_sizes = state["member_sizes"].reshape(-1, len(MEMBERS)).tolist()
+        digests, refs = state["shard_image_digests"].reshape(-1, 16), state["shard_image_refs"].reshape(-1, 2).tolist()
+        self.shard_images = {digest.tobytes(): (int(pack), int(row)) for digest, (pack, row) in zip(digests, refs)}
         if len(state["bytes"]):  # the open shard: cut back to the checkpoint, continue after it
             self._file = open(self.directory / shard_name(len(self.shard_counts) - 1), "r+b")
             self._file.truncate(int(state["bytes"][0]))
@@ -242,7 +261,7 @@ class Writer:
 
     def _resumable(self, state: dict | None) -> dict | None:
         """The checkpoint, if the shards it describes are there: the closed ones whole, the open one at least as long."""
-        if state is None:
+        if state is None or "shard_image_refs" not in state:  # none, or one of a layout before shared images
             return None
         closed = state["shard_sizes"].tolist()
         for shard, size in enumerate(closed):
@@ -265,8 +284,16 @@ class Writer:
             values = np.zeros((0, *self.spec.image_shape), np.uint8) if values is None else np.asarray(values, dtype=np.uint8)
             if len(values) != pack.num_images or values.shape[1:] != tuple(self.spec.image_shape):
                 raise ValueError(f"images of shape {values.shape} for a pack of {pack.num_images} images of {self.spec.image_shape}")
-            rows, image_index = _first_uses(values)
-            self._write_sample({**pack.members, IMAGES_MEMBER: _npy(values[rows]), "image_index.npy": _npy(image_index)})
+            introduced, refs = [], []
+            for image in values:
+                digest = _digest(image)
+                if digest not in self.shard_images:  # the first use in this shard: this pack carries it
+                    self.shard_images[digest] = (self.num_packs, len(introduced))
+                    introduced.append(image)
+                refs.append(self.shard_images[digest])
+            carried = np.stack(introduced) if introduced else np.zeros((0, *self.spec.image_shape), np.uint8)
+            refs = np.asarray(refs, dtype=np.int64).reshape(-1, 2)
+            self._write_sample({**pack.members, IMAGES_MEMBER: npy_bytes(carried), IMAGE_REFS_MEMBER: npy_bytes(refs)})
 
     def _write_sample(self, members: dict[str, bytes]) -> None:
         if self._file is None:
@@ -294,12 +321,15 @@ class Writer:
         self.shard_sizes.append(f.tell())
         f.close()
         self._file = None
+        self.shard_images = {}  # references never leave a shard
 
     def checkpoint(self) -> None:
         self._checkpoint.save([self._file] if self._file is not None else [], packs=np.int64(self.num_packs),
                               shard_counts=np.asarray(self.shard_counts, np.int64), shard_sizes=np.asarray(self.shard_sizes, np.int64),
                               sample_offsets=np.asarray(self.sample_offsets, np.int64),
-                              member_sizes=np.asarray(self.member_sizes, np.int64).reshape(-1))  # fmt: skip
+                              member_sizes=np.asarray(self.member_sizes, np.int64).reshape(-1),
+                              shard_image_digests=np.frombuffer(b"".join(self.shard_images), np.uint8),
+                              shard_image_refs=np.asarray(list(self.shard_images.values()), np.int64).reshape(-1))  # fmt: skip
 
     def publish(self, plan: PlanTable, extra_files: list[Path], meta: PackedMeta) -> PackedMeta:
         """Close the last shard; write the tar indexes, ``.nv-meta/`` and the plan table; rename the
@@ -346,17 +376,7 @@ class Reader:
         self.meta = meta if meta is not None else read_meta(meta_path(self.prefix))
         self.image_shape = tuple(self.meta.image_shape)
         self.dataset = dataset_path(self.prefix)
-        info_file = self.dataset / META_DIR / ".info.json"
-        with parsing(info_file):
-            counts = json.loads(info_file.read_text(encoding="utf-8"))["shard_counts"]
-        self.shards = list(counts)
-        self.starts = np.cumsum([0, *(int(n) for n in counts.values())])
-        self.offsets = []
-        for name in self.shards:
-            index = self.dataset / (name + ".idx")
-            with parsing(index):
-                self.offsets.append(np.fromfile(index, dtype="<i8"))
-        self._files: dict[int, object] = {}
+        self.samples = ShardSamples(self.dataset)
 
     def __getstate__(self):  # DataLoader workers reopen the shards
         return {"prefix": self.prefix, "meta": self.meta}
@@ -365,33 +385,29 @@ class Reader:
         self.__init__(state["prefix"], state["meta"])
 
     def __len__(self) -> int:
-        return int(self.starts[-1])
+        return len(self.samples)
 
     def plan_table(self) -> PlanTable:
         return read_plan_table(prefix_file(self.prefix, PLAN_SUFFIX))
 
     def sample(self, p: int) -> dict:
         """Pack p's sample as Energon yields it from a CrudeWebdataset: ``__key__`` and member bytes."""
-        if not 0 <= p < len(self):
-            raise IndexError(f"pack {p} of {len(self)}")
-        shard = int(np.searchsorted(self.starts, p, side="right") - 1)
-        local = p - int(self.starts[shard])
-        path = self.dataset / self.shards[shard]
-        with parsing(path):
-            if shard not in self._files:
-                self._files[shard] = open(path, "rb")
-            start, end = int(self.offsets[shard][local]), int(self.offsets[shard][local + 1])
-            data = os.pread(self._files[shard].fileno(), end - start, start)
-            key, sample = read_members(data)
+        key, sample = self.samples.read(p)
+        with parsing(self.samples.path_of(p)):
             if not key.isdigit() or int(key) != p:
                 raise ValueError(f"the sample at pack {p}'s offset is {key!r}")
-            sample["__key__"] = key
-        return sample
+        return {**sample, "__key__": key}
+
+    def member(self, name: str):
+        """A member's content by its full name ``<key>.<part>`` (``decode``'s ``fetch``)."""
+        key, _, part = name.partition(".")
+        if not key.isdigit():
+            raise KeyError(name)
+        return self.sample(int(key))[part]
 
     def pack(self, p: int, images: bool = True) -> ReadPack:
-        path = self.dataset / self.shards[int(np.searchsorted(self.starts, p, side="right") - 1)]
-        with parsing(path):
-            pack = decode(self.sample(p))
+        with parsing(self.samples.path_of(p)):
+            pack = decode(self.sample(p), fetch=self.member)
         return pack if images else ReadPack(**{**{name: getattr(pack, name) for name in ReadPack.__dataclass_fields__}, "pixels": None})
 
     def images(self, p: int, device=None, dtype=None):
@@ -408,16 +424,15 @@ class Reader:
         return normalisation.apply_torch(pixels, device=device, dtype=dtype)
 
     def close(self) -> None:
-        for f in self._files.values():
-            f.close()
-        self._files = {}
+        self.samples.close()
 
 
 def check(reader: Reader, result) -> None:
     """The shards, their indexes and ``.nv-meta/`` describe the same packs as the meta."""
     if len(reader) != reader.meta.num_packs:
         result.add(f"{META_DIR}/.info.json: {len(reader)} samples, the meta {reader.meta.num_packs} packs")
-    for name, offsets, count in zip(reader.shards, reader.offsets, np.diff(reader.starts).tolist()):
+    samples = reader.samples
+    for name, offsets, count in zip(samples.shards, samples.offsets, np.diff(samples.starts).tolist()):
         path = reader.dataset / name
         if len(offsets) != count + 1 or np.any(np.diff(offsets) <= 0) or not path.is_file() or offsets[-1] > path.stat().st_size:
             result.add(f"{name}.idx: not {count + 1} increasing offsets within {name}")

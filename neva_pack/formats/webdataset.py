@@ -14,7 +14,9 @@ function of its samples only.
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import sqlite3
 import tarfile
 import uuid
@@ -23,8 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
+from neva_pack.errors import parsing
+
 __all__ = [
-    "BLOCK", "ENERGON_VERSION", "META_DIR", "ShardIndex", "end_of_archive", "member_header", "padded", "read_members", "sample_count", "shard_name",
+    "BLOCK", "ENERGON_VERSION", "META_DIR", "ShardIndex", "ShardSamples", "end_of_archive", "file_store_of", "member_header", "npy_array", "npy_bytes", "padded", "read_members", "sample_count", "shard_name",
     "write_nv_meta",
 ]  # fmt: skip
 
@@ -71,6 +75,62 @@ def read_members(data: bytes) -> tuple[str, dict[str, bytes]]:
     if key is None:
         raise ValueError("an empty sample")
     return key, members
+
+
+def npy_bytes(array: np.ndarray) -> bytes:
+    """An array as a ``.npy`` member."""
+    buffer = io.BytesIO()
+    np.save(buffer, np.ascontiguousarray(array), allow_pickle=False)
+    return buffer.getvalue()
+
+
+def npy_array(value) -> np.ndarray:
+    """A ``.npy`` member as Energon yields it: its bytes, or already decoded by Energon's default decoder."""
+    if isinstance(value, np.ndarray):
+        return value
+    return np.load(io.BytesIO(value), allow_pickle=False)
+
+
+class ShardSamples:
+    """A dataset's samples by number, each read at the offset its shard's ``.tar.idx`` gives."""
+
+    def __init__(self, dataset: Path):
+        self.dataset = Path(dataset)
+        info_file = self.dataset / META_DIR / ".info.json"
+        with parsing(info_file):
+            counts = json.loads(info_file.read_text(encoding="utf-8"))["shard_counts"]
+        self.shards = list(counts)
+        self.starts = np.cumsum([0, *(int(n) for n in counts.values())])
+        self.offsets = []
+        for name in self.shards:
+            index = self.dataset / (name + ".idx")
+            with parsing(index):
+                self.offsets.append(np.fromfile(index, dtype="<i8"))
+        self._files: dict[int, object] = {}
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def path_of(self, n: int) -> Path:
+        """The shard of sample n."""
+        return self.dataset / self.shards[int(np.searchsorted(self.starts, n, side="right") - 1)]
+
+    def read(self, n: int) -> tuple[str, dict[str, bytes]]:
+        """Sample n's key and ``{part: content}``."""
+        if not 0 <= n < len(self):
+            raise IndexError(f"sample {n} of {len(self)}")
+        shard = int(np.searchsorted(self.starts, n, side="right") - 1)
+        local = n - int(self.starts[shard])
+        with parsing(self.dataset / self.shards[shard]):
+            if shard not in self._files:
+                self._files[shard] = open(self.dataset / self.shards[shard], "rb")
+            start, end = int(self.offsets[shard][local]), int(self.offsets[shard][local + 1])
+            return read_members(os.pread(self._files[shard].fileno(), end - start, start))
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+        self._files = {}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -154,3 +214,18 @@ def sample_count(path: Path) -> int | str:
         return f"unreadable ({error})"
     finally:
         db.close()
+
+
+_FILE_STORES: dict[tuple[str, int], object] = {}
+
+
+def file_store_of(raw: dict):
+    """Energon's ``WebdatasetFileStore`` of the dataset a raw sample comes from (its ``__sources__``):
+    random access to any member by its full name. One per dataset and process (loader workers open their own)."""
+    from megatron.energon.cache.file_store import WebdatasetFileStore
+
+    dataset = raw["__sources__"][0].dataset_path
+    key = (str(dataset), os.getpid())
+    if key not in _FILE_STORES:
+        _FILE_STORES[key] = WebdatasetFileStore(dataset)
+    return _FILE_STORES[key]
