@@ -23,7 +23,6 @@ the temporary prefix, the writer's checkpoint) and the helpers below (``WriteSpe
 
 from __future__ import annotations
 
-import json
 import os
 import zipfile
 from collections.abc import Iterable, Sequence

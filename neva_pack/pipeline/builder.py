@@ -4,7 +4,6 @@ settings fingerprint a resumed store must match, and what every pack of a size m
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from neva_pack import invariants
 from neva_pack.config import PreprocessConfig
@@ -12,7 +11,6 @@ from neva_pack.encoders import resolve_encoder
 from neva_pack.errors import ConfigError
 from neva_pack.formats import output_format
 from neva_pack.images import ImagePreprocessor, ImageSource
-from neva_pack.packing.alignment import aligned_capacity
 from neva_pack.records import RecordLimits
 from neva_pack.image_ids import check_token_ids, image_run_for, missing_nemo_specials
 from neva_pack.samples import SampleBuilder

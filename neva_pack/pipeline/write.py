@@ -12,7 +12,7 @@ import numpy as np
 from tqdm import tqdm
 
 from neva_pack import paths
-from neva_pack.config import PreprocessConfig, meta_fields
+from neva_pack.config import meta_fields
 from neva_pack.errors import InputError, OutputError
 from neva_pack.formats import temporary_files
 from neva_pack.formats.base import Checkpoint
