@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from neva_pack.dataset import position_ids_from_cu_seqlens
+from neva_pack.defaults import IGNORE_INDEX
 
 __all__ = ["HF_IGNORE_INDEX", "hf_batch", "hf_collate", "image_run_starts"]
 
@@ -48,7 +49,7 @@ def hf_batch(
     image_token_id: int | None = None,
     *,
     image_run: np.ndarray | None = None,
-    ignore_index: int = -1,
+    ignore_index: int = IGNORE_INDEX,
 ) -> dict:
     """One flattened row from ``PackedSeqDataset`` items (packs, or one-sample items of
     ``PackedSamples``), in order.
@@ -57,7 +58,7 @@ def hf_batch(
     (int32, the samples' boundaries in the row, alignment padding included in its sample),
     max_length_q/k (int), and pixel_values ((N, 3, H, W), in placeholder order) when the packs hold
     images. ``image_token_id`` needs ``image_run``, the ids of one image run as the output spells
-    it (``meta.image_token_ids.run(meta.image_positions)``; ``hf_collate(dataset)`` reads it).
+    it (``meta.image_run.ids()``; ``hf_collate(dataset)`` reads it).
     """
     if not packs:
         raise ValueError("hf_batch needs at least one pack")
@@ -137,6 +138,6 @@ def hf_collate(dataset, image_token_id: int | None = None):
     return functools.partial(
         hf_batch,
         image_token_id=image_token_id,
-        image_run=meta.image_token_ids.run(meta.image_positions),
+        image_run=meta.image_run.ids(),
         ignore_index=int(meta.ignore_index),
     )
