@@ -23,7 +23,7 @@ from tqdm import tqdm
 from neva_pack import paths
 from neva_pack.assemble import AssembledPack
 from neva_pack.errors import ConfigError
-from neva_pack.formats import checked_meta, get_format, open_prefix, resolve_prefixes
+from neva_pack.formats import FORMATS, checked_meta, get_format, open_prefix, resolve_prefixes
 from neva_pack.formats.base import WriteSpec
 from neva_pack.sample_store.image_pool import PoolWriter, pool_segment
 from neva_pack.formats.meta import read_meta
@@ -48,6 +48,10 @@ def convert(source: Path, dest: Path, to: str, progress: bool = True) -> list[Pa
             target.check_settings(max_seq_length=meta.max_seq_length, ignore_index=meta.ignore_index, vocab_size=meta.vocab_size)
         except ConfigError as exc:
             raise ConfigError(f"{prefix}: cannot be converted to {to} ({exc})") from None
+        if meta.counts.images and not target.holds_images:
+            holding = " or ".join(name for name, fmt in FORMATS.items() if fmt.holds_images and name != meta.format)
+            raise ConfigError(f"{prefix}: holds {meta.counts.images:,} image(s), which {to} cannot hold (text only); "
+                              f"convert to {holding}")  # fmt: skip
     metas = [checked_meta(prefix) for prefix in prefixes]  # every file as verify checks it, before anything is written
     dest.mkdir(parents=True, exist_ok=True)
     known: dict[bytes, int] = {}

@@ -6,6 +6,8 @@ Accepted input: a JSON list of records, or JSONL (one record per line). A record
      "conversations": [{"from": "human", "value": "<image>\\nWhat is ..."},
                        {"from": "gpt", "value": "The bus ..."}]}
 
+(``"images": [...]``, as several LLaVA-derived datasets write it, is read as ``image``.)
+
 A record that cannot be used raises ``RecordError`` with a reason from ``SKIP_REASONS``;
 the pipeline turns it into a counted, reported skip. The source index of every record
 travels end to end.
@@ -23,6 +25,7 @@ from typing import BinaryIO, Iterable, Iterator, Literal
 import numpy as np
 
 from neva_pack.errors import InputError
+from neva_pack.untrusted import compression_of
 
 IMAGE_PLACEHOLDER = "<image>"
 
@@ -40,7 +43,7 @@ SKIP_REASONS = {
     "no_assistant_turn": "the conversation has nothing to train on",
     "placeholder_mismatch": "the number of <image> placeholders in human turns differs from the number of images",
     "missing_image": "an image file is not in the image folder / archive",
-    "unreadable_image": "an image file cannot be decoded",
+    "unreadable_image": "an image file cannot be decoded (the detail names the decoder's error)",
     "too_long": "longer than max_seq_length while truncation is off",
     "plain_record_shape": "the plain template takes one human turn and one answer (llava: with <image>)",
     # reliability budgets and checks: each bounds what one record may cost
@@ -53,8 +56,15 @@ SKIP_REASONS = {
     "image_too_large": "an image file is larger than --max_image_bytes, or its pixels (as decoded, padded "
     "or resized) exceed --max_image_pixels (checked before decoding)",
     "no_supervised_tokens": "no label is trained after templating and truncation (nothing to learn from)",
+    "image_too_slow": "decoding one image took more CPU time than --max_image_decode_seconds (it was stopped)",
+    "too_many_images": "the record names more images than --max_images_per_record (checked before any is read)",
+    "images_not_held": "the record has images and --output_format holds text only",
 }
 """Every reason a record can be skipped for, with what it means (shown in the summary)."""
+
+
+IMAGES_NOT_HELD = "images_not_held"
+"""The skip reason of a record with images when the output format holds text only."""
 
 
 class RecordError(Exception):
@@ -98,6 +108,9 @@ MAX_RECORD_DEPTH_LIMIT = 500
 """The most --max_record_depth may be: Python's json parser recurses once per level."""
 DEFAULT_MAX_CONVERSATION_CHARS = 1_000_000
 """Characters of text per conversation (about 250,000 tokens: far beyond any max_seq_length)."""
+DEFAULT_MAX_IMAGES_PER_RECORD = 1_000
+"""Images per record (interleaved web documents hold tens; 1,000 image runs of 576 positions are
+5 MB of ids, where 142,000 placeholders took a gigabyte before they could be refused)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -133,10 +146,15 @@ _UTF8_BOM = b"\xef\xbb\xbf"
 
 
 def input_format(path: Path) -> Literal["json", "jsonl"]:
-    """JSON list or JSONL, by content: a JSON list starts with '['. UTF-16/32 text is refused (the
-    tool reads UTF-8, as JSON requires: RFC 8259), naming the encoding, instead of misreading it."""
+    """JSON list or JSONL, by content: a JSON list starts with '['. What neither can be is refused
+    with one line saying what it is: a compressed file, UTF-16/32 text (the tool reads UTF-8, as
+    JSON requires: RFC 8259), or one JSON object spread over lines (pretty-printed: as JSONL, every
+    line of it would be a malformed record)."""
     with open(path, "rb") as f:
         head = f.read(4096)
+    kind = compression_of(head)
+    if kind is not None:
+        raise InputError(f"--data_path {path}: a {kind}-compressed file; decompress it first (the tool reads JSON or JSONL text)")
     if head.startswith(_UTF16_32_BOMS) or b"\x00" in head[:4]:
         raise InputError(
             f"--data_path {path}: the file is UTF-16 or UTF-32 text, not UTF-8; convert it first "
@@ -145,7 +163,15 @@ def input_format(path: Path) -> Literal["json", "jsonl"]:
     head = head.lstrip()
     if head.startswith(_UTF8_BOM):
         head = head[3:].lstrip()
-    return "json" if head.startswith(b"[") else "jsonl"
+    if head.startswith(b"["):
+        return "json"
+    first_line, newline, _ = head.partition(b"\n")
+    if newline and first_line.startswith(b"{") and first_line.rstrip().endswith((b"{", b"[", b",", b":")):
+        raise InputError(
+            f"--data_path {path}: its first record goes on over several lines (a pretty-printed JSON object?); "
+            "give a JSON list of records ([{...}, {...}]) or JSONL, one record per line"
+        )
+    return "jsonl"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -439,10 +465,12 @@ class _ListScanner:
         self.eof = False
 
     def _fill(self) -> bool:
-        """Read one more chunk, dropping what lies before ``mark``; False at the end of the file."""
+        """Read one more chunk, dropping what lies before ``mark``; False at the end of the file.
+        A chunk is at least as long as what is kept, so a long record within its budget costs
+        its length in copies, not its length times the number of chunks it spans."""
         if self.eof:
             return False
-        chunk = self.f.read(self.chunk)
+        chunk = self.f.read(max(self.chunk, len(self.buf) - self.mark))
         if not chunk:
             self.eof = True
             return False
@@ -591,15 +619,27 @@ class _ListScanner:
                 return
 
 
-def parse_record(raw: RawRecord, max_conversation_chars: int = DEFAULT_MAX_CONVERSATION_CHARS) -> Conversation:
-    """Validate one record's shape; raise RecordError for anything the pipeline cannot use."""
+def parse_record(
+    raw: RawRecord, max_conversation_chars: int = DEFAULT_MAX_CONVERSATION_CHARS,
+    max_images: int = DEFAULT_MAX_IMAGES_PER_RECORD,
+) -> Conversation:  # fmt: skip
+    """Validate one record's shape; raise RecordError for anything the pipeline cannot use.
+
+    The images are named by ``image`` (LLaVA: a name or a list) or ``images`` (a list, as several
+    LLaVA-derived datasets write it): the same thing spelled two ways; a record with both is
+    malformed (which one it means is not ours to guess). A record naming more than ``max_images``
+    images, or holding more <image> placeholders than that, is skipped before anything is built
+    for them (each costs an image run of ids, hundreds of positions)."""
     if raw.error is not None:
         raise RecordError(raw.reason, raw.error)
     record = raw.value
     if not isinstance(record, dict):
         raise RecordError("malformed_record", f"expected an object, got {type(record).__name__}")
     record_id = raw.record_id
-    images = _image_list(record.get("image"))
+    if "image" in record and "images" in record:
+        raise RecordError("malformed_record", "both 'image' and 'images' are given (use one of them)")
+    field = "images" if "images" in record else "image"
+    images = _image_list(record.get(field), field, max_images)
     conversations = record.get("conversations")
     if not isinstance(conversations, list):
         raise RecordError("malformed_record", "'conversations' is missing or not a list")
@@ -629,6 +669,8 @@ def parse_record(raw: RawRecord, max_conversation_chars: int = DEFAULT_MAX_CONVE
         raise RecordError("empty_conversation", "no human turn to start the conversation")
     placeholders = in_answers = 0
     for position, turn in enumerate(turns):
+        if placeholders > max_images:
+            break
         expected = "assistant" if position & 1 else "user"
         if turn.role != expected:
             raise RecordError("roles_not_alternating", f"turn {position} is {turn.role}, expected {expected}")
@@ -637,6 +679,8 @@ def parse_record(raw: RawRecord, max_conversation_chars: int = DEFAULT_MAX_CONVE
                 in_answers += turn.text.count(IMAGE_PLACEHOLDER)
             else:
                 placeholders += turn.text.count(IMAGE_PLACEHOLDER)
+    if placeholders > max_images:
+        raise RecordError("too_many_images", f"more than --max_images_per_record {max_images:,} <image> placeholders")
     if len(turns) < 2:
         raise RecordError("no_assistant_turn", "the conversation has no gpt turn")
     if in_answers:
@@ -649,15 +693,17 @@ def parse_record(raw: RawRecord, max_conversation_chars: int = DEFAULT_MAX_CONVE
     return Conversation(index=raw.index, record_id=record_id, turns=tuple(turns), images=images, system=system)
 
 
-def _image_list(field) -> tuple[str, ...]:
-    if field is None:
+def _image_list(value, field: str, max_images: int) -> tuple[str, ...]:
+    if value is None:
         return ()
-    if isinstance(field, str):
-        names = (field,)
-    elif isinstance(field, list) and all(isinstance(name, str) for name in field):
-        names = tuple(field)
+    if isinstance(value, str):
+        names = (value,)
+    elif isinstance(value, list) and all(isinstance(name, str) for name in value):
+        names = tuple(value)
     else:
-        raise RecordError("malformed_record", f"'image' must be a string or a list of strings, got {field!r:.80}")
+        raise RecordError("malformed_record", f"'{field}' must be a string or a list of strings, got {value!r:.80}")
+    if len(names) > max_images:
+        raise RecordError("too_many_images", f"{len(names):,} images > --max_images_per_record {max_images:,}")
     for name in names:
         if "\x00" in name or not name.strip():  # a NUL cannot be in a file name (open() would raise)
             raise RecordError("malformed_record", f"image name {name!r:.80} is empty or holds a NUL character")

@@ -26,9 +26,17 @@ from neva_pack.defaults import IGNORE_INDEX, PAD_ID
 from neva_pack.errors import ConfigError
 from neva_pack.image_run import ImageRun
 from neva_pack.sample_store import StoredBatch, stored_batch
-from neva_pack.images import DEFAULT_MAX_IMAGE_PIXELS, ImagePreprocessor, ImageSource, decode_image
+from neva_pack.images import (
+    DEFAULT_MAX_IMAGE_DECODE_SECONDS,
+    DEFAULT_MAX_IMAGE_PIXELS,
+    ImagePreprocessor,
+    ImageSource,
+    decode_image,
+)
 from neva_pack.records import (
     DEFAULT_MAX_CONVERSATION_CHARS,
+    DEFAULT_MAX_IMAGES_PER_RECORD,
+    IMAGES_NOT_HELD,
     Conversation,
     RawRecord,
     RecordError,
@@ -185,8 +193,13 @@ class SampleBuilder:
         record_limits: RecordLimits = RecordLimits(),
         max_conversation_chars: int = DEFAULT_MAX_CONVERSATION_CHARS,
         max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+        max_image_decode_seconds: float = DEFAULT_MAX_IMAGE_DECODE_SECONDS,
+        max_images_per_record: int = DEFAULT_MAX_IMAGES_PER_RECORD,
+        text_only: bool = False,
     ):
+        """``text_only``: the output holds no image, so a record with images is skipped (``images_not_held``)."""
         self.tokenizer = tokenizer
+        self.text_only = text_only
         self.template = template
         self.image_source = image_source
         self.preprocessor = preprocessor
@@ -199,6 +212,8 @@ class SampleBuilder:
         self.record_limits = record_limits
         self.max_conversation_chars = max_conversation_chars
         self.max_image_pixels = max_image_pixels
+        self.max_image_decode_seconds = max_image_decode_seconds
+        self.max_images_per_record = max_images_per_record
         self._run_ids = image_run.ids()
         self._special_ids = self._resolve_specials()
         self._special_runs = {name: np.asarray([i], dtype=np.int64) for name, i in self._special_ids.items() if i is not None}
@@ -244,7 +259,9 @@ class SampleBuilder:
             return Skipped(index=raw.index, record_id=raw.record_id, reason=error.reason, detail=error.detail)
 
     def _build(self, raw: RawRecord) -> Sample:
-        conversation = parse_record(raw, self.max_conversation_chars)
+        conversation = parse_record(raw, self.max_conversation_chars, self.max_images_per_record)
+        if self.text_only and conversation.images:
+            raise RecordError(IMAGES_NOT_HELD, f"{len(conversation.images)} image(s), and the output format holds text only")
         ids, trained, image_starts = self.encode(conversation)
         truncated = False
         if len(ids) > self.max_seq_length + 1:
@@ -471,7 +488,7 @@ class SampleBuilder:
         return np.concatenate(out_ids), np.concatenate(out_mask), image_starts
 
     def _load(self, name: str) -> np.ndarray:
-        image = decode_image(self.image_source.read(name), name, self.max_image_pixels)
+        image = decode_image(self.image_source.read(name), name, self.max_image_pixels, self.max_image_decode_seconds)
         self.preprocessor.check_size(image.size, name)
         return self.preprocessor.to_uint8(image)
 

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-import yaml
 
 from neva_pack.errors import ConfigError
 from neva_pack.records import IMAGE_PLACEHOLDER, RecordError, Turn
+from neva_pack.untrusted import parse_yaml, read_text
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -144,8 +144,8 @@ def load_template(name_or_path: str, tokenization: str = DEFAULT_TOKENIZATION) -
     """A registry name (``v1``) or a path to a YAML file of the same schema, with the
     section of the given tokenization convention applied."""
     path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml") and path.is_file():
-        text = path.read_text(encoding="utf-8")
+    if path.suffix in (".yaml", ".yml") and path.exists():
+        text = read_text(path, what="--conv_template")
     else:
         resource = _template_dir() / f"{name_or_path}.yaml"
         if not _is_template_file(resource.name) or not resource.is_file():
@@ -156,7 +156,7 @@ def load_template(name_or_path: str, tokenization: str = DEFAULT_TOKENIZATION) -
         text = resource.read_text(encoding="utf-8")
     if tokenization not in TOKENIZATIONS:
         raise ConfigError(f"--tokenization {tokenization!r}: choose one of {', '.join(TOKENIZATIONS)}")
-    data = yaml.safe_load(text)
+    data = parse_yaml(text, f"--conv_template {name_or_path}")
     if isinstance(data, dict):
         sections = {name: data.pop(name, None) or {} for name in TOKENIZATIONS}
         override = sections[tokenization]
@@ -268,44 +268,67 @@ def _text_pieces(text: str, trained: bool) -> tuple[Piece, ...]:
 def _parse_template(data, source: str) -> Template:
     if not isinstance(data, dict):
         raise ConfigError(f"template {source}: expected a mapping at the top level")
-    unknown = set(data) - _TEMPLATE_KEYS
+    unknown = set(map(str, data)) - _TEMPLATE_KEYS
     if unknown:
         raise ConfigError(f"template {source}: unknown key(s) {sorted(unknown)}; allowed: {sorted(_TEMPLATE_KEYS)}")
     roles = {}
     for role in ("user", "assistant"):
         spec = data.get(role) or {}
-        if not isinstance(spec, dict) or set(spec) - _ROLE_KEYS:
+        if not isinstance(spec, dict) or set(map(str, spec)) - _ROLE_KEYS:
             raise ConfigError(f"template {source}: {role} must be a mapping with keys {sorted(_ROLE_KEYS)}")
-        roles[role] = RoleFormat(**{key: str(value) for key, value in spec.items()})
-    placement = data.get("system_placement", "before_first_turn")
+        roles[role] = RoleFormat(**{key: _text(spec, key, "", f"{source}: {role}") for key in spec})
+    placement = _text(data, "system_placement", "before_first_turn", source)
     if placement not in ("before_first_turn", "in_first_user"):
         raise ConfigError(f"template {source}: system_placement {placement!r} must be before_first_turn or in_first_user")
-    user_content = data.get("user_content", "text")
+    user_content = _text(data, "user_content", "text", source)
     if user_content not in ("text", "images_only"):
         raise ConfigError(f"template {source}: user_content {user_content!r} must be text or images_only")
-    first_user_prefix = data.get("first_user_prefix")
-    patch_token = data.get("image_patch_token")
+    first_user_prefix = _text(data, "first_user_prefix", None, source)
     return Template(
-        name=str(data.get("name", Path(source).stem)),
-        description=str(data.get("description", "")),
-        bos=bool(data.get("bos", False)),
-        system=str(data.get("system", "")),
+        name=_text(data, "name", Path(source).stem, source),
+        description=_text(data, "description", "", source),
+        bos=_flag(data, "bos", source),
+        system=_text(data, "system", "", source),
         system_placement=placement,
-        system_prefix=str(data.get("system_prefix", "")),
-        system_suffix=str(data.get("system_suffix", "")),
+        system_prefix=_text(data, "system_prefix", "", source),
+        system_suffix=_text(data, "system_suffix", "", source),
         user=roles["user"],
         assistant=roles["assistant"],
         user_content=user_content,
-        system_when_empty=bool(data.get("system_when_empty", False)),
-        system_from_record=bool(data.get("system_from_record", False)),
-        first_user_prefix=None if first_user_prefix is None else str(first_user_prefix),
-        round_separator=str(data.get("round_separator", "")),
-        strip_user_content=bool(data.get("strip_user_content", False)),
-        strip_end=bool(data.get("strip_end", False)),
-        one_round_only=bool(data.get("one_round_only", False)),
-        requires_image=bool(data.get("requires_image", False)),
-        image_patch_token=None if patch_token is None else str(patch_token),
+        system_when_empty=_flag(data, "system_when_empty", source),
+        system_from_record=_flag(data, "system_from_record", source),
+        first_user_prefix=first_user_prefix,
+        round_separator=_text(data, "round_separator", "", source),
+        strip_user_content=_flag(data, "strip_user_content", source),
+        strip_end=_flag(data, "strip_end", source),
+        one_round_only=_flag(data, "one_round_only", source),
+        requires_image=_flag(data, "requires_image", source),
+        image_patch_token=_text(data, "image_patch_token", None, source),
     )
+
+
+def _text(data: dict, key: str, default, source: str):
+    """A text setting: a YAML string (a number is read as its text, as YAML users expect of
+    ``name: 1``); a list, mapping or boolean is refused, naming the key."""
+    value = data.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise ConfigError(f"template {source}: {key} {value!r:.60}: expected text, got {type(value).__name__}")
+    value = str(value)
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # YAML's "\ud800" escape: no tokenizer can take it
+        raise ConfigError(f"template {source}: {key} {value!r:.60}: holds a lone UTF-16 surrogate, which is not text") from None
+    return value
+
+
+def _flag(data: dict, key: str, source: str) -> bool:
+    """A yes/no setting: a YAML boolean only (``bool("false")`` would be True)."""
+    value = data.get(key, False)
+    if not isinstance(value, bool):
+        raise ConfigError(f"template {source}: {key} {value!r:.60}: expected true or false, got {type(value).__name__}")
+    return value
 
 
 def _template_dir():

@@ -27,6 +27,11 @@ from typing import Protocol
 import numpy as np
 
 from neva_pack.errors import ConfigError
+from neva_pack.untrusted import read_bytes, read_json, read_text
+
+MAX_TOKENIZER_BYTES = 256 << 20
+"""Budget of a tokenizer file: SentencePiece models are under 5 MB, the largest tokenizer.json
+files (256k-vocabulary models) under 40 MB."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,14 +68,17 @@ class SentencePieceTokenizer:
 
         self.name = str(model_file)
         self._sp = sentencepiece.SentencePieceProcessor()
+        serialized = read_bytes(model_file, what="--tokenizer_path", max_bytes=MAX_TOKENIZER_BYTES)
         try:
-            self._sp.Load(str(model_file))
-        except (OSError, RuntimeError) as exc:
+            self._sp.LoadFromSerializedProto(serialized)
+        except (OSError, RuntimeError, ValueError) as exc:  # ValueError: its text is not UTF-8
             raise ConfigError(f"--tokenizer_path {model_file}: not a SentencePiece model ({exc})") from None
         self.vocab_size = self._sp.GetPieceSize()
         self.bos_id = _none_if_negative(self._sp.bos_id())
         self.eos_id = _none_if_negative(self._sp.eos_id())
         proto = self._model_proto()
+        if not all(isinstance(piece.piece, str) for piece in proto.pieces):  # protobuf leaves bytes that are not UTF-8 as bytes
+            raise ConfigError(f"--tokenizer_path {model_file}: not a SentencePiece model (a piece is not UTF-8 text)")
         kinds = proto.pieces
         self.control_ids = frozenset(i for i, p in enumerate(kinds) if p.type in (p.CONTROL, p.USER_DEFINED))
         self._literal = None
@@ -166,8 +174,9 @@ class HuggingFaceTokenizer:
         from tokenizers import Tokenizer as RustTokenizer
 
         self.name = str(directory)
+        text = read_text(directory / "tokenizer.json", what="--tokenizer_path", max_bytes=MAX_TOKENIZER_BYTES)
         try:
-            self._tok = RustTokenizer.from_file(str(directory / "tokenizer.json"))
+            self._tok = RustTokenizer.from_str(text)
         except Exception as exc:  # the Rust binding raises a bare Exception for malformed files
             raise ConfigError(f"--tokenizer_path {directory}: unreadable tokenizer.json ({exc})") from None
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
@@ -221,15 +230,16 @@ class HuggingFaceTokenizer:
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
-    """A ``.model`` file -> SentencePiece; a directory -> tokenizer.json, else its tokenizer.model."""
+    """A ``.model`` file -> SentencePiece; a directory -> tokenizer.json, else its tokenizer.model.
+    Whatever else the path names (a device, a FIFO, a socket) is refused, saying what it is."""
     path = Path(path)
     if path.is_dir():
-        if (path / "tokenizer.json").is_file():
+        if (path / "tokenizer.json").exists():
             return HuggingFaceTokenizer(path)
-        if (path / "tokenizer.model").is_file():
+        if (path / "tokenizer.model").exists():
             return SentencePieceTokenizer(path / "tokenizer.model")
         raise ConfigError(f"--tokenizer_path {path}: directory has neither tokenizer.json nor tokenizer.model")
-    if path.is_file():
+    if path.exists():  # read_bytes refuses what is not a regular file
         return SentencePieceTokenizer(path)
     raise ConfigError(f"--tokenizer_path {path}: no such file or directory")
 
@@ -399,9 +409,9 @@ def _none_if_negative(value: int) -> int | None:
 
 
 def _read_json(path: Path) -> dict:
-    if not path.is_file():
+    if not path.exists():
         return {}
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{path}: unreadable JSON ({exc})") from None
+    value = read_json(path, what="--tokenizer_path")
+    if not isinstance(value, dict):
+        raise ConfigError(f"--tokenizer_path {path}: expected a JSON object, got {type(value).__name__}")
+    return value

@@ -123,7 +123,8 @@ def test_the_sample_fingerprint_is_the_sample_part(required):
     the fingerprint keeps the layout sample stores already hold, so that they still resume."""
     config = PreprocessConfig(**required, image_patch_id=5, max_record_depth=9, system_prompt="Be brief.")
     fingerprint = config.sample_fingerprint()
-    assert list(fingerprint) == STORED_FINGERPRINT_KEYS
+    assert list(fingerprint) == STORED_FINGERPRINT_KEYS + ["text_only"]  # + whether the output format holds images
+    assert fingerprint["text_only"] is False  # the default format holds images
     sample = dataclasses.asdict(config.sample)
     gathered = {}
     for spec, opt in settings():

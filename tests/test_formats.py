@@ -49,6 +49,14 @@ def tiny_packs(pool) -> list[AssembledPack]:
     ]
 
 
+def text_packs() -> list[AssembledPack]:
+    """For a format that holds text only: a pack, and a padded pack (pad_to_multiple_of 4)."""
+    return [
+        pack([[4, 5, 6]], [[5, 6, -1]], [[]], records=[1], multiple=1),
+        pack([[3, 8, 2], [9, 10]], [[-1, 2, -1], [10, -1]], [[], []], records=[2, 4], multiple=4),
+    ]
+
+
 def pack(tokens, labels, images, records, multiple) -> AssembledPack:
     lengths = np.array([len(t) for t in tokens], dtype=np.int64)
     indices = np.array([i for sample in images for i in sample], dtype=np.int64)
@@ -84,7 +92,7 @@ def write_tiny(directory, name: str, stop_after: int | None = None, resume: bool
     store.mkdir(parents=True, exist_ok=True)
     known: dict = {}
     pool = PoolWriter(pool_segment(store, segment_name(0), 0), known, 0)
-    packs = tiny_packs(pool)
+    packs = tiny_packs(pool) if FORMATS[name].holds_images else text_packs()
     spec = WriteSpec(image_shape=SHAPE, normalisation=CLIP, pad_id=0, ignore_index=-1,
                      pool=(pool_segment(store, segment_name(0), pool.close()),), plan_digest="tiny", image_run=ImageRun(positions=2, patch_id=PATCH, start_id=START))  # fmt: skip
     fmt = FORMATS[name]
@@ -98,17 +106,27 @@ def write_tiny(directory, name: str, stop_after: int | None = None, resume: bool
             writer.checkpoint()
         if stop_after is not None and p == stop_after:
             return None  # killed: the pack after the checkpoint is in the file, never checkpointed
-    table = PlanTable(
+    return writer.publish(tiny_table(name), [], tiny_meta(len(packs)))
+
+
+def tiny_table(name: str) -> PlanTable:
+    if not FORMATS[name].holds_images:
+        return PlanTable(offsets=np.array([0, 1, 3]), record_index=np.array([1, 2, 4]), length=np.array([3, 3, 2]),
+                         padded_length=np.array([3, 4, 4]), num_images=np.array([0, 0, 0]))  # fmt: skip
+    return PlanTable(
         offsets=np.array([0, 2, 3, 5]), record_index=np.array([3, 0, 1, 2, 4]), length=np.array([5, 3, 3, 3, 2]),
         padded_length=np.array([5, 3, 3, 4, 4]), num_images=np.array([1, 1, 0, 1, 0]),
     )  # fmt: skip
-    return writer.publish(table, [], tiny_meta(len(packs)))
 
 
 EXPECTED = [  # (cu_seqlens, cu_seqlens_unpadded, tokens, labels, images as pixels)
     ([0, 5, 8], [0, 5, 8], [5, 7, 0, 9, 2, 7, 0, 11], [-1, -1, -1, 2, -1, -1, -1, 12], [RED, RED]),
     ([0, 3], [0, 3], [4, 5, 6], [5, 6, -1], []),
     ([0, 4, 8], [0, 3, 5], [7, 0, 8, 0, 9, 10, 0, 0], [-1, 8, -1, -1, 10, -1, -1, -1], [BLUE]),
+]
+EXPECTED_TEXT = [  # text_packs()
+    ([0, 3], [0, 3], [4, 5, 6], [5, 6, -1], []),
+    ([0, 4, 8], [0, 3, 5], [3, 8, 2, 0, 9, 10, 0, 0], [-1, 2, -1, -1, 10, -1, -1, -1], []),
 ]
 
 
@@ -117,8 +135,9 @@ def test_round_trip_through_writer_and_reader(tmp_path, name):
     meta = write_tiny(tmp_path, name)
     assert meta.format == name and read_meta(paths.meta_path(paths.packed_prefix(tmp_path))) == meta
     reader = open_packed(tmp_path)
-    assert type(reader) is type(FORMATS[name].reader(paths.packed_prefix(tmp_path))) and len(reader) == 3
-    for p, (cu, cu_unpadded, tokens, labels, pixels) in enumerate(EXPECTED):
+    expected = EXPECTED if FORMATS[name].holds_images else EXPECTED_TEXT
+    assert type(reader) is type(FORMATS[name].reader(paths.packed_prefix(tmp_path))) and len(reader) == len(expected)
+    for p, (cu, cu_unpadded, tokens, labels, pixels) in enumerate(expected):
         got = reader.pack(p)
         assert got.cu_seqlens.tolist() == cu and got.cu_seqlens_unpadded.tolist() == cu_unpadded
         assert got.tokens.tolist() == tokens and got.labels.tolist() == labels
@@ -126,7 +145,7 @@ def test_round_trip_through_writer_and_reader(tmp_path, name):
         expected = CLIP.apply(np.stack(pixels)) if pixels else np.zeros((1, *SHAPE), np.float32)
         images = got.images if got.pixels is None else (CLIP.apply(got.pixels) if len(got.pixels) else np.zeros((1, *SHAPE), np.float32))
         assert images.tobytes() == expected.tobytes()
-    assert reader.plan_table().padded_length.tolist() == [5, 3, 3, 4, 4]
+    assert reader.plan_table().padded_length.tolist() == tiny_table(name).padded_length.tolist()
     reader.close()
     result = verify(tmp_path, progress=False)
     assert result.ok, result.problems
@@ -346,9 +365,10 @@ def test_each_registered_format_satisfies_the_contract(tmp_path, name):
     files = fmt.files(prefix)
     assert paths.meta_path(prefix) in files.final and files.plan_table in files.final and files.checkpoint in files.temporary
     assert not set(files.final) & set(files.temporary)
-    for size in (None, 8):  # each prefix of a multi-size run has its own files, named after it
-        assert all(path.name.startswith(paths.packed_prefix(tmp_path, size).name + ".") for path in fmt.files(
-            paths.packed_prefix(tmp_path, size)).every)  # fmt: skip
+    for size in (None, 8):  # each prefix of a multi-size run has its own files, named after it (or its size)
+        assert all(path.name.startswith(paths.packed_prefix(tmp_path, size).name + ".") or f"{size}" in path.name
+                   for path in fmt.files(paths.packed_prefix(tmp_path, size)).every)  # fmt: skip
+    assert not set(fmt.files(paths.packed_prefix(tmp_path, 8)).every) & set(fmt.files(paths.packed_prefix(tmp_path, 16)).every)
     write_tiny(tmp_path, name)
     assert isinstance(fmt.reader(prefix), PackReader)
     (tmp_path / "other").mkdir()
@@ -375,10 +395,23 @@ def test_only_nemo_is_bound_by_float32():
     assert all(fmt.limits.max_pack > 2**24 for name, fmt in FORMATS.items() if name != "nemo")
 
 
+def text_only_data(directory):
+    """The sample data without its images (for a format that holds text only)."""
+    records = json.loads((SAMPLE_DATA / "llava_sample.json").read_text())
+    for record in records:
+        record.pop("image", None)
+        for turn in record["conversations"]:
+            turn["value"] = turn["value"].replace("<image>", "").strip()
+    path = directory / "text_only.json"
+    path.write_text(json.dumps(records))
+    return path
+
+
 def run_preprocess(output_dir, name, *extra) -> None:
     from neva_pack.cli import main
 
-    args = ["preprocess", "--quiet", "--data_path", str(SAMPLE_DATA / "llava_sample.json"), "--image_folder",
+    data = SAMPLE_DATA / "llava_sample.json" if FORMATS[name].holds_images else text_only_data(output_dir.parent)
+    args = ["preprocess", "--quiet", "--data_path", str(data), "--image_folder",
             str(SAMPLE_DATA / "images"), "--tokenizer_path", str(SAMPLE_DATA / "tokenizer.model"), "--output_dir",
             str(output_dir), "--num_workers", "0", "--pack_sizes", "1024", "2048", "--output_format", name, *extra]  # fmt: skip
     assert main(args) == 0
@@ -406,7 +439,7 @@ def test_a_run_leaves_exactly_the_files_its_format_declares(runs, name):
     assert prefixes == [paths.packed_prefix(out, 1024), paths.packed_prefix(out, 2048)]
     declared = {path for prefix in prefixes for path in FORMATS[name].files(prefix).final}
     others = {path for prefix in prefixes for other in FORMATS.values() if other.name != name
-              for path in other.files(prefix).final if path != paths.meta_path(prefix)}  # fmt: skip
+              for path in other.files(prefix).final if path != paths.meta_path(prefix)} - declared  # fmt: skip
     run_files = set(paths.run_paths(out))
     assert declared <= top_level(out), "a declared file is missing"
     assert top_level(out) - declared <= run_files, "a file that neither the format nor the run declares"
@@ -415,8 +448,9 @@ def test_a_run_leaves_exactly_the_files_its_format_declares(runs, name):
         files = FORMATS[name].files(prefix)
         assert not any(path.exists() for path in files.temporary)
         listed = read_meta(paths.meta_path(prefix)).checksums
-        for path in files.final[1:]:  # every file besides the meta is checksummed by it
-            assert paths.relative_name(out, path) in listed
+        for path in files.final[1:]:  # every file besides the meta (in a format's directory: every file in it) is checksummed by it
+            inside = sorted(f for f in path.rglob("*") if f.is_file()) if path.is_dir() else [path]
+            assert inside and all(paths.relative_name(out, f) in listed for f in inside)
         if FORMATS[name].uses_image_pool:  # its images: the sample store's pool, which the meta checksums too
             assert any(name.startswith(paths.STORE_DIR + "/") for name in listed)
 
@@ -513,6 +547,12 @@ def test_stats_verify_and_convert_to_every_other_format(runs, tmp_path, capsys, 
         except ConfigError:
             continue
         dest = tmp_path / other
+        if not FORMATS[other].holds_images and FORMATS[name].holds_images:  # the sample data has images
+            capsys.readouterr()
+            assert main(["convert", "--quiet", str(out), str(dest), "--to", other]) == 2
+            error = capsys.readouterr().err
+            assert "cannot hold (text only)" in error and error.count("\n") == 1
+            continue
         assert main(["convert", "--quiet", str(out), str(dest), "--to", other]) == 0
         assert main(["verify", "--quiet", str(dest)]) == 0
         assert main(["stats", str(dest)]) == 0

@@ -1,5 +1,6 @@
-"""Hostile inputs (issue 9): no record can kill, hang, corrupt or escape a run; concurrent runs and
---overwrite cannot lose data; every bad argument fails at once with one line.
+"""Hostile inputs: no record can kill, hang, corrupt or escape a run; concurrent runs and
+--overwrite cannot lose data; every bad argument and every bad file the tool reads (data,
+images, configuration) fails at once with one line or is one record's counted skip.
 
 Each case is three good records with one hostile record among them (built here, in a tmp dir). A
 run must exit as stated, skip the hostile record with its reason (or refuse the run with one line),
@@ -9,6 +10,7 @@ and leave an output that ``neva-pack verify OUT --data_path DATA`` accepts.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import json
 import os
@@ -26,7 +28,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from benchmarks.bench_hostile import jpeg_claiming  # the same hostile header the benchmark measures
+from benchmarks.bench_hostile import (  # the same hostile files the benchmark measures
+    blp_unknown_encoding,
+    dds_unknown_pixel_format,
+    jpeg_claiming,
+    many_images_record,
+    progressive_jpeg_with_scans,
+)
 from neva_pack.cli import main
 from neva_pack.image_run import ImageRun
 from neva_pack.invariants import PackSpec, accounting_problem, pack_problems
@@ -235,7 +243,8 @@ def test_counting_and_reading_agree_on_blank_and_oversized_jsonl_lines(tmp_path)
 
 def test_new_skip_reasons_are_listed_with_their_meaning():
     for reason in ("record_too_large", "record_too_deep", "conversation_too_long", "invalid_unicode",
-                   "outside_image_folder", "image_too_large", "no_supervised_tokens"):  # fmt: skip
+                   "outside_image_folder", "image_too_large", "no_supervised_tokens", "image_too_slow",
+                   "too_many_images"):  # fmt: skip
         assert SKIP_REASONS[reason]
 
 
@@ -720,3 +729,423 @@ def test_a_sample_cut_before_its_answer_is_no_supervised_tokens(tmp_path, capsys
     # the image record cannot keep its 576 image positions either: cut before its image, nothing trained
     assert run.code == 0 and run.reasons == {HOSTILE_AT: "no_supervised_tokens", 2: "no_supervised_tokens"}
     assert run.verified
+
+
+# ---------------------------------------------------------------------------------------------
+# 8. An image can fail to decode in any way, or decode slowly: one record's skip, named
+
+
+def skip_detail(run: Run, index: int = HOSTILE_AT) -> str:
+    return next(line["detail"] for line in map(json.loads, (run.out / "skipped.jsonl").read_text().splitlines())
+                if line["index"] == index)  # fmt: skip
+
+
+DECODER_CASES = {
+    "BLP with an unknown encoding (BLPFormatError)": (
+        "odd.blp", blp_unknown_encoding, (), "unreadable_image", "odd.blp: BLPFormatError: Unknown BLP encoding 9"),
+    "DDS with unknown pixel flags (NotImplementedError)": (
+        "odd.dds", dds_unknown_pixel_format, (), "unreadable_image",
+        "odd.dds: NotImplementedError: Unknown pixel format flags 1073741824"),
+    "bytes no decoder knows (no object address in the detail)": (
+        "x.jpg", lambda: b"not an image at all", (), "unreadable_image",
+        "x.jpg: UnidentifiedImageError: cannot identify image file x.jpg"),
+    "progressive JPEG of 400 repeated scans": (
+        "slow.jpg", lambda: progressive_jpeg_with_scans(2_000, 2_000, 400), ("--max_image_decode_seconds", "0.2"),
+        "image_too_slow", "slow.jpg: decoding took more than --max_image_decode_seconds 0.2 (CPU time)"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(DECODER_CASES))
+def test_any_decoder_failure_or_slow_decode_is_that_records_skip_named(tmp_path, capsys, images, case):
+    name, make, extra, reason, detail = DECODER_CASES[case]
+    (images / name).write_bytes(make())
+    run = run_with(tmp_path, capsys, images, image_record(name), *extra)
+    assert run.code == 0, run.err
+    assert run.reasons == {HOSTILE_AT: reason}
+    assert skip_detail(run) == detail
+    assert run.verified
+
+
+def test_a_slow_image_in_a_worker_is_stopped_and_the_workers_later_records_are_packed(tmp_path, capsys, images):
+    (images / "slow.jpg").write_bytes(progressive_jpeg_with_scans(2_000, 2_000, 400))
+    records = [image_record("slow.jpg"), *GOOD, GOOD[1]]
+    data = write_data(tmp_path / "data.jsonl", records, "jsonl")
+    run = run_on(tmp_path, capsys, data, images, "--num_workers", "1", "--max_image_decode_seconds", "0.2")
+    assert run.code == 0, run.err
+    assert run.reasons == {0: "image_too_slow"}  # the worker went on: records 1..4 are packed
+    assert run.verified
+
+
+def test_the_skip_report_is_the_same_bytes_in_two_runs_of_the_same_input(tmp_path, capsys, images):
+    (images / "x.jpg").write_bytes(b"\x89PNG\r\n\x1a\n broken")
+    data = write_data(tmp_path / "data.jsonl", [GOOD[0], image_record("x.jpg"), GOOD[1]], "jsonl")
+    reports = []
+    for attempt in ("first", "second"):
+        (tmp_path / attempt).mkdir()
+        run = run_on(tmp_path / attempt, capsys, data, images)
+        assert run.code == 0 and run.reasons == {1: "unreadable_image"}
+        reports.append((run.out / "skipped.jsonl").read_bytes())
+    assert reports[0] == reports[1] and b" at 0x" not in reports[0]
+
+
+@functools.cache
+def valid_image(fmt: str) -> bytes:
+    """A small picture saved in ``fmt``, in the first mode PIL's writer for it accepts."""
+    gradient = np.add.outer(np.arange(24), np.arange(32)).astype(np.uint8) * 4
+    picture = Image.fromarray(np.stack([gradient, gradient[::-1], 255 - gradient], axis=-1))
+    for mode in ("RGB", "P", "L", "1", "F"):
+        buffer = io.BytesIO()
+        try:
+            picture.convert(mode).save(buffer, fmt)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        return buffer.getvalue()
+    raise AssertionError(f"PIL cannot write {fmt}")
+
+
+def _writable_formats() -> list[str]:
+    Image.init()
+    formats = []
+    for fmt in ("BLP", "BMP", "DDS", "GIF", "ICO", "JPEG", "JPEG2000", "MSP", "PCX", "PNG", "PPM", "QOI",
+                "SGI", "SPIDER", "TGA", "TIFF", "WEBP", "XBM"):  # fmt: skip
+        try:
+            valid_image(fmt)
+        except (AssertionError, KeyError):  # a format this PIL build cannot write (no codec)
+            continue
+        formats.append(fmt)
+    return formats
+
+
+FORMATS = _writable_formats()
+IMAGE_SKIPS = {"unreadable_image", "image_too_large", "image_too_slow"}
+
+
+@st.composite
+def damaged_images(draw) -> bytes:
+    """Random bytes, or a valid file of a random PIL format with random bytes overwritten and/or
+    its end cut off (the header often survives: the decoder itself meets the damage)."""
+    if draw(st.booleans()):
+        return draw(st.binary(max_size=300))
+    data = bytearray(valid_image(draw(st.sampled_from(FORMATS))))
+    for _ in range(draw(st.integers(0, 4))):
+        position = draw(st.integers(0, len(data) - 1))
+        junk = draw(st.binary(min_size=1, max_size=8))
+        data[position : position + len(junk)] = junk
+    if draw(st.booleans()):
+        data = data[: draw(st.integers(0, len(data)))]
+    return bytes(data)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=damaged_images())
+def test_property_any_damaged_image_decodes_to_rgb_or_is_one_named_skip(data):
+    from neva_pack.images import decode_image
+
+    try:
+        image = decode_image(data, "x.img", max_seconds=5)
+    except RecordError as error:
+        assert error.reason in IMAGE_SKIPS
+        assert error.detail.startswith("x.img: ") and "\n" not in error.detail and " at 0x" not in error.detail
+    else:
+        assert image.mode == "RGB" and image.width * image.height > 0
+
+
+@settings(max_examples=8, deadline=None)
+@given(data=damaged_images())
+def test_property_a_run_over_a_damaged_image_packs_the_rest_and_verifies(tmp_path_factory, data):
+    tmp_path = tmp_path_factory.mktemp("damaged")
+    folder = tmp_path / "images"
+    folder.mkdir()
+    shutil.copy(SAMPLE_DATA / "images" / "chelsea.jpg", folder)
+    (folder / "x.img").write_bytes(data)
+    run = run_with(tmp_path, _NoCapture(), folder, image_record("x.img"))
+    assert run.code == 0, run.err
+    assert set(run.reasons) <= {HOSTILE_AT} and set(run.reasons.values()) <= IMAGE_SKIPS
+    assert run.verified
+
+
+class _NoCapture:
+    """capsys for a hypothesis example (a function-scoped fixture cannot be used across examples)."""
+
+    @staticmethod
+    def readouterr():
+        return _Captured("")
+
+
+@dataclass
+class _Captured:
+    err: str
+
+
+# ---------------------------------------------------------------------------------------------
+# 9. Records: the other spelling of images, the image budget, and inputs that are no JSON text
+
+
+def test_images_is_read_as_image_and_packs_the_same(tmp_path, capsys, images):
+    from neva_pack.dataset import PackedSeqDataset
+    from neva_pack.paths import packed_prefix
+
+    packs = {}
+    for key, value in (("image", "chelsea.jpg"), ("images", ["chelsea.jpg"])):
+        record = {"id": "x", key: value, "conversations": conversation("<image>\nWhat is this?", "A cat.")}
+        (tmp_path / f"with {key}").mkdir()
+        run = run_with(tmp_path / f"with {key}", capsys, images, record)
+        assert run.code == 0 and run.reasons == {}
+        assert run.verified
+        packs[key] = list(PackedSeqDataset(packed_prefix(run.out)))
+    assert len(packs["image"]) == len(packs["images"])
+    for ours, theirs in zip(packs["image"], packs["images"]):
+        assert all(torch_equal(ours[key], theirs[key]) for key in ours)
+
+
+def torch_equal(a, b) -> bool:
+    return a.shape == b.shape and bool((a == b).all())
+
+
+def test_a_record_with_both_image_and_images_is_malformed(tmp_path, capsys, images):
+    record = {"image": "chelsea.jpg", "images": ["chelsea.jpg"], "conversations": conversation("<image>\nHi", "A cat.")}
+    run = run_with(tmp_path, capsys, images, record)
+    assert run.code == 0 and run.reasons == {HOSTILE_AT: "malformed_record"}
+    assert skip_detail(run) == "both 'image' and 'images' are given (use one of them)"
+
+
+@pytest.mark.parametrize("count, extra, detail", [
+    (142_000, (), "142,000 images > --max_images_per_record 1,000"),
+    (5, ("--max_images_per_record", "4"), "5 images > --max_images_per_record 4"),
+])  # fmt: skip
+def test_a_record_over_the_image_budget_is_skipped_before_any_image_is_read(tmp_path, capsys, images, count, extra, detail):
+    run = run_with(tmp_path, capsys, images, many_images_record(count), *extra)
+    assert run.code == 0 and run.reasons == {HOSTILE_AT: "too_many_images"}
+    assert skip_detail(run) == detail
+    assert run.verified
+
+
+def test_placeholders_over_the_image_budget_are_too_many_images_not_a_mismatch(tmp_path, capsys, images):
+    record = {"image": "chelsea.jpg", "conversations": conversation("<image>" * 5, "A cat.")}
+    run = run_with(tmp_path, capsys, images, record, "--max_images_per_record", "4")
+    assert run.code == 0 and run.reasons == {HOSTILE_AT: "too_many_images"}
+
+
+@pytest.mark.parametrize("kind", ["gzip", "bz2", "lzma"])
+def test_a_compressed_data_path_is_one_line_saying_so(tmp_path, capsys, images, kind):
+    import importlib
+
+    data = tmp_path / "data.json"  # named as if it were text
+    text = "\n".join(json.dumps(r) for r in GOOD).encode()
+    data.write_bytes(importlib.import_module(kind).compress(text))
+    run = run_on(tmp_path, capsys, data, images)
+    name = {"gzip": "gzip", "bz2": "bzip2", "lzma": "xz"}[kind]
+    assert run.code == 2 and run.err.count("\n") == 1
+    assert f"a {name}-compressed file; decompress it first" in run.err and "UTF-16" not in run.err
+
+
+@pytest.mark.parametrize("text, says", [
+    ("", "holds no records"),
+    ("\n  \n", "holds no records"),
+    ("[]", "holds no records"),
+    (json.dumps(GOOD[0], indent=2), "its first record goes on over several lines (a pretty-printed JSON object?)"),
+    ('{"data": [\n' + json.dumps(GOOD[0]) + "\n]}", "its first record goes on over several lines"),
+])  # fmt: skip
+def test_an_input_without_records_or_with_one_pretty_printed_object_is_one_line(tmp_path, capsys, images, text, says):
+    data = tmp_path / "data.json"
+    data.write_text(text)
+    run = run_on(tmp_path, capsys, data, images)
+    assert run.code == 2 and run.err.count("\n") == 1 and says in run.err
+    assert "skipped" not in run.err
+
+
+# ---------------------------------------------------------------------------------------------
+# 10. Every configuration file is untrusted: a bad one is one line naming the file (and the key)
+
+TEMPLATE_YAML = """\
+name: vicuna
+system: "A chat."
+system_suffix: " "
+system_when_empty: true
+user:
+  prefix: "USER: "
+  suffix: " "
+assistant:
+  prefix: "ASSISTANT:"
+  lead: " "
+  suffix: "{eos}"
+nemo:
+  round_separator: " "
+"""
+HPARAMS_YAML = """\
+model:
+  encoder_seq_length: 4096
+  mm_cfg:
+    use_im_start_end: false
+    vision_encoder:
+      patch_dim: 14
+      crop_size: [336, 336]
+  data:
+    image_aspect_ratio: square
+"""
+
+
+def settings_files(folder: Path) -> dict[str, tuple[Path, tuple[str, ...]]]:
+    """One of each configuration file the tool reads, valid, and the flags that make a run read it."""
+    from neva_pack.encoders import resolve_encoder
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "template.yaml").write_text(TEMPLATE_YAML)
+    (folder / "hparams.yaml").write_text(HPARAMS_YAML)
+    encoder = folder / "encoder"
+    encoder.mkdir(exist_ok=True)
+    settings_ = resolve_encoder("openai/clip-vit-large-patch14-336").preprocessor_config
+    (encoder / "preprocessor_config.json").write_text(json.dumps(settings_, indent=1))
+    (encoder / "config.json").write_text(json.dumps({"vision_config": {"patch_size": 14}}))
+    shutil.copy(TOKENIZER, folder / "tokenizer.model")
+    return {
+        "template": (folder / "template.yaml", ("--conv_template", str(folder / "template.yaml"))),
+        "hparams": (folder / "hparams.yaml", ("--hparams_file", str(folder / "hparams.yaml"))),
+        "encoder settings": (encoder / "preprocessor_config.json", ("--hf_vision_encoder", str(encoder))),
+        "encoder model config": (encoder / "config.json", ("--hf_vision_encoder", str(encoder))),
+        "tokenizer": (folder / "tokenizer.model", ("--tokenizer_path", str(folder / "tokenizer.model"))),
+    }
+
+
+def run_configured(tmp_path, capsys, images, flags) -> Run:
+    data = write_data(tmp_path / "data.jsonl", GOOD, "jsonl")
+    return run_on(tmp_path, capsys, data, images, *flags)
+
+
+def one_line(run: Run) -> bool:
+    return run.err.count("\n") == 1 and run.err.startswith("neva-pack: error: ") and "Traceback" not in run.err
+
+
+BAD_SETTINGS = {
+    "template YAML that does not parse": ("template", lambda p: p.write_text("user: [\n"),
+                                          "template.yaml: invalid YAML (expected the node content, but found '<stream end>' at line 2, column 1)"),
+    "template not UTF-8": ("template", lambda p: p.write_bytes(b"name: caf\xe9\n"),
+                           "template.yaml: not UTF-8 text (byte 0xe9 at offset 9)"),
+    "template flag spelled as text": ("template", lambda p: p.write_text(TEMPLATE_YAML + "bos: 'yes'\n"),
+                                      "template.yaml: bos 'yes': expected true or false, got str"),
+    "template text with a lone surrogate": ("template", lambda p: p.write_text(TEMPLATE_YAML + 'system_prefix: "\\ud800"\n'),
+                                            "template.yaml: system_prefix '\\ud800': holds a lone UTF-16 surrogate"),
+    "template is a directory": ("template", lambda p: (p.unlink(), p.mkdir()), "template.yaml: not a regular file (a directory)"),
+    "hparams not UTF-8": ("hparams", lambda p: p.write_bytes(b"model:\n  seed: \xff\n"),
+                          "hparams.yaml: not UTF-8 text (byte 0xff at offset 15)"),
+    "hparams gzip-compressed": ("hparams", lambda p: p.write_bytes(__import__("gzip").compress(HPARAMS_YAML.encode())),
+                                "hparams.yaml: gzip-compressed, not text"),
+    "crop_size a string": ("encoder settings",
+                           lambda p: p.write_text(json.dumps({**json.loads(p.read_text()), "crop_size": "336"})),
+                           "preprocessor_config.json: crop_size '336': expected a positive integer or an object"),
+    "image_std zero": ("encoder settings",
+                       lambda p: p.write_text(json.dumps({**json.loads(p.read_text()), "image_std": [0.5, 0, 0.5]})),
+                       "preprocessor_config.json: image_std [0.5, 0, 0.5]: expected numbers above 0"),
+    "image_mean a number": ("encoder settings",
+                            lambda p: p.write_text(json.dumps({**json.loads(p.read_text()), "image_mean": 0.5})),
+                            "preprocessor_config.json: image_mean 0.5: expected a list of 3 numbers (one per RGB channel), got float"),
+    "settings a JSON list": ("encoder settings", lambda p: p.write_text("[1, 2]"),
+                             "preprocessor_config.json: expected a JSON object, got list"),
+    "settings not JSON": ("encoder settings", lambda p: p.write_text("{'crop_size': 336}"),
+                          "preprocessor_config.json: invalid JSON (Expecting property name enclosed in double quotes: line 1 column 2 (char 1))"),
+    "patch size a string": ("encoder model config", lambda p: p.write_text('{"vision_config": {"patch_size": "14"}}'),
+                            "config.json: vision_config.patch_size '14': expected a positive integer"),
+    "no crop and no resize to a box": ("encoder settings",
+                                       lambda p: p.write_text(json.dumps({**json.loads(p.read_text()), "do_center_crop": False})),
+                                       "preprocessor_config.json: do_center_crop/do_resize/size give images of varying shape"),
+    "tokenizer piece not UTF-8": ("tokenizer", lambda p: p.write_bytes(p.read_bytes().replace(b"<unk>", b"\x80unk>", 1)),
+                                  "tokenizer.model: not a SentencePiece model"),
+    "tokenizer a FIFO": ("tokenizer", lambda p: (p.unlink(), os.mkfifo(p)), "tokenizer.model: not a regular file (a FIFO)"),
+    "tokenizer truncated": ("tokenizer", lambda p: p.write_bytes(p.read_bytes()[:1000]), "tokenizer.model: not a SentencePiece model"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(BAD_SETTINGS))
+def test_a_bad_configuration_file_is_one_line_naming_it(tmp_path, capsys, images, case):
+    kind, damage, says = BAD_SETTINGS[case]
+    path, flags = settings_files(tmp_path / "settings")[kind]
+    damage(path)
+    run = run_configured(tmp_path, capsys, images, flags)
+    assert run.code == 2 and one_line(run), run.err
+    assert says in run.err
+    assert not (run.out / "skipped.jsonl").exists()
+
+
+@pytest.mark.parametrize("flag", ["--hparams_file", "--tokenizer_path", "--conv_template"])
+def test_dev_zero_as_a_configuration_file_is_refused_before_reading(tmp_path, capsys, images, flag):
+    value = "/dev/zero" if flag != "--conv_template" else str(tmp_path / "zero.yaml")
+    if flag == "--conv_template":
+        os.symlink("/dev/zero", value)  # a template is known by its suffix
+    run = run_configured(tmp_path, capsys, images, (flag, value))
+    assert run.code == 2 and one_line(run) and "not a regular file (a character device)" in run.err
+
+
+LEAVES = st.none() | st.booleans() | st.integers(-3, 5000) | st.floats(allow_nan=False, width=32) | st.text(max_size=6)
+VALUES = LEAVES | st.lists(LEAVES, max_size=3) | st.dictionaries(
+    st.sampled_from(["height", "width", "shortest_edge", "prefix"]), st.integers(-2, 500), max_size=2)
+
+
+def _paths(node, prefix=()):
+    yield prefix
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _paths(value, (*prefix, key))
+
+
+@st.composite
+def edited(draw, text: bytes, structured: bool) -> bytes:
+    """The file with a random value replaced (JSON/YAML: a key's value, kept parseable, so the
+    checks of keys and types are met), or random bytes overwritten, inserted or cut off."""
+    import yaml
+
+    if structured and draw(st.booleans()):
+        tree = yaml.safe_load(text)
+        path = draw(st.sampled_from([p for p in _paths(tree) if p]))
+        node = tree
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = draw(VALUES)
+        return json.dumps(tree).encode()  # YAML reads JSON
+    data = bytearray(text)
+    position = draw(st.integers(0, len(data)))
+    junk = draw(st.binary(min_size=1, max_size=6))
+    how = draw(st.sampled_from(["overwrite", "insert", "cut"]))
+    if how == "overwrite":
+        data[position : position + len(junk)] = junk
+    elif how == "insert":
+        data[position:position] = junk
+    else:
+        del data[position:]
+    return bytes(data)
+
+
+@settings(max_examples=30, deadline=None)
+@given(kind=st.sampled_from(["template", "hparams", "encoder settings", "encoder model config", "tokenizer"]), data=st.data())
+def test_property_a_randomly_edited_configuration_file_runs_or_is_one_line(tmp_path_factory, kind, data):
+    tmp_path = tmp_path_factory.mktemp("edited")
+    folder = tmp_path / "images"
+    folder.mkdir()
+    shutil.copy(SAMPLE_DATA / "images" / "chelsea.jpg", folder)
+    path, flags = settings_files(tmp_path / "settings")[kind]
+    path.write_bytes(data.draw(edited(path.read_bytes(), structured=kind != "tokenizer")))
+    capture = _StderrCapture()
+    with capture:
+        run = run_configured(tmp_path, capture, folder, flags)
+    assert run.code in (0, 2), run.err
+    if run.code == 2:
+        assert one_line(run), run.err
+    else:
+        assert run.verified
+
+
+class _StderrCapture:
+    """capsys for a hypothesis example: what main wrote to stderr."""
+
+    def __enter__(self):
+        import contextlib
+
+        self._buffer = io.StringIO()
+        self._redirect = contextlib.redirect_stderr(self._buffer)
+        self._redirect.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._redirect.__exit__(*exc)
+
+    def readouterr(self):
+        return _Captured(self._buffer.getvalue())

@@ -89,8 +89,11 @@ class PreprocessConfig:
         return self.pack.cut_length
 
     def sample_fingerprint(self) -> dict:
-        """Everything that decides the samples (``SampleConfig.fingerprint`` at this run's cut)."""
-        return self.sample.fingerprint(self.pack.cut_length)
+        """Everything that decides the samples: ``SampleConfig.fingerprint`` at this run's cut, and whether
+        the output format holds images (a text-only format skips the records that have some)."""
+        fingerprint = self.sample.fingerprint(self.pack.cut_length)
+        fingerprint["text_only"] = not FORMATS[self.pack.output_format].holds_images
+        return fingerprint
 
     def write_settings(self, size: int) -> dict:
         """Every setting that decides the bytes of one pack size's published files beyond the samples

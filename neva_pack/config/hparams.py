@@ -8,9 +8,8 @@ import difflib
 import re
 from pathlib import Path
 
-import yaml
-
 from neva_pack.errors import ConfigError
+from neva_pack.untrusted import read_yaml
 
 NEMO_SECTION_KEYS = {
     ("model", "data"): {
@@ -40,12 +39,7 @@ def read_hparams(path: Path, keys: dict[tuple[str, ...], str]) -> dict:
     Whole-value interpolations like ``${model.mm_cfg.llm.model_type}`` are resolved (from the
     root, or relative to ``model``); unknown keys in the sections read are refused.
     """
-    try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"--hparams_file {path}: no such file") from None
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"--hparams_file {path}: unreadable YAML ({str(exc).splitlines()[0]})") from None
+    data = read_yaml(path, what="--hparams_file")
     if not isinstance(data, dict):
         raise ConfigError(f"--hparams_file {path}: expected a mapping at the top level")
     _check_sections(data, path)

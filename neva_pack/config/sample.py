@@ -12,9 +12,10 @@ from neva_pack import __version__
 from neva_pack.config.options import BUDGETS, NEMO, check_fields, option, options
 from neva_pack.defaults import IGNORE_INDEX
 from neva_pack.errors import ConfigError
-from neva_pack.images import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGE_PIXELS
+from neva_pack.images import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGE_DECODE_SECONDS, DEFAULT_MAX_IMAGE_PIXELS
 from neva_pack.records import (
     DEFAULT_MAX_CONVERSATION_CHARS,
+    DEFAULT_MAX_IMAGES_PER_RECORD,
     DEFAULT_MAX_RECORD_BYTES,
     DEFAULT_MAX_RECORD_DEPTH,
     MAX_RECORD_DEPTH_LIMIT,
@@ -121,6 +122,16 @@ class SampleConfig:
         help="accept absolute image paths, '..' and symlinks that lead out of --image_folder",
     )  # fmt: skip
     """Accept absolute image names, '..' and symlinks leading out of image_folder."""
+    max_image_decode_seconds: float = option(
+        DEFAULT_MAX_IMAGE_DECODE_SECONDS, group=BUDGETS, fingerprint="budgets",
+        help="CPU seconds to decode one image; a slower one is stopped and skipped as image_too_slow (default {default})",
+    )  # fmt: skip
+    """CPU seconds to decode one image; a slower decode is stopped and skipped (image_too_slow)."""
+    max_images_per_record: int = option(
+        DEFAULT_MAX_IMAGES_PER_RECORD, group=BUDGETS, minimum=1, fingerprint="budgets",
+        help=f"images of one record, checked before any is read (default {DEFAULT_MAX_IMAGES_PER_RECORD:,})",
+    )  # fmt: skip
+    """Images (and <image> placeholders) of one record; more is skipped before any is read (too_many_images)."""
     crop_size: tuple[int, int] | None = option(None, help=None, hparams=(*ENCODER, "crop_size"), fingerprint="")
     """Expected (H, W) from a NeMo config; must agree with the encoder's processor (a check: the
     encoder, which decides the pixels, is in the fingerprint)."""
@@ -134,6 +145,8 @@ class SampleConfig:
             raise ConfigError(f"--tokenizer_path {self.tokenizer_path}: no such file or directory")
         if self.image_folder is not None and not self.image_folder.exists():
             raise ConfigError(f"--image_folder {self.image_folder}: no such directory or archive")
+        if not 0 < self.max_image_decode_seconds < float("inf"):
+            raise ConfigError(f"--max_image_decode_seconds {self.max_image_decode_seconds}: must be a number above 0")
         if self.max_record_depth > MAX_RECORD_DEPTH_LIMIT:
             raise ConfigError(
                 f"--max_record_depth {self.max_record_depth}: at most {MAX_RECORD_DEPTH_LIMIT} (the JSON parser recurses per level)"

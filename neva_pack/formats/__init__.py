@@ -13,7 +13,7 @@ from pathlib import Path
 
 from neva_pack.checksums import file_checksum
 from neva_pack.errors import ConfigError, InputError
-from neva_pack.formats import compact, nemo
+from neva_pack.formats import bridge, bridge_parquet, compact, energon, nemo
 from neva_pack.formats.base import PackedFormat
 from neva_pack.formats.meta import PackedMeta, checksum_problems, meta_checksum_ok, read_meta, read_meta_json
 from neva_pack.paths import META_SUFFIX, PACKED_NAME, meta_path, pack_size_of, packed_prefixes
@@ -24,7 +24,9 @@ __all__ = [
     "temporary_files",
 ]  # fmt: skip
 
-FORMATS: dict[str, PackedFormat] = {fmt.name: fmt for fmt in (nemo.FORMAT, compact.FORMAT)}
+FORMATS: dict[str, PackedFormat] = {
+    fmt.name: fmt for fmt in (nemo.FORMAT, compact.FORMAT, bridge.FORMAT, bridge_parquet.FORMAT, energon.FORMAT)
+}
 """Registry: meta "format" (--output_format, convert --to) -> format object."""
 DEFAULT_FORMAT = nemo.FORMAT.name
 """--output_format's default: NeMo's layout, as NeMo's own preprocessing writes it."""

@@ -162,6 +162,9 @@ class PackedFormat(Protocol):
     refers to images by pool index only (assembly reads no pixel)."""
     uses_image_pool: bool
     """Its output refers to the sample store's image pool (so --drop_store cannot drop the store)."""
+    holds_images: bool
+    """Its files can hold images. False (text only): a run skips records with images (reason
+    ``images_not_held``) and convert refuses an output with images."""
     limits: Limits
     """What it stores exactly (largest pack, largest id or label)."""
 

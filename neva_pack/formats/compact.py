@@ -376,6 +376,7 @@ class CompactFormat:
     needs_pixels = False
     """Packs reference the pool by index: assembly never reads a pixel, so re-packing takes seconds."""
     uses_image_pool = True
+    holds_images = True
     limits = Limits(
         max_pack=int(np.iinfo(ID_DTYPE).max),
         max_integer=int(np.iinfo(ID_DTYPE).max),

@@ -424,6 +424,7 @@ class NemoFormat:
     needs_pixels = True
     """The writer stores every image instance's values: assembly reads the pixels."""
     uses_image_pool = False
+    holds_images = True
     limits = Limits(
         max_pack=EXACT_FLOAT32,
         max_integer=EXACT_FLOAT32,

@@ -1,7 +1,7 @@
 """Images: reading their bytes (source), decoding them (decode), and one module per processing family.
 
     source.py   ImageSource: a folder or a .tar archive, names confined to it, budgets before reading
-    decode.py   decode_image: bytes -> RGB PIL image, pixel budget checked from the header
+    decode.py   decode_image: bytes -> RGB PIL image, pixel budget from the header, decode-time budget
     fixed.py    ImagePreprocessor: CLIP / SigLIP fixed-resolution crop (LLaVA-1.5 / NeVA)
     anyres.py   AnyresProcessor: LLaVA-NeXT / OneVision base image + grid tiles, unpadded token counts
     native.py   NativeProcessor: Qwen2-VL / Qwen2.5-VL smart_resize, patch rows, image_grid_thw
@@ -10,7 +10,7 @@
 """
 
 from neva_pack.images.anyres import ARITHMETICS, AnyresProcessor, AnyresSettings, select_best_resolution
-from neva_pack.images.decode import DEFAULT_MAX_IMAGE_PIXELS, decode_image
+from neva_pack.images.decode import DEFAULT_MAX_IMAGE_DECODE_SECONDS, DEFAULT_MAX_IMAGE_PIXELS, decode_image
 from neva_pack.images.dynamic import DynamicProcessor, StoredImage, check_decoded_size, header_size, tokens_from_header
 from neva_pack.images.families import dynamic_processor
 from neva_pack.images.fixed import (
@@ -41,6 +41,7 @@ __all__ = [
     "smart_resize",
     "tokens_from_header",
     "DEFAULT_MAX_IMAGE_BYTES",
+    "DEFAULT_MAX_IMAGE_DECODE_SECONDS",
     "DEFAULT_MAX_IMAGE_PIXELS",
     "FastGeometry",
     "ImagePreprocessor",

@@ -1,13 +1,35 @@
-"""Image file bytes -> one RGB PIL image, within a pixel budget read from the header first.
+"""Image file bytes -> one RGB PIL image, within a pixel budget read from the header first and a
+decode-time budget enforced while decoding.
 
 Decisions (as LLaVA and NeMo): ``Image.open(f).convert("RGB")`` drops alpha (no compositing
 on white), EXIF orientation is not applied, an animated image contributes its first frame.
+
+Whatever one image's bytes do to a decoder, it is that record's skip, never the run's end: PIL's
+plugins raise far more than ``OSError`` (``BLPFormatError``, ``NotImplementedError`` for some DDS
+files, ``struct.error``, ``IndexError``, ...), so any exception raised while decoding is an
+``unreadable_image`` naming its class. Programming errors of ours cannot hide there: the code
+inside is PIL's and two small conversions.
+
+The time budget (``--max_image_decode_seconds``). Some files cost far more to decode than their
+bytes and pixels suggest: a progressive JPEG may repeat a scan thousands of times, and every scan
+walks every block of the image (tens of milliseconds each at 36 megapixels), so a 200 KB file
+can take minutes. Neither a signal nor a thread can stop a C decoder mid-call (a Python signal
+handler runs only once the call returns), and a process per image costs more than most decodes.
+What does work: PIL's ``ImageFile.load`` feeds the decoder in a Python loop, one read of the file
+object at a time, and the decoder does the work of the bytes it is given before asking for more.
+So the bytes are handed over in small chunks (``DECODE_CHUNK``, which bounds the work of one
+call: well under a second for the worst scan-per-byte JPEG) through a file object that checks the
+clock on every read and stops the decode past the deadline. The clock is the decoding thread's
+CPU time, not the wall clock, so a busy machine (other workers, other jobs) does not turn an
+ordinary image into a skip; the detail names the budget, not a measured time, so the report of a
+run does not depend on the machine's speed except for images near the budget.
 """
 
 from __future__ import annotations
 
 import io
 import re
+import time
 import warnings
 
 import numpy as np
@@ -22,30 +44,92 @@ libraries, so one image keeps a process under 1.5 GB (benchmarks/bench_hostile.p
 (24-megapixel) photo passes, padded too."""
 
 
-def decode_image(data: bytes, name: str, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> Image.Image:
-    """Bytes -> RGB PIL image; anything PIL cannot decode is an ``unreadable_image`` skip.
+DEFAULT_MAX_IMAGE_DECODE_SECONDS = 5.0
+"""CPU seconds to decode one image: an ordinary 24-megapixel photo takes a fraction of a second."""
+
+DECODE_CHUNK = 1024
+"""Bytes handed to PIL's decoder per call, so the deadline is checked often enough: one call on
+a chunk of the slowest progressive JPEG (a scan of ~50 bytes per ~30 ms at 36 megapixels) stays
+under half a second, and ordinary images lose next to nothing (benchmarks/bench_hostile.py)."""
+
+
+class _TooSlow(Exception):
+    """Raised from the file object PIL reads once the decode's CPU time is spent."""
+
+
+class _DecodeClock(io.BytesIO):
+    """An image's bytes as a file object that refuses to be read after a CPU-time deadline."""
+
+    def __init__(self, data: bytes, seconds: float):
+        super().__init__(data)
+        self.deadline = time.thread_time() + seconds
+        self.expired = False
+
+    def read(self, size: int | None = -1) -> bytes:
+        self.check()
+        return super().read(size)
+
+    def check(self) -> None:
+        if time.thread_time() > self.deadline:
+            self.expired = True
+            raise _TooSlow
+
+
+def decode_image(
+    data: bytes, name: str, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+    max_seconds: float = DEFAULT_MAX_IMAGE_DECODE_SECONDS,
+) -> Image.Image:  # fmt: skip
+    """Bytes -> RGB PIL image; anything PIL cannot decode is an ``unreadable_image`` skip, a
+    decode that takes longer than ``max_seconds`` of CPU time an ``image_too_slow`` skip.
 
     The size is read from the header and checked against ``max_pixels`` before any pixel is
     decoded. 16-bit grayscale (mode I;16, I) is scaled to 8 bits, not clipped (which whitens it).
     """
     _allow_pixels(max_pixels)
+    clock = _DecodeClock(data, max_seconds)
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # our own budget is checked first
-            image = Image.open(io.BytesIO(data))
+            # our own pixel budget is checked first; what else PIL warns of in one file is no news to
+            # the user: the image decodes (and is used) or fails (and is that record's skip)
+            warnings.simplefilter("ignore")
+            image = Image.open(clock)
             width, height = image.size
             if width * height > max_pixels:
                 raise RecordError("image_too_large", too_many_pixels(name, f"{width} x {height}", width * height, max_pixels))
+            image.decodermaxblock = DECODE_CHUNK
             image.load()
+            clock.check()  # a decoder that reads everything at once is still held to the budget, if late
             if image.mode in _WIDE_GRAY_MODES:
                 image = _gray_to_8_bits(image)
             return image if image.mode == "RGB" else image.convert("RGB")  # no second copy of a large image
+    except RecordError:
+        raise
     except Image.DecompressionBombError as exc:  # over PIL's limit, which _allow_pixels keeps above ours
         found = re.search(r"\((\d+) pixels\)", str(exc))
         what = too_many_pixels(name, "size", int(found[1]), max_pixels) if found else f"{name}: {exc}"
         raise RecordError("image_too_large", what) from None
-    except (OSError, ValueError, SyntaxError) as exc:
-        raise RecordError("unreadable_image", f"{name}: {exc.__class__.__name__}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 -- any failure of a decoder on one file is that record's skip
+        if clock.expired:  # also when a decoder wrapped our _TooSlow in an error of its own
+            too_slow = f"{name}: decoding took more than --max_image_decode_seconds {max_seconds:g} (CPU time)"
+            raise RecordError("image_too_slow", too_slow) from None
+        raise unreadable(name, exc) from None
+
+
+def unreadable(name: str, exc: Exception) -> RecordError:
+    """The skip of an image a decoder failed on, however it failed: its class and message, the
+    message made deterministic."""
+    return RecordError("unreadable_image", f"{name}: {exc.__class__.__name__}: {_deterministic(str(exc), name)}")
+
+
+_OBJECT_REPR = re.compile(r"<[^<>]*? object at 0x[0-9a-fA-F]+>")
+
+
+def _deterministic(message: str, name: str) -> str:
+    """An exception's message as a skip detail: one line, at most 300 characters, and no object
+    address (PIL names the file object it was given: ``<_io.BytesIO object at 0x7f...>``, which
+    would make two runs' reports differ): the image's name stands in for it."""
+    message = " ".join(_OBJECT_REPR.sub(name, message).split())
+    return message if len(message) <= 300 else message[:297] + "..."
 
 
 def _allow_pixels(max_pixels: int) -> None:

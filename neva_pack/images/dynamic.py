@@ -18,6 +18,7 @@ from typing import Protocol
 import numpy as np
 from PIL import Image
 
+from neva_pack.images.decode import unreadable
 from neva_pack.records import RecordError
 
 __all__ = ["DynamicProcessor", "StoredImage", "check_decoded_size", "header_size", "tokens_from_header"]
@@ -72,8 +73,8 @@ def header_size(data: bytes | str | os.PathLike) -> tuple[int, int]:
             return _open_size(f, head)
     except Image.DecompressionBombError as exc:
         raise RecordError("image_too_large", f"{_name(data)}: {exc}") from None
-    except (OSError, ValueError, SyntaxError) as exc:
-        raise RecordError("unreadable_image", f"{_name(data)}: {exc.__class__.__name__}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 -- PIL's plugins raise far more than OSError (decode.py)
+        raise unreadable(_name(data), exc) from None
 
 
 def _open_size(stream, head: bytes) -> tuple[int, int]:

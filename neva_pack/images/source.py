@@ -8,13 +8,13 @@ most a budget of bytes is read, so one hostile path never blocks or exhausts a w
 from __future__ import annotations
 
 import os
-import stat
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from neva_pack.errors import ConfigError
 from neva_pack.records import RecordError
+from neva_pack.untrusted import FileRefused, compression_of, regular_file_bytes
 
 DEFAULT_MAX_IMAGE_BYTES = 64 << 20
 """64 MiB per image file (a 24-megapixel JPEG is about 10 MB)."""
@@ -64,25 +64,13 @@ class ImageSource:
             return self._read_tar(name)
         path = self._confined(name)
         try:
-            info = os.stat(path)
-            if not stat.S_ISREG(info.st_mode):
-                raise RecordError("unreadable_image", f"{name}: not a regular file (a directory, device, FIFO or socket)")
-            self._check_bytes(name, info.st_size)
-            # O_NONBLOCK: a FIFO swapped in after the stat cannot block the open; fstat refuses it
-            descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-        except FileNotFoundError:
-            raise RecordError("missing_image", f"{name}: not found in {self.root}") from None
-        except OSError as exc:
-            raise RecordError("unreadable_image", f"{name}: {exc.__class__.__name__}: {exc.strerror or exc}") from None
-        with open(descriptor, "rb") as f:
-            try:
-                if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                    raise RecordError("unreadable_image", f"{name}: not a regular file")
-                data = f.read(self.max_bytes + 1)
-            except OSError as exc:
-                raise RecordError("unreadable_image", f"{name}: {exc.__class__.__name__}: {exc.strerror or exc}") from None
-        self._check_bytes(name, len(data))
-        return data
+            return regular_file_bytes(path, self.max_bytes)
+        except FileRefused as refused:
+            if refused.kind == "missing":
+                raise RecordError("missing_image", f"{name}: not found in {self.root}") from None
+            if refused.kind == "too_large":
+                raise RecordError("image_too_large", f"{name}: more than --max_image_bytes {self.max_bytes:,} bytes") from None
+            raise RecordError("unreadable_image", f"{name}: {refused.why}") from None
 
     def _confined(self, name: str) -> Path:
         """The file a name points at; outside_image_folder unless it stays inside the folder."""
@@ -104,9 +92,7 @@ class ImageSource:
 
     def _check_bytes(self, name: str, size: int) -> None:
         if size > self.max_bytes:
-            raise RecordError(
-                "image_too_large", f"{name}: more than --max_image_bytes {self.max_bytes:,} bytes ({size:,}+)"
-            )
+            raise RecordError("image_too_large", f"{name}: more than --max_image_bytes {self.max_bytes:,} bytes")
 
     def _read_tar(self, name: str) -> bytes:
         if not self.allow_outside:
@@ -135,16 +121,13 @@ class ImageSource:
 _SOURCE_STATE = ("root", "max_bytes", "allow_outside", "_tar_index", "_resolved_root")
 
 
-_COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd"}
-
-
 def _not_a_tar(path: Path) -> str:
     """Why a file given as --image_folder is not an archive we can index, in one phrase."""
     with open(path, "rb") as f:
         head = f.read(8)
-    for magic, kind in _COMPRESSED.items():
-        if head.startswith(magic):
-            return f"a {kind}-compressed file; compressed archives are not supported (decompress it to a .tar)"
+    kind = compression_of(head)
+    if kind is not None:
+        return f"a {kind}-compressed file; compressed archives are not supported (decompress it to a .tar)"
     return "not a directory or a .tar archive"
 
 

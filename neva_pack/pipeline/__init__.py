@@ -29,7 +29,7 @@ from neva_pack import paths
 from neva_pack.assemble import rows_at
 from neva_pack.config import PreprocessConfig
 from neva_pack.errors import InputError, OutputError
-from neva_pack.formats import output_format
+from neva_pack.formats import FORMATS, output_format
 from neva_pack.formats.base import WriteSpec
 from neva_pack.packing.alignment import aligned_capacity, padded_lengths
 from neva_pack.parallel_assembly import PackJob
@@ -42,7 +42,7 @@ from neva_pack.pipeline.report import packed_meta, run_report
 from neva_pack.pipeline.skipped import too_many_skipped, write_run_skipped, write_size_skipped
 from neva_pack.pipeline.write import drop_store, plan_digest, remove_stale_tmp, resumed_prefix, write_packs
 from neva_pack.plan_table import PlanTable
-from neva_pack.records import RecordIndex, index_records, record_ids
+from neva_pack.records import IMAGES_NOT_HELD, RecordIndex, index_records, record_ids
 from neva_pack.report import RunReport
 from neva_pack.sample_store import SampleStore
 from neva_pack.samples import SampleBuilder
@@ -95,6 +95,12 @@ def _run(config: PreprocessConfig, builder: SampleBuilder, output_dir: Path, pro
     skipped = sum(store.skipped_by_reason.values())
     if config.num_shards is not None and skipped > config.max_skip_fraction * total:  # each part checked only its own
         raise too_many_skipped(config.max_skip_fraction, skipped, f"the {total}", output_dir)
+    if total == 0:
+        raise InputError(f"--data_path {config.data_path}: holds no records (an empty file, an empty list [] or only blank lines)")
+    if len(store) == 0 and store.skipped_by_reason.get(IMAGES_NOT_HELD) == total:
+        holding = " or ".join(name for name, fmt in FORMATS.items() if fmt.holds_images)
+        raise InputError(f"every record of {config.data_path} has images, which --output_format {config.output_format} "
+                         f"cannot hold (text only): use --output_format {holding}")  # fmt: skip
     if len(store) == 0:
         raise InputError(
             f"none of the {total} record(s) of {config.data_path} could be used; reasons in {output_dir / paths.SKIPPED_FILE}"

@@ -70,6 +70,9 @@ def build_sample_builder(config: PreprocessConfig) -> SampleBuilder:
         record_limits=RecordLimits(max_bytes=config.max_record_bytes, max_depth=config.max_record_depth),
         max_conversation_chars=config.max_conversation_chars,
         max_image_pixels=config.max_image_pixels,
+        max_image_decode_seconds=config.max_image_decode_seconds,
+        max_images_per_record=config.max_images_per_record,
+        text_only=not output_format(config.output_format).holds_images,
     )
 
 

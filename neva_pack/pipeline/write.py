@@ -72,8 +72,11 @@ def remove_stale_tmp(prefix: Path, digest: str) -> None:
         leftovers = [checkpoint.staging]
     else:
         leftovers = temporary_files(prefix)
-    for path in leftovers:
-        path.unlink(missing_ok=True)
+    for path in leftovers:  # a format may write a directory under a temporary name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
 
 
 def write_packs(job: PackJob, writer, every: int, progress: bool, with_pixels: bool, workers: int) -> None:

@@ -1,0 +1,486 @@
+"""The energon format: a Megatron-Energon WebDataset dataset, one pack per sample, uint8 images.
+
+    output_dir/packed_seq_dataset.energon/                the dataset (Energon's dataset path)
+        shard_000000.tar, shard_000001.tar, ...            the packs, in order; a shard closes past SHARD_BYTES
+        shard_000000.tar.idx, ...                          int64 byte offset of each sample, then the end of the last
+        .nv-meta/dataset.yaml, sample_loader.py            sample type ``PackSample`` (below), loaded with ``decode``
+        .nv-meta/split.yaml                                every shard in ``train``
+        .nv-meta/.info.json                                samples per shard
+        .nv-meta/index.sqlite, .nv-meta/index.uuid         Energon's sample and part index; a uuid of the content
+    output_dir/packed_seq_dataset.energon.plan.npz        the plan table (stats reads it without the tars)
+    output_dir/packed_seq_dataset.meta.json               format "energon", the normalisation, checksums
+
+The ``.nv-meta/`` files are those ``energon prepare`` leaves for these tars (``--split-parts`` with
+every shard in ``train``; formats/webdataset.py), with a ``dataset.yaml`` naming this module's
+``PackSample`` and a ``sample_loader.py`` calling ``decode``: ``energon info`` and Energon's
+``get_train_dataset``/``get_loader`` open the directory as it is and yield packs. Sample ``{pack:09d}`` (keys unique across shards) holds these ``.npy`` members, in this order::
+
+    tokens.npy                int32 (T,)       padded tokens of the pack
+    labels.npy                int32 (T,)       labels (the ignore value on padding)
+    cu_seqlens.npy            int64 (n + 1,)   padded sample boundaries
+    cu_seqlens_unpadded.npy   int64 (n + 1,)   real lengths, cumulated
+    images.npy                uint8 (U, 3, H, W)  the pack's distinct images, each once
+    image_index.npy           int64 (N,)       row of images.npy of each image, in placeholder order
+
+``decode(sample)`` turns the raw dict Energon yields for a sample (a ``CrudeWebdataset`` dataset.yaml
+of one's own, cooked with it) into the ``ReadPack`` our reader gives (``reader.images`` normalises the uint8 pixels with the meta's normalisation, as compact does).
+A sample is self-contained, so an image shared by two packs is stored in both (each distinct
+image once per pack). The tars are
+byte-identical between runs: fixed member order, mtime 0, uid/gid 0, no user names, mode 0644, ustar.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from neva_pack.errors import InputError, parsing
+from neva_pack.formats.base import Checkpoint, Limits, PrefixFiles, WriteSpec, meta_is_of, prefix_files, publish
+from neva_pack.formats.meta import PackedMeta, ReadPack, read_meta
+from neva_pack.formats.webdataset import (
+    BLOCK, META_DIR, ShardIndex, end_of_archive, member_header, padded, read_members, sample_count, shard_name, write_nv_meta,
+)  # fmt: skip
+from neva_pack.packing.alignment import padded_view
+from neva_pack.paths import meta_path, prefix_file, relative_name
+from neva_pack.plan_table import PlanTable, read_plan_table, write_plan_table
+
+__all__ = [
+    "DATASET_SUFFIX", "FORMAT", "IMAGES_MEMBER", "MEMBERS", "SHARD_BYTES", "EnergonFormat", "PreparedPack", "Reader", "Writer", "dataset_path",
+    "decode", "pack_index", "sample_fields",
+]  # fmt: skip
+
+NAME = "energon"
+DATASET_SUFFIX = ".energon"
+"""The dataset directory beside the meta: ``<prefix>.energon/`` is what Energon is given."""
+PLAN_SUFFIX = ".energon.plan.npz"
+SHARD_BYTES = 1 << 30
+"""A shard closes once it holds this many bytes (deterministic: a function of the packs only)."""
+IMAGES_MEMBER = "images.npy"
+MEMBERS = ("tokens.npy", "labels.npy", "cu_seqlens.npy", "cu_seqlens_unpadded.npy", IMAGES_MEMBER, "image_index.npy")
+"""The members of every sample, in the order they are written."""
+DATASET_YAML = f"""\
+sample_type:
+  __module__: {__name__}
+  __class__: PackSample
+sample_loader: sample_loader.py:sample_loader
+part_filter: sample_loader.py:part_filter
+"""
+SAMPLE_LOADER = f'''\
+"""Energon's sample loader of a neva_pack energon dataset: each sample is one pack."""
+
+from {__name__} import MEMBERS, sample_fields
+
+
+def sample_loader(raw: dict) -> dict:
+    return sample_fields(raw)
+
+
+def part_filter(part: str) -> bool:
+    return part in MEMBERS
+'''
+
+
+def dataset_path(prefix: Path) -> Path:
+    """The Energon dataset directory of a prefix (what ``get_train_dataset`` is given)."""
+    return prefix_file(Path(prefix), DATASET_SUFFIX)
+
+
+def __getattr__(name: str):
+    """``PackSample``, Energon's sample type of a pack: made on first use, so that neva_pack runs
+    without megatron-energon (only Energon, reading the dataset, asks for it)."""
+    if name != "PackSample":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from megatron.energon import Sample, edataclass
+
+    @edataclass
+    class PackSample(Sample):
+        """One pack as Energon's loaders yield it (``ReadPack``'s fields; ``pixels`` uint8)."""
+
+        pack: int
+        cu_seqlens: np.ndarray
+        cu_seqlens_unpadded: np.ndarray
+        tokens: np.ndarray
+        labels: np.ndarray
+        pixels: np.ndarray
+        num_images: int
+
+    PackSample.__module__, PackSample.__qualname__ = __name__, "PackSample"  # pickled by name (loader workers)
+    globals()["PackSample"] = PackSample
+    return PackSample
+
+
+def sample_fields(raw: dict) -> dict:
+    """The ``PackSample`` fields of a raw sample (the dataset's ``sample_loader``)."""
+    pack = decode(raw)
+    return {"pack": pack_index(raw), **{name: getattr(pack, name) for name in ReadPack.__dataclass_fields__ if name != "images"}}
+
+
+def pack_index(sample: dict) -> int:
+    """The pack number of a sample Energon yields (its key)."""
+    return int(sample["__key__"])
+
+
+def _npy(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, np.ascontiguousarray(array), allow_pickle=False)
+    return buffer.getvalue()
+
+
+def _array(value) -> np.ndarray:
+    """A member as Energon yields it: the .npy bytes, or already decoded by its default decoder."""
+    if isinstance(value, np.ndarray):
+        return value
+    return np.load(io.BytesIO(value), allow_pickle=False)
+
+
+def decode(sample: dict) -> ReadPack:
+    """The raw sample Energon yields (a dict of member bytes, or of arrays once Energon's decoder has
+    read the ``.npy`` members) -> the pack, exactly as ``open_packed(...).pack(pack_index(sample))``.
+
+    The dataset's own ``dataset.yaml`` runs it in Energon's sample loader (samples come out as
+    ``PackSample``); with a ``CrudeWebdataset`` dataset.yaml, cook the raw samples with it::
+
+        class PackEncoder(DefaultTaskEncoder):
+            cookers = [Cooker(stateless(decode))]
+    """
+    try:
+        values = {name: _array(sample[name]) for name in MEMBERS}
+    except KeyError as missing:
+        raise InputError(f"sample {sample.get('__key__')!r}: no member {missing} (not a neva_pack energon sample)") from None
+    image_index = values["image_index.npy"].astype(np.int64)
+    return ReadPack(
+        cu_seqlens=values["cu_seqlens.npy"].astype(np.int64),
+        cu_seqlens_unpadded=values["cu_seqlens_unpadded.npy"].astype(np.int64),
+        tokens=values["tokens.npy"].astype(np.int64),
+        labels=values["labels.npy"].astype(np.int64),
+        pixels=np.ascontiguousarray(values[IMAGES_MEMBER][image_index]),
+        images=None,
+        num_images=len(image_index),
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PreparedPack:
+    """A pack as its sample stores it, but for ``images.npy`` (made from the pixels when written)."""
+
+    members: dict[str, bytes]
+    """Member name -> its .npy bytes."""
+    num_images: int
+    """Image instances of the pack (the rows of its pixels)."""
+
+
+def prepare(packs, spec: WriteSpec) -> list[PreparedPack]:
+    """Each pack's members, images aside (``Writer.add_prepared`` stores each distinct one of its pixels). Pure."""
+    prepared = []
+    for pack in packs:
+        tokens, labels = padded_view(pack, spec.pad_id, spec.ignore_index)
+        prepared.append(PreparedPack(num_images=len(pack.image_indices), members={
+            "tokens.npy": _npy(np.asarray(tokens, dtype=np.int32)),
+            "labels.npy": _npy(np.asarray(labels, dtype=np.int32)),
+            "cu_seqlens.npy": _npy(np.concatenate([[0], np.cumsum(pack.padded_lengths, dtype=np.int64)])),
+            "cu_seqlens_unpadded.npy": _npy(np.concatenate([[0], np.cumsum(pack.lengths, dtype=np.int64)])),
+        }))  # fmt: skip
+    return prepared
+
+
+def _first_uses(pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(row of each distinct image, by content, in first-use order; each instance's distinct number)."""
+    seen: dict[bytes, int] = {}
+    rows, numbers = [], []
+    for row, image in enumerate(pixels):
+        index = hashlib.blake2b(image.tobytes(), digest_size=16).digest()
+        if index not in seen:
+            seen[index] = len(rows)
+            rows.append(row)
+        numbers.append(seen[index])
+    return np.asarray(rows, dtype=np.int64), np.asarray(numbers, dtype=np.int64)
+
+
+class Writer:
+    """Appends one sample per pack to the current shard (a plain ustar stream), a new shard past
+    ``shard_bytes``; ``publish`` writes the indexes and ``.nv-meta/`` and renames the dataset into place.
+
+    Checkpoints save the open shard's size and what the indexes need; ``resume=True`` cuts the open
+    shard back to it and continues: byte-identical to a run never stopped.
+    """
+
+    def __init__(self, prefix: Path, spec: WriteSpec, resume: bool = False, shard_bytes: int = SHARD_BYTES):
+        self.prefix = Path(prefix)
+        self.spec = spec
+        self.shard_bytes = shard_bytes
+        self._checkpoint = Checkpoint(self.prefix, spec.plan_digest)
+        self.directory = prefix_file(self._checkpoint.tmp, DATASET_SUFFIX)
+        self._file = None
+        state = self._resumable(self._checkpoint.load([])) if resume else None
+        if state is None:
+            self._checkpoint.remove()
+            _remove(self.directory)
+            self.directory.mkdir()
+            self.num_packs = 0
+            self.shard_counts: list[int] = []
+            self.shard_sizes: list[int] = []
+            self.sample_offsets: list[int] = []
+            self.member_sizes: list[list[int]] = []
+            return
+        self.num_packs = int(state["packs"])
+        self.shard_counts = state["shard_counts"].tolist()
+        self.shard_sizes = state["shard_sizes"].tolist()
+        self.sample_offsets = state["sample_offsets"].tolist()
+        self.member_sizes = state["member_sizes"].reshape(-1, len(MEMBERS)).tolist()
+        if len(state["bytes"]):  # the open shard: cut back to the checkpoint, continue after it
+            self._file = open(self.directory / shard_name(len(self.shard_counts) - 1), "r+b")
+            self._file.truncate(int(state["bytes"][0]))
+            self._file.seek(0, os.SEEK_END)
+
+    def _resumable(self, state: dict | None) -> dict | None:
+        """The checkpoint, if the shards it describes are there: the closed ones whole, the open one at least as long."""
+        if state is None:
+            return None
+        closed = state["shard_sizes"].tolist()
+        for shard, size in enumerate(closed):
+            path = self.directory / shard_name(shard)
+            if not path.is_file() or path.stat().st_size != size:
+                return None
+        if len(state["bytes"]):
+            path = self.directory / shard_name(len(closed))
+            if not path.is_file() or path.stat().st_size < int(state["bytes"][0]):
+                return None
+        return state
+
+    def add(self, pack) -> None:
+        self.add_prepared(prepare([pack], self.spec), [pack.pixels])
+
+    def add_prepared(self, prepared: list[PreparedPack], pixels=None) -> None:
+        """Packs as ``prepare`` gave them, with each pack's uint8 pixels (instances in placeholder order)."""
+        pixels = [None] * len(prepared) if pixels is None else pixels
+        for pack, values in zip(prepared, pixels, strict=True):
+            values = np.zeros((0, *self.spec.image_shape), np.uint8) if values is None else np.asarray(values, dtype=np.uint8)
+            if len(values) != pack.num_images or values.shape[1:] != tuple(self.spec.image_shape):
+                raise ValueError(f"images of shape {values.shape} for a pack of {pack.num_images} images of {self.spec.image_shape}")
+            rows, image_index = _first_uses(values)
+            self._write_sample({**pack.members, IMAGES_MEMBER: _npy(values[rows]), "image_index.npy": _npy(image_index)})
+
+    def _write_sample(self, members: dict[str, bytes]) -> None:
+        if self._file is None:
+            self._file = open(self.directory / shard_name(len(self.shard_counts)), "wb")
+            self.shard_counts.append(0)
+        key = f"{self.num_packs:09d}"
+        self.sample_offsets.append(self._file.tell())
+        self.member_sizes.append([len(members[name]) for name in MEMBERS])
+        for name in MEMBERS:
+            data = members[name]
+            self._file.write(member_header(f"{key}.{name}", len(data)))
+            self._file.write(data)
+            self._file.write(bytes(padded(len(data)) - len(data)))
+        self.shard_counts[-1] += 1
+        self.num_packs += 1
+        if self._file.tell() >= self.shard_bytes:
+            self._close_shard()
+
+    def _close_shard(self) -> None:
+        """The end-of-archive blocks, padded to a whole record, as tarfile ends an archive."""
+        f = self._file
+        f.write(end_of_archive(f.tell()))
+        f.flush()
+        os.fsync(f.fileno())
+        self.shard_sizes.append(f.tell())
+        f.close()
+        self._file = None
+
+    def checkpoint(self) -> None:
+        self._checkpoint.save([self._file] if self._file is not None else [], packs=np.int64(self.num_packs),
+                              shard_counts=np.asarray(self.shard_counts, np.int64), shard_sizes=np.asarray(self.shard_sizes, np.int64),
+                              sample_offsets=np.asarray(self.sample_offsets, np.int64),
+                              member_sizes=np.asarray(self.member_sizes, np.int64).reshape(-1))  # fmt: skip
+
+    def publish(self, plan: PlanTable, extra_files: list[Path], meta: PackedMeta) -> PackedMeta:
+        """Close the last shard; write the tar indexes, ``.nv-meta/`` and the plan table; rename the
+        dataset into place; write the meta last."""
+        from neva_pack.checksums import file_checksum
+
+        if self._file is not None:
+            self._close_shard()
+        shards = [shard_name(s) for s in range(len(self.shard_counts))]
+        index = ShardIndex(shard_counts=self.shard_counts, sample_offsets=self.sample_offsets, parts=MEMBERS,
+                           member_sizes=np.asarray(self.member_sizes, np.int64).reshape(-1, len(MEMBERS)),
+                           keys=[f"{p:09d}" for p in range(self.num_packs)])  # fmt: skip
+        index.write_tar_indexes(self.directory)
+        checksums = {name: file_checksum(self.directory / name) for name in shards}
+        content = uuid.UUID(bytes=hashlib.sha256(json.dumps(checksums, sort_keys=True).encode()).digest()[:16], version=4)
+        write_nv_meta(self.directory / META_DIR, index, content, {"dataset.yaml": DATASET_YAML, "sample_loader.py": SAMPLE_LOADER})
+        tmp_plan = prefix_file(self._checkpoint.tmp, PLAN_SUFFIX)
+        write_plan_table(tmp_plan, plan)
+        final = dataset_path(self.prefix)
+        if final.exists() and FORMAT.owns(final):  # an older dataset of this prefix (the meta goes last)
+            shutil.rmtree(final)
+        os.replace(self.directory, final)
+        files = sorted(path for path in final.rglob("*") if path.is_file())
+        output_dir = self.prefix.parent
+        layout = {"dataset": relative_name(output_dir, final), "shards": shards, "shard_counts": self.shard_counts, "members": list(MEMBERS)}
+        meta = meta.replace(format=NAME, num_packs=self.num_packs, layout=layout)
+        known = {final / name: checksum for name, checksum in checksums.items()}
+        meta = publish(self.prefix, {prefix_file(self.prefix, PLAN_SUFFIX): tmp_plan}, [*files, *extra_files], meta, known=known)
+        self._checkpoint.remove()
+        return meta
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+class Reader:
+    """Reads pack p from its shard at the offset the shard's ``.tar.idx`` gives."""
+
+    def __init__(self, prefix: Path, meta: PackedMeta | None = None):
+        self.prefix = Path(prefix)
+        self.meta = meta if meta is not None else read_meta(meta_path(self.prefix))
+        self.image_shape = tuple(self.meta.image_shape)
+        self.dataset = dataset_path(self.prefix)
+        info_file = self.dataset / META_DIR / ".info.json"
+        with parsing(info_file):
+            counts = json.loads(info_file.read_text(encoding="utf-8"))["shard_counts"]
+        self.shards = list(counts)
+        self.starts = np.cumsum([0, *(int(n) for n in counts.values())])
+        self.offsets = []
+        for name in self.shards:
+            index = self.dataset / (name + ".idx")
+            with parsing(index):
+                self.offsets.append(np.fromfile(index, dtype="<i8"))
+        self._files: dict[int, object] = {}
+
+    def __getstate__(self):  # DataLoader workers reopen the shards
+        return {"prefix": self.prefix, "meta": self.meta}
+
+    def __setstate__(self, state):
+        self.__init__(state["prefix"], state["meta"])
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def plan_table(self) -> PlanTable:
+        return read_plan_table(prefix_file(self.prefix, PLAN_SUFFIX))
+
+    def sample(self, p: int) -> dict:
+        """Pack p's sample as Energon yields it from a CrudeWebdataset: ``__key__`` and member bytes."""
+        if not 0 <= p < len(self):
+            raise IndexError(f"pack {p} of {len(self)}")
+        shard = int(np.searchsorted(self.starts, p, side="right") - 1)
+        local = p - int(self.starts[shard])
+        path = self.dataset / self.shards[shard]
+        with parsing(path):
+            if shard not in self._files:
+                self._files[shard] = open(path, "rb")
+            start, end = int(self.offsets[shard][local]), int(self.offsets[shard][local + 1])
+            data = os.pread(self._files[shard].fileno(), end - start, start)
+            key, sample = read_members(data)
+            if not key.isdigit() or int(key) != p:
+                raise ValueError(f"the sample at pack {p}'s offset is {key!r}")
+            sample["__key__"] = key
+        return sample
+
+    def pack(self, p: int, images: bool = True) -> ReadPack:
+        path = self.dataset / self.shards[int(np.searchsorted(self.starts, p, side="right") - 1)]
+        with parsing(path):
+            pack = decode(self.sample(p))
+        return pack if images else ReadPack(**{**{name: getattr(pack, name) for name in ReadPack.__dataclass_fields__}, "pixels": None})
+
+    def images(self, p: int, device=None, dtype=None):
+        """The pack's images as the model's input tensor: normalised here, as compact does."""
+        import torch
+
+        pixels = self.pack(p).pixels
+        if len(pixels) == 0:  # as NeMo's layout: one zero image, never an empty tensor
+            return torch.zeros((1, *self.image_shape), dtype=dtype or torch.float32, device=device)
+        normalisation = self.meta.normalisation
+        if device is None or torch.device(device).type == "cpu":
+            values = torch.from_numpy(normalisation.apply(pixels))
+            return values if dtype is None or dtype == torch.float32 else values.to(dtype)
+        return normalisation.apply_torch(pixels, device=device, dtype=dtype)
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+        self._files = {}
+
+
+def check(reader: Reader, result) -> None:
+    """The shards, their indexes and ``.nv-meta/`` describe the same packs as the meta."""
+    if len(reader) != reader.meta.num_packs:
+        result.add(f"{META_DIR}/.info.json: {len(reader)} samples, the meta {reader.meta.num_packs} packs")
+    for name, offsets, count in zip(reader.shards, reader.offsets, np.diff(reader.starts).tolist()):
+        path = reader.dataset / name
+        if len(offsets) != count + 1 or np.any(np.diff(offsets) <= 0) or not path.is_file() or offsets[-1] > path.stat().st_size:
+            result.add(f"{name}.idx: not {count + 1} increasing offsets within {name}")
+    meta_dir = reader.dataset / META_DIR
+    for name in ("dataset.yaml", "sample_loader.py", "split.yaml", "index.sqlite", "index.uuid"):
+        if not (meta_dir / name).is_file():
+            result.add(f"{META_DIR}/{name} is missing")
+    if (meta_dir / "index.sqlite").is_file():
+        rows = sample_count(meta_dir / "index.sqlite")
+        if rows != len(reader):
+            result.add(f"{META_DIR}/index.sqlite: {rows} samples, not {len(reader)}")
+
+
+class EnergonFormat:
+    """A Megatron-Energon WebDataset dataset of the packs (``PackedFormat``)."""
+
+    name = NAME
+    needs_pixels = True
+    """Each sample holds its pack's images (uint8)."""
+    uses_image_pool = False
+    holds_images = True
+    """Images are stored (uint8) and normalised when read."""
+    limits = Limits(
+        max_pack=(1 << 31) - BLOCK,
+        max_integer=int(np.iinfo(np.int32).max),
+        why="the energon format stores ids and labels as int32 in ustar members (under 8 GiB each)",
+    )
+
+    def check_settings(self, **settings) -> None:
+        self.limits.check(**settings)
+
+    def files(self, prefix: Path) -> PrefixFiles:
+        return prefix_files(prefix, (DATASET_SUFFIX, PLAN_SUFFIX), plan_table_suffix=PLAN_SUFFIX)
+
+    def owns(self, path: Path) -> bool:
+        path = Path(path)
+        if path.is_symlink():
+            return False
+        prefix = path.with_name(path.name.split(".", 1)[0])
+        files = self.files(prefix)
+        if path in files.temporary:
+            return True  # its temporary names (the dataset directory while written among them)
+        if path == dataset_path(prefix):  # by its content: only shards, their indexes and .nv-meta/
+            return (path.is_dir() and (path / META_DIR / ".info.json").is_file()
+                    and all(entry.name == META_DIR or entry.name.startswith("shard_") for entry in path.iterdir()))  # fmt: skip
+        if path in files.final:
+            return path.is_file() and meta_is_of(meta_path(prefix), NAME)
+        return False
+
+    def writer(self, prefix: Path, spec: WriteSpec, resume: bool = False) -> Writer:
+        return Writer(prefix, spec, resume=resume)
+
+    def reader(self, prefix: Path, meta: PackedMeta | None = None) -> Reader:
+        return Reader(prefix, meta)
+
+    def prepare(self, packs, spec: WriteSpec) -> list[PreparedPack]:
+        return prepare(packs, spec)
+
+    def check(self, reader: Reader, result) -> None:
+        check(reader, result)
+
+    def summary_line(self, data_prefix: str) -> str:
+        return f"{data_prefix}{DATASET_SUFFIX} ({NAME}: a Megatron-Energon dataset; cook its samples with neva_pack.formats.energon.decode)"
+
+
+FORMAT = EnergonFormat()
