@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from neva_pack.dataset import position_ids_from_cu_seqlens
+from neva_pack.defaults import IGNORE_INDEX
 
 __all__ = ["HF_IGNORE_INDEX", "hf_batch", "hf_collate", "image_run_starts"]
 
@@ -48,7 +49,7 @@ def hf_batch(
     image_token_id: int | None = None,
     *,
     image_run: np.ndarray | None = None,
-    ignore_index: int = -1,
+    ignore_index: int = IGNORE_INDEX,
 ) -> dict:
     """One flattened row from ``PackedSeqDataset`` items (packs, or one-sample items of
     ``PackedSamples``), in order.
