@@ -20,6 +20,7 @@ from neva_pack.cli import main
 from neva_pack.files.indexed import bin_path, idx_path
 from neva_pack.sample_store import PROGRESS_FILE, part_dir
 from neva_pack.sample_store.files import (
+    segment_name,
     pool_images_path,
     pool_keys_path,
     segment_image_refs_path,
@@ -139,7 +140,7 @@ def test_a_store_written_before_the_digests_were_recorded_still_resumes(packed):
 
 def store_files():
     """Each kind of file of a committed store segment (segment 0: its images are all new)."""
-    name = "shard_00000"
+    name = segment_name(0)
     return {
         "rows": lambda d: segment_rows_path(d, name),
         "text values": lambda d: bin_path(segment_text_prefix(d, name)),

@@ -10,6 +10,7 @@ import pytest
 from neva_pack import paths
 from neva_pack.cli import main
 from neva_pack.errors import ConfigError
+from neva_pack.formats import declared_files
 from neva_pack.files.indexed import bin_path, idx_path
 from neva_pack.sample_store import PROGRESS_FILE, part_dir
 from neva_pack.sample_store.files import (
@@ -99,8 +100,8 @@ def test_compact_and_padded_outputs_joined_from_parts_are_those_of_a_run_without
     part_pools = [p for p in store_dir(out).glob("part_*/shard_*.images")]
     assert len({p.parent for p in part_pools}) == 3  # each part stored the images it uses
     assert main(command(dataset, out, "--num_shards", "3", *extra)) == 0
-    files = sorted(p.name for p in plain.iterdir() if p.is_file() and p.name.startswith("packed_seq_dataset.")
-                   and not p.name.endswith(".meta.json")) + ["skipped.jsonl"]  # fmt: skip
+    prefix = packed_prefix(plain)
+    files = sorted(p.name for p in declared_files(prefix) if p.is_file() and p != meta_path(prefix)) + [skipped_path(plain).name]
     assert len(files) >= 4 and all((out / name).read_bytes() == (plain / name).read_bytes() for name in files), files
     assert pool_bytes(out) == pool_bytes(plain)
     metas = [json.loads(meta_path(packed_prefix(d)).read_text()) for d in (plain, out)]
@@ -326,7 +327,7 @@ def test_a_damaged_part_is_named_before_anything_is_joined_or_deleted(dataset, u
     else:
         data[len(data) // 2] ^= 1
     target.write_bytes(bytes(data))
-    parts = lambda: sorted((str(p.relative_to(out)), p.stat().st_size) for p in out.glob("packed_seq_dataset/part_*/*"))  # noqa: E731
+    parts = lambda: sorted((str(p.relative_to(out)), p.stat().st_size) for p in store_dir(out).glob("part_*/*"))  # noqa: E731
     before = parts()
     capsys.readouterr()
     assert main(command(dataset, out, "--num_shards", "3")) == 2
