@@ -172,7 +172,7 @@ def _verify_reader(prefix: Path, meta: PackedMeta, fmt, out: _Labelled, progress
     structure, packs = _Deferred(out), _Deferred(out)
     structure_failed = threads.submit(_unreadable, structure, fmt.check, reader)
     try:
-        packs_failed = _unreadable(packs, _verify_packs, reader, meta, plan, progress=progress)
+        packs_failed = _unreadable(packs, verify_packs, reader, meta, plan, progress=progress)
         if structure_failed.result():
             return [structure], None
     finally:
@@ -191,7 +191,7 @@ def _verify_checksums(meta: PackedMeta, checksums: dict, result) -> None:
         result.add(problem)
 
 
-def _verify_packs(reader, meta: PackedMeta, plan, result, progress: bool) -> None:
+def verify_packs(reader, meta: PackedMeta, plan, result, progress: bool) -> None:
     spec = pack_spec(meta)
     offsets = plan.offsets
     num_packs = len(reader)

@@ -244,7 +244,7 @@ def test_verify_stops_at_a_structure_it_cannot_read(uninterrupted, tmp_path, mon
         raise OSError("disk gone")
 
     monkeypatch.setattr(nemo.FORMAT, "check", unreadable)  # the registry's nemo format object
-    monkeypatch.setattr(verification, "_verify_packs", lambda *args, **kwargs: args[3].add("a pack problem"))
+    monkeypatch.setattr(verification, "verify_packs", lambda *args, **kwargs: args[3].add("a pack problem"))
     result = verification.verify(out, progress=False)
     assert result.problems == ["pack 0: a structure problem", "cannot read the packed dataset: OSError: disk gone"]
     assert list(result.checked) == ["files"]

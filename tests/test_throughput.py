@@ -21,6 +21,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
+from neva_pack.files.indexed import bin_path, idx_path
+from neva_pack.paths import packed_prefix
 from neva_pack.encoders import EncoderSpec, known_encoders, resolve_encoder
 from neva_pack.images import (
     ImagePreprocessor,
@@ -174,6 +176,12 @@ def test_encoding_equals_the_protobuf_objects(tokenizers, text):
 # ---------------------------------------------------------------------------------------------
 # whole runs: bytes pinned before the throughput work
 
+def packed_file(pack_size, kind: str) -> str:
+    """The name of a nemo prefix's .bin or .idx (of one pack size), as the code names it."""
+    prefix = packed_prefix(Path("."), pack_size)
+    return (bin_path if kind == "bin" else idx_path)(prefix).name
+
+
 MISTRAL = "<the Mistral v0.1 tokenizer>"
 GOLDEN = {
     # name: (workload, flags, {file: sha256}) -- written by main at e49daae (issues 8-11 merged, before
@@ -182,27 +190,27 @@ GOLDEN = {
     # change of the output format
     "image_v1_pad_clip336": ("image", ["--conv_template", "v1", "--image_aspect_ratio", "pad", "--max_seq_length", "4096",
                                        "--packing_algorithm", "near_optimal"], {
-        "packed_seq_dataset.bin": "d6b7d6b19acf72dd44f03c8ee89fb7a9dbab857761dbee3455333e78d6994862",
-        "packed_seq_dataset.idx": "a23e59485182f6642068ac9ccf50fa554934d34e012554eca703ed9f44868c51"}),
+        packed_file(None, "bin"): "d6b7d6b19acf72dd44f03c8ee89fb7a9dbab857761dbee3455333e78d6994862",
+        packed_file(None, "idx"): "a23e59485182f6642068ac9ccf50fa554934d34e012554eca703ed9f44868c51"}),
     "image_plain_square_siglip_mistral": ("image", ["--conv_template", "plain", "--image_aspect_ratio", "square",
                                                     "--hf_vision_encoder", "google/siglip-so400m-patch14-384",
                                                     "--max_seq_length", "2048", "--tokenizer_path", MISTRAL,
                                                     "--max_skip_fraction", "1"], {  # plain: multi-turn records skipped
-        "packed_seq_dataset.bin": "38a679a9fc4d27701be41cd61feedd2b035229318fdd7b433e93b1106a9639b6",
-        "packed_seq_dataset.idx": "3654a97f49f6e7861f151b4fdcb777046adfd56487524fa4006387fd565c589c"}),
+        packed_file(None, "bin"): "38a679a9fc4d27701be41cd61feedd2b035229318fdd7b433e93b1106a9639b6",
+        packed_file(None, "idx"): "3654a97f49f6e7861f151b4fdcb777046adfd56487524fa4006387fd565c589c"}),
     "image_sizes_mistral_tpl": ("image", ["--conv_template", "mistral", "--image_aspect_ratio", "pad",
                                           "--hf_vision_encoder", "openai/clip-vit-base-patch32", "--pack_sizes", "256", "1024",
                                           "--tokenizer_path", MISTRAL], {
-        "packed_seq_dataset_1024.bin": "7935cf26bbea875b22c1bcb8c387848caaeaa6cc8c80d063009cbfc7e61a3175",
-        "packed_seq_dataset_1024.idx": "9274f9dedb11428e3f56ca513b1cc164a63e545bc29ba4148e856c9e60380ad5",
-        "packed_seq_dataset_256.bin": "e7f145c4aa9d0a17bb01ac3781190d9591484971be4a01c3f7673729832534af",
-        "packed_seq_dataset_256.idx": "a766db263f45319ca3b6ee32f09af81fcda11826be6d1f36a635baac6a627252"}),
+        packed_file(1024, "bin"): "7935cf26bbea875b22c1bcb8c387848caaeaa6cc8c80d063009cbfc7e61a3175",
+        packed_file(1024, "idx"): "9274f9dedb11428e3f56ca513b1cc164a63e545bc29ba4148e856c9e60380ad5",
+        packed_file(256, "bin"): "e7f145c4aa9d0a17bb01ac3781190d9591484971be4a01c3f7673729832534af",
+        packed_file(256, "idx"): "a766db263f45319ca3b6ee32f09af81fcda11826be6d1f36a635baac6a627252"}),
     "text_v1": ("text", ["--conv_template", "v1", "--max_seq_length", "1024", "--packing_algorithm", "near_optimal"], {
-        "packed_seq_dataset.bin": "7034a02cbd5c5ec2499f93daa78fe6144df99345da6431a43c90114fb98031a2",
-        "packed_seq_dataset.idx": "5a00c2a2a07359486e4710661664bc608d69889a5e6af405b0a5abaeccf55c54"}),
+        packed_file(None, "bin"): "7034a02cbd5c5ec2499f93daa78fe6144df99345da6431a43c90114fb98031a2",
+        packed_file(None, "idx"): "5a00c2a2a07359486e4710661664bc608d69889a5e6af405b0a5abaeccf55c54"}),
     "text_llama2_mistral": ("text", ["--conv_template", "llama_2", "--max_seq_length", "2048", "--tokenizer_path", MISTRAL], {
-        "packed_seq_dataset.bin": "61840456906f17780ebde21e86a74500213fb0409a4eea0e65e0ff291ea5e341",
-        "packed_seq_dataset.idx": "d95910c3c99e73d5af575fef796f0fb9711471e99c053da15b72a66a14600959"}),
+        packed_file(None, "bin"): "61840456906f17780ebde21e86a74500213fb0409a4eea0e65e0ff291ea5e341",
+        packed_file(None, "idx"): "d95910c3c99e73d5af575fef796f0fb9711471e99c053da15b72a66a14600959"}),
 }  # fmt: skip
 FAST = {"image_v1_pad_clip336": 2, "text_v1": 0}
 """Cases in the default suite (with this many workers); the others run with -m slow."""
