@@ -64,7 +64,8 @@ def rows_at(
     for i in np.flatnonzero(rows["length"] > size):
         cut, kept = truncation(store.image_starts(int(i)), run_length, size)
         cuts[int(i)] = (cut - 1, kept)
-        rows[i] = (rows["record_index"][i], cut - 1, kept, 1)
+        cost_per_image = int(rows["vision_cost"][i]) // max(int(rows["num_images"][i]), 1)  # the images cost alike
+        rows[i] = (rows["record_index"][i], cut - 1, kept, 1, kept * run_length, kept * cost_per_image)
         if not np.any(store.tokens_labels(int(i))[1][: cut - 1] != ignore_index):
             unsupervised.append(int(i))
     return rows, cuts, np.asarray(unsupervised, dtype=np.int64)

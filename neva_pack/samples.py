@@ -64,6 +64,11 @@ class Sample:
     """uint8 (num_images, 3, H, W), in placeholder order."""
     image_starts: np.ndarray
     """int32 position in tokens where each image run starts (to truncate again later)."""
+    image_tokens: np.ndarray
+    """int32 positions of each image's run (fixed-crop encoders: the same for every image)."""
+    vision_cost: int
+    """The vision encoder's attention cost of the sample's images, in patches² per encoder pass
+    (what --balance_data_parallel weighs images by)."""
     truncated: bool
     """Whether the ids were cut to max_seq_length + 1."""
 
@@ -221,6 +226,8 @@ class SampleBuilder:
             labels=labels.astype(np.int32),
             images=images,
             image_starts=np.asarray(image_starts, dtype=np.int32),
+            image_tokens=np.full(len(names), len(self._run_ids), dtype=np.int32),
+            vision_cost=len(names) * self.preprocessor.vision_cost,
             truncated=truncated,
         )
 

@@ -20,11 +20,12 @@ SHAPE = (3, 2, 2)
 IGNORE = -100
 
 
-def sample(index, tokens, labels, starts) -> Sample:
+def sample(index, tokens, labels, starts, run_length=1) -> Sample:
     images = np.stack([np.full(SHAPE, (index * 7 + k) % 256, np.uint8) for k in range(len(starts))] or [np.zeros(SHAPE, np.uint8)])
     return Sample(
         index=index, record_id=str(index), tokens=np.array(tokens, np.int32), labels=np.array(labels, np.int32),
         images=images[: len(starts)], image_starts=np.array(starts, np.int32), truncated=False,
+        image_tokens=np.full(len(starts), run_length, np.int32), vision_cost=len(starts) * 16,
     )  # fmt: skip
 
 
@@ -51,7 +52,7 @@ def samples_and_run(draw):
         for start in starts:
             in_run[start : start + len(run) - 1] = True
         labels = [IGNORE if in_run[k] or not draw(st.booleans()) else ids[k + 1] for k in range(len(ids) - 1)]
-        samples.append(sample(index, ids[:-1], labels, starts))
+        samples.append(sample(index, ids[:-1], labels, starts, len(run)))
     return run, samples, draw(st.integers(1, 3))
 
 
@@ -112,7 +113,7 @@ def test_a_stored_image_run_that_leaves_its_sample_is_refused_on_read(tmp_path):
     from neva_pack.files.indexed import IndexedReader
 
     store_writer = writer(tmp_path, RUN)
-    store_writer.append(sample(0, [10, 11, 5, 6, 6, 7, 12], [IGNORE] * 7, [2]))
+    store_writer.append(sample(0, [10, 11, 5, 6, 6, 7, 12], [IGNORE] * 7, [2], len(RUN)))
     store_writer.append(sample(1, [10, 11, 12], [11, 12, IGNORE], []))
     store_writer.finish(2)
     store = SampleStore(tmp_path)
@@ -137,12 +138,12 @@ def test_a_stored_image_run_that_leaves_its_sample_is_refused_on_read(tmp_path):
 )
 def test_a_sample_whose_image_run_is_not_the_stores_is_refused(tmp_path, tokens, labels, why):
     with pytest.raises(ValueError, match="a bug"):
-        writer(tmp_path, RUN).append(sample(0, tokens, labels, [1]))
+        writer(tmp_path, RUN).append(sample(0, tokens, labels, [1], len(RUN)))
 
 
 def test_the_image_run_and_ignore_index_are_recorded_and_checked_on_resume(tmp_path):
     store_writer = writer(tmp_path, RUN)
-    store_writer.append(sample(0, [10, *RUN, 11], [IGNORE, IGNORE, IGNORE, IGNORE, 11, IGNORE], [1]))
+    store_writer.append(sample(0, [10, *RUN, 11], [IGNORE, IGNORE, IGNORE, IGNORE, 11, IGNORE], [1], len(RUN)))
     store_writer.commit(1)
     progress = json.loads((tmp_path / PROGRESS_FILE).read_text())
     assert progress["image_run"] == [[5, 1], [6, 2], [7, 1]] and progress["ignore_index"] == IGNORE

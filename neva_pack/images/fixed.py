@@ -36,6 +36,8 @@ class ImagePreprocessor:
         self.aspect_ratio = aspect_ratio
         self.max_pixels = max_pixels
         self.shape = (3, *encoder.crop_size)
+        self.vision_cost = encoder.image_tokens**2
+        """Attention cost of one image in the encoder: patches² (one pass over its patches)."""
         mean = encoder.preprocessor_config.get("image_mean", _CLIP_MEAN if encoder.processor == "clip" else _HALF)
         self._pad_colour = tuple(int(channel * 255) for channel in mean)  # LLaVA's expand2square background
         self._processors = None

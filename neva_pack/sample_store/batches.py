@@ -58,7 +58,10 @@ def store_document(sample, image_run: np.ndarray, ignore_index: int, image_shape
     values[len(tokens) : sizes[0]] = labels[-1:]
     values[sizes[0] : sizes[0] + sizes[1]] = bits
     values[sizes[0] + sizes[1] :] = starts
-    row = np.array([(sample.index, len(sample.tokens), len(sample.images), sample.truncated)], dtype=SAMPLE_ROW)
+    row = np.array(
+        [(sample.index, len(sample.tokens), len(sample.images), sample.truncated, int(sample.image_tokens.sum()), sample.vision_cost)],
+        dtype=SAMPLE_ROW,
+    )
     return StoreDocument(
         text=values.tobytes(),
         lengths=sizes,
@@ -84,7 +87,7 @@ class StoredBatch:
     lengths: bytes
     """int64 (samples, 3): each document's item lengths (StoreDocument.lengths)."""
     rows: bytes
-    """The samples' SAMPLE_ROW records (record index, length, images, truncated)."""
+    """The samples' SAMPLE_ROW records (record index, length, images, truncated, image tokens, vision cost)."""
     image_keys: bytes
     """16-byte content key of each image of the samples, in order."""
     images: np.ndarray

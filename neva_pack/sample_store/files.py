@@ -57,7 +57,7 @@ __all__ = [
 ]
 
 STORE_FORMAT = "neva_pack.sample_store"
-STORE_FORMAT_VERSION = 5  # 5: image runs elided from the text, labels as trained bits
+STORE_FORMAT_VERSION = 6  # 5: image runs elided from the text, labels as trained bits; 6: image tokens, vision cost
 PROGRESS_FILE = "progress.json"
 STORE_TEXT_DTYPE = np.int32
 TEXT_ITEMS = 3
@@ -70,6 +70,8 @@ SAMPLE_ROW = np.dtype(
         ("length", "<i4"),  # len(tokens): text + image positions; what is packed
         ("num_images", "<i4"),  # images of the sample in the image store
         ("truncated", "u1"),  # 1 when the sample was cut to max_seq_length
+        ("image_tokens", "<i4"),  # positions of its image runs, summed
+        ("vision_cost", "<i8"),  # the vision encoder's attention cost of its images (samples.Sample.vision_cost)
     ]
 )
 
