@@ -140,6 +140,32 @@ def test_corrupt_and_non_image_files_are_unreadable():
     assert caught.value.reason == "unreadable_image"
 
 
+def _sequential_jpeg_of_empty_scans(side: int, scans: int) -> bytes:
+    """A baseline (sequential) JPEG of ``side`` x ``side`` whose luma is scanned ``scans`` times with
+    no coded data: each scan header (10 bytes) makes the decoder walk every luma block again."""
+    small = io.BytesIO()
+    Image.new("RGB", (16, 16), (120, 30, 200)).save(small, "JPEG", quality=90)
+    data, at, head = small.getvalue(), 2, bytearray(small.getvalue()[:2])
+    while data[at : at + 2] != b"\xff\xda":  # every segment before the first scan, the frame's size patched
+        segment = bytearray(data[at : at + 2 + int.from_bytes(data[at + 2 : at + 4], "big")])
+        if segment[:2] == b"\xff\xc0":
+            segment[5:9] = side.to_bytes(2, "big") * 2
+        head += segment
+        at += len(segment)
+    luma_scan = b"\xff\xda\x00\x08\x01\x01\x00\x00\x3f\x00"
+    return bytes(head) + luma_scan * scans + b"\xff\xd9"
+
+
+def test_a_baseline_jpeg_of_repeated_scans_is_stopped_by_the_decode_budget():
+    """Baseline JPEG and PNG are fed to the decoder in larger chunks than other files: the budget
+    must still stop a sequential JPEG whose thousands of empty scans each walk a 36-megapixel image."""
+    image = decode_image(_sequential_jpeg_of_empty_scans(64, 3), "few.jpg")  # a valid file: it decodes
+    assert image.size == (64, 64) and image.mode == "RGB"
+    with pytest.raises(RecordError) as caught:
+        decode_image(_sequential_jpeg_of_empty_scans(6000, 5000), "scans.jpg", max_seconds=0.2)
+    assert caught.value.reason == "image_too_slow"
+
+
 def test_folder_source_missing_file(tmp_path):
     (tmp_path / "a.jpg").write_bytes(b"x")
     source = ImageSource(tmp_path)

@@ -50,7 +50,16 @@ DEFAULT_MAX_IMAGE_DECODE_SECONDS = 5.0
 DECODE_CHUNK = 1024
 """Bytes handed to PIL's decoder per call, so the deadline is checked often enough: one call on
 a chunk of the slowest progressive JPEG (each scan of a few bytes walks the whole image) stays far
-under the budget, and ordinary images lose next to nothing (benchmarks/bench_hostile.py)."""
+under the budget (benchmarks/bench_hostile.py)."""
+
+SEQUENTIAL_DECODE_CHUNK = 16384
+"""The chunk for PNG and baseline (sequential) JPEG, where a larger chunk does not loosen the
+budget: PIL's PNG decoder turns a byte into at most ~1,000 bytes of the image's rows, and its
+JPEG decoder returns for more input between the scans of a sequential file, so even one of
+thousands of empty scans (each walking the image again) meets the clock scan by scan
+(tests/test_images.py). A progressive file is decoded scan after scan within one call, hence the
+small chunk for it and for every other format. Sixteen times fewer calls (each a Python read and a
+clock check) bring an ordinary photo's decode to PIL's own cost (benchmarks/bench_dynamic_images.py)."""
 
 
 class _TooSlow(Exception):
@@ -96,7 +105,7 @@ def decode_image(
             width, height = image.size
             if width * height > max_pixels:
                 raise RecordError("image_too_large", too_many_pixels(name, f"{width} x {height}", width * height, max_pixels))
-            image.decodermaxblock = DECODE_CHUNK
+            image.decodermaxblock = _chunk(image)
             image.load()
             clock.check()  # a decoder that reads everything at once is still held to the budget, if late
             if image.mode in _WIDE_GRAY_MODES:
@@ -113,6 +122,13 @@ def decode_image(
             too_slow = f"{name}: decoding took more than --max_image_decode_seconds {max_seconds:g} (CPU time)"
             raise RecordError("image_too_slow", too_slow) from None
         raise unreadable(name, exc) from None
+
+
+def _chunk(image: Image.Image) -> int:
+    """Bytes per decoder call: larger for the formats whose work per byte is bounded (see above)."""
+    if image.format == "PNG" or (image.format == "JPEG" and "progressive" not in image.info):
+        return SEQUENTIAL_DECODE_CHUNK
+    return DECODE_CHUNK
 
 
 def unreadable(name: str, exc: Exception) -> RecordError:

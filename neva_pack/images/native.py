@@ -23,7 +23,7 @@ from PIL import Image
 
 from neva_pack.encoders import EncoderSpec
 from neva_pack.errors import ConfigError
-from neva_pack.images.dynamic import StoredImage
+from neva_pack.images.dynamic import StoredImage, planar_uint8
 
 __all__ = ["NativeProcessor", "NativeSettings", "smart_resize"]
 
@@ -138,8 +138,7 @@ class NativeProcessor:
         width, height = image.size
         resized_height, resized_width = self.resized_size(width, height)
         resized = image.resize((resized_width, resized_height), resample=self.settings.resample)
-        pixels = np.ascontiguousarray(np.asarray(resized, dtype=np.uint8).transpose(2, 0, 1))
-        return StoredImage(size=(width, height), parts=(pixels,), tokens=self.tokens_for_size(width, height))
+        return StoredImage(size=(width, height), parts=(planar_uint8(resized),), tokens=self.tokens_for_size(width, height))
 
     def model_inputs(self, images: list[StoredImage]) -> dict[str, np.ndarray]:
         """``pixel_values`` float32 (sum of patches, 3 * t * p * p) and ``image_grid_thw`` int64 (n, 3),
