@@ -139,7 +139,9 @@ def measure(processor, reference, name: str, data: bytes, min_seconds: float) ->
         if not np.array_equal(value, expected[key]):
             raise AssertionError(f"{name}: {key} differs from transformers'")
     values = got["pixel_values"].size
-    t = lambda run: cpu_seconds(run, min_seconds)  # noqa: E731
+    def t(run) -> float:
+        return cpu_seconds(run, min_seconds)
+
     figures = {
         "header": (t(lambda: tokens_from_header(data, processor)), t(lambda: Image.open(io.BytesIO(data)).size)),
         "decode": (t(lambda: decode_image(data, name)), t(lambda: floor_decode(data))),
