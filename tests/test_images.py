@@ -4,6 +4,7 @@
 import importlib.resources
 import io
 import tarfile
+import time
 
 import numpy as np
 import pytest
@@ -156,14 +157,24 @@ def _sequential_jpeg_of_empty_scans(side: int, scans: int) -> bytes:
     return bytes(head) + luma_scan * scans + b"\xff\xd9"
 
 
-def test_a_baseline_jpeg_of_repeated_scans_is_stopped_by_the_decode_budget():
-    """Baseline JPEG and PNG are fed to the decoder in larger chunks than other files: the budget
-    must still stop a sequential JPEG whose thousands of empty scans each walk a 36-megapixel image."""
+def test_jpegs_of_many_scans_are_stopped_by_the_decode_budget_or_refused():
+    """A baseline JPEG whose first scan holds every component is decoded in larger chunks than other
+    files: its decoder refuses any later scan. One whose first scan holds the luma only may have
+    thousands (each walking a 36-megapixel image again): the budget must still stop it."""
     image = decode_image(_sequential_jpeg_of_empty_scans(64, 3), "few.jpg")  # a valid file: it decodes
     assert image.size == (64, 64) and image.mode == "RGB"
+    started = time.thread_time()
     with pytest.raises(RecordError) as caught:
         decode_image(_sequential_jpeg_of_empty_scans(6000, 5000), "scans.jpg", max_seconds=0.2)
     assert caught.value.reason == "image_too_slow"
+    assert time.thread_time() - started < 2.0  # stopped within a few scans of the budget, not after all of a chunk's
+    one_scan = io.BytesIO()
+    Image.new("RGB", (2000, 2000), (10, 200, 30)).save(one_scan, "JPEG", quality=90)
+    data = one_scan.getvalue()
+    scan = data[data.index(b"\xff\xda") : -2]
+    with pytest.raises(RecordError) as caught:
+        decode_image(data[:-2] + scan * 1000 + data[-2:], "rescanned.jpg", max_seconds=0.2)
+    assert caught.value.reason == "unreadable_image"
 
 
 def test_folder_source_missing_file(tmp_path):
