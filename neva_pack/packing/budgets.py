@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["NO_BUDGETS", "VisualBudgets", "visual_budgets"]
+__all__ = ["NO_BUDGETS", "VisualBudgets", "budget_options", "over_image_budget", "visual_budgets"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -91,3 +91,27 @@ def visual_budgets(
         limits[array_name] = (array, int(limit))
     (images_array, max_images), (tokens_array, max_tokens) = limits["images"], limits["image_tokens"]
     return VisualBudgets(images=images_array, image_tokens=tokens_array, max_images=max_images, max_image_tokens=max_tokens)
+
+
+def over_image_budget(rows: np.ndarray, max_images: int | None, max_image_tokens: int | None) -> np.ndarray:
+    """The rows (``num_images`` and ``image_tokens`` fields; a run's as cut for a pack size) whose own
+    images or image tokens exceed a visual budget: no pack can hold them, so a run skips them at that
+    size (``over_image_budget``)."""
+    over = np.zeros(len(rows), dtype=bool)
+    if max_images is not None:
+        over |= rows["num_images"] > max_images
+    if max_image_tokens is not None:
+        over |= rows["image_tokens"] > max_image_tokens
+    return np.flatnonzero(over).astype(np.int64)
+
+
+def budget_options(rows: np.ndarray, max_images: int | None, max_image_tokens: int | None) -> dict:
+    """``pack()``'s visual budget arguments for these rows (nothing without a budget)."""
+    if max_images is None and max_image_tokens is None:
+        return {}
+    return {
+        "images": rows["num_images"].astype(np.int64),
+        "image_tokens": rows["image_tokens"].astype(np.int64),
+        "max_images_per_pack": max_images,
+        "max_image_tokens_per_pack": max_image_tokens,
+    }
