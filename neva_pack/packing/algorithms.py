@@ -77,12 +77,23 @@ def near_optimal(
     3. First fit decreasing (ties in random order) runs beside it in another thread; on small or
        sparse inputs (many samples at the capacity) it can win, and then its bins are used.
     Bins come out in random order either way, so the packs are not sorted by length.
+
+    When visual budgets bind (their images or image tokens need more bins than the positions do),
+    SS, which scores the length gaps only, packs poorly and slowly: the bins are then first fit
+    decreasing by each sample's largest share of a limit, or first fit over the seeded random
+    order, whichever needs fewer.
     """
     from concurrent.futures import ThreadPoolExecutor
 
     # equal lengths are interchangeable to FFD: breaking their ties at random keeps its bin
     # count and lets the seed change which samples share a pack
     shuffled = rng.permutation(len(lengths)).astype(np.int64)
+    if budgets.bins_needed() > -(-int(lengths.sum()) // capacity):
+        order, bin_of_pos, num_bins = _first_fit_decreasing_of(lengths, shuffled, capacity, max_per_bin, budgets)
+        in_random_order, random_bins = kernels.first_fit_ranks(lengths, shuffled, capacity, max_per_bin, *budgets.kernel_args())
+        if random_bins < num_bins:
+            order, bin_of_pos, num_bins = shuffled, in_random_order, random_bins
+        return order, rng.permutation(num_bins).astype(np.int64)[bin_of_pos], num_bins
     with ThreadPoolExecutor(max_workers=1) as pool:
         ffd = pool.submit(_first_fit_decreasing_of, lengths, shuffled, capacity, max_per_bin, budgets)
         order, bin_of_pos, num_bins = _sum_of_squares_with_repack(lengths, capacity, rng, max_per_bin, budgets, repack_rounds)
@@ -94,10 +105,23 @@ def near_optimal(
 
 
 def _first_fit_decreasing_of(lengths, shuffled, capacity, max_per_bin, budgets):
-    """FFD over ``shuffled`` sorted by decreasing length (numpy's sort and numba release the GIL)."""
-    order = shuffled[np.argsort(-lengths[shuffled], kind="stable")]
+    """FFD over ``shuffled`` sorted by decreasing size (numpy's sort and numba release the GIL): the
+    length, or under visual budgets the largest share of a limit the sample takes (of the capacity,
+    the image budget or the image-token budget), which packs best when a budget binds."""
+    order = shuffled[np.argsort(-_dominant_share(lengths, capacity, budgets)[shuffled], kind="stable")]
     ranks, num_bins = kernels.first_fit_ranks(lengths, order, capacity, max_per_bin, *budgets.kernel_args())
     return order, ranks, num_bins
+
+
+def _dominant_share(lengths, capacity, budgets):
+    """Each sample's size for FFD: its length without budgets, else its largest share of a limit."""
+    if not budgets.active:
+        return lengths
+    share = lengths / capacity
+    for values, limit in ((budgets.images, budgets.max_images), (budgets.image_tokens, budgets.max_image_tokens)):
+        if limit > 0:
+            share = np.maximum(share, values / limit)
+    return share
 
 
 def _sum_of_squares_with_repack(lengths, capacity, rng, max_per_bin, budgets, rounds):
@@ -140,7 +164,7 @@ def _repack_rounds(lengths, items, item_bins, gaps, capacity, rng, max_per_bin, 
         new_bins, new_count, new_gaps = sum_of_squares_bins(
             lengths, shuffled, capacity, max_per_bin, *budgets.kernel_args(), CTZ_TABLE
         )
-        decreasing = shuffled[np.argsort(-lengths[shuffled], kind="stable")]
+        decreasing = shuffled[np.argsort(-_dominant_share(lengths, capacity, budgets)[shuffled], kind="stable")]
         ffd_bins, ffd_count = kernels.first_fit_ranks(lengths, decreasing, capacity, max_per_bin, *budgets.kernel_args())
         if ffd_count < new_count:
             shuffled, new_bins, new_count = decreasing, ffd_bins, ffd_count

@@ -122,22 +122,26 @@ def _visual_fit(head, below, g, held_images, held_tokens, need_images, need_toke
 
 
 @numba.njit(cache=True)
-def _best_visual_fit(counts, head, below, s, capacity, held_images, held_tokens, need_images, need_tokens, max_images, max_tokens):
+def _best_visual_fit(
+    counts, single, multi, num_multi, head, below, s, capacity, held_images, held_tokens, need_images, need_tokens,
+    max_images, max_tokens, table,
+):  # fmt: skip
     """SS restricted to the bins with room for the item's images and image tokens: the best gap
-    (``capacity``: a new bin), its bin and the bin above that in its stack. The full scan; it runs
-    only when the best gap overall has no such bin."""
+    (``capacity``: a new bin), its bin and the bin above that in its stack. It visits the open gaps
+    only (the N == 1 bitset and the N >= 2 list) and runs only when the best gap overall has no such bin."""
     best_g = capacity
     best = 0 if s == capacity else 2 * counts[capacity - s] + 1
     best_bin = -1
     best_above = -1
-    for g in range(s, capacity):
-        if counts[g] == 0:
-            continue
-        score = 1 - 2 * counts[g] if g == s else 2 + 2 * counts[g - s] - 2 * counts[g]
-        if score < best or (score == best and g < best_g):
-            b, above = _visual_fit(head, below, g, held_images, held_tokens, need_images, need_tokens, max_images, max_tokens)
-            if b >= 0:
-                best, best_g, best_bin, best_above = score, g, b, above
+    for k in range(num_multi + 1):  # the N >= 2 gaps, then (k == num_multi) the N == 1 ones in increasing order
+        g = multi[k] if k < num_multi else _next_set(single, s, capacity, table)
+        while s <= g < capacity:
+            score = 1 - 2 * counts[g] if g == s else 2 + 2 * counts[g - s] - 2 * counts[g]
+            if score < best or (score == best and g < best_g):
+                b, above = _visual_fit(head, below, g, held_images, held_tokens, need_images, need_tokens, max_images, max_tokens)
+                if b >= 0:
+                    best, best_g, best_bin, best_above = score, g, b, above
+            g = capacity if k < num_multi else _next_set(single, g + 1, capacity, table)
     return best_g, best_bin, best_above
 
 
@@ -222,8 +226,9 @@ def sum_of_squares_bins(lengths, order, capacity, max_per_bin, images, tokens, m
                 b, above = _visual_fit(head, below, best_g, held_images, held_tokens, need_images, need_tokens, max_images, max_tokens)
                 if b < 0:
                     best_g, b, above = _best_visual_fit(
-                        counts, head, below, s, capacity, held_images, held_tokens, need_images, need_tokens, max_images, max_tokens
-                    )
+                        counts, single, multi, num_multi, head, below, s, capacity, held_images, held_tokens,
+                        need_images, need_tokens, max_images, max_tokens, table,
+                    )  # fmt: skip
         if best_g == capacity:
             b = num_bins
             num_bins += 1
