@@ -194,6 +194,10 @@ class PackedMeta:
     """Packing seed."""
     max_samples_per_pack: int | None
     """Cap on samples per pack, if any."""
+    max_images_per_pack: int | None = None
+    """Cap on images per pack, if any (--max_images_per_pack)."""
+    max_image_tokens_per_pack: int | None = None
+    """Cap on image tokens per pack, if any (--max_image_tokens_per_pack)."""
     balance_data_parallel: int | None
     """Packs ordered so every N consecutive packs cost alike (--balance_data_parallel), if asked."""
     counts: Counts
@@ -226,6 +230,8 @@ class PackedMeta:
             "normalisation": self.normalisation.to_json(),
         }
         for name in _PLAIN_FIELDS:
+            data[name] = getattr(self, name)
+        for name in _OPTIONAL_FIELDS:
             data[name] = getattr(self, name)
         data["image_token_ids"] = dataclasses.asdict(self.image_token_ids)
         data["counts"] = dataclasses.asdict(self.counts)
@@ -263,6 +269,7 @@ class PackedMeta:
                 layout=dict(data["layout"]),
                 checksums=dict(checksums["files"]),
                 **{name: data[name] for name in _PLAIN_FIELDS},
+                **{name: data[name] for name in _OPTIONAL_FIELDS if name in data},
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise InputError(f"{where}: malformed ({exc.__class__.__name__}: {exc})") from None
@@ -276,6 +283,10 @@ _PLAIN_FIELDS = (
     "ignore_index", "pad_id", "pad_to_multiple_of", "max_seq_length", "algorithm", "seed", "max_samples_per_pack",
     "balance_data_parallel",
 )  # fmt: skip
+
+
+_OPTIONAL_FIELDS = ("max_images_per_pack", "max_image_tokens_per_pack")
+"""Settings added within the meta's version: a meta without them was written without them (None)."""
 
 
 def _self_checksum(data: dict) -> str:
@@ -336,3 +347,7 @@ class ReadPack:
     """float32 (N, 3, H, W) when the format stores normalised values (then ``pixels`` is None)."""
     num_images: int
     """Real images of the pack (a zero image standing in for none is not counted)."""
+    image_lengths: np.ndarray | None = None
+    """int64 run length of each image instance, placeholder order."""
+    stored_images: list | None = None
+    """images.StoredImage of each image instance (dynamic families); then pixels and images are None."""
