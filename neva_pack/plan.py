@@ -131,7 +131,7 @@ def _cut_lengths(sample_lengths: SampleLengths, capacity: int) -> tuple[np.ndarr
         return np.minimum(lengths, capacity), 0
     from neva_pack.assemble import rows_at
 
-    rows, _, untrained = rows_at(sample_lengths.store, capacity, int(sample_lengths.image_positions), sample_lengths.ignore_index)
+    rows, _, untrained = rows_at(sample_lengths.store, capacity, sample_lengths.ignore_index)
     keep = np.ones(len(rows), dtype=bool)
     keep[untrained] = False
     return rows["length"][keep].astype(np.int64), int(np.count_nonzero(~keep))

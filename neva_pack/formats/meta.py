@@ -336,3 +336,7 @@ class ReadPack:
     """float32 (N, 3, H, W) when the format stores normalised values (then ``pixels`` is None)."""
     num_images: int
     """Real images of the pack (a zero image standing in for none is not counted)."""
+    image_lengths: np.ndarray | None = None
+    """int64 run length of each image instance, placeholder order."""
+    stored_images: list | None = None
+    """images.StoredImage of each image instance (dynamic families); then pixels and images are None."""

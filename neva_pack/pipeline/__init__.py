@@ -151,7 +151,7 @@ def _write_prefix(
         if published is not None:
             return published  # published before the interruption, with these settings
     multiple = config.alignment
-    rows, cuts, unsupervised = rows_at(store, aligned_capacity(size, multiple), builder.image_run.positions, config.ignore_index)
+    rows, cuts, unsupervised = rows_at(store, aligned_capacity(size, multiple), config.ignore_index)
     padded = padded_lengths(rows["length"], multiple)  # what is packed (== length when multiple is 1)
     kept = np.setdiff1d(np.arange(len(rows), dtype=np.int64), unsupervised)
     if len(kept) == 0:
