@@ -34,6 +34,7 @@ from distributions import llava_like, sft_like  # noqa: E402
 
 from neva_pack.packing import ALGORITHMS, kernels, pack  # noqa: E402
 from neva_pack.packing.algorithms import DEFAULT_CHUNK_SIZE  # noqa: E402
+from neva_pack.packing.budgets import NO_BUDGETS  # noqa: E402
 
 
 def reference_first_fit(seq_lens: list[int], capacity: int) -> list[list[int]]:
@@ -75,7 +76,7 @@ def run_reference(lengths: np.ndarray, capacity: int, seed: int, chunks: int) ->
         bins = reference_first_fit(chunk_lengths, capacity)
         seconds += time.perf_counter() - start
         # our kernel on the same chunk order must give the very same bins
-        ranks, num_bins = kernels.first_fit_ranks(lengths, chunk.astype(np.int64), capacity, 0)
+        ranks, num_bins = kernels.first_fit_ranks(lengths, chunk.astype(np.int64), capacity, 0, *NO_BUDGETS.kernel_args())
         positions = np.arange(len(chunk), dtype=np.int64)
         offsets, ours, _ = kernels.group_by_bin(lengths[chunk], positions, ranks, num_bins)
         mine = sorted(tuple(sorted(ours[offsets[b] : offsets[b + 1]].tolist())) for b in range(num_bins))

@@ -53,3 +53,41 @@ def sft_like(capacity: int, seed: int = 0) -> tuple[np.ndarray, str]:
     rng = np.random.default_rng(seed)
     lengths = np.clip(np.round(rng.lognormal(np.log(400), 0.9, 6144)), 4, None).astype(np.int64)
     return np.minimum(lengths, capacity), "lognormal stand-in (6,144)"
+
+
+def dynamic_resolution_like(
+    samples: int, capacity: int, seed: int = 0, encoder: str = "Qwen/Qwen2-VL-7B-Instruct"
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A native-resolution (Qwen2-VL) SFT mix: lengths, images, image tokens and vision cost per sample.
+
+    0-4 images per sample (15% text-only, most one image, a tail of multi-image samples); image sizes
+    of phone photos, screenshots and small web images (aspect ratios 4:3, 16:9, 1:1, 3:4, 9:16, 21:9),
+    each image's tokens from the encoder's own ``tokens_for_size`` (its released min/max pixels) and its
+    vision cost (patches squared); lognormal text of median 180 positions. Samples longer than
+    ``capacity`` are left out (a run would cut them before an image run).
+    """
+    from neva_pack.encoders import resolve_encoder
+    from neva_pack.images import dynamic_processor
+
+    processor = dynamic_processor(resolve_encoder(encoder))
+    merge = processor.settings.merge_size
+    rng = np.random.default_rng(seed)
+    counts = rng.choice([0, 1, 2, 3, 4], p=[0.15, 0.6, 0.13, 0.07, 0.05], size=samples)
+    ratios = np.array([4 / 3, 16 / 9, 1.0, 3 / 4, 9 / 16, 21 / 9])
+    kinds = [(0.35, 0.4, 3.0), (0.35, 1.0, 2.5), (0.3, 0.08, 0.25)]  # (share, median megapixels, lognormal sigma...)
+    total = int(counts.sum())
+    kind = rng.choice(len(kinds), p=[k[0] for k in kinds], size=total)
+    megapixels = np.array([rng.lognormal(np.log(kinds[k][1]), 0.6) for k in kind]) * 1e6
+    ratio = rng.choice(ratios, size=total)
+    widths = np.maximum(np.round(np.sqrt(megapixels * ratio)), 28).astype(int)
+    heights = np.maximum(np.round(megapixels / widths), 28).astype(int)
+    tokens = np.array([processor.tokens_for_size(int(w), int(h)) for w, h in zip(widths, heights)], dtype=np.int64)
+    cost = (tokens * merge * merge) ** 2
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    image_tokens = np.add.reduceat(np.concatenate([tokens, [0]]), starts) * (counts > 0)
+    vision_cost = np.add.reduceat(np.concatenate([cost, [0]]), starts) * (counts > 0)
+    image_tokens += 2 * counts  # <|vision_start|> and <|vision_end|> around each image run
+    text = np.clip(np.round(rng.lognormal(np.log(180), 0.9, samples)), 8, 6000).astype(np.int64)
+    lengths = image_tokens + text
+    keep = lengths <= capacity
+    return lengths[keep], counts[keep].astype(np.int64), image_tokens[keep], vision_cost[keep]

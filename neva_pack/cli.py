@@ -88,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     explore.add_argument("--context_parallel_size", type=int, help="CP size: samples padded to a multiple of 2*CP")
     explore.add_argument("--tensor_parallel_size", type=int, help="TP size (with --sequence_parallel: multiple of CP*TP)")
     explore.add_argument("--sequence_parallel", action="store_true", help="Megatron sequence parallelism is on")
+    # visual budgets, as preprocess's (a sample over one is skipped, as a run skips it)
+    explore.add_argument("--max_images_per_pack", type=int, help="cap on images per pack")
+    explore.add_argument("--max_image_tokens_per_pack", type=int, help="cap on image tokens per pack")
     check = sub.add_parser("verify", help="recompute checksums and check every invariant of an output")
     check.add_argument("output", type=Path, help="output directory (or packed_seq_dataset prefix)")
     check.add_argument("--data_path", type=Path, help="also check that every input record is packed once or skipped")
@@ -190,7 +193,8 @@ def _run_plan(args) -> int:
     lengths = load_lengths(args.output)
     rows = explore(
         lengths, args.pack_sizes, args.algorithms, seed=args.seed, global_batch_size=args.global_batch_size,
-        pad_to_multiple_of=_plan_alignment(args),
+        pad_to_multiple_of=_plan_alignment(args), max_images_per_pack=args.max_images_per_pack,
+        max_image_tokens_per_pack=args.max_image_tokens_per_pack,
     )  # fmt: skip
     if args.json:
         print(json.dumps([dataclasses.asdict(row) for row in rows], indent=2))

@@ -20,6 +20,17 @@ sample i occupies p_i positions: its l_i tokens, then p_i - l_i pad positions (s
 neva_pack.packing.alignment). NeMo 2 / Megatron Bridge read the pair as cu_seqlens (padded) and
 cu_seqlens_unpadded; ``neva_pack.training.thd_batch`` turns them into Megatron-Core's PackedSeqParams.
 
+A dynamic-resolution output (Qwen2-VL, LLaVA-NeXT / OneVision: images at their own sizes), read
+with its ``processor`` (``images.dynamic_processor``), gives instead of ``image`` the model's own
+inputs, as ``neva_pack.model_inputs`` makes them (``dynamic_pack_item``)::
+
+    Qwen          position_ids  int64 (3, L)   mRoPE, each sample's alone, restarting at 0
+                  pixel_values  float32 (sum of patches, 1176)      image_grid_thw  int64 (n, 3)
+    LLaVA-NeXT    position_ids  int64 (L,)     restarting per sample
+                  pixel_values  float32 (n, 1 + most tiles, 3, S, S)   image_sizes  int64 (n, 2)
+
+(an image-less pack: ``pixel_values`` with 0 rows, no zero image).
+
 ``collate`` adds what a packed (THD) attention needs: position ids that restart at 0 for
 every sample, and the loss mask::
 
@@ -37,16 +48,22 @@ from torch.utils.data import Dataset
 
 from neva_pack.defaults import IGNORE_INDEX, PAD_ID
 from neva_pack.formats import open_packed
+from neva_pack.formats.meta import ReadPack
+from neva_pack.model_inputs import pack_model_inputs
 
 
 class PackedSeqDataset(Dataset):
-    """Packs of an output directory or prefix (``pack_size`` picks one size of a --pack_sizes output)."""
+    """Packs of an output directory or prefix (``pack_size`` picks one size of a --pack_sizes output).
 
-    def __init__(self, path: str | Path, *, device=None, dtype: torch.dtype | None = None, pack_size: int | None = None):
+    ``processor``: the dynamic-resolution processor of the output's images (then items carry the
+    model's inputs, see the module docstring); None for a fixed-crop output."""
+
+    def __init__(self, path: str | Path, *, device=None, dtype: torch.dtype | None = None, pack_size: int | None = None, processor=None):
         self._reader = open_packed(Path(path), pack_size=pack_size)
         self.meta = self._reader.meta
         self.prefix = self._reader.prefix
-        self.crop_size = tuple(self.meta.crop_size)
+        self.processor = processor
+        self.crop_size = tuple(self.meta.crop_size) if self.meta.crop_size is not None else None
         self.ignore_index = int(self.meta.ignore_index)
         self.device = device
         self.dtype = dtype
@@ -67,6 +84,8 @@ class PackedSeqDataset(Dataset):
     def __getitem__(self, p: int) -> dict[str, torch.Tensor]:
         if not 0 <= p < len(self):
             raise IndexError(f"pack {p} of {len(self)}")
+        if self.processor is not None:
+            return dynamic_pack_item(self._reader.pack(p), self.sample_images(p), self.processor, self.meta.image_run.patch_id)
         pack = self._reader.pack(p, images=False)
         image = self._reader.images(p, device=self.device, dtype=self.dtype)  # the format decides how
         return {
@@ -77,6 +96,51 @@ class PackedSeqDataset(Dataset):
             "labels": torch.from_numpy(pack.labels),
             "image": image,
         }
+
+    def sample_images(self, p: int) -> np.ndarray:
+        """int32: images of each sample of pack ``p``."""
+        return self._num_images[self._offsets[p] : self._offsets[p + 1]].copy()
+
+
+def dynamic_pack_item(pack: ReadPack, num_images: np.ndarray, processor, patch_id: int) -> dict[str, torch.Tensor]:
+    """The item of a pack of a dynamic-resolution family: tokens, labels, boundaries, num_images (per
+    sample) and ``neva_pack.model_inputs.pack_model_inputs`` of its stored images."""
+    inputs = pack_model_inputs(
+        tokens=pack.tokens,
+        cu_seqlens=pack.cu_seqlens,
+        cu_seqlens_unpadded=pack.cu_seqlens_unpadded,
+        num_images=num_images,
+        stored_images=list(pack.stored_images or ()),
+        processor=processor,
+        patch_id=patch_id,
+    )
+    return {
+        "cu_seqlens": torch.from_numpy(np.asarray(pack.cu_seqlens).astype(np.int32)),
+        "cu_seqlens_unpadded": torch.from_numpy(np.asarray(pack.cu_seqlens_unpadded).astype(np.int32)),
+        "num_images": torch.from_numpy(np.asarray(num_images, dtype=np.int32)),
+        "tokens": torch.from_numpy(np.asarray(pack.tokens, dtype=np.int64)),
+        "labels": torch.from_numpy(np.asarray(pack.labels, dtype=np.int64)),
+        **{key: torch.from_numpy(value) for key, value in inputs.items()},
+    }
+
+
+def sample_of_pack(pack: ReadPack, num_images: np.ndarray, k: int) -> ReadPack:
+    """Sample ``k`` of a read pack of a dynamic-resolution family, as a one-sample pack."""
+    bounds, real = np.asarray(pack.cu_seqlens), np.asarray(pack.cu_seqlens_unpadded)
+    start, end = int(bounds[k]), int(bounds[k + 1])
+    first, count = int(np.sum(num_images[:k])), int(num_images[k])
+    lengths = pack.image_lengths
+    return ReadPack(
+        cu_seqlens=np.array([0, end - start], dtype=np.int64),
+        cu_seqlens_unpadded=np.array([0, real[k + 1] - real[k]], dtype=np.int64),
+        tokens=pack.tokens[start:end],
+        labels=pack.labels[start:end],
+        pixels=None,
+        images=None,
+        num_images=count,
+        image_lengths=None if lengths is None else lengths[first : first + count],
+        stored_images=list(pack.stored_images or ())[first : first + count],
+    )
 
 
 
@@ -93,6 +157,7 @@ class PackedSamples(Dataset):
     def __init__(self, packs: PackedSeqDataset):
         self.packs = packs
         self.meta = packs.meta
+        self.processor = packs.processor
         self.offsets = packs._offsets
         """int64 (packs + 1): pack p holds samples offsets[p]:offsets[p + 1]."""
         table = packs._reader.plan_table()
@@ -100,7 +165,7 @@ class PackedSamples(Dataset):
         """int64: positions each sample occupies (what a sampler packs)."""
         self.num_images = table.num_images
         """int64: images of each sample (what a sampler balances the vision encoder's work by)."""
-        self._cached: tuple[int, dict] | None = None
+        self._cached: tuple[int, dict | ReadPack] | None = None
 
     def __len__(self) -> int:
         return int(self.offsets[-1])
@@ -109,6 +174,8 @@ class PackedSamples(Dataset):
         if not 0 <= j < len(self):
             raise IndexError(f"sample {j} of {len(self)}")
         p = int(np.searchsorted(self.offsets, j, side="right")) - 1
+        if self.packs.processor is not None:
+            return self._dynamic_sample(p, j - int(self.offsets[p]))
         if self._cached is None or self._cached[0] != p:
             self._cached = (p, self.packs[p])
         pack, k = self._cached[1], j - int(self.offsets[p])
@@ -124,6 +191,15 @@ class PackedSamples(Dataset):
             "labels": pack["labels"][start:end].clone(),
             "image": pack["image"][first_image : first_image + images].clone() if images else torch.zeros_like(pack["image"][:1]),
         }
+
+    def _dynamic_sample(self, p: int, k: int) -> dict[str, torch.Tensor]:
+        """A dynamic family's sample: its own images through the processor (their own tile padding)."""
+        packs = self.packs
+        if self._cached is None or self._cached[0] != p:
+            self._cached = (p, packs._reader.pack(p))
+        counts = packs.sample_images(p)
+        sample = sample_of_pack(self._cached[1], counts, k)
+        return dynamic_pack_item(sample, counts[k : k + 1], packs.processor, packs.meta.image_run.patch_id)
 
 
 def position_ids_from_cu_seqlens(cu_seqlens: torch.Tensor) -> torch.Tensor:

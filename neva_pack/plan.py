@@ -19,6 +19,7 @@ from neva_pack import paths
 from neva_pack.defaults import IGNORE_INDEX
 from neva_pack.errors import InputError
 from neva_pack.packing import pack
+from neva_pack.packing.budgets import budget_options, over_image_budget
 from neva_pack.packing.alignment import aligned_capacity, padded_lengths
 from neva_pack.sample_store import PROGRESS_FILE, SampleStore
 from neva_pack.stats import global_batch_size_advice
@@ -44,6 +45,10 @@ class SampleLengths:
     """Positions of one image run (the output's meta's), for that cut."""
     ignore_index: int = IGNORE_INDEX
     """Label of untrained positions (the output's meta's), to find samples a cut leaves untrained."""
+    num_images: np.ndarray | None = None
+    """int64 images of every sample (for visual budgets); None when unknown."""
+    image_tokens: np.ndarray | None = None
+    """int64 image positions of every sample (for visual budgets); None when unknown."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -58,7 +63,8 @@ class Candidate:
     clipped: int
     """Samples a run at this size would truncate (and keep), as its report counts them."""
     skipped: int
-    """Samples a run at this size would skip: its cut leaves them no trained label (known from the store only)."""
+    """Samples a run at this size would skip: its cut leaves them no trained label (known from the store
+    only), or they are over a visual budget on their own."""
     pad_to_multiple_of: int
     """Every sample was padded to a multiple of this before packing (1: no padding)."""
     padding_overhead: float
@@ -83,6 +89,8 @@ def load_lengths(path: Path) -> SampleLengths:
                 store=store,
                 image_positions=meta.get("image_positions"),
                 ignore_index=int(meta.get("ignore_index", IGNORE_INDEX)),
+                num_images=store.rows["num_images"].astype(np.int64),
+                image_tokens=store.rows["image_tokens"].astype(np.int64),
             )
     from neva_pack.formats import open_packed
 
@@ -102,6 +110,8 @@ def load_lengths(path: Path) -> SampleLengths:
             cut_at=int(meta.max_seq_length),
             source=str(reader.prefix),
             pad_to_multiple_of=int(meta.pad_to_multiple_of),
+            num_images=table.num_images[input_order],
+            image_tokens=None if table.image_tokens is None else table.image_tokens[input_order],
         )
     raise InputError(f"{path}: no sample store ({paths.STORE_DIR}/{PROGRESS_FILE}) nor plan table here")
 
@@ -121,20 +131,27 @@ def _output_meta(output_dir: Path) -> dict:
     return {}
 
 
-def _cut_lengths(sample_lengths: SampleLengths, capacity: int) -> tuple[np.ndarray, int]:
-    """Lengths as a run at this capacity packs them, and how many samples it skips: from the store,
-    cut before the first image run that does not fit whole, without the samples the cut leaves
-    untrained (a run skips those at this size); from a plan table alone (no image positions to go
-    by), cut at the capacity."""
+def _cut_rows(sample_lengths: SampleLengths, capacity: int) -> tuple[np.ndarray, np.ndarray]:
+    """The samples as a run at this capacity packs them (length, num_images, image_tokens), and which
+    of them it skips: from the store, cut before the first image run that does not fit whole, the
+    samples the cut leaves untrained skipped (a run skips those at this size); from a plan table alone
+    (no image positions to go by), cut at the capacity."""
     lengths = sample_lengths.lengths
+    unknown = np.zeros(len(lengths), dtype=np.int64)
+    rows = np.empty(len(lengths), dtype=[("length", "<i8"), ("num_images", "<i8"), ("image_tokens", "<i8")])
+    rows["length"] = np.minimum(lengths, capacity)
+    rows["num_images"] = unknown if sample_lengths.num_images is None else sample_lengths.num_images
+    rows["image_tokens"] = unknown if sample_lengths.image_tokens is None else sample_lengths.image_tokens
+    skip = np.zeros(len(rows), dtype=bool)
     if sample_lengths.store is None or not sample_lengths.image_positions or not np.any(lengths > capacity):
-        return np.minimum(lengths, capacity), 0
+        return rows, skip
     from neva_pack.assemble import rows_at
 
-    rows, _, untrained = rows_at(sample_lengths.store, capacity, sample_lengths.ignore_index)
-    keep = np.ones(len(rows), dtype=bool)
-    keep[untrained] = False
-    return rows["length"][keep].astype(np.int64), int(np.count_nonzero(~keep))
+    cut, _, untrained = rows_at(sample_lengths.store, capacity, sample_lengths.ignore_index)
+    for name in rows.dtype.names:
+        rows[name] = cut[name]
+    skip[untrained] = True
+    return rows, skip
 
 
 def explore(
@@ -144,12 +161,21 @@ def explore(
     seed: int = 0,
     global_batch_size: int | None = None,
     pad_to_multiple_of: int | None = None,
+    max_images_per_pack: int | None = None,
+    max_image_tokens_per_pack: int | None = None,
 ) -> list[Candidate]:
     """Every size x algorithm. Samples are cut to each size's aligned capacity and padded to
-    ``pad_to_multiple_of`` (None: the output's own multiple), as a run with that alignment would."""
+    ``pad_to_multiple_of`` (None: the output's own multiple), as a run with that alignment would,
+    and packed within the visual budgets (a sample over one skipped, as a run skips it)."""
     multiple = sample_lengths.pad_to_multiple_of if pad_to_multiple_of is None else int(pad_to_multiple_of)
     if multiple < 1:
         raise InputError(f"alignment multiple {multiple}: must be >= 1")
+    for flag, value in (("--max_images_per_pack", max_images_per_pack), ("--max_image_tokens_per_pack", max_image_tokens_per_pack)):
+        if value is not None and value < 1:
+            raise InputError(f"{flag} {value}: must be >= 1")
+    if max_image_tokens_per_pack is not None and sample_lengths.image_tokens is None:
+        raise InputError(f"{sample_lengths.source}: its samples' image tokens are not known (an output written before "
+                         "they were kept); --max_image_tokens_per_pack needs them")  # fmt: skip
     for algorithm in algorithms:  # load (or compile) the numba kernels before timing anything
         pack(np.array([1, 2, 3]), 4, algorithm=algorithm, seed=seed)
     rows = []
@@ -161,12 +187,17 @@ def explore(
                 f"--pack_sizes {size}: samples padded to a multiple of {multiple} cannot fit packs of {size} positions"
             )
         capacity = aligned_capacity(size, multiple)
-        clipped, skipped = _cut_lengths(sample_lengths, capacity)
+        cut, skip = _cut_rows(sample_lengths, capacity)
+        skip[over_image_budget(cut, max_images_per_pack, max_image_tokens_per_pack)] = True
+        skipped = int(np.count_nonzero(skip))
+        kept = cut[~skip]
+        clipped = kept["length"]
+        budgets = budget_options(kept, max_images_per_pack, max_image_tokens_per_pack)
         padded = padded_lengths(clipped, multiple)
         real = int(clipped.sum())
         for algorithm in algorithms:
             started = time.perf_counter()
-            plan = pack(padded, size, algorithm=algorithm, seed=seed)
+            plan = pack(padded, size, algorithm=algorithm, seed=seed, **budgets)
             seconds = time.perf_counter() - started
             per_pack = plan.samples_per_bin
             rows.append(
@@ -178,7 +209,7 @@ def explore(
                     efficiency=plan.efficiency,
                     samples_per_pack_mean=float(per_pack.mean()) if plan.num_bins else 0.0,
                     samples_per_pack_max=int(per_pack.max(initial=0)),
-                    clipped=int((sample_lengths.lengths > capacity).sum()) - skipped,
+                    clipped=int((sample_lengths.lengths[~skip] > capacity).sum()),
                     skipped=skipped,
                     pad_to_multiple_of=multiple,
                     padding_overhead=(int(padded.sum()) - real) / real if real else 0.0,

@@ -39,6 +39,11 @@ class PlanTable:
     """int64: positions the sample occupies in its pack (length rounded up to pad_to_multiple_of)."""
     num_images: np.ndarray
     """int64: images of each sample."""
+    image_tokens: np.ndarray | None = None
+    """int64: positions of each sample's image runs; None in an output written before it was kept."""
+    vision_cost: np.ndarray | None = None
+    """int64: the vision encoder's cost of each sample's images (sum of patches squared per encoder
+    pass); None in an output written before it was kept."""
 
     @classmethod
     def of(cls, rows: np.ndarray, plan: PackingPlan, pad_to_multiple_of: int = 1) -> "PlanTable":
@@ -50,10 +55,13 @@ class PlanTable:
             length=packed["length"].astype(np.int64),
             padded_length=padded_lengths(packed["length"], pad_to_multiple_of),
             num_images=packed["num_images"].astype(np.int64),
+            image_tokens=packed["image_tokens"].astype(np.int64),
+            vision_cost=packed["vision_cost"].astype(np.int64),
         )
 
     def to_arrays(self) -> dict[str, np.ndarray]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        """The arrays it has (an older table's unknown columns are left out, never made up)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
 
     @classmethod
     def from_arrays(cls, arrays: dict) -> "PlanTable":
@@ -61,12 +69,15 @@ class PlanTable:
         index with them: a damaged table must be refused, not read out of range or summed wrong)."""
         length = np.asarray(arrays["length"], dtype=np.int64)
         padded = arrays.get("padded_length")
+        optional = {name: None if arrays.get(name) is None else np.asarray(arrays[name], dtype=np.int64)
+                    for name in ("image_tokens", "vision_cost")}  # fmt: skip
         table = cls(
             offsets=np.asarray(arrays["offsets"], dtype=np.int64),
             record_index=np.asarray(arrays["record_index"], dtype=np.int64),
             length=length,
             padded_length=length if padded is None else np.asarray(padded, dtype=np.int64),
             num_images=np.asarray(arrays["num_images"], dtype=np.int64),
+            **optional,
         )
         table._check()
         return table
@@ -76,10 +87,15 @@ class PlanTable:
         offsets, samples = self.offsets, len(self.length)
         if offsets.ndim != 1 or len(offsets) == 0 or offsets[0] != 0 or np.any(np.diff(offsets) <= 0) or offsets[-1] != samples:
             raise ValueError(f"offsets are not increasing from 0 to its {samples} samples")
-        if any(len(values) != samples for values in (self.record_index, self.padded_length, self.num_images)):
+        optional = [values for values in (self.image_tokens, self.vision_cost) if values is not None]
+        if any(len(values) != samples for values in (self.record_index, self.padded_length, self.num_images, *optional)):
             raise ValueError(f"arrays of different lengths for {samples} samples")
         if np.any(self.length <= 0) or np.any(self.padded_length < self.length) or np.any(self.num_images < 0):
             raise ValueError("a sample length, padded length or image count out of range")
+        if any(np.any(values < 0) for values in optional):
+            raise ValueError("a sample's image tokens or vision cost is negative")
+        if self.image_tokens is not None and np.any(self.image_tokens > self.length):
+            raise ValueError("a sample has more image tokens than positions")
 
 
 def read_plan_table(path: Path) -> PlanTable:

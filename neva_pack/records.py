@@ -22,7 +22,8 @@ from typing import Literal
 
 __all__ = [
     "ASSISTANT_ROLES", "DEFAULT_MAX_CONVERSATION_CHARS", "DEFAULT_MAX_IMAGES_PER_RECORD", "DEFAULT_MAX_RECORD_BYTES",
-    "DEFAULT_MAX_RECORD_DEPTH", "IMAGES_NOT_HELD", "IMAGE_PLACEHOLDER", "MAX_RECORD_DEPTH_LIMIT", "SKIP_REASONS",
+    "DEFAULT_MAX_RECORD_DEPTH", "IMAGES_NOT_HELD", "IMAGE_PLACEHOLDER", "MAX_RECORD_DEPTH_LIMIT", "OVER_IMAGE_BUDGET",
+    "SKIP_REASONS",
     "USER_ROLES", "Conversation", "RawRecord", "RecordError", "RecordLimits", "Turn", "parse_record",
 ]  # fmt: skip
 
@@ -58,12 +59,16 @@ SKIP_REASONS = {
     "image_too_slow": "decoding one image took more CPU time than --max_image_decode_seconds (it was stopped)",
     "too_many_images": "the record names more images than --max_images_per_record (checked before any is read)",
     "images_not_held": "the record has images and --output_format holds text only",
+    "over_image_budget": "the sample alone has more images or image tokens than --max_images_per_pack / "
+    "--max_image_tokens_per_pack allow in a pack",
 }
 """Every reason a record can be skipped for, with what it means (shown in the summary)."""
 
 
 IMAGES_NOT_HELD = "images_not_held"
 """The skip reason of a record with images when the output format holds text only."""
+OVER_IMAGE_BUDGET = "over_image_budget"
+"""The skip reason, at a pack size, of a sample over a visual budget on its own."""
 
 
 class RecordError(Exception):

@@ -20,6 +20,7 @@ __all__ = [
     "Percentiles",
     "RecordCounts",
     "RunReport",
+    "VisualStats",
     "read_report",
 ]
 
@@ -74,6 +75,36 @@ class PaddingStats:
     """Pad positions over real positions (0.0 without padding)."""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VisualStats:
+    """Per pack: images, image tokens and the vision encoder's cost, and the visual budgets the packs
+    were made under (how close they come: the maximum over the budget)."""
+
+    images_per_pack: CountSummary
+    """Images of each pack."""
+    image_tokens_per_pack: CountSummary | None
+    """Image positions of each pack; None: unknown (an output written before the plan kept them)."""
+    vision_cost_per_pack: CountSummary | None
+    """Sum over each pack's images of patches squared per encoder pass; None: unknown."""
+    max_images_per_pack: int | None = None
+    """--max_images_per_pack the packs were made under (None: none)."""
+    max_image_tokens_per_pack: int | None = None
+    """--max_image_tokens_per_pack the packs were made under (None: none)."""
+
+    @classmethod
+    def from_json(cls, data: dict) -> VisualStats:
+        def summary(value):
+            return None if value is None else CountSummary.from_json(value)
+
+        return cls(
+            images_per_pack=CountSummary.from_json(data["images_per_pack"]),
+            image_tokens_per_pack=summary(data.get("image_tokens_per_pack")),
+            vision_cost_per_pack=summary(data.get("vision_cost_per_pack")),
+            max_images_per_pack=data.get("max_images_per_pack"),
+            max_image_tokens_per_pack=data.get("max_image_tokens_per_pack"),
+        )
+
+
 NO_PADDING = PaddingStats()
 """What a run without --pad_to_multiple_of (or one older than the option) reports."""
 
@@ -112,6 +143,8 @@ class PackingStats:
     """Image positions of each sample; None when unknown."""
     padding: PaddingStats = NO_PADDING
     """Alignment padding (absent from stats.json files older than --pad_to_multiple_of)."""
+    visual: VisualStats | None = None
+    """Images, image tokens and vision cost per pack (None in a stats.json from before them)."""
 
     @classmethod
     def from_json(cls, data: dict) -> PackingStats:
@@ -134,6 +167,7 @@ class PackingStats:
             text_positions=percentiles(data.get("text_positions")),
             image_positions_per_sample=percentiles(data.get("image_positions_per_sample")),
             padding=PaddingStats(**data["padding"]) if "padding" in data else NO_PADDING,
+            visual=VisualStats.from_json(data["visual"]) if data.get("visual") is not None else None,
         )
 
 
@@ -168,6 +202,11 @@ class BalanceReport:
     """Images, packer's order."""
     images_overhead_after: float
     """Images, balanced order."""
+    vision_overhead_before: float | None = None
+    """The vision encoder's cost (sum over images of patches squared), packer's order; None in a
+    report from before it was balanced."""
+    vision_overhead_after: float | None = None
+    """The vision encoder's cost, balanced order."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

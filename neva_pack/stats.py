@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from neva_pack.report import CountSummary, PackingStats, PaddingStats, Percentiles, RecordCounts, RunReport
+from neva_pack.report import CountSummary, PackingStats, PaddingStats, Percentiles, RecordCounts, RunReport, VisualStats
 
 PERCENTILES = (50, 90, 99)
 
@@ -40,6 +40,13 @@ class PackingArrays:
     """int64 positions each sample occupies in its pack with its alignment padding; None: no padding."""
     pad_to_multiple_of: int = 1
     """M the samples were padded to a multiple of (1: none)."""
+    image_tokens: np.ndarray | None = None
+    """int64 image positions of each sample; None when unknown."""
+    vision_cost: np.ndarray | None = None
+    """int64 vision encoder cost of each sample's images; None when unknown."""
+    max_images_per_pack: int | None = None
+    """The visual budgets the packs were made under (None: none)."""
+    max_image_tokens_per_pack: int | None = None
 
     @property
     def num_packs(self) -> int:
@@ -62,8 +69,12 @@ def per_pack_sum(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     return np.add.reduceat(np.asarray(values, dtype=np.int64), offsets[:-1])
 
 
-def arrays_from_plan(plan, rows, image_positions: int, padded=None, pad_to_multiple_of: int = 1) -> PackingArrays:
-    """The arrays of a run: its plan over the sample store's rows (and their padded lengths)."""
+def arrays_from_plan(
+    plan, rows, image_positions: int, padded=None, pad_to_multiple_of: int = 1, max_images_per_pack: int | None = None,
+    max_image_tokens_per_pack: int | None = None,
+) -> PackingArrays:  # fmt: skip
+    """The arrays of a run: its plan over the sample store's rows (and their padded lengths), and the
+    visual budgets it was made under."""
     chosen = rows[plan.indices]
     num_images = chosen["num_images"].astype(np.int64)
     return PackingArrays(
@@ -75,6 +86,25 @@ def arrays_from_plan(plan, rows, image_positions: int, padded=None, pad_to_multi
         num_images=num_images,
         image_positions=image_positions,
         pack_images=per_pack_sum(num_images, plan.offsets),
+        image_tokens=chosen["image_tokens"].astype(np.int64),
+        vision_cost=chosen["vision_cost"].astype(np.int64),
+        max_images_per_pack=max_images_per_pack,
+        max_image_tokens_per_pack=max_image_tokens_per_pack,
+    )
+
+
+def visual_stats(arrays: PackingArrays) -> VisualStats:
+    """Images, image tokens and vision cost per pack (a figure not known stays None), with the budgets."""
+
+    def per_pack(values):
+        return None if values is None else _summary(per_pack_sum(values, arrays.offsets))
+
+    return VisualStats(
+        images_per_pack=_summary(arrays.pack_images),
+        image_tokens_per_pack=per_pack(arrays.image_tokens),
+        vision_cost_per_pack=per_pack(arrays.vision_cost),
+        max_images_per_pack=arrays.max_images_per_pack,
+        max_image_tokens_per_pack=arrays.max_image_tokens_per_pack,
     )
 
 
@@ -107,6 +137,7 @@ def packing_stats(arrays: PackingArrays) -> PackingStats:
         text_positions=text,
         image_positions_per_sample=image,
         padding=padding_stats(arrays),
+        visual=visual_stats(arrays),
     )
 
 
@@ -192,6 +223,8 @@ def format_summary(report: RunReport) -> str:
     if packing.text_positions is not None and packing.image_positions_per_sample is not None:
         lines.append("  text         " + _format_percentiles(packing.text_positions))
         lines.append("  image        " + _format_percentiles(packing.image_positions_per_sample))
+    if packing.visual is not None:
+        lines += _visual_lines(packing.visual)
     balance = report.balance
     if balance:
         lines.append(
@@ -199,7 +232,9 @@ def format_summary(report: RunReport) -> str:
             f"attention {100 * balance.attention_overhead_before:.2f}% -> {100 * balance.attention_overhead_after:.2f}%"
             f", tokens {100 * balance.tokens_overhead_before:.2f}% -> {100 * balance.tokens_overhead_after:.2f}%"
             f", images {100 * balance.images_overhead_before:.2f}% -> {100 * balance.images_overhead_after:.2f}%"
-        )
+            + (f", vision {100 * balance.vision_overhead_before:.2f}% -> {100 * balance.vision_overhead_after:.2f}%"
+               if balance.vision_overhead_before is not None and balance.vision_overhead_after is not None else "")
+        )  # fmt: skip
     from neva_pack.formats import NEMO_FORMAT, get_format
 
     output_format = report.output_format or NEMO_FORMAT  # None: a prefix without meta, in NeMo's layout
@@ -218,6 +253,25 @@ def format_summary(report: RunReport) -> str:
         lines.append(f"train with NeMo after: neva-pack convert {source} {target} --to {NEMO_FORMAT}")
     lines += [f"  {line}" for line in report.training_overrides]
     return "\n".join(lines)
+
+
+def _visual_lines(visual: VisualStats) -> list[str]:
+    """Per pack: images, image tokens, vision cost (mean, max, and the max against its budget)."""
+
+    def line(label, summary, budget=None):
+        if summary is None:
+            return f"  {label:<13}unknown (an output written before the plan table kept it)"
+        text = f"  {label:<13}mean {summary.mean:,.1f}   max {summary.max:,}"
+        if budget is not None:
+            text += f"   budget {budget:,} (max at {100 * summary.max / budget:.1f}%, mean at {100 * summary.mean / budget:.1f}%)"
+        return text
+
+    return [
+        "per pack",
+        line("images", visual.images_per_pack, visual.max_images_per_pack),
+        line("image tokens", visual.image_tokens_per_pack, visual.max_image_tokens_per_pack),
+        line("vision cost", visual.vision_cost_per_pack),
+    ]
 
 
 def plot(arrays: PackingArrays, path: Path, title: str) -> None:
@@ -319,6 +373,10 @@ def _load_prefix(prefix: Path) -> tuple[RunReport, PackingArrays]:
         num_images=table.num_images,
         image_positions=int(meta.image_positions),
         pack_images=per_pack_sum(table.num_images, table.offsets),
+        image_tokens=table.image_tokens,
+        vision_cost=table.vision_cost,
+        max_images_per_pack=meta.max_images_per_pack,
+        max_image_tokens_per_pack=meta.max_image_tokens_per_pack,
     )
     if stats_file.is_file():
         return _moved_to(read_report(stats_file), prefix), arrays

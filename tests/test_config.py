@@ -147,7 +147,8 @@ def test_every_writing_setting_changes_the_settings(required):
     base = PreprocessConfig(**required)
     changed = {"max_seq_length": 2048, "packing_algorithm": "near_optimal", "seed": 1, "global_batch_size": 64,
                "max_samples_per_pack": 3, "output_format": "compact", "pad_to_multiple_of": 8, "pad_id": 2,
-               "balance_data_parallel": 2, "ignore_index": -100}  # fmt: skip
+               "balance_data_parallel": 2, "ignore_index": -100, "max_images_per_pack": 4,
+               "max_image_tokens_per_pack": 3000}  # fmt: skip
     assert set(changed) == set(base.write_settings(4096))
     for name, value in changed.items():
         other = PreprocessConfig(**required, **{name: value})

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from neva_pack.packing import ALGORITHMS, pack
 from neva_pack.packing.algorithms import first_fit_shuffle
+from neva_pack.packing.budgets import NO_BUDGETS
 from neva_pack.packing.sum_of_squares import CTZ_TABLE, sum_of_squares_bins, sum_of_squares_reference
 
 CAPACITY = 64
@@ -172,8 +173,8 @@ def test_empty_input_gives_an_empty_plan():
 def test_bitset_sum_of_squares_equals_the_full_scan(capacity, data, seed, cap):
     lengths = np.array(data.draw(st.lists(st.integers(1, capacity), max_size=400)), dtype=np.int64)
     order = np.random.default_rng(seed).permutation(len(lengths)).astype(np.int64)
-    fast = sum_of_squares_bins(lengths, order, capacity, cap, CTZ_TABLE)
-    slow = sum_of_squares_reference(lengths, order, capacity, cap)
+    fast = sum_of_squares_bins(lengths, order, capacity, cap, *NO_BUDGETS.kernel_args(), CTZ_TABLE)
+    slow = sum_of_squares_reference(lengths, order, capacity, cap, *NO_BUDGETS.kernel_args())
     assert fast[1] == slow[1]
     assert np.array_equal(fast[0], slow[0]) and np.array_equal(fast[2], slow[2])
 
@@ -191,7 +192,7 @@ def test_sum_of_squares_golden():
     # C = 6, items in order 2, 2, 3, 4:
     #   2 -> new bin A (gap 4);  2 -> A scores 2+2N(2)-2N(4) = 0, a new bin 2N(4)+1 = 3: A (gap 2)
     #   3 -> no gap fits: new bin B (gap 3);  4 -> gap 2 and 3 too small: new bin C (gap 2)
-    bins, count, gaps = sum_of_squares_bins(np.array([2, 2, 3, 4]), np.arange(4), 6, 0, CTZ_TABLE)
+    bins, count, gaps = sum_of_squares_bins(np.array([2, 2, 3, 4]), np.arange(4), 6, 0, *NO_BUDGETS.kernel_args(), CTZ_TABLE)
     assert bins.tolist() == [0, 0, 1, 2] and count == 3 and gaps.tolist() == [2, 3, 2]
 
 

@@ -65,6 +65,8 @@ CHANGES = [
     (("--pad_to_multiple_of", "16"), "pad_to_multiple_of=8"),
     (("--max_samples_per_pack", "2"), "max_samples_per_pack=None"),
     (("--balance_data_parallel", "2"), "balance_data_parallel=None"),
+    (("--max_images_per_pack", "4"), "max_images_per_pack=None"),
+    (("--max_image_tokens_per_pack", "3000"), "max_image_tokens_per_pack=None"),
     (("--global_batch_size", "64"), "global_batch_size=None"),
 ]
 

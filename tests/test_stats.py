@@ -14,7 +14,7 @@ from neva_pack.errors import ConfigError
 from neva_pack.files.indexed import bin_path, idx_path
 from neva_pack.paths import meta_path, packed_prefix, plan_path, relative_name, skipped_path, stats_path
 from neva_pack.plan import explore, load_lengths
-from neva_pack.pipeline.skipped import write_size_skipped
+from neva_pack.pipeline.skipped import size_skip_details, write_size_skipped
 from neva_pack.packing import pack
 from neva_pack.report import (
     AlgorithmSuggestion,
@@ -271,11 +271,15 @@ def test_several_pack_sizes_write_one_prefix_each_from_one_store(tmp_path, capsy
 def test_a_sizes_skipped_list_merges_the_runs_lines_and_its_own_by_record_index(tmp_path):
     run_file = skipped_path(tmp_path)
     run_file.write_text("".join(json.dumps({"index": i, "id": f"r{i}", "reason": "too_long", "detail": "x"}) + "\n" for i in (1, 7)))
-    write_size_skipped(run_file, skipped_path(tmp_path, 64), np.array([4, 9]), {4: "r4", 9: None}, 64)
+    own = {"no_supervised_tokens": np.array([4, 9]), "over_image_budget": np.array([2])}
+    details = size_skip_details(64, max_images_per_pack=8)
+    write_size_skipped(run_file, skipped_path(tmp_path, 64), own, {2: "r2", 4: "r4", 9: None}, details)
     lines = [json.loads(line) for line in skipped_path(tmp_path, 64).read_text().splitlines()]
     assert [(line["index"], line["id"], line["reason"]) for line in lines] == [
-        (1, "r1", "too_long"), (4, "r4", "no_supervised_tokens"), (7, "r7", "too_long"), (9, None, "no_supervised_tokens")]  # fmt: skip
-    assert lines[1] == {"index": 4, "id": "r4", "reason": "no_supervised_tokens",
+        (1, "r1", "too_long"), (2, "r2", "over_image_budget"), (4, "r4", "no_supervised_tokens"), (7, "r7", "too_long"),
+        (9, None, "no_supervised_tokens")]  # fmt: skip
+    assert lines[1]["detail"] == "more images or image tokens than --max_images_per_pack 8 allow in a pack (at pack size 64)"
+    assert lines[2] == {"index": 4, "id": "r4", "reason": "no_supervised_tokens",
                         "detail": "no trained label after truncation to pack size 64"}  # fmt: skip
     assert sorted(tmp_path.iterdir()) == sorted([run_file, skipped_path(tmp_path, 64)])  # no temporary left
 

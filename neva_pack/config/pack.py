@@ -50,6 +50,17 @@ class PackConfig:
         None, help="cap on samples per pack", minimum=1, written_as="max_samples_per_pack"
     )
     """Cap on samples per pack (for fixed-size cu_seqlens buffers)."""
+    max_images_per_pack: int | None = option(
+        None, help="cap on images per pack (a sample with more is skipped)", minimum=1, written_as="max_images_per_pack"
+    )
+    """Cap on images per pack (the vision encoder's batch); a sample with more images alone is
+    skipped at that pack size (``over_image_budget``)."""
+    max_image_tokens_per_pack: int | None = option(
+        None, help="cap on image tokens per pack (a sample with more is skipped)", minimum=1,
+        written_as="max_image_tokens_per_pack",
+    )  # fmt: skip
+    """Cap on image tokens (positions of image runs) per pack: with dynamic-resolution encoders the
+    vision encoder's memory follows them; a sample with more alone is skipped (``over_image_budget``)."""
     output_format: str = option(
         DEFAULT_FORMAT, choices=lambda: sorted(FORMATS), written_as="format",
         help=lambda: "; ".join(f"{name}: {fmt.description}" for name, fmt in FORMATS.items()) + "; default {default}",

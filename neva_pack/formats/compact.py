@@ -73,6 +73,8 @@ ARRAYS = {
     "num_images": "<i4",
     "image_indices": "<i8",
     "image_starts": "<i8",
+    "image_tokens": "<i8",
+    "vision_cost": "<i8",
     "image_lengths": "<i8",
 }
 _OPTIONAL = ("image_lengths",)
@@ -81,6 +83,8 @@ _OPTIONAL = ("image_lengths",)
 _PER_IMAGE = ("image_indices", "image_starts", "image_lengths")
 _PER_PACK = ("samples", "tokens", "images")
 _PER_SAMPLE = ("length", "padded_length", "record_index", "num_images")
+_FROM_PLAN = ("image_tokens", "vision_cost")
+"""Per-sample arrays taken from the plan table at publish; an index written before them lacks them."""
 
 
 class Writer:
@@ -122,7 +126,7 @@ class Writer:
         self._checkpoint.save(self._files, packs=np.int64(self.num_packs),
                               **{name: np.asarray(values, dtype=np.int64) for name, values in self._lists.items()})  # fmt: skip
 
-    def _arrays(self) -> dict[str, np.ndarray]:
+    def _arrays(self, plan: PlanTable | None) -> dict[str, np.ndarray]:
         lists = self._lists
         offsets = {name: np.concatenate([[0], np.cumsum(lists[name], dtype=np.int64)]) for name in _PER_PACK}
         values = {
@@ -130,19 +134,21 @@ class Writer:
             "token_offsets": offsets["tokens"],
             "image_offsets": offsets["images"],
             **{name: lists[name] for name in (*_PER_SAMPLE, *_PER_IMAGE)},
+            **{name: None if plan is None else getattr(plan, name) for name in _FROM_PLAN},
         }
-        written = {name: dtype for name, dtype in ARRAYS.items() if name not in _OPTIONAL or self.spec.image_run.positions is None}
+        dynamic = self.spec.image_run.positions is None
+        written = {name: dtype for name, dtype in ARRAYS.items() if values[name] is not None and (dynamic or name not in _OPTIONAL)}
         return {name: np.asarray(values[name], dtype=dtype) for name, dtype in written.items()}
 
     def publish(self, plan: PlanTable, extra_files: list[Path], meta: PackedMeta) -> PackedMeta:
         """Write the index; rename the files into place; write the meta (with the pool's parts) last."""
-        del plan  # the index holds the plan table (pack_offsets, record_index, length, ...)
+        # the index holds the plan table (pack_offsets, record_index, length, ...)
         for f in self._files:
             f.close()
         tmp = self._checkpoint.tmp
         arrays, offset = {}, 0
         with open(prefix_file(tmp, INDEX), "wb") as f:
-            for name, values in self._arrays().items():
+            for name, values in self._arrays(plan).items():
                 f.write(values.data)
                 arrays[name] = {"dtype": ARRAYS[name], "offset": offset, "count": len(values)}
                 offset += values.nbytes
@@ -186,6 +192,8 @@ class Reader:
             spec = layout.get("arrays", {}).get(name)
             if spec is None and name in _OPTIONAL and not self.meta.dynamic:
                 continue  # filled in below from the meta's run length
+            if spec is None and name in _FROM_PLAN:
+                continue  # an index from before these arrays: their figures are unknown
             if spec is None:
                 raise InputError(f"{meta_path(self.prefix)}: no array {name} in the layout (not this compact format)")
             if spec["dtype"] != dtype:
@@ -226,7 +234,7 @@ class Reader:
         with parsing(prefix_file(self.prefix, INDEX)):
             return PlanTable.from_arrays({"offsets": a["pack_offsets"], "record_index": a["record_index"],
                                           "length": a["length"], "padded_length": a["padded_length"],
-                                          "num_images": a["num_images"]})  # fmt: skip
+                                          "num_images": a["num_images"], **{name: a.get(name) for name in _FROM_PLAN}})  # fmt: skip
 
     def pack(self, p: int, images: bool = True) -> ReadPack:
         a = self.arrays

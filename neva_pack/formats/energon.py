@@ -138,7 +138,11 @@ def sample_fields(raw: dict) -> dict:
     """The ``PackSample`` fields of a raw sample (the dataset's ``sample_loader``): images other packs
     of the shard carry are read through Energon's file store of the dataset."""
     pack = decode(raw, fetch=lambda name: file_store_of(raw)[name][0])
-    return {"pack": pack_index(raw), **{name: getattr(pack, name) for name in ReadPack.__dataclass_fields__ if name != "images"}}
+    return {"pack": pack_index(raw), **{name: getattr(pack, name) for name in ReadPack.__dataclass_fields__ if name not in NOT_IN_SAMPLE}}
+
+
+NOT_IN_SAMPLE = ("images", "image_lengths", "stored_images")
+"""``ReadPack`` fields a ``PackSample`` does not carry (float images; the dynamic families' images)."""
 
 
 def pack_index(sample: dict) -> int:

@@ -195,6 +195,10 @@ class PackedMeta:
     """Packing seed."""
     max_samples_per_pack: int | None
     """Cap on samples per pack, if any."""
+    max_images_per_pack: int | None = None
+    """Cap on images per pack, if any (--max_images_per_pack)."""
+    max_image_tokens_per_pack: int | None = None
+    """Cap on image tokens per pack, if any (--max_image_tokens_per_pack)."""
     balance_data_parallel: int | None
     """Packs ordered so every N consecutive packs cost alike (--balance_data_parallel), if asked."""
     counts: Counts
@@ -240,6 +244,8 @@ class PackedMeta:
             data["image_processor"] = self.image_processor
         for name in _PLAIN_FIELDS:
             data[name] = getattr(self, name)
+        for name in _OPTIONAL_FIELDS:
+            data[name] = getattr(self, name)
         data["image_token_ids"] = dataclasses.asdict(self.image_token_ids)
         data["counts"] = dataclasses.asdict(self.counts)
         data["layout"] = self.layout
@@ -277,6 +283,7 @@ class PackedMeta:
                 checksums=dict(checksums["files"]),
                 image_processor=None if data.get("image_processor") is None else dict(data["image_processor"]),
                 **{name: data[name] for name in _PLAIN_FIELDS},
+                **{name: data[name] for name in _OPTIONAL_FIELDS if name in data},
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise InputError(f"{where}: malformed ({exc.__class__.__name__}: {exc})") from None
@@ -293,6 +300,10 @@ _PLAIN_FIELDS = (
     "ignore_index", "pad_id", "pad_to_multiple_of", "max_seq_length", "algorithm", "seed", "max_samples_per_pack",
     "balance_data_parallel",
 )  # fmt: skip
+
+
+_OPTIONAL_FIELDS = ("max_images_per_pack", "max_image_tokens_per_pack")
+"""Settings added within the meta's version: a meta without them was written without them (None)."""
 
 
 def _self_checksum(data: dict) -> str:

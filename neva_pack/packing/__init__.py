@@ -1,10 +1,12 @@
 """Packing: group sample indices into bins of at most ``capacity`` positions.
 
-The packer sees only lengths, never tokens or pixels::
+The packer sees only lengths (and, under visual budgets, image counts and image tokens), never
+tokens or pixels::
 
     from neva_pack.packing import pack
     plan = pack(lengths, 4096, algorithm="first_fit_shuffle", seed=0)
     plan.bin(0)        # sample indices of the first pack
+    pack(lengths, 4096, images=num_images, max_images_per_pack=8)   # at most 8 images a pack
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any, Callable
 import numpy as np
 
 from neva_pack.packing import algorithms, kernels
+from neva_pack.packing.budgets import visual_budgets
 from neva_pack.packing.plan import PackingPlan
 
 ALGORITHMS: dict[str, Callable[..., Any]] = {
@@ -36,13 +39,20 @@ def pack(
     algorithm: str = DEFAULT_ALGORITHM,
     seed: int = 0,
     max_samples_per_pack: int | None = None,
+    *,
+    images=None,
+    image_tokens=None,
+    max_images_per_pack: int | None = None,
+    max_image_tokens_per_pack: int | None = None,
     **options: Any,
 ) -> PackingPlan:
-    """Pack ``lengths`` (one per sample) into bins of at most ``capacity``.
+    """Pack ``lengths`` (one per sample) into bins of at most ``capacity``; with visual budgets,
+    every bin also holds at most ``max_images_per_pack`` images and ``max_image_tokens_per_pack``
+    image tokens (``images``, ``image_tokens``: one count per sample; ignored without their budget).
 
-    Raises ValueError for an unknown algorithm, a capacity < 1, a length < 1, or any
-    length above the capacity (the pipeline truncates before packing; the packer never
-    drops a sample).
+    Raises ValueError for an unknown algorithm, a capacity < 1, a length < 1, any length
+    above the capacity (the pipeline truncates before packing; the packer never drops a
+    sample), or a sample over a visual budget on its own (the pipeline skips those first).
     """
     if algorithm not in ALGORITHMS:
         raise ValueError(f"unknown packing algorithm {algorithm!r}; choose one of {sorted(ALGORITHMS)}")
@@ -53,8 +63,9 @@ def pack(
     if max_samples_per_pack is not None and max_per_bin < 1:
         raise ValueError(f"max_samples_per_pack must be >= 1, got {max_samples_per_pack!r}")
     lengths = _validated_lengths(lengths, capacity)
+    budgets = visual_budgets(len(lengths), images, image_tokens, max_images_per_pack, max_image_tokens_per_pack)
     rng = np.random.default_rng(seed)
-    order, bin_of_pos, num_bins = ALGORITHMS[algorithm](lengths, capacity, rng, max_per_bin, **options)
+    order, bin_of_pos, num_bins = ALGORITHMS[algorithm](lengths, capacity, rng, max_per_bin, budgets, **options)
     offsets, indices, loads = kernels.group_by_bin(lengths, order, bin_of_pos, num_bins)
     return PackingPlan(
         offsets=offsets, indices=indices, bin_loads=loads, capacity=capacity, algorithm=algorithm, seed=seed

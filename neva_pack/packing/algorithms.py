@@ -1,8 +1,9 @@
 """NeMo's three packing algorithms, with their semantics kept and their cost removed.
 
-Each algorithm is a pure function ``(lengths, capacity, rng, max_per_bin, **options)
+Each algorithm is a pure function ``(lengths, capacity, rng, max_per_bin, budgets, **options)
 -> (order, bin_of_pos, num_bins)``: it decides a visit order (the only place where
-randomness enters, through the explicit ``rng``) and hands it to a numba kernel.
+randomness enters, through the explicit ``rng``) and hands it to a numba kernel, which keeps
+every bin within the capacity, ``max_per_bin`` and the visual ``budgets`` (budgets.py).
 """
 
 from __future__ import annotations
@@ -10,16 +11,19 @@ from __future__ import annotations
 import numpy as np
 
 from neva_pack.packing import kernels
+from neva_pack.packing.budgets import NO_BUDGETS, VisualBudgets
 from neva_pack.packing.sum_of_squares import CTZ_TABLE, sum_of_squares_bins
 
 DEFAULT_CHUNK_SIZE = 20_000
 """first_fit_shuffle packs the shuffled samples in independent chunks of this many (NeMo's value)."""
 
 
-def first_fit_decreasing(lengths: np.ndarray, capacity: int, rng: np.random.Generator, max_per_bin: int):
+def first_fit_decreasing(
+    lengths: np.ndarray, capacity: int, rng: np.random.Generator, max_per_bin: int, budgets: VisualBudgets = NO_BUDGETS
+):
     """Longest first, each into the first bin it fits. Deterministic (ties keep input order)."""
     order = np.argsort(-lengths, kind="stable").astype(np.int64)
-    ranks, num_bins = kernels.first_fit_ranks(lengths, order, capacity, max_per_bin)
+    ranks, num_bins = kernels.first_fit_ranks(lengths, order, capacity, max_per_bin, *budgets.kernel_args())
     return order, ranks, num_bins
 
 
@@ -28,6 +32,7 @@ def first_fit_shuffle(
     capacity: int,
     rng: np.random.Generator,
     max_per_bin: int,
+    budgets: VisualBudgets = NO_BUDGETS,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
 ):
     """NeMo's default: shuffle, then first fit inside consecutive chunks packed in parallel.
@@ -38,14 +43,16 @@ def first_fit_shuffle(
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     order = rng.permutation(len(lengths)).astype(np.int64)
-    ranks, num_bins = kernels.chunked_first_fit_ranks(lengths, order, capacity, max_per_bin, chunk_size)
+    ranks, num_bins = kernels.chunked_first_fit_ranks(
+        lengths, order, capacity, max_per_bin, *budgets.kernel_args(), chunk_size
+    )
     return order, ranks, num_bins
 
 
-def shuffle_and_pack(lengths: np.ndarray, capacity: int, rng: np.random.Generator, max_per_bin: int):
+def shuffle_and_pack(lengths: np.ndarray, capacity: int, rng: np.random.Generator, max_per_bin: int, budgets: VisualBudgets = NO_BUDGETS):
     """Shuffle, then next fit: fast and mixed, but leaves the most room unused."""
     order = rng.permutation(len(lengths)).astype(np.int64)
-    ranks, num_bins = kernels.next_fit_ranks(lengths, order, capacity, max_per_bin)
+    ranks, num_bins = kernels.next_fit_ranks(lengths, order, capacity, max_per_bin, *budgets.kernel_args())
     return order, ranks, num_bins
 
 
@@ -58,6 +65,7 @@ def near_optimal(
     capacity: int,
     rng: np.random.Generator,
     max_per_bin: int,
+    budgets: VisualBudgets = NO_BUDGETS,
     repack_rounds: int = DEFAULT_REPACK_ROUNDS,
 ):
     """Sum-of-Squares in random order, then repack the not-full bins; never worse than FFD.
@@ -69,15 +77,26 @@ def near_optimal(
     3. First fit decreasing (ties in random order) runs beside it in another thread; on small or
        sparse inputs (many samples at the capacity) it can win, and then its bins are used.
     Bins come out in random order either way, so the packs are not sorted by length.
+
+    When visual budgets bind (their images or image tokens need more bins than the positions do),
+    SS, which scores the length gaps only, packs poorly and slowly: the bins are then first fit
+    decreasing by each sample's largest share of a limit, or first fit over the seeded random
+    order, whichever needs fewer.
     """
     from concurrent.futures import ThreadPoolExecutor
 
     # equal lengths are interchangeable to FFD: breaking their ties at random keeps its bin
     # count and lets the seed change which samples share a pack
     shuffled = rng.permutation(len(lengths)).astype(np.int64)
+    if budgets.bins_needed() > -(-int(lengths.sum()) // capacity):
+        order, bin_of_pos, num_bins = _first_fit_decreasing_of(lengths, shuffled, capacity, max_per_bin, budgets)
+        in_random_order, random_bins = kernels.first_fit_ranks(lengths, shuffled, capacity, max_per_bin, *budgets.kernel_args())
+        if random_bins < num_bins:
+            order, bin_of_pos, num_bins = shuffled, in_random_order, random_bins
+        return order, rng.permutation(num_bins).astype(np.int64)[bin_of_pos], num_bins
     with ThreadPoolExecutor(max_workers=1) as pool:
-        ffd = pool.submit(_first_fit_decreasing_of, lengths, shuffled, capacity, max_per_bin)
-        order, bin_of_pos, num_bins = _sum_of_squares_with_repack(lengths, capacity, rng, max_per_bin, repack_rounds)
+        ffd = pool.submit(_first_fit_decreasing_of, lengths, shuffled, capacity, max_per_bin, budgets)
+        order, bin_of_pos, num_bins = _sum_of_squares_with_repack(lengths, capacity, rng, max_per_bin, budgets, repack_rounds)
         ffd_order, ffd_ranks, ffd_bins = ffd.result()
     if ffd_bins < num_bins:
         order, bin_of_pos, num_bins = ffd_order, ffd_ranks, ffd_bins
@@ -85,17 +104,30 @@ def near_optimal(
     return order, ranks, num_bins
 
 
-def _first_fit_decreasing_of(lengths, shuffled, capacity, max_per_bin):
-    """FFD over ``shuffled`` sorted by decreasing length (numpy's sort and numba release the GIL)."""
-    order = shuffled[np.argsort(-lengths[shuffled], kind="stable")]
-    ranks, num_bins = kernels.first_fit_ranks(lengths, order, capacity, max_per_bin)
+def _first_fit_decreasing_of(lengths, shuffled, capacity, max_per_bin, budgets):
+    """FFD over ``shuffled`` sorted by decreasing size (numpy's sort and numba release the GIL): the
+    length, or under visual budgets the largest share of a limit the sample takes (of the capacity,
+    the image budget or the image-token budget), which packs best when a budget binds."""
+    order = shuffled[np.argsort(-_dominant_share(lengths, capacity, budgets)[shuffled], kind="stable")]
+    ranks, num_bins = kernels.first_fit_ranks(lengths, order, capacity, max_per_bin, *budgets.kernel_args())
     return order, ranks, num_bins
 
 
-def _sum_of_squares_with_repack(lengths, capacity, rng, max_per_bin, rounds):
+def _dominant_share(lengths, capacity, budgets):
+    """Each sample's size for FFD: its length without budgets, else its largest share of a limit."""
+    if not budgets.active:
+        return lengths
+    share = lengths / capacity
+    for values, limit in ((budgets.images, budgets.max_images), (budgets.image_tokens, budgets.max_image_tokens)):
+        if limit > 0:
+            share = np.maximum(share, values / limit)
+    return share
+
+
+def _sum_of_squares_with_repack(lengths, capacity, rng, max_per_bin, budgets, rounds):
     """SS over a random order, then repacks of the few samples left in bins with a gap."""
     order = rng.permutation(len(lengths)).astype(np.int64)
-    bin_of_pos, num_bins, gaps = sum_of_squares_bins(lengths, order, capacity, max_per_bin, CTZ_TABLE)
+    bin_of_pos, num_bins, gaps = sum_of_squares_bins(lengths, order, capacity, max_per_bin, *budgets.kernel_args(), CTZ_TABLE)
     open_bins = gaps > 0
     positions = np.flatnonzero(open_bins[bin_of_pos])
     if len(positions) == 0:
@@ -103,7 +135,7 @@ def _sum_of_squares_with_repack(lengths, capacity, rng, max_per_bin, rounds):
     renumber = np.full(num_bins, -1, dtype=np.int64)
     renumber[open_bins] = np.arange(int(open_bins.sum()))
     items, item_bins, item_gaps = _repack_rounds(
-        lengths, order[positions], renumber[bin_of_pos[positions]], gaps[open_bins], capacity, rng, max_per_bin, rounds
+        lengths, order[positions], renumber[bin_of_pos[positions]], gaps[open_bins], capacity, rng, max_per_bin, budgets, rounds
     )
     kept = np.flatnonzero(~open_bins)
     renumber[kept] = np.arange(len(kept))
@@ -113,7 +145,7 @@ def _sum_of_squares_with_repack(lengths, capacity, rng, max_per_bin, rounds):
     return order, bin_of_pos, len(kept) + len(item_gaps)
 
 
-def _repack_rounds(lengths, items, item_bins, gaps, capacity, rng, max_per_bin, rounds):
+def _repack_rounds(lengths, items, item_bins, gaps, capacity, rng, max_per_bin, budgets, rounds):
     """Pack the samples of the bins that still have a gap again, as long as it pays.
 
     Each round tries SS in a fresh random order and first fit decreasing on those samples and
@@ -125,12 +157,15 @@ def _repack_rounds(lengths, items, item_bins, gaps, capacity, rng, max_per_bin, 
         open_bins = gaps > 0
         num_open = int(open_bins.sum())
         positions = np.flatnonzero(open_bins[item_bins])
-        if num_open <= -(-int(lengths[items[positions]].sum()) // capacity):
+        needed = max(-(-int(lengths[items[positions]].sum()) // capacity), budgets.bins_needed(items[positions]))
+        if num_open <= needed:
             break  # the open bins are already as few as their samples allow
         shuffled = items[positions][rng.permutation(len(positions))]
-        new_bins, new_count, new_gaps = sum_of_squares_bins(lengths, shuffled, capacity, max_per_bin, CTZ_TABLE)
-        decreasing = shuffled[np.argsort(-lengths[shuffled], kind="stable")]
-        ffd_bins, ffd_count = kernels.first_fit_ranks(lengths, decreasing, capacity, max_per_bin)
+        new_bins, new_count, new_gaps = sum_of_squares_bins(
+            lengths, shuffled, capacity, max_per_bin, *budgets.kernel_args(), CTZ_TABLE
+        )
+        decreasing = shuffled[np.argsort(-_dominant_share(lengths, capacity, budgets)[shuffled], kind="stable")]
+        ffd_bins, ffd_count = kernels.first_fit_ranks(lengths, decreasing, capacity, max_per_bin, *budgets.kernel_args())
         if ffd_count < new_count:
             shuffled, new_bins, new_count = decreasing, ffd_bins, ffd_count
             new_gaps = capacity - np.bincount(new_bins, weights=lengths[shuffled], minlength=new_count).astype(np.int64)

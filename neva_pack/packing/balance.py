@@ -8,19 +8,24 @@ several-fold in attention work (sum of squared sample lengths), so a random orde
     straggler overhead = sum over steps of (max - mean) / sum over steps of mean
 
 of the attention time (35% for N = 8, 120% for N = 64 on LLaVA-665K-like packs of 4096).
-``balance_order`` makes each group of N consecutive packs alike, without sorting the epoch::
+A rank runs its pack's images through the vision encoder and then the pack through the LM, and
+the ranks meet at the gradient all-reduce, so what a rank costs is both: its *step cost* is the
+LM's attention plus the encoder's (``vision``: sum over images of patches squared, per encoder
+pass; zero without images). ``balance_order`` makes each group of N consecutive packs alike,
+without sorting the epoch::
 
-    1. packs sorted by attention cost (ties in seeded random order), cut into groups of N
-    2. consecutive groups whose attention differs by at most ``tolerance`` (relative) form a
-       block; inside a block the packs are sorted again by images, then tokens, and cut into
-       groups again: the vision encoder and the linear layers are balanced too, at a bounded
-       attention cost (each such group's max - mean <= tolerance * mean)
+    1. packs sorted by step cost (ties in seeded random order), cut into groups of N
+    2. consecutive groups whose step cost differs by at most ``tolerance`` (relative) form a
+       block; inside a block the packs are sorted again by vision cost, images, then tokens,
+       and cut into groups again: the vision encoder (hence the LM's attention too) and the
+       linear layers are balanced as well, at a bounded step cost (each such group's
+       max - mean <= tolerance * mean)
     3. the groups, in a seeded random order; the short last group (N does not divide the
        number of packs) stays last
 
-Step 1 alone gives the smallest attention overhead any order can have (cutting a sorted list
+Step 1 alone gives the smallest step-cost overhead any order can have (cutting a sorted list
 into consecutive groups minimises the sum of the group maxima); step 2 adds at most
-``tolerance`` to it. Step 3 keeps the order random at the scale of groups, so training sees no
+``tolerance`` to it. Without vision costs the step cost is the attention. Step 3 keeps the order random at the scale of groups, so training sees no
 length curriculum. Pure: costs in, permutation out, an explicit np.random.Generator.
 """
 
@@ -43,17 +48,27 @@ class PackCosts:
     tokens: np.ndarray
     """int64 positions: linear layers' work."""
     images: np.ndarray
-    """int64 images: the vision encoder's work."""
+    """int64 images: the vision encoder's batch."""
+    vision: np.ndarray | None = None
+    """int64 sum over the pack's images of patches squared (per encoder pass): the vision encoder's
+    attention work; None: not known (balanced as zero)."""
 
     @classmethod
-    def of(cls, lengths: np.ndarray, offsets: np.ndarray, num_images: np.ndarray) -> "PackCosts":
-        """From per-sample lengths and image counts in pack order, and the plan's offsets."""
+    def of(cls, lengths: np.ndarray, offsets: np.ndarray, num_images: np.ndarray, vision_cost=None) -> "PackCosts":
+        """From per-sample lengths, image counts and (optional) vision costs in pack order, and the
+        plan's offsets."""
         lengths = np.asarray(lengths, dtype=np.int64)
         return cls(
             attention=_per_pack(lengths * lengths, offsets),
             tokens=_per_pack(lengths, offsets),
             images=_per_pack(np.asarray(num_images, dtype=np.int64), offsets),
+            vision=None if vision_cost is None else _per_pack(np.asarray(vision_cost, dtype=np.int64), offsets),
         )
+
+    @property
+    def step(self) -> np.ndarray:
+        """What a rank spends on the pack: the LM's attention plus the vision encoder's (int64)."""
+        return self.attention if self.vision is None else self.attention + self.vision
 
 
 def _per_pack(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
@@ -86,9 +101,10 @@ def balance_order(
 ) -> np.ndarray:
     """A permutation of the packs in which every ``group_size`` consecutive packs cost alike.
 
-    ``tolerance=0`` balances attention alone (the least attention overhead of any order).
+    ``tolerance=0`` balances the step cost alone (the least step-cost overhead of any order; the
+    attention's when no vision cost is given).
     """
-    attention = np.asarray(costs.attention, dtype=np.float64)
+    attention = np.asarray(costs.step, dtype=np.float64)
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
     if not tolerance >= 0:
@@ -99,13 +115,14 @@ def balance_order(
     num_groups = count // group_size
     whole = num_groups * group_size
     first = 0
-    while first < num_groups:  # step 2: blocks of groups within tolerance, re-sorted by images, tokens
+    while first < num_groups:  # step 2: blocks of groups within tolerance, re-sorted by vision, images, tokens
         last = first + 1
         while last < num_groups and _within(attention, ordered, first * group_size, (last + 1) * group_size - 1, tolerance):
             last += 1
         if last - first > 1:
             block = ordered[first * group_size : last * group_size]
-            keys = np.lexsort((-np.asarray(costs.tokens)[block], -np.asarray(costs.images)[block]))
+            vision = np.zeros(len(block), np.int64) if costs.vision is None else np.asarray(costs.vision)[block]
+            keys = np.lexsort((-np.asarray(costs.tokens)[block], -np.asarray(costs.images)[block], -vision))
             ordered[first * group_size : last * group_size] = block[keys]
         first = last
     groups = ordered[:whole].reshape(num_groups, group_size)

@@ -52,45 +52,94 @@ def _tree_first_at_least(tree, size, need):
     return pos - size
 
 
+@numba.njit(cache=True)
+def _tree_first_fitting(tree, images_tree, tokens_tree, size, need, images, tokens, stack):
+    """Leftmost leaf whose three values are >= the three needs, or -1: a depth-first search, left
+    child first, that skips every subtree whose maximum of one value is short."""
+    pos = 1
+    depth = 0
+    while True:
+        if tree[pos] >= need and images_tree[pos] >= images and tokens_tree[pos] >= tokens:
+            if pos >= size:
+                return pos - size
+            stack[depth] = 2 * pos + 1
+            depth += 1
+            pos = 2 * pos
+        elif depth == 0:
+            return -1
+        else:
+            depth -= 1
+            pos = stack[depth]
+
+
+@numba.njit(cache=True)
+def _smallest(values, order):
+    smallest = values[order[0]]
+    for p in range(order.shape[0]):
+        if values[order[p]] < smallest:
+            smallest = values[order[p]]
+    return smallest
+
+
 @numba.njit(cache=True, nogil=True)
-def first_fit_ranks(lengths, order, capacity, max_per_bin):
+def first_fit_ranks(lengths, order, capacity, max_per_bin, images, tokens, max_images, max_tokens):
     """First fit over ``lengths[order]`` with completed-bin pruning order.
 
     Returns (rank of the bin of each position, number of bins). A bin is *completed*
-    once its remaining capacity is below the shortest item of this input (it can take
-    nothing more); completed bins come first in the order they completed, then the
-    bins still open, in opening order. The bins themselves are those of naive first fit.
+    once it can take nothing more of this input (its remaining capacity, images or image
+    tokens below the smallest item's); completed bins come first in the order they completed,
+    then the bins still open, in opening order. The bins themselves are those of naive first
+    fit, a bin taking an item only when its length, images and image tokens all fit. Budgets
+    of 0 are no budgets (``images`` and ``tokens`` are then not read).
     """
     n = order.shape[0]
     bin_of_pos = np.empty(n, dtype=np.int64)
     if n == 0:
         return bin_of_pos, 0
-    shortest = lengths[order[0]]
-    for p in range(n):
-        if lengths[order[p]] < shortest:
-            shortest = lengths[order[p]]
+    visual = max_images > 0 or max_tokens > 0
+    shortest = _smallest(lengths, order)
+    fewest_images = _smallest(images, order) if max_images > 0 else 0
+    fewest_tokens = _smallest(tokens, order) if max_tokens > 0 else 0
     # first fit leaves at most one bin at most half full, so without a per-bin cap it opens
     # at most 2 * sum / capacity + 1 bins: a smaller tree is a faster tree
     total = 0
     for p in range(n):
         total += lengths[order[p]]
-    most_bins = n if max_per_bin > 0 else min(n, 2 * (total // capacity) + 2)
+    most_bins = n if max_per_bin > 0 or visual else min(n, 2 * (total // capacity) + 2)
     size = _tree_size(most_bins)
     tree = np.full(2 * size, capacity, dtype=np.int64)
     remaining = np.full(n, capacity, dtype=np.int64)
+    # visual budgets: images and image tokens left per bin, one tree each (1 leaf when unused)
+    visual_size = size if visual else 1
+    images_left = np.full(visual_size, max_images if max_images > 0 else 1, dtype=np.int64)
+    tokens_left = np.full(visual_size, max_tokens if max_tokens > 0 else 1, dtype=np.int64)
+    images_tree = np.full(2 * visual_size, max_images if max_images > 0 else 1, dtype=np.int64)
+    tokens_tree = np.full(2 * visual_size, max_tokens if max_tokens > 0 else 1, dtype=np.int64)
+    stack = np.empty(64, dtype=np.int64)
     count = np.zeros(n, dtype=np.int64)
     completed_at = np.full(n, -1, dtype=np.int64)  # completion sequence number, -1 = open
     num_bins = 0
     num_completed = 0
     for p in range(n):
         item = lengths[order[p]]
-        b = _tree_first_at_least(tree, size, item)
+        if visual:
+            item_images = images[order[p]] if max_images > 0 else 0
+            item_tokens = tokens[order[p]] if max_tokens > 0 else 0
+            b = _tree_first_fitting(tree, images_tree, tokens_tree, size, item, item_images, item_tokens, stack)
+            images_left[b] -= item_images
+            tokens_left[b] -= item_tokens
+            _tree_update(images_tree, size, b, images_left[b])
+            _tree_update(tokens_tree, size, b, tokens_left[b])
+        else:
+            b = _tree_first_at_least(tree, size, item)
         if b >= num_bins:
             num_bins = b + 1
         bin_of_pos[p] = b
         remaining[b] -= item
         count[b] += 1
         full = max_per_bin > 0 and count[b] >= max_per_bin
+        if visual:  # a bin that can take nothing more leaves the search
+            full = full or images_left[b] < fewest_images or tokens_left[b] < fewest_tokens
         _tree_update(tree, size, b, _CLOSED if full else remaining[b])
         if completed_at[b] < 0 and (full or remaining[b] < shortest):
             completed_at[b] = num_completed
@@ -109,7 +158,7 @@ def first_fit_ranks(lengths, order, capacity, max_per_bin):
 
 
 @numba.njit(cache=True, parallel=True)
-def chunked_first_fit_ranks(lengths, order, capacity, max_per_bin, chunk_size):
+def chunked_first_fit_ranks(lengths, order, capacity, max_per_bin, images, tokens, max_images, max_tokens, chunk_size):
     """First fit run independently on consecutive chunks of ``order``, chunks in parallel.
 
     Bins of chunk k are ranked after all bins of chunks < k, so the result is the same
@@ -122,7 +171,7 @@ def chunked_first_fit_ranks(lengths, order, capacity, max_per_bin, chunk_size):
     for c in numba.prange(num_chunks):
         start = c * chunk_size
         stop = min(start + chunk_size, n)
-        local, nb = first_fit_ranks(lengths, order[start:stop], capacity, max_per_bin)
+        local, nb = first_fit_ranks(lengths, order[start:stop], capacity, max_per_bin, images, tokens, max_images, max_tokens)
         bin_of_pos[start:stop] = local
         bins_in_chunk[c] = nb
     base = 0
@@ -136,21 +185,35 @@ def chunked_first_fit_ranks(lengths, order, capacity, max_per_bin, chunk_size):
 
 
 @numba.njit(cache=True)
-def next_fit_ranks(lengths, order, capacity, max_per_bin):
-    """Next fit: fill the current bin in visit order; open a new one when the item does not fit."""
+def next_fit_ranks(lengths, order, capacity, max_per_bin, images, tokens, max_images, max_tokens):
+    """Next fit: fill the current bin in visit order; open a new one when the item does not fit
+    (its length, its images or its image tokens; budgets of 0 are none)."""
     n = order.shape[0]
     bin_of_pos = np.empty(n, dtype=np.int64)
     current = -1
     load = capacity + 1
     count = 0
+    held_images = 0
+    held_tokens = 0
     for p in range(n):
         item = lengths[order[p]]
-        if load + item > capacity or (max_per_bin > 0 and count >= max_per_bin):
+        item_images = images[order[p]] if max_images > 0 else 0
+        item_tokens = tokens[order[p]] if max_tokens > 0 else 0
+        if (
+            load + item > capacity
+            or (max_per_bin > 0 and count >= max_per_bin)
+            or (max_images > 0 and held_images + item_images > max_images)
+            or (max_tokens > 0 and held_tokens + item_tokens > max_tokens)
+        ):
             current += 1
             load = 0
             count = 0
+            held_images = 0
+            held_tokens = 0
         load += item
         count += 1
+        held_images += item_images
+        held_tokens += item_tokens
         bin_of_pos[p] = current
     return bin_of_pos, current + 1
 

@@ -105,14 +105,70 @@ def _next_set(bits, start, limit, table):
         x = bits[w]
 
 
+@numba.njit(cache=True)
+def _visual_fit(head, below, g, held_images, held_tokens, need_images, need_tokens, max_images, max_tokens):
+    """The first bin of gap ``g``'s stack whose images and image tokens leave room for the item, and
+    the bin above it in the stack (-1: it is the head); (-1, -1) when none does."""
+    above = -1
+    b = head[g]
+    while b >= 0:
+        if (max_images <= 0 or held_images[b] + need_images <= max_images) and (
+            max_tokens <= 0 or held_tokens[b] + need_tokens <= max_tokens
+        ):
+            return b, above
+        above = b
+        b = below[b]
+    return -1, -1
+
+
+@numba.njit(cache=True)
+def _best_visual_fit(
+    counts, single, multi, num_multi, head, below, s, capacity, held_images, held_tokens, need_images, need_tokens,
+    max_images, max_tokens, table,
+):  # fmt: skip
+    """SS restricted to the bins with room for the item's images and image tokens: the best gap
+    (``capacity``: a new bin), its bin and the bin above that in its stack. It visits the open gaps
+    only (the N == 1 bitset and the N >= 2 list) and runs only when the best gap overall has no such bin."""
+    best_g = capacity
+    best = 0 if s == capacity else 2 * counts[capacity - s] + 1
+    best_bin = -1
+    best_above = -1
+    for k in range(num_multi + 1):  # the N >= 2 gaps, then (k == num_multi) the N == 1 ones in increasing order
+        g = multi[k] if k < num_multi else _next_set(single, s, capacity, table)
+        while s <= g < capacity:
+            score = 1 - 2 * counts[g] if g == s else 2 + 2 * counts[g - s] - 2 * counts[g]
+            if score < best or (score == best and g < best_g):
+                b, above = _visual_fit(head, below, g, held_images, held_tokens, need_images, need_tokens, max_images, max_tokens)
+                if b >= 0:
+                    best, best_g, best_bin, best_above = score, g, b, above
+            g = capacity if k < num_multi else _next_set(single, g + 1, capacity, table)
+    return best_g, best_bin, best_above
+
+
 @numba.njit(cache=True, nogil=True)
-def sum_of_squares_bins(lengths, order, capacity, max_per_bin, table):
+def sum_of_squares_bins(lengths, order, capacity, max_per_bin, images, tokens, max_images, max_tokens, table):
     """SS over ``lengths[order]``: (bin id of each position, number of bins, gap of each bin).
 
     Bin ids are in opening order. A bin holding ``max_per_bin`` samples (if > 0) is closed:
-    it leaves the gap counts and takes nothing more.
+    it leaves the gap counts and takes nothing more. With visual budgets (``max_images``,
+    ``max_tokens`` > 0) an item goes to the best gap among the bins with room for its images and
+    image tokens (the first such bin of that gap's stack), and a bin left without room for the
+    smallest item's is closed too.
     """
     n = order.shape[0]
+    visual = max_images > 0 or max_tokens > 0
+    fewest_images = 0
+    fewest_tokens = 0
+    if visual and n > 0:
+        fewest_images = images[order[0]] if max_images > 0 else 0
+        fewest_tokens = tokens[order[0]] if max_tokens > 0 else 0
+        for p in range(n):
+            if max_images > 0 and images[order[p]] < fewest_images:
+                fewest_images = images[order[p]]
+            if max_tokens > 0 and tokens[order[p]] < fewest_tokens:
+                fewest_tokens = tokens[order[p]]
+    held_images = np.zeros(max(n, 1) if visual else 1, np.int64)
+    held_tokens = np.zeros(max(n, 1) if visual else 1, np.int64)
     words = (capacity >> 6) + 1
     counts = np.zeros(capacity + 1, np.int64)  # N(g)
     zero = np.zeros(words, np.uint64)  # gaps 1..C-1 with N == 0
@@ -159,13 +215,31 @@ def sum_of_squares_bins(lengths, order, capacity, max_per_bin, table):
                         best = score
                         best_g = g
                     g = _next_set(single, g + 1, capacity, table)
+        above = -1
+        need_images = 0
+        need_tokens = 0
+        b = -1
+        if visual:
+            need_images = images[order[p]] if max_images > 0 else 0
+            need_tokens = tokens[order[p]] if max_tokens > 0 else 0
+            if best_g < capacity:
+                b, above = _visual_fit(head, below, best_g, held_images, held_tokens, need_images, need_tokens, max_images, max_tokens)
+                if b < 0:
+                    best_g, b, above = _best_visual_fit(
+                        counts, single, multi, num_multi, head, below, s, capacity, held_images, held_tokens,
+                        need_images, need_tokens, max_images, max_tokens, table,
+                    )  # fmt: skip
         if best_g == capacity:
             b = num_bins
             num_bins += 1
             gap[b] = capacity
         else:
-            b = head[best_g]
-            head[best_g] = below[b]
+            if not visual:
+                b = head[best_g]
+            if above < 0:
+                head[best_g] = below[b]
+            else:
+                below[above] = below[b]
             v = counts[best_g] - 1
             counts[best_g] = v
             if v == 0:
@@ -183,7 +257,15 @@ def sum_of_squares_bins(lengths, order, capacity, max_per_bin, table):
         held[b] += 1
         bin_of_pos[p] = b
         g = gap[b]
-        if g > 0 and not (max_per_bin > 0 and held[b] >= max_per_bin):
+        closed = max_per_bin > 0 and held[b] >= max_per_bin
+        if visual:  # a bin without room for the smallest item's images or image tokens takes nothing more
+            held_images[b] += need_images
+            held_tokens[b] += need_tokens
+            if max_images > 0 and held_images[b] + fewest_images > max_images:
+                closed = True
+            if max_tokens > 0 and held_tokens[b] + fewest_tokens > max_tokens:
+                closed = True
+        if g > 0 and not closed:
             below[b] = head[g]
             head[g] = b
             v = counts[g] + 1
@@ -200,41 +282,72 @@ def sum_of_squares_bins(lengths, order, capacity, max_per_bin, table):
 
 
 @numba.njit(cache=True)
-def sum_of_squares_reference(lengths, order, capacity, max_per_bin):
-    """The same algorithm scanning every gap value (O(C) per item): the specification the
-    bitset kernel is tested against."""
+def sum_of_squares_reference(lengths, order, capacity, max_per_bin, images, tokens, max_images, max_tokens):
+    """The same algorithm scanning every gap value (O(C) per item) and, with visual budgets, every
+    bin of a gap: the specification the bitset kernel is tested against."""
     n = order.shape[0]
+    fewest_images = 0
+    fewest_tokens = 0
+    for p in range(n):
+        if p == 0 or images[order[p]] < fewest_images:
+            fewest_images = images[order[p]]
+        if p == 0 or tokens[order[p]] < fewest_tokens:
+            fewest_tokens = tokens[order[p]]
     counts = np.zeros(capacity + 1, np.int64)
     gap = np.zeros(max(n, 1), np.int64)
     held = np.zeros(max(n, 1), np.int64)
+    held_images = np.zeros(max(n, 1), np.int64)
+    held_tokens = np.zeros(max(n, 1), np.int64)
     stack_head = np.full(capacity + 1, -1, np.int64)
     below = np.full(max(n, 1), -1, np.int64)
     bin_of_pos = np.empty(n, np.int64)
     num_bins = 0
     for p in range(n):
         s = lengths[order[p]]
+        need_images = images[order[p]] if max_images > 0 else 0
+        need_tokens = tokens[order[p]] if max_tokens > 0 else 0
         best_g = capacity
+        best_bin = -1
+        best_above = -1
         best = 0 if s == capacity else 2 * counts[capacity - s] + 1
         for g in range(s, capacity):
             if counts[g] == 0:
                 continue
             score = 1 - 2 * counts[g] if g == s else 2 + 2 * counts[g - s] - 2 * counts[g]
             if score < best or (score == best and g < best_g):
-                best = score
-                best_g = g
+                above = -1
+                b = stack_head[g]
+                while b >= 0 and not (
+                    (max_images <= 0 or held_images[b] + need_images <= max_images)
+                    and (max_tokens <= 0 or held_tokens[b] + need_tokens <= max_tokens)
+                ):
+                    above = b
+                    b = below[b]
+                if b >= 0:
+                    best, best_g, best_bin, best_above = score, g, b, above
         if best_g == capacity:
             b = num_bins
             num_bins += 1
             gap[b] = capacity
         else:
-            b = stack_head[best_g]
-            stack_head[best_g] = below[b]
+            b = best_bin
+            if best_above < 0:
+                stack_head[best_g] = below[b]
+            else:
+                below[best_above] = below[b]
             counts[best_g] -= 1
         gap[b] -= s
         held[b] += 1
+        held_images[b] += need_images
+        held_tokens[b] += need_tokens
         bin_of_pos[p] = b
         g = gap[b]
-        if g > 0 and not (max_per_bin > 0 and held[b] >= max_per_bin):
+        closed = (
+            (max_per_bin > 0 and held[b] >= max_per_bin)
+            or (max_images > 0 and held_images[b] + fewest_images > max_images)
+            or (max_tokens > 0 and held_tokens[b] + fewest_tokens > max_tokens)
+        )
+        if g > 0 and not closed:
             below[b] = stack_head[g]
             stack_head[g] = b
             counts[g] += 1

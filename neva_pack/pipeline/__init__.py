@@ -36,14 +36,15 @@ from neva_pack.parallel_assembly import PackJob
 from neva_pack.pipeline.builder import build_sample_builder, pack_spec
 from neva_pack.pipeline.encode import encode_samples, records_per_message
 from neva_pack.pipeline.ownership import prepare_output_dir
+from neva_pack.packing.budgets import over_image_budget
 from neva_pack.pipeline.pack import balance, pack_kept
 from neva_pack.pipeline.parts import content_fingerprint, encode_part, input_digest, join_parts
 from neva_pack.pipeline.report import packed_meta, run_report
-from neva_pack.pipeline.skipped import too_many_skipped, write_run_skipped, write_size_skipped
+from neva_pack.pipeline.skipped import size_skip_details, too_many_skipped, write_run_skipped, write_size_skipped
 from neva_pack.pipeline.write import drop_store, plan_digest, remove_stale_tmp, resumed_prefix, write_packs
 from neva_pack.plan_table import PlanTable
 from neva_pack.record_stream import RecordIndex, index_records, record_ids
-from neva_pack.records import IMAGES_NOT_HELD
+from neva_pack.records import IMAGES_NOT_HELD, OVER_IMAGE_BUDGET
 from neva_pack.report import RunReport
 from neva_pack.sample_store import SampleStore
 from neva_pack.samples import SampleBuilder
@@ -153,10 +154,13 @@ def _write_prefix(
     multiple = config.alignment
     rows, cuts, unsupervised = rows_at(store, aligned_capacity(size, multiple), config.ignore_index)
     padded = padded_lengths(rows["length"], multiple)  # what is packed (== length when multiple is 1)
-    kept = np.setdiff1d(np.arange(len(rows), dtype=np.int64), unsupervised)
+    over_budget = np.setdiff1d(over_image_budget(rows, config.max_images_per_pack, config.max_image_tokens_per_pack), unsupervised)
+    size_skips = {"no_supervised_tokens": unsupervised, OVER_IMAGE_BUDGET: over_budget}  # this size's own skips, by reason
+    kept = np.setdiff1d(np.arange(len(rows), dtype=np.int64), np.concatenate([unsupervised, over_budget]))
     if len(kept) == 0:
-        raise InputError(f"pack size {size}: the cut leaves none of the {len(rows)} sample(s) a trained label")
-    plan = pack_kept(config, padded, kept, size)
+        raise InputError(f"pack size {size}: the cut leaves none of the {len(rows)} sample(s) a trained label"
+                         + (" within the visual budgets (--max_images_per_pack / --max_image_tokens_per_pack)" if len(over_budget) else ""))  # fmt: skip
+    plan = pack_kept(config, padded, rows, kept, size)
     plan, balance_report = balance(config, plan, rows)
     fmt = output_format(config.output_format)
     spec = WriteSpec(
@@ -176,16 +180,18 @@ def _write_prefix(
                   prepare=functools.partial(fmt.prepare, spec=spec))  # fmt: skip
     write_packs(job, writer, every, progress, fmt.needs_pixels, config.num_workers)
     report = run_report(
-        config, builder, store, rows, plan, padded, kept, len(unsupervised), balance_report, total, prefix,
+        config, builder, store, rows, plan, padded, kept, {reason: len(skips) for reason, skips in size_skips.items()},
+        balance_report, total, prefix,
         time.perf_counter() - started,
     ).replace(input_digest=digest)  # fmt: skip
     problem = invariants.accounting_problem(total, report.records.packed, report.records.skipped)
     if problem is not None:
         raise OutputError(f"{prefix}: {problem}; nothing was published (run again with --overwrite)")
     skipped_file = paths.skipped_path(output_dir, named_size)
-    cut_records = np.sort(store.rows["record_index"][unsupervised]).astype(np.int64)
-    ids = record_ids(config.data_path, cut_records, builder.record_limits, index) if len(cut_records) else {}
-    write_size_skipped(output_dir / paths.SKIPPED_FILE, skipped_file, cut_records, ids, size)
+    own_records = {reason: np.sort(store.rows["record_index"][skips]).astype(np.int64) for reason, skips in size_skips.items()}
+    every_own = np.sort(np.concatenate(list(own_records.values())))
+    ids = record_ids(config.data_path, every_own, builder.record_limits, index) if len(every_own) else {}
+    write_size_skipped(output_dir / paths.SKIPPED_FILE, skipped_file, own_records, ids, size_skip_details(size, config.max_images_per_pack, config.max_image_tokens_per_pack))
     paths.write_json_atomic(stats_file, report.to_json())
     writer.publish(
         PlanTable.of(rows, plan, multiple),

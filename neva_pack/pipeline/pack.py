@@ -9,6 +9,7 @@ import numpy as np
 
 from neva_pack.config import PreprocessConfig
 from neva_pack.packing import RECOMMENDED_ALGORITHM, PackingPlan, pack
+from neva_pack.packing.budgets import budget_options
 from neva_pack.packing.balance import PackCosts, balance_order, reorder_plan, straggler_overhead
 from neva_pack.report import AlgorithmSuggestion, BalanceReport
 
@@ -22,38 +23,43 @@ BALANCE_STREAM = 1
 
 def balance(config: PreprocessConfig, plan: PackingPlan, rows: np.ndarray) -> tuple[PackingPlan, BalanceReport | None]:
     """With --balance_data_parallel N: the plan's packs reordered so that every N consecutive packs
-    cost alike, and the straggler overheads before (the packer's order) and after."""
+    cost alike (the LM's attention and the vision encoder's, from the rows' ``vision_cost``), and the
+    straggler overheads before (the packer's order) and after."""
     group = config.balance_data_parallel
     if not group:
         return plan, None
     chosen = rows[plan.indices]
-    costs = PackCosts.of(chosen["length"], plan.offsets, chosen["num_images"])
+    costs = PackCosts.of(chosen["length"], plan.offsets, chosen["num_images"], chosen["vision_cost"])
     order = balance_order(costs, group, np.random.default_rng((config.seed, BALANCE_STREAM)))
     overheads = {
         f"{name}_overhead_{when}": straggler_overhead(getattr(costs, name), group, arrangement)
-        for name in ("attention", "tokens", "images")
+        for name in ("attention", "tokens", "images", "vision")
         for when, arrangement in (("before", None), ("after", order))
     }
     return reorder_plan(plan, order), BalanceReport(data_parallel=group, **overheads)
 
 
-def pack_kept(config: PreprocessConfig, padded: np.ndarray, kept: np.ndarray, size: int) -> PackingPlan:
+def pack_kept(config: PreprocessConfig, padded: np.ndarray, rows: np.ndarray, kept: np.ndarray, size: int) -> PackingPlan:
     """The plan of the samples ``kept`` at this size, its indices into the store's rows (all of
-    them when none is left out: the same plan as packing every row)."""
+    them when none is left out: the same plan as packing every row), within the visual budgets."""
     plan = pack(
-        padded[kept], size, algorithm=config.packing_algorithm, seed=config.seed, max_samples_per_pack=config.max_samples_per_pack
-    )
+        padded[kept], size, algorithm=config.packing_algorithm, seed=config.seed, max_samples_per_pack=config.max_samples_per_pack,
+        **budget_options(rows[kept], config.max_images_per_pack, config.max_image_tokens_per_pack),
+    )  # fmt: skip
     return replace(plan, indices=kept[plan.indices])
 
 
 def better_algorithm(
-    lengths: np.ndarray, plan: PackingPlan, *, algorithm: str, seed: int, max_samples_per_pack: int | None
+    lengths: np.ndarray, plan: PackingPlan, *, algorithm: str, seed: int, max_samples_per_pack: int | None, **budgets
 ) -> AlgorithmSuggestion | None:
     """The recommended algorithm, when it packs ``lengths`` into at least SUGGEST_WHEN_SAVING fewer
-    packs than ``plan`` (made by ``algorithm``); None otherwise. It is fast enough to run on every run."""
+    packs than ``plan`` (made by ``algorithm``, within the visual ``budgets``: ``budget_options``);
+    None otherwise. It is fast enough to run on every run."""
     if algorithm == RECOMMENDED_ALGORITHM:
         return None
-    alternative = pack(lengths, plan.capacity, RECOMMENDED_ALGORITHM, seed=seed, max_samples_per_pack=max_samples_per_pack)
+    alternative = pack(
+        lengths, plan.capacity, RECOMMENDED_ALGORITHM, seed=seed, max_samples_per_pack=max_samples_per_pack, **budgets
+    )
     if alternative.num_bins > plan.num_bins * (1 - SUGGEST_WHEN_SAVING):
         return None
     return AlgorithmSuggestion(

@@ -8,6 +8,7 @@ from pathlib import Path
 from neva_pack.config import PreprocessConfig
 from neva_pack.formats.base import WriteSpec
 from neva_pack.formats.meta import META_VERSION, Counts, ImageTokenIds, PackedMeta
+from neva_pack.packing.budgets import budget_options
 from neva_pack.pipeline.pack import better_algorithm
 from neva_pack.report import RecordCounts, RunReport
 from neva_pack.samples import SampleBuilder
@@ -17,15 +18,18 @@ __all__ = ["packed_meta", "run_report"]
 
 
 def run_report(
-    config, builder, store, rows, plan, padded, kept, unsupervised: int, balance, total: int, prefix: Path, seconds: float
+    config, builder, store, rows, plan, padded, kept, size_skips: dict[str, int], balance, total: int, prefix: Path,
+    seconds: float,
 ) -> RunReport:  # fmt: skip
-    """What a pack size's stats file holds: counts, skips by reason (the store's, and the samples this
-    size's cut leaves ``unsupervised``), packing figures, the algorithm hint, training overrides."""
-    stats = packing_stats(arrays_from_plan(plan, rows, builder.image_run.positions, padded, config.alignment))
+    """What a pack size's stats file holds: counts, skips by reason (the store's, and this size's own
+    ``size_skips``: reason -> samples), packing figures, the algorithm hint, training overrides."""
+    stats = packing_stats(arrays_from_plan(plan, rows, builder.image_run.positions, padded, config.alignment,
+                                           config.max_images_per_pack, config.max_image_tokens_per_pack))  # fmt: skip
     gbs = global_batch_size_advice(config.global_batch_size, stats.samples_per_pack.mean)
     skipped_by_reason = dict(store.skipped_by_reason)
-    if unsupervised:  # cut at this size before all of their answers
-        skipped_by_reason["no_supervised_tokens"] = skipped_by_reason.get("no_supervised_tokens", 0) + unsupervised
+    for reason, count in size_skips.items():  # cut at this size before all of their answers, or over a visual budget
+        if count:
+            skipped_by_reason[reason] = skipped_by_reason.get(reason, 0) + count
     return RunReport(
         dataset=Path(config.data_path).name,
         records=RecordCounts(
@@ -41,6 +45,7 @@ def run_report(
         suggestion=better_algorithm(
             padded[kept], plan, algorithm=config.packing_algorithm, seed=config.seed,
             max_samples_per_pack=config.max_samples_per_pack,
+            **budget_options(rows[kept], config.max_images_per_pack, config.max_image_tokens_per_pack),
         ),
         balance=balance,
         max_seq_length=plan.capacity,

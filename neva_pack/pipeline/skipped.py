@@ -1,5 +1,6 @@
 """The skip lists: the run's (every record skipped while encoding, in record order) and each pack
-size's (the run's plus the samples its cut leaves without a trained label)."""
+size's (the run's plus its own: the samples its cut leaves without a trained label, and those over a
+visual budget on their own)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import numpy as np
 from neva_pack import paths
 from neva_pack.errors import InputError
 
-__all__ = ["too_many_skipped", "write_run_skipped", "write_size_skipped"]
+__all__ = ["size_skip_details", "too_many_skipped", "write_run_skipped", "write_size_skipped"]
 
 
 def write_run_skipped(segment_files: list[Path], output_dir: Path) -> None:
@@ -35,19 +36,33 @@ def too_many_skipped(max_skip_fraction: float, skipped: int, of_records: str, ou
     )
 
 
-def write_size_skipped(run_file: Path, target: Path, records: np.ndarray, ids: dict[int, str | None], size: int) -> None:
-    """One prefix's skipped list (atomically): the run's lines and this size's own (the
-    ``records``, increasing, that its cut leaves without a trained label; ``ids``: their ids),
-    by record index. Without own skips at the run's own size (a single-size run), the run's list
-    is already it."""
-    if target == run_file and len(records) == 0:
+def size_skip_details(size: int, max_images_per_pack: int | None = None, max_image_tokens_per_pack: int | None = None) -> dict[str, str]:
+    """The detail line of each reason a pack size skips samples for on its own."""
+    budgets = " and ".join(
+        f"{flag} {value}" for flag, value in (("--max_images_per_pack", max_images_per_pack),
+                                              ("--max_image_tokens_per_pack", max_image_tokens_per_pack))
+        if value is not None
+    )  # fmt: skip
+    return {
+        "no_supervised_tokens": f"no trained label after truncation to pack size {size}",
+        "over_image_budget": f"more images or image tokens than {budgets} allow in a pack (at pack size {size})",
+    }
+
+
+def write_size_skipped(
+    run_file: Path, target: Path, records: dict[str, np.ndarray], ids: dict[int, str | None], details: dict[str, str]
+) -> None:
+    """One prefix's skipped list (atomically): the run's lines and this size's own (reason -> the
+    ``records`` it skips for it; ``ids``: their ids; ``details``: the line of each reason), by record
+    index. Without own skips at the run's own size (a single-size run), the run's list is already it."""
+    if target == run_file and not any(len(values) for values in records.values()):
         return
-    detail = f"no trained label after truncation to pack size {size}"
     skips = (
-        {"index": int(index), "id": ids.get(int(index)), "reason": "no_supervised_tokens", "detail": detail}
-        for index in records
+        {"index": int(index), "id": ids.get(int(index)), "reason": reason, "detail": details[reason]}
+        for reason, values in records.items()
+        for index in values
     )
-    own = [(skip["index"], json.dumps(skip) + "\n") for skip in skips]
+    own = sorted(((skip["index"], json.dumps(skip) + "\n") for skip in skips), key=lambda pair: pair[0])
     tmp = target.with_name(target.name + ".tmp")
     with open(run_file, encoding="utf-8") as run, open(tmp, "w", encoding="utf-8") as out:
         lines = ((json.loads(line)["index"], line) for line in run if line.strip())

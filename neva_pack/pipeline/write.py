@@ -54,7 +54,7 @@ def resumed_prefix(prefix: Path, stats_file: Path, settings: dict, digest: str, 
             raise InputError(f"--resume: {prefix} was packed from other content than --data_path {data_path} holds "
                              "now (the input was edited); run with --overwrite to pack it again")  # fmt: skip
         meta = read_meta_json(meta_file)
-        stored = {key: meta[field] for key, field in meta_fields().items() if field in meta}
+        stored = {key: meta.get(field) for key, field in meta_fields().items()}  # a setting left unset is not written
         stored["global_batch_size"] = report.global_batch_size
         check_settings(stored, {key: settings[key] for key in stored})
         return report

@@ -16,13 +16,16 @@ fixed-length rows are rounded down to a multiple of the alignment (``thd_batch``
 ``cp_slice(batch, cp_size, cp_rank)`` gives rank r:
 
 - every per-token key (each (1, T) tensor: tokens, labels, loss_mask, position_ids, segment_ids,
-  sample_loss_weight, padding_mask, image_embedding_index, and any the caller added) at the rank's
-  positions, in the order above; the ranks' shares together are the batch, each position once;
+  sample_loss_weight, padding_mask, image_embedding_index, and any the caller added; and (k, 1, T)
+  ones: Qwen's mRoPE position_ids) at the rank's positions, in the order above; the ranks' shares
+  together are the batch, each position once;
 - the images whose run holds at least one of the rank's positions (an image whose run straddles a
   chunk boundary goes to every rank holding part of it: each runs the vision encoder on it and keeps
   the embedding rows its positions use), in placeholder order; ``image_embedding_index`` renumbered
   to them (``k * image_positions + j``: row j of the rank's k-th image); ``batch_image_index`` the
   index of each in the whole batch's images; ``num_images`` per sample counts the rank's images;
+- a dynamic-resolution batch's images (``pixel_values`` and its per-image key) whole on every
+  rank: its vision encoder runs over the batch's images before the sequence is split;
 - counts that add up over the CP group: ``num_target_tokens`` and ``num_targets`` count the
   supervised positions the rank holds; ``num_samples`` the samples whose first position it holds
   (rank 0, which takes every segment's first chunk). Summing them over data-parallel and
@@ -35,10 +38,12 @@ from __future__ import annotations
 
 import torch
 
+from neva_pack.training.dynamic import IMAGE_KEYS
 from neva_pack.training.thd import packed_seq_params
 
-WHOLE_ROW_KEYS = ("cu_seqlens", "cu_seqlens_padded")
-"""(1, n + 1) boundary keys: never sliced, even when n + 1 happens to equal T."""
+WHOLE_ROW_KEYS = ("cu_seqlens", "cu_seqlens_padded", "pixel_values", *IMAGE_KEYS)
+"""Never sliced, even when their shape happens to end in (1, T): the (1, n + 1) boundary keys and a
+dynamic-resolution batch's images."""
 
 
 def cp_partition_index(cu_seqlens: torch.Tensor, cp_size: int, cp_rank: int) -> torch.Tensor:
@@ -73,8 +78,10 @@ def cp_slice(batch: dict, cp_size: int, cp_rank: int) -> dict:
     index = cp_partition_index(bounds, cp_size, cp_rank)
     share = dict(batch)
     for key, value in batch.items():
-        if key not in WHOLE_ROW_KEYS and isinstance(value, torch.Tensor) and value.dim() == 2 and value.shape == (1, total):
-            share[key] = value.index_select(1, index)
+        if key in WHOLE_ROW_KEYS or not isinstance(value, torch.Tensor) or value.dim() < 2:
+            continue
+        if value.shape[-2:] == (1, total):
+            share[key] = value.index_select(value.dim() - 1, index)
     share.update(_images(batch, share))
     share.update(_counts(batch, share, index))
     share["total_tokens"] = len(index)
@@ -84,6 +91,8 @@ def cp_slice(batch: dict, cp_size: int, cp_rank: int) -> dict:
 
 
 def _images(batch: dict, share: dict) -> dict:
+    if "images" not in batch:  # a dynamic-resolution batch: pixel_values stay whole
+        return {}
     images = batch["images"]
     if "image_embedding_index" not in batch:
         if len(images):

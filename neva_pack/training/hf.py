@@ -26,6 +26,18 @@ Images. LLaVA-family models place the k-th image's features where ``input_ids`` 
 model's image token id, image by image: ``pixel_values`` holds the batch's images in placeholder
 order, and ``image_token_id`` replaces every position of every image run (its start and end ids
 included, ``meta.image_positions`` per image) by that id.
+
+Dynamic-resolution outputs (items with ``pixel_values``; neva_pack/training/dynamic.py):
+
+    Qwen2-VL / 2.5-VL   pixel_values (sum of patches, 1176), image_grid_thw (N, 3),
+                        position_ids (4, 1, T): row 0 the text positions restarting per sample (what
+                        the model builds the packed block-causal mask from), rows 1-3 the mRoPE ids
+    LLaVA-NeXT / OV     pixel_values (N, 1 + most tiles, 3, S, S), image_sizes (N, 2), position_ids (1, T)
+
+Each image's run has its own length there, and only its feature positions are the model's image
+token (Qwen's ``<|vision_start|>`` / ``<|vision_end|>`` stay text): ``image_token_id`` replaces every
+``image_patch_id`` (the run's patch id, ``meta.image_run.patch_id``) by that id. Qwen2-VL given 3-row
+positions and no mask would let samples see each other: the 4-row layout is what keeps them apart.
 """
 
 from __future__ import annotations
@@ -37,6 +49,7 @@ import torch
 
 from neva_pack.dataset import position_ids_from_cu_seqlens
 from neva_pack.defaults import IGNORE_INDEX
+from neva_pack.training.dynamic import batch_images, is_dynamic, mrope_rows
 
 __all__ = ["HF_IGNORE_INDEX", "hf_batch", "hf_collate", "image_run_starts"]
 
@@ -49,6 +62,7 @@ def hf_batch(
     image_token_id: int | None = None,
     *,
     image_run: np.ndarray | None = None,
+    image_patch_id: int | None = None,
     ignore_index: int = IGNORE_INDEX,
 ) -> dict:
     """One flattened row from ``PackedSeqDataset`` items (packs, or one-sample items of
@@ -58,23 +72,30 @@ def hf_batch(
     (int32, the samples' boundaries in the row, alignment padding included in its sample),
     max_length_q/k (int), and pixel_values ((N, 3, H, W), in placeholder order) when the packs hold
     images. ``image_token_id`` needs ``image_run``, the ids of one image run as the output spells
-    it (``meta.image_run.ids()``; ``hf_collate(dataset)`` reads it).
+    it (``meta.image_run.ids()``; ``hf_collate(dataset)`` reads it). Items of a dynamic-resolution
+    output give the keys of the module docstring; ``image_token_id`` then needs ``image_patch_id``.
     """
     if not packs:
         raise ValueError("hf_batch needs at least one pack")
-    if image_token_id is not None and image_run is None:
+    dynamic = is_dynamic(packs[0])
+    if image_token_id is not None and dynamic and image_patch_id is None:
+        raise ValueError("image_token_id needs image_patch_id for a dynamic-resolution output (hf_collate(dataset, image_token_id) reads it)")
+    if image_token_id is not None and not dynamic and image_run is None:
         raise ValueError("image_token_id needs image_run (the meta's run: hf_collate(dataset, image_token_id) reads it)")
     tokens, targets, bounds, images = [], [], [0], []
     for item in packs:
         cu = item["cu_seqlens"].long()
         pack_tokens = item["tokens"].long()
         count = int(item["num_images"].sum())
-        if image_token_id is not None and count:
+        if image_token_id is not None and dynamic:
+            pack_tokens = torch.where(pack_tokens == image_patch_id, image_token_id, pack_tokens)
+        elif image_token_id is not None and count:
             pack_tokens = _with_image_token(pack_tokens, np.asarray(image_run, dtype=np.int64), count, image_token_id)
         tokens.append(pack_tokens)
         targets.append(item["labels"].long())
         bounds += (bounds[-1] + cu[1:]).tolist()
-        images.append(item["image"][:count])  # not the zero image of an image-less pack
+        if not dynamic:
+            images.append(item["image"][:count])  # not the zero image of an image-less pack
     cu_seq_lens = torch.tensor(bounds, dtype=torch.int32)
     shift_labels = torch.cat(targets)
     shift_labels = torch.where(shift_labels == ignore_index, HF_IGNORE_INDEX, shift_labels)
@@ -91,6 +112,12 @@ def hf_batch(
         "max_length_q": longest,
         "max_length_k": longest,
     }
+    if dynamic:
+        rows = mrope_rows(packs)
+        if rows is not None:
+            batch["position_ids"] = torch.cat([batch["position_ids"], rows])[:, None]
+        batch.update(batch_images(packs))
+        return batch
     pixels = torch.cat(images)
     if len(pixels):
         batch["pixel_values"] = pixels
@@ -133,11 +160,14 @@ def image_run_starts(tokens: np.ndarray, run: np.ndarray) -> np.ndarray:
 
 
 def hf_collate(dataset, image_token_id: int | None = None):
-    """A DataLoader collate_fn: ``hf_batch`` with the dataset meta's ignore value and image run."""
+    """A DataLoader collate_fn: ``hf_batch`` with the dataset meta's ignore value and image run
+    (its patch id for a dataset read with a dynamic-resolution processor)."""
     meta = dataset.meta
+    dynamic = getattr(dataset, "processor", None) is not None
     return functools.partial(
         hf_batch,
         image_token_id=image_token_id,
-        image_run=meta.image_run.ids(),
+        image_run=None if dynamic else meta.image_run.ids(),
+        image_patch_id=meta.image_run.patch_id if dynamic else None,
         ignore_index=int(meta.ignore_index),
     )

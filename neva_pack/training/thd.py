@@ -61,6 +61,7 @@ import torch
 from neva_pack.defaults import IGNORE_INDEX, PAD_ID
 from neva_pack.dataset import position_ids_from_cu_seqlens
 from neva_pack.packing.alignment import fixed_row_length
+from neva_pack.training.dynamic import batch_images, is_dynamic, mrope_rows
 
 MIN_MEGATRON_CORE = "0.10"
 """First Megatron-Core whose PackedSeqParams has the padded cu_seqlens fields."""
@@ -100,6 +101,12 @@ def thd_batch(
     cu_seqlens get ``len(packs) * max_samples_per_pack + 1`` entries, the last value repeated
     (zero-length segments). ``thd_collate(dataset)`` fills these from the dataset, with the observed
     maximum of samples in a pack.
+
+    Items of a dynamic-resolution output (``pixel_values`` instead of ``image``) give
+    ``pixel_values`` and ``image_grid_thw`` (Qwen) or ``image_sizes`` (LLaVA-NeXT / OneVision) of all
+    packs in placeholder order (neva_pack/training/dynamic.py) and no ``images``; Qwen's
+    ``position_ids`` are the items' mRoPE rows, (3, 1, T) (a fixed row's extra padding continuing from
+    the last sample's largest id + 1). ``image_run`` is then not used.
     """
     if not packs:
         raise ValueError("thd_batch needs at least one pack")
@@ -108,7 +115,7 @@ def thd_batch(
         if max_seq_length is None or max_samples_per_pack is None:
             raise ValueError("fixed_length=True needs max_seq_length and max_samples_per_pack (thd_collate(dataset) reads them)")
         row = fixed_row_length(max_seq_length, pad_to_multiple_of)
-    tokens, labels, padded_bounds, real_bounds, images, num_images = [], [], [0], [0], [], []
+    tokens, labels, padded_bounds, real_bounds, images, num_images, extras = [], [], [0], [0], [], [], []
     for item in packs:
         cu = item["cu_seqlens"].long()
         real = item.get("cu_seqlens_unpadded", item["cu_seqlens"]).long()
@@ -120,11 +127,13 @@ def thd_batch(
             pack_tokens = torch.cat([pack_tokens, torch.full((extra,), pad_id, dtype=torch.long)])
             pack_labels = torch.cat([pack_labels, torch.full((extra,), ignore_index, dtype=torch.long)])
             cu = torch.cat([cu[:-1], cu[-1:] + extra])  # the last segment grows to the pack's end
+            extras.append(extra)
         padded_bounds += (padded_bounds[-1] + cu[1:]).tolist()
         real_bounds += (real_bounds[-1] + real[1:]).tolist()
         tokens.append(pack_tokens)
         labels.append(pack_labels)
-        images.append(item["image"][: int(item["num_images"].sum())])  # not the zero image of an image-less pack
+        if not is_dynamic(item):
+            images.append(item["image"][: int(item["num_images"].sum())])  # not the zero image of an image-less pack
         num_images.append(item["num_images"])
     cu_padded = torch.tensor(padded_bounds, dtype=torch.int32)
     cu_real = torch.tensor(real_bounds, dtype=torch.int32)
@@ -134,10 +143,16 @@ def thd_batch(
         "labels": labels,
         **_loss_metadata(labels, cu_padded, cu_real, ignore_index),
         "position_ids": position_ids_from_cu_seqlens(cu_padded)[None],
-        "images": torch.cat(images),
         "num_images": torch.cat(num_images),
     }
-    if image_run is not None:
+    if is_dynamic(packs[0]):
+        batch.update(batch_images(packs))
+        rows = mrope_rows([_grown(item, extra) for item, extra in zip(packs, extras or [0] * len(packs))])
+        if rows is not None:
+            batch["position_ids"] = rows[:, None]
+    else:
+        batch["images"] = torch.cat(images)
+    if image_run is not None and not is_dynamic(packs[0]):
         batch["image_embedding_index"] = image_embedding_index(tokens[0], image_run, len(batch["images"]))[None]
     max_seqlen = int(torch.diff(cu_padded).max())
     if fixed_length:
@@ -151,6 +166,17 @@ def thd_batch(
     if with_packed_seq_params:
         batch["packed_seq_params"] = packed_seq_params(batch)
     return batch
+
+
+def _grown(item: dict, extra: int) -> dict:
+    """``item`` with its mRoPE rows grown by ``extra`` positions continuing its last sample's."""
+    positions = item.get("position_ids")
+    if not extra or positions is None or positions.dim() != 2:
+        return item
+    last = positions[:, int(item["cu_seqlens"][-2]) :]
+    following = int(last.max()) + 1 if last.numel() else 0
+    tail = torch.arange(following, following + extra).expand(positions.shape[0], -1)
+    return {**item, "position_ids": torch.cat([positions.long(), tail], dim=1)}
 
 
 def boundary_keys(cu_padded: torch.Tensor, cu_real: torch.Tensor, max_seqlen: int) -> dict:
@@ -252,7 +278,7 @@ def thd_collate(dataset, fixed_length: bool = False, with_packed_seq_params: boo
         max_seq_length=int(meta.max_seq_length),
         max_samples_per_pack=dataset.max_samples_in_a_pack,
         pad_to_multiple_of=int(meta.pad_to_multiple_of),
-        image_run=meta.image_run.ids().tolist(),
+        image_run=None if getattr(dataset, "processor", None) is not None else meta.image_run.ids().tolist(),
         ignore_index=int(meta.ignore_index),
         pad_id=int(meta.pad_id),
         with_packed_seq_params=with_packed_seq_params,

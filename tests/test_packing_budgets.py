@@ -1,0 +1,172 @@
+"""Packing under visual budgets: every algorithm keeps each pack within its capacity, its images and
+its image tokens; without budgets the plans are those of packing by length alone."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from neva_pack.packing import ALGORITHMS, pack
+from neva_pack.packing.budgets import visual_budgets
+from neva_pack.packing.sum_of_squares import CTZ_TABLE, sum_of_squares_bins, sum_of_squares_reference
+
+CAPACITY = 64
+ALL = sorted(ALGORITHMS)
+
+
+@st.composite
+def workloads(draw, max_size=250):
+    """Samples (length, images, image tokens) and budgets that every sample fits alone (or None)."""
+    n = draw(st.integers(0, max_size))
+    lengths = draw(st.lists(st.integers(1, CAPACITY), min_size=n, max_size=n))
+    images = draw(st.lists(st.integers(0, 4), min_size=n, max_size=n))
+    tokens = [draw(st.integers(0, 10)) * count for count in images]  # image tokens come with images
+    max_images = draw(st.none() | st.integers(max(images, default=0) or 1, 12))
+    max_tokens = draw(st.none() | st.integers(max(tokens, default=0) or 1, 80))
+    as_array = lambda values: np.array(values, dtype=np.int64)  # noqa: E731
+    return as_array(lengths), as_array(images), as_array(tokens), max_images, max_tokens
+
+
+def per_bin(plan, values):
+    return np.array([int(values[plan.bin(b)].sum()) for b in range(plan.num_bins)], dtype=np.int64)
+
+
+def naive_first_fit(lengths, images, tokens, order, capacity, max_images, max_tokens):
+    """The textbook first fit over three limits: each sample into the first bin where all three fit."""
+    bins, loads = [], []
+    limits = (capacity, max_images or np.inf, max_tokens or np.inf)
+    for i in order:
+        item = (lengths[i], images[i], tokens[i])
+        for b, load in enumerate(loads):
+            if all(used + need <= limit for used, need, limit in zip(load, item, limits)):
+                bins[b].append(int(i))
+                loads[b] = [used + need for used, need in zip(load, item)]
+                break
+        else:
+            bins.append([int(i)])
+            loads.append(list(item))
+    return bins
+
+
+@pytest.mark.parametrize("algorithm", ALL)
+@settings(max_examples=60, deadline=None)
+@given(workload=workloads(), seed=st.integers(0, 2**32 - 1), cap=st.integers(0, 5))
+def test_every_sample_once_and_every_pack_within_its_three_limits(algorithm, workload, seed, cap):
+    lengths, images, tokens, max_images, max_tokens = workload
+    plan = pack(lengths, CAPACITY, algorithm, seed=seed, max_samples_per_pack=cap or None, images=images,
+                image_tokens=tokens, max_images_per_pack=max_images, max_image_tokens_per_pack=max_tokens)  # fmt: skip
+    assert sorted(plan.indices.tolist()) == list(range(len(lengths)))
+    assert np.all(plan.samples_per_bin >= 1) and np.all(plan.bin_loads <= CAPACITY)
+    if cap:
+        assert plan.samples_per_bin.max(initial=0) <= cap
+    if max_images is not None:
+        assert per_bin(plan, images).max(initial=0) <= max_images
+    if max_tokens is not None:
+        assert per_bin(plan, tokens).max(initial=0) <= max_tokens
+    budgets = visual_budgets(len(lengths), images, tokens, max_images, max_tokens)
+    assert plan.num_bins >= max(plan.lower_bound, budgets.bins_needed())
+
+
+@settings(max_examples=60, deadline=None)
+@given(workload=workloads())
+def test_first_fit_decreasing_gives_the_bins_of_naive_first_fit_over_three_limits(workload):
+    lengths, images, tokens, max_images, max_tokens = workload
+    order = np.argsort(-lengths, kind="stable")
+    expected = naive_first_fit(lengths, images, tokens, order, CAPACITY, max_images, max_tokens)
+    plan = pack(lengths, CAPACITY, "first_fit_decreasing", images=images, image_tokens=tokens,
+                max_images_per_pack=max_images, max_image_tokens_per_pack=max_tokens)  # fmt: skip
+    assert sorted(map(tuple, plan.bins())) == sorted(map(tuple, expected))
+
+
+@settings(max_examples=40, deadline=None)
+@given(workload=workloads(), seed=st.integers(0, 1000), chunk=st.integers(1, 50))
+def test_first_fit_shuffle_under_budgets_is_naive_first_fit_per_chunk(workload, seed, chunk):
+    lengths, images, tokens, max_images, max_tokens = workload
+    order = np.random.default_rng(seed).permutation(len(lengths))
+    plan = pack(lengths, CAPACITY, "first_fit_shuffle", seed=seed, chunk_size=chunk, images=images, image_tokens=tokens,
+                max_images_per_pack=max_images, max_image_tokens_per_pack=max_tokens)  # fmt: skip
+    position = 0
+    for start in range(0, len(lengths), chunk):
+        expected = naive_first_fit(lengths, images, tokens, order[start : start + chunk], CAPACITY, max_images, max_tokens)
+        got = plan.bins()[position : position + len(expected)]
+        assert sorted(map(tuple, got)) == sorted(map(tuple, expected))
+        position += len(expected)
+    assert position == plan.num_bins
+
+
+@settings(max_examples=80, deadline=None)
+@given(workload=workloads(max_size=300), seed=st.integers(0, 1000), cap=st.integers(0, 4))
+def test_bitset_sum_of_squares_under_budgets_equals_the_full_scan(workload, seed, cap):
+    lengths, images, tokens, max_images, max_tokens = workload
+    budgets = visual_budgets(len(lengths), images, tokens, max_images, max_tokens)
+    order = np.random.default_rng(seed).permutation(len(lengths)).astype(np.int64)
+    fast = sum_of_squares_bins(lengths, order, CAPACITY, cap, *budgets.kernel_args(), CTZ_TABLE)
+    slow = sum_of_squares_reference(lengths, order, CAPACITY, cap, *budgets.kernel_args())
+    assert fast[1] == slow[1]
+    assert np.array_equal(fast[0], slow[0]) and np.array_equal(fast[2], slow[2])
+
+
+@pytest.mark.parametrize("algorithm", ALL)
+@settings(max_examples=25, deadline=None)
+@given(workload=workloads(), seed=st.integers(0, 1000))
+def test_without_budgets_the_counts_change_nothing(algorithm, workload, seed):
+    lengths, images, tokens, _, _ = workload
+    plain = pack(lengths, CAPACITY, algorithm, seed=seed)
+    given_counts = pack(lengths, CAPACITY, algorithm, seed=seed, images=images, image_tokens=tokens)
+    assert np.array_equal(plain.offsets, given_counts.offsets) and np.array_equal(plain.indices, given_counts.indices)
+
+
+def dynamic_resolution_workload(n, seed=0):
+    """LLaVA-NeXT-like samples: 0-3 images of 600-2,900 tokens each, plus text."""
+    rng = np.random.default_rng(seed)
+    images = rng.choice([0, 1, 1, 1, 2, 3], size=n)
+    tokens = np.array([rng.integers(600, 2900, size=k).sum() for k in images], dtype=np.int64)
+    text = np.clip(np.round(rng.lognormal(np.log(200), 0.9, n)), 8, 3000).astype(np.int64)
+    lengths = np.minimum(tokens + text, 16384)
+    return lengths, images.astype(np.int64), np.minimum(tokens, lengths)
+
+
+def test_near_optimal_stays_near_the_lower_bound_when_budgets_are_loose():
+    lengths, images, tokens = dynamic_resolution_workload(20_000)
+    plan = pack(lengths, 16384, "near_optimal", seed=0, images=images, image_tokens=tokens,
+                max_images_per_pack=16, max_image_tokens_per_pack=15_000)  # fmt: skip
+    assert per_bin(plan, images).max() <= 16 and per_bin(plan, tokens).max() <= 15_000
+    assert plan.num_bins <= plan.lower_bound * 1.01
+
+
+def test_a_tight_image_budget_decides_the_pack_count():
+    lengths, images, tokens = dynamic_resolution_workload(5_000, seed=1)
+    budgets = visual_budgets(len(lengths), images, tokens, 4, None)
+    for algorithm in ALL:
+        plan = pack(lengths, 16384, algorithm, seed=0, images=images, max_images_per_pack=4)
+        assert per_bin(plan, images).max() <= 4
+        assert plan.num_bins >= budgets.bins_needed() > plan.lower_bound
+    best = pack(lengths, 16384, "near_optimal", seed=0, images=images, max_images_per_pack=4)
+    assert best.num_bins <= budgets.bins_needed() * 1.02
+
+
+def test_golden_first_fit_decreasing_under_an_image_budget():
+    # lengths 6 5 4 3 (capacity 12), images 2 2 1 1, at most 3 images a pack:
+    #   6 -> bin0 (2 images); 5 -> bin0 would be 11 long but hold 4 images: bin1
+    #   4 -> bin0 (10 long, 3 images); 3 -> bin0 would be 13 long: bin1 (8 long, 3 images)
+    plan = pack([6, 5, 4, 3], 12, "first_fit_decreasing", images=[2, 2, 1, 1], max_images_per_pack=3)
+    assert sorted(map(sorted, plan.bins())) == [[0, 2], [1, 3]]
+    assert pack([6, 5, 4, 3], 12, "first_fit_decreasing").bins() == [[0, 1], [2, 3]]  # by length alone
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(images=[1, 5, 0], max_images_per_pack=4),
+         "1 sample(s) with more images than max_images_per_pack 4 (first: sample 1, 5); no pack can hold them"),
+        (dict(image_tokens=[900, 0, 3000], max_image_tokens_per_pack=2000),
+         "1 sample(s) with more image_tokens than max_image_tokens_per_pack 2000 (first: sample 2, 3000)"),
+        (dict(max_images_per_pack=4), "max_images_per_pack needs the images of every sample"),
+        (dict(images=[1, 1], max_images_per_pack=4), "images must be 3 integers (one per sample)"),
+        (dict(images=[1, -1, 0], max_images_per_pack=4), "sample 1 has -1 images"),
+        (dict(images=[1, 1, 0], max_images_per_pack=0), "max_images_per_pack must be a positive integer"),
+    ],
+)  # fmt: skip
+def test_bad_budgets_are_refused_with_a_clear_message(options, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        pack([3, 4, 5], 8, **options)
