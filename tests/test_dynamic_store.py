@@ -186,6 +186,23 @@ def test_real_qwen_images_round_trip_with_their_vision_cost(tmp_path):
     assert_same_images(open_prefix(prefix).pack(0).stored_images, [first, second])
 
 
+def test_a_cut_keeps_the_kept_images_run_lengths_and_vision_cost(tmp_path):
+    """Cut before the second image's run (it does not fit whole), the row keeps the first image's
+    run length and vision cost, exactly, and the pack holds only that image."""
+    photo = Image.fromarray(np.random.default_rng(3).integers(0, 256, (150, 230, 3), dtype=np.uint8))
+    first, second = PROCESSOR.to_uint8(photo), PROCESSOR.to_uint8(photo.resize((60, 90)))
+    s = sample(0, [[11, 12], first, [13, 14, 15], second, [16]], np.random.default_rng(1))
+    s = Sample(**{**{f: getattr(s, f) for f in s.__dataclass_fields__}, "labels": np.where(np.arange(len(s.labels)) == 0, 12, s.labels).astype(np.int32)})
+    store = write_store(tmp_path / "store", [s])
+    capacity = int(s.image_starts[1]) + 2  # the second run cannot fit
+    rows, cuts, _ = rows_at(store, capacity, IGNORE)
+    assert cuts == {0: (int(s.image_starts[1]), 1)}
+    assert int(rows["image_tokens"][0]) == first.tokens + 2 and int(rows["num_images"][0]) == 1
+    assert int(rows["vision_cost"][0]) == (first.tokens * 4) ** 2 == PROCESSOR.vision_cost_for_size(*first.size)
+    packs, prefix = write_compact(tmp_path, store, capacity)
+    assert_same_images(open_prefix(prefix).pack(0).stored_images, [first])
+
+
 def test_a_sharded_dynamic_store_joins_to_the_unsharded_store(tmp_path):
     """Parts dedup only within themselves; joined, the pool holds each image once, in first use order."""
     rng = np.random.default_rng(2)

@@ -49,10 +49,9 @@ def processor_from_record(record: dict) -> DynamicProcessor:
 
 
 def stored_vision_cost(processor: DynamicProcessor, image: StoredImage) -> int:
-    """The vision encoder's attention cost of one stored image, patches² per encoder pass: Qwen one
-    pass over (tokens · merge²) patches; anyres the base image and each grid tile, (tile / patch)²
-    patches each (a OneVision multi-image image, stored as one part, is one pass)."""
-    if processor.family == "native":
-        return (image.tokens * processor.settings.merge_size**2) ** 2
-    passes = 1 if len(image.parts) == 1 else 1 + processor.tiles(*image.size)
-    return passes * processor.settings.features_per_side**4
+    """The vision encoder's attention cost of one stored image (the processor's ``vision_cost_for_size``,
+    as the sample builder weighed it): an anyres image stored as one part is a OneVision multi-image
+    sample's square, one encoder pass."""
+    if processor.family == "anyres" and len(image.parts) == 1:
+        return processor.vision_cost_for_size(*image.size, multi_image=True)
+    return processor.vision_cost_for_size(*image.size)
