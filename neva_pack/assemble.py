@@ -9,6 +9,7 @@ padding, the zero image of an image-less pack, deduplication) is each format's d
     padded_lengths = [8, 4]         the format writes 3 + 1 pad positions after the samples' tokens
     tokens         = [t7 t7 t7 t7 t7 | t2 t2 t2]          real tokens only, int32
     image_indices  = [pool index of s7's image]           pixels = uint8 (1, 3, H, W) if asked for
+    image_starts   = [where its run starts in tokens]     image_lengths = [its run's length]
 """
 
 from __future__ import annotations
@@ -41,34 +42,59 @@ class AssembledPack:
     image_starts: np.ndarray
     """int64 position in ``tokens`` where each image's run of positions starts."""
     pixels: np.ndarray | None
-    """uint8 (N, 3, H, W) of the images, or None when the writer did not ask for pixels."""
+    """uint8 (N, 3, H, W) of the images, or None when the writer did not ask for pixels (or the
+    store is dynamic: its images have no one shape, formats refer to them by pool index)."""
     padded_tokens: np.ndarray | None = None
     """``tokens`` with the pad id after each sample up to its padded length (``tokens`` itself when
     nothing is padded), built once by assembly for the pack checks and the writer; None: not built."""
     padded_labels: np.ndarray | None = None
     """``labels`` padded the same way with the ignore value."""
+    image_lengths: np.ndarray | None = None
+    """int64 run length of each image, in placeholder order (fixed stores: all the run's length)."""
 
 
-def rows_at(
-    store, size: int, run_length: int, ignore_index: int
-) -> tuple[np.ndarray, dict[int, tuple[int, int]], np.ndarray]:  # fmt: skip
+def rows_at(store, size: int, ignore_index: int) -> tuple[np.ndarray, dict[int, tuple[int, int]], np.ndarray]:
     """The store's rows as they are for a pack size; for each sample that must be cut for it,
     (tokens kept, images kept); and the samples the cut leaves without a trained label (skipped at
     this size as ``no_supervised_tokens``, as a run at this size would skip them). ``size`` is the
-    aligned capacity when samples are padded, so that a cut sample's padded length still fits its pack."""
+    aligned capacity when samples are padded, so that a cut sample's padded length still fits its pack.
+
+    A cut sample's row keeps the image tokens and the vision cost of the images it keeps, exactly:
+    each image's run length is in the store; a dynamic image's cost is recomputed from its stored
+    image with the store's processor (``images.stored_vision_cost``: a function of the image and the
+    processor settings the store records, so the store need not keep it per image; only cut samples'
+    kept images are read), a fixed image's is the sample's cost over its images (they cost alike)."""
     from neva_pack.samples import truncation  # the builder's own cut (imports torch: only when asked)
 
     rows = store.rows.copy()
     cuts = {}
     unsupervised = []
-    for i in np.flatnonzero(rows["length"] > size):
-        cut, kept = truncation(store.image_starts(int(i)), run_length, size)
-        cuts[int(i)] = (cut - 1, kept)
-        cost_per_image = int(rows["vision_cost"][i]) // max(int(rows["num_images"][i]), 1)  # the images cost alike
-        rows[i] = (rows["record_index"][i], cut - 1, kept, 1, kept * run_length, kept * cost_per_image)
-        if not np.any(store.tokens_labels(int(i))[1][: cut - 1] != ignore_index):
-            unsupervised.append(int(i))
+    cost = _image_costs(store)
+    for i in np.flatnonzero(rows["length"] > size).tolist():
+        starts, lengths = store.image_runs(i)
+        cut, kept = truncation(starts, lengths if store.dynamic else store.run.fixed_length, size)
+        cuts[i] = (cut - 1, kept)
+        rows[i] = (rows["record_index"][i], cut - 1, kept, 1, int(lengths[:kept].sum()), cost(i, kept))
+        if not np.any(store.tokens_labels(i)[1][: cut - 1] != ignore_index):
+            unsupervised.append(i)
     return rows, cuts, np.asarray(unsupervised, dtype=np.int64)
+
+
+def _image_costs(store):
+    """(sample, images kept) -> the vision cost of the sample's first images (``rows_at``)."""
+    if not store.dynamic:
+        def fixed(i: int, kept: int) -> int:
+            return kept * (int(store.rows["vision_cost"][i]) // max(int(store.rows["num_images"][i]), 1))
+
+        return fixed
+    from neva_pack.images.recorded import processor_from_record, stored_vision_cost
+
+    processor = processor_from_record(store.image_processor)
+
+    def dynamic(i: int, kept: int) -> int:
+        return sum(stored_vision_cost(processor, image) for image in store.pool.read_stored(store.image_indices(i)[:kept]))
+
+    return dynamic
 
 
 PACKS_PER_READ = 32
@@ -110,6 +136,7 @@ def _assemble_group(
     no_images = np.zeros(0, dtype=np.int64)
     indices = [no_images] * len(members)
     starts = [no_images] * len(members)
+    run_lengths = [no_images] * len(members)
     for k in with_images:  # text-only samples need no per-sample work
         i = int(members[k])
         sample_images = store.image_indices(i)
@@ -117,6 +144,8 @@ def _assemble_group(
             sample_images = sample_images[: cuts[i][1]]
         indices[k] = sample_images.astype(np.int64)
         starts[k] = text.image_starts[k][: len(sample_images)]
+        run_lengths[k] = text.image_lengths[k][: len(sample_images)]
+    with_pixels = with_pixels and not store.dynamic
     for b in range(stop - start):
         low, high = int(sample_bounds[b]), int(sample_bounds[b + 1])
         first_token, end_token = int(token_bounds[low]), int(token_bounds[high])
@@ -136,4 +165,5 @@ def _assemble_group(
             pixels=store.pool.read(image_indices) if with_pixels else None,
             padded_tokens=with_padding(tokens, lengths, pack_padded, pad_id),
             padded_labels=with_padding(labels, lengths, pack_padded, ignore_index),
+            image_lengths=np.concatenate(run_lengths[low:high]) if with_images else no_images,
         )

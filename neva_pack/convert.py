@@ -48,6 +48,10 @@ def convert(source: Path, dest: Path, to: str, progress: bool = True) -> list[Pa
             target.check_settings(max_seq_length=meta.max_seq_length, ignore_index=meta.ignore_index, vocab_size=meta.vocab_size)
         except ConfigError as exc:
             raise ConfigError(f"{prefix}: cannot be converted to {to} ({exc})") from None
+        if meta.dynamic and meta.counts.images and target.holds_images and not target.holds_dynamic_images:
+            holding = " or ".join(name for name, fmt in FORMATS.items() if fmt.holds_dynamic_images and name != meta.format)
+            raise ConfigError(f"{prefix}: holds dynamic-resolution images (each at its own size), which {to} cannot "
+                              f"hold; {'convert to ' + holding if holding else 'keep it in ' + meta.format}")  # fmt: skip
         if meta.counts.images and not target.holds_images:
             holding = " or ".join(name for name, fmt in FORMATS.items() if fmt.holds_images and name != meta.format)
             raise ConfigError(f"{prefix}: holds {meta.counts.images:,} image(s), which {to} cannot hold (text only); "

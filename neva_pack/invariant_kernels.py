@@ -19,11 +19,24 @@ from neva_pack.invariants import PackSpec, pack_problems
 _NONE = -1  # a start or end id that the image run does not have
 
 
-def pack_is_sound(spec: PackSpec, cu_seqlens, tokens, labels, num_images: int, real_lengths=None) -> bool:
+def pack_is_sound(spec: PackSpec, cu_seqlens, tokens, labels, num_images: int, real_lengths=None, image_lengths=None) -> bool:
     """True when ``invariants.pack_problems`` would find nothing wrong with the pack (same arguments)."""
     cu = np.asarray(cu_seqlens, dtype=np.int64)
     real = np.diff(cu) if real_lengths is None else np.asarray(real_lengths, dtype=np.int64)
     image_run = spec.image_run
+    if image_run.positions is None:  # dynamic: the text checks (no run of fixed length), then each image's run
+        if image_lengths is None and num_images == 0:
+            image_lengths = np.zeros(0, dtype=np.int64)
+        if image_lengths is None or len(image_lengths) != num_images:
+            return False
+        text = _sound(
+            cu, np.asarray(tokens), np.asarray(labels), real, 0, spec.max_seq_length, spec.ignore_index, spec.pad_id,
+            0, image_run.patch_id, _NONE, _NONE, np.zeros(0, dtype=np.int64),
+        )  # fmt: skip
+        return text and _dynamic_runs_sound(
+            np.asarray(tokens), np.asarray(image_lengths, dtype=np.int64), image_run.patch_id,
+            _NONE if image_run.start_id is None else image_run.start_id, _NONE if image_run.end_id is None else image_run.end_id,
+        )  # fmt: skip
     run = _image_run(spec)
     return _sound(
         cu, np.asarray(tokens), np.asarray(labels), real, int(num_images), spec.max_seq_length, spec.ignore_index,
@@ -38,12 +51,43 @@ def _image_run(spec: PackSpec) -> np.ndarray:
     return spec.image_run.ids() if spec.image_run.positions > 0 else np.zeros(0, dtype=np.int64)
 
 
-def fast_pack_problems(spec: PackSpec, cu_seqlens, tokens, labels, num_images: int, real_lengths=None) -> list[str]:
+def fast_pack_problems(spec: PackSpec, cu_seqlens, tokens, labels, num_images: int, real_lengths=None, image_lengths=None) -> list[str]:
     """``invariants.pack_problems``' answer, a sound pack told apart by the compiled pass first
     (what the writer's check and ``verify`` call for every pack)."""
-    if pack_is_sound(spec, cu_seqlens, tokens, labels, num_images, real_lengths=real_lengths):
+    if pack_is_sound(spec, cu_seqlens, tokens, labels, num_images, real_lengths=real_lengths, image_lengths=image_lengths):
         return []
-    return pack_problems(spec, cu_seqlens, tokens, labels, num_images, real_lengths=real_lengths)
+    return pack_problems(spec, cu_seqlens, tokens, labels, num_images, real_lengths=real_lengths, image_lengths=image_lengths)
+
+
+@numba.njit(cache=True, nogil=True)
+def _dynamic_runs_sound(tokens, lengths, patch_id, start_id, end_id):
+    """Image k's run is [start] patch ... [end] of lengths[k] positions, in order, and no start, end
+    or patch id lies outside the runs (``invariants.dynamic_run_problems`` finds nothing)."""
+    delimiters = (start_id != _NONE) + (end_id != _NONE)
+    n = len(tokens)
+    k = 0
+    p = 0
+    while p < n:
+        token = tokens[p]
+        if token != patch_id and token != start_id and token != end_id:
+            p += 1
+            continue
+        if k >= len(lengths):
+            return False
+        length = lengths[k]
+        if length < max(delimiters, 1) or p + length > n:
+            return False
+        for j in range(length):
+            expected = patch_id
+            if j == 0 and start_id != _NONE:
+                expected = start_id
+            elif j == length - 1 and end_id != _NONE:
+                expected = end_id
+            if tokens[p + j] != expected:
+                return False
+        p += length
+        k += 1
+    return k == len(lengths)
 
 
 @numba.njit(cache=True, nogil=True)

@@ -10,7 +10,8 @@ One pack (3 samples, one image run of N positions in the second)::
 
 - cu_seqlens strictly increasing from 0 to len(tokens); len(tokens) == len(labels) <= capacity;
 - every image run whole (start, N - 2 patches, end; or N patches without delimiters), and as
-  many runs as images in the pack;
+  many runs as images in the pack; a dynamic-resolution run (``image_run.positions`` None) is each
+  image's own length (``image_lengths``), in order, exactly its ids, and no patch id outside them;
 - every label is the next token of its sample or the ignore value.
 """
 
@@ -33,7 +34,7 @@ class PackSpec:
     ignore_index: int
     """Label of untrained positions."""
     image_run: ImageRun
-    """The ids of one image's positions, delimiters included."""
+    """The ids of one image's positions, delimiters included (``positions`` None: each image's own length)."""
     pad_id: int = PAD_ID
     """Token id of alignment padding (after a sample's real tokens, up to its cu_seqlens boundary)."""
 
@@ -64,11 +65,46 @@ def image_runs(tokens: np.ndarray, spec: PackSpec) -> tuple[int, list[int]]:
     return int(((edges[1::2] - edges[::2]) // positions).sum()), []
 
 
-def pack_problems(spec: PackSpec, cu_seqlens, tokens, labels, num_images: int, real_lengths=None) -> list[str]:
+def run_ids(image_run: ImageRun, length: int) -> np.ndarray:
+    """int64 ids of a dynamic run of ``length`` positions: [start] patch ... [end]."""
+    features = length - (image_run.start_id is not None) - (image_run.end_id is not None)
+    ids = np.full(max(length, 0), image_run.patch_id, dtype=np.int64)
+    if image_run.start_id is not None and length:
+        ids[0] = image_run.start_id
+    if image_run.end_id is not None and length:
+        ids[-1] = image_run.end_id
+    return ids if features >= 0 else np.zeros(0, dtype=np.int64)
+
+
+def dynamic_run_problems(tokens: np.ndarray, image_run: ImageRun, image_lengths) -> list[str]:
+    """What is wrong with the image runs of a dynamic-resolution pack: image k's run is exactly
+    ``run_ids(image_lengths[k])``, the runs in order, and no start, end or patch id elsewhere."""
+    tokens = np.asarray(tokens, dtype=np.int64)
+    lengths = np.asarray(image_lengths, dtype=np.int64)
+    delimiters = (image_run.start_id is not None) + (image_run.end_id is not None)
+    if np.any(lengths < max(delimiters, 1)):
+        return [f"image run lengths {lengths[:8].tolist()}... shorter than a run's delimiters"]
+    marks = [image_run.patch_id] + [i for i in (image_run.start_id, image_run.end_id) if i is not None]
+    positions = np.flatnonzero(np.isin(tokens, marks))  # every position an image run may hold
+    if len(positions) != int(lengths.sum()):
+        return [f"{len(positions)} image positions in the pack, its {len(lengths)} image runs make {int(lengths.sum())}"]
+    # the marked positions, grouped into maximal stretches, must be the runs back to back, in order
+    at = 0
+    for k, length in enumerate(lengths.tolist()):
+        start = int(positions[at])
+        window = tokens[start : start + length]
+        if not np.array_equal(window, run_ids(image_run, length)):
+            return [f"image run {k} at position {start} is not its {length} ids"]
+        at += length
+    return []
+
+
+def pack_problems(spec: PackSpec, cu_seqlens, tokens, labels, num_images: int, real_lengths=None, image_lengths=None) -> list[str]:
     """Everything wrong with one pack (empty when it is sound), one line each.
 
     ``cu_seqlens`` are the buffer boundaries; ``real_lengths`` the samples' lengths before alignment
     padding (None: no padding). Padding positions must hold the pad id with ignored labels.
+    ``image_lengths``: each image's run length, needed for a dynamic-resolution run.
     """
     cu = np.asarray(cu_seqlens, dtype=np.int64)
     tokens = np.asarray(tokens, dtype=np.int64)
@@ -97,6 +133,14 @@ def pack_problems(spec: PackSpec, cu_seqlens, tokens, labels, num_images: int, r
         problems.append(
             f"padding position {at} holds token {tokens[at]} / label {labels[at]}, not {spec.pad_id} / {spec.ignore_index}"
         )
+    if spec.image_run.positions is None:
+        if image_lengths is None and num_images == 0:
+            image_lengths = np.zeros(0, dtype=np.int64)
+        if image_lengths is None or len(image_lengths) != num_images:
+            problems.append(f"{num_images} images, {'no' if image_lengths is None else len(image_lengths)} image run lengths")
+        else:
+            problems += dynamic_run_problems(tokens, spec.image_run, image_lengths)
+        return problems
     runs, broken = image_runs(tokens, spec)
     if broken:
         problems.append(f"{len(broken)} incomplete image run(s) (first at position {broken[0]})")

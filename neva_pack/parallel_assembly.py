@@ -62,7 +62,8 @@ def pack_problem(pack: AssembledPack, checks: invariants.PackSpec) -> str | None
     """The first problem of an assembled pack, as the writer would write it, or None."""
     tokens, labels = padded_view(pack, checks.pad_id, checks.ignore_index)
     cu_seqlens = np.concatenate([[0], np.cumsum(pack.padded_lengths)])
-    problems = fast_pack_problems(checks, cu_seqlens, tokens, labels, len(pack.image_indices), real_lengths=pack.lengths)
+    problems = fast_pack_problems(checks, cu_seqlens, tokens, labels, len(pack.image_indices), real_lengths=pack.lengths,
+                                  image_lengths=pack.image_lengths)
     return problems[0] if problems else None
 
 

@@ -147,7 +147,7 @@ def _cut_rows(sample_lengths: SampleLengths, capacity: int) -> tuple[np.ndarray,
         return rows, skip
     from neva_pack.assemble import rows_at
 
-    cut, _, untrained = rows_at(sample_lengths.store, capacity, int(sample_lengths.image_positions), sample_lengths.ignore_index)
+    cut, _, untrained = rows_at(sample_lengths.store, capacity, sample_lengths.ignore_index)
     for name in rows.dtype.names:
         rows[name] = cut[name]
     skip[untrained] = True

@@ -80,7 +80,11 @@ class SampleStream(IterableDataset):
     def __iter__(self):
         info = get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
-        run, ignore_index, shape = self.builder.image_run.ids(), self.builder.ignore_index, self.builder.preprocessor.shape
+        image_run, ignore_index = self.builder.image_run, self.builder.ignore_index
+        if image_run.positions is None:  # dynamic-resolution images: each its own run length and size
+            run, shape = image_run, None
+        else:
+            run, shape = image_run.ids(), self.builder.preprocessor.shape
         batch = []
         ranges = self._ranges(worker, workers)
         send = in_shared_memory if self.share_images else _as_is

@@ -168,7 +168,10 @@ def nemo_data_prefix(data_prefix: str, output_format: str | None) -> str:
 
 
 def training_overrides(data_prefix: str, crop_size, global_batch_size: int | None, output_format: str | None = None) -> list[str]:
-    """The templates/training_overrides.yaml lines, filled in (for the NeMo-layout prefix of the output)."""
+    """The templates/training_overrides.yaml lines, filled in (for the NeMo-layout prefix of the output);
+    none without a crop size (dynamic-resolution images, which NeMo 1's NeVA does not read)."""
+    if not len(crop_size):
+        return []
     text = (importlib.resources.files("neva_pack.yaml_templates") / "training_overrides.yaml").read_text()
     lines = yaml.safe_load(text)["overrides"]
     values = {
@@ -247,7 +250,7 @@ def format_summary(report: RunReport) -> str:
         )
     if output_format == NEMO_FORMAT:
         lines.append("train with:")
-    else:
+    elif report.training_overrides:  # none for dynamic-resolution images, which NeMo 1's NeVA cannot read
         source = Path(report.data_prefix).parent
         target = Path(nemo_data_prefix(report.data_prefix, output_format)).parent
         lines.append(f"train with NeMo after: neva-pack convert {source} {target} --to {NEMO_FORMAT}")
@@ -371,7 +374,7 @@ def _load_prefix(prefix: Path) -> tuple[RunReport, PackingArrays]:
         offsets=table.offsets,
         lengths=table.length,
         num_images=table.num_images,
-        image_positions=int(meta.image_positions),
+        image_positions=None if meta.image_positions is None else int(meta.image_positions),  # None: dynamic images
         pack_images=per_pack_sum(table.num_images, table.offsets),
         image_tokens=table.image_tokens,
         vision_cost=table.vision_cost,
@@ -381,8 +384,8 @@ def _load_prefix(prefix: Path) -> tuple[RunReport, PackingArrays]:
     if stats_file.is_file():
         return _moved_to(read_report(stats_file), prefix), arrays
     report = _report_of(
-        arrays, prefix, list(meta.crop_size), dataset=meta.dataset, records=_records_from_meta(meta),
-        algorithm=meta.algorithm, seed=meta.seed, image_positions=int(meta.image_positions), output_format=meta.format,
+        arrays, prefix, list(meta.crop_size or ()), dataset=meta.dataset, records=_records_from_meta(meta),
+        algorithm=meta.algorithm, seed=meta.seed, image_positions=arrays.image_positions, output_format=meta.format,
     )  # fmt: skip
     return report, arrays
 

@@ -210,7 +210,7 @@ def verify_packs(reader, meta: PackedMeta, plan, result, progress: bool) -> None
         if not np.array_equal(np.diff(cu), planned) or not np.array_equal(np.diff(pack.cu_seqlens_unpadded), real):
             result.add(f"{where}: sample lengths {np.diff(cu).tolist()} differ from the plan table {planned.tolist()}")
             real = None  # the plan cannot say where padding starts: check the pack on its own
-        for problem in fast_pack_problems(spec, cu, tokens, labels, pack.num_images, real_lengths=real):
+        for problem in fast_pack_problems(spec, cu, tokens, labels, pack.num_images, real_lengths=real, image_lengths=pack.image_lengths):
             result.add(f"{where}: {problem}")
         expected = int(plan.num_images[offsets[p] : offsets[p + 1]].sum())
         if pack.num_images != expected:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from neva_pack.errors import InputError
 from neva_pack.sample_store import PROGRESS_FILE, SampleStore, SampleStoreWriter, stored_batch
 from neva_pack.files.indexed import bin_path
-from neva_pack.sample_store.files import segment_text_prefix
+from neva_pack.sample_store.files import RUN_VALUES, segment_text_prefix
 from neva_pack.samples import Sample
 
 SHAPE = (3, 2, 2)
@@ -74,7 +74,8 @@ def test_store_elides_image_runs_and_reads_back_every_position(case, reverse):
         stored_bytes = sum(bin_path(segment_text_prefix(tmp, segment.name)).stat().st_size
                            for segment in store.segments if segment.samples)  # fmt: skip
         bits_bytes = sum(-(-n // 32) * 4 for n in kept)  # 8 positions a byte, in int32 words
-        assert stored_bytes == 4 * (sum(kept) + len(samples) + sum(len(s.image_starts) for s in samples)) + bits_bytes
+        runs = RUN_VALUES * sum(len(s.image_starts) for s in samples)  # each run's start and length
+        assert stored_bytes == 4 * (sum(kept) + len(samples) + runs) + bits_bytes
         for i, s in enumerate(samples):
             tokens, labels = store.tokens_labels(i)
             assert tokens.dtype == labels.dtype == np.int32

@@ -96,8 +96,8 @@ def test_images_cross_the_dataloader_in_shared_memory_and_arrive_unchanged():
     """A worker's images travel as a tensor in shared memory (a handle through the pipe, not the
     pixels); the main process gets the same NumPy array back. Text-only batches are left as they are."""
     run = np.array([1, 2, 3], dtype=STORE_TEXT_DTYPE)
-    with_images = stored_batch([sample(0, [10, 1, 2, 3, 11], [-100, -100, -100, 11, 12], [1]),
-                                sample(1, [12, 1, 2, 3, 1, 2, 3], [-100, -100, -100, -100, -100, -100, 40], [1, 4])],
+    with_images = stored_batch([sample(0, [10, 1, 2, 3, 11], [-100, -100, -100, 11, 12], [1], len(run)),
+                                sample(1, [12, 1, 2, 3, 1, 2, 3], [-100, -100, -100, -100, -100, -100, 40], [1, 4], len(run))],
                                run, IGNORE, SHAPE)  # fmt: skip
     text_only = stored_batch([sample(2, [10, 11], [11, 12], [])], run, IGNORE, SHAPE)
     assert with_images.images.shape == (3, *SHAPE)

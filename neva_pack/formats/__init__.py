@@ -19,7 +19,7 @@ from neva_pack.formats.meta import PackedMeta, checksum_problems, meta_checksum_
 from neva_pack.paths import META_SUFFIX, PACKED_NAME, meta_path, pack_size_of, packed_prefixes
 
 __all__ = [
-    "DEFAULT_FORMAT", "FORMATS", "NEMO_FORMAT", "PackedFormat", "checked_meta", "declared_files", "get_format",
+    "DEFAULT_FORMAT", "FORMATS", "NEMO_FORMAT", "PackedFormat", "check_dynamic_images", "checked_meta", "declared_files", "get_format",
     "open_packed", "open_prefix", "output_format", "prefix_without_meta", "read_without_meta", "resolve_prefixes",
     "temporary_files",
 ]  # fmt: skip
@@ -33,6 +33,16 @@ DEFAULT_FORMAT = nemo.FORMAT.name
 NEMO_FORMAT = nemo.FORMAT.name
 """The format NeMo 1's NeVA training reads (``data_prefix``): what the run's training overrides
 name, after ``neva-pack convert --to`` it for an output of another format."""
+
+
+def check_dynamic_images(name: str, encoder: str, flag: str = "--output_format") -> None:
+    """ConfigError, one line naming the formats that can, when format ``name`` holds images but not
+    the dynamic-resolution images of ``encoder`` (text-only formats skip image records anyway)."""
+    fmt = output_format(name)
+    if fmt.holds_images and not fmt.holds_dynamic_images:
+        holding = " or ".join(other for other, f in FORMATS.items() if f.holds_dynamic_images)
+        raise ConfigError(f"{flag} {name}: cannot hold the dynamic-resolution images of {encoder} (each at its own size); "
+                          f"use {flag} {holding}")  # fmt: skip
 
 
 def get_format(name: str) -> PackedFormat:

@@ -166,6 +166,10 @@ class PackedFormat(Protocol):
     holds_images: bool
     """Its files can hold images. False (text only): a run skips records with images (reason
     ``images_not_held``) and convert refuses an output with images."""
+    holds_dynamic_images: bool
+    """Its files can hold dynamic-resolution images (each at its own size and run length,
+    ``images.StoredImage``). A format that holds images but not these refuses a dynamic-resolution
+    encoder in one line (``formats.check_dynamic_images``)."""
     limits: Limits
     """What it stores exactly (largest pack, largest id or label)."""
 
@@ -228,8 +232,8 @@ def meta_is_of(path: Path, name: str) -> bool:
 class WriteSpec:
     """What a writer needs to know before the first pack."""
 
-    image_shape: tuple[int, int, int]
-    """(3, H, W) of every image."""
+    image_shape: tuple[int, int, int] | None
+    """(3, H, W) of every image; None for dynamic-resolution images (each its own size)."""
     normalisation: Normalisation
     """How uint8 pixels become the model's float input (formats storing floats apply it)."""
     pad_id: int
@@ -243,7 +247,10 @@ class WriteSpec:
     (the pipeline's digest is JSON, ``{"plan": ..., "settings": ...}``, so that a resume can name the
     setting that differs)."""
     image_run: ImageRun
-    """The token ids of one image's run of positions (formats may store it once instead of per image)."""
+    """The token ids of one image's run of positions (formats may store it once instead of per image;
+    ``positions`` None: each image's run is its own length, ``AssembledPack.image_lengths``)."""
+    image_processor: dict | None = None
+    """Dynamic-resolution images: the record that rebuilds their processor (``images.processor_record``)."""
 
 
 class Checkpoint:

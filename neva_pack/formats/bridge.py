@@ -386,6 +386,8 @@ class BridgeFormat:
     needs_pixels = False
     uses_image_pool = False
     holds_images = False
+    holds_dynamic_images = False
+    """Text only: a dynamic-resolution run's records with images are skipped as any image record is."""
     limits = Limits(
         max_pack=2**31 - 1,
         max_integer=2**63 - 1,

@@ -18,6 +18,13 @@
       num_images     int32 (S)         its images
       image_indices  int64 (I)         pool index of each image instance, in placeholder order
       image_starts   int64 (I)         where its run starts in the pack's (unpadded) positions
+      image_lengths  int64 (I)         its run's length (dynamic images only: fixed crops' are the meta's image_positions)
+
+Dynamic-resolution images (Qwen2-VL, LLaVA-NeXT / OneVision): the pool holds each image at its own
+size (``images.StoredImage``, sample_store/image_pool.py), the meta's ``image_shape`` is null and its
+``image_processor`` rebuilds the processor; a run is [start] patch x (L - delimiters) [end] of its
+image's own length L, and its first L - 1 positions are not stored either. The reader gives the
+pack's ``stored_images`` (no ``pixels``); ``neva_pack.dataset`` turns them into the model's inputs.
 
 An image run is the same ids every time ([start] patch x N [end], from the meta) and its labels are
 the ignore value except at its last position (the next token may be trained: the plain template's
@@ -68,7 +75,12 @@ ARRAYS = {
     "image_starts": "<i8",
     "image_tokens": "<i8",
     "vision_cost": "<i8",
+    "image_lengths": "<i8",
 }
+_OPTIONAL = ("image_lengths",)
+"""Arrays of dynamic-resolution outputs only: a fixed-crop output's runs are all the meta's length
+(its index stays as it was before dynamic images; the reader fills them in)."""
+_PER_IMAGE = ("image_indices", "image_starts", "image_lengths")
 _PER_PACK = ("samples", "tokens", "images")
 _PER_SAMPLE = ("length", "padded_length", "record_index", "num_images")
 _FROM_PLAN = ("image_tokens", "vision_cost")
@@ -89,7 +101,7 @@ class Writer:
         tmp = self._checkpoint.tmp
         self._paths = [prefix_file(tmp, TOKENS), prefix_file(tmp, LABELS)]
         state, sizes = self._checkpoint.start(self._paths, resume)
-        self._lists: dict[str, list] = {name: [] for name in (*_PER_PACK, *_PER_SAMPLE, "image_indices", "image_starts")}
+        self._lists: dict[str, list] = {name: [] for name in (*_PER_PACK, *_PER_SAMPLE, *_PER_IMAGE)}
         if state is None:
             self.num_packs = 0
         else:
@@ -121,10 +133,12 @@ class Writer:
             "pack_offsets": offsets["samples"],
             "token_offsets": offsets["tokens"],
             "image_offsets": offsets["images"],
-            **{name: lists[name] for name in (*_PER_SAMPLE, "image_indices", "image_starts")},
+            **{name: lists[name] for name in (*_PER_SAMPLE, *_PER_IMAGE)},
             **{name: None if plan is None else getattr(plan, name) for name in _FROM_PLAN},
         }
-        return {name: np.asarray(values[name], dtype=dtype) for name, dtype in ARRAYS.items() if values[name] is not None}
+        dynamic = self.spec.image_run.positions is None
+        written = {name: dtype for name, dtype in ARRAYS.items() if values[name] is not None and (dynamic or name not in _OPTIONAL)}
+        return {name: np.asarray(values[name], dtype=dtype) for name, dtype in written.items()}
 
     def publish(self, plan: PlanTable, extra_files: list[Path], meta: PackedMeta) -> PackedMeta:
         """Write the index; rename the files into place; write the meta (with the pool's parts) last."""
@@ -146,12 +160,13 @@ class Writer:
             "arrays": arrays,
             "pool": [
                 {"images": relative_name(output_dir, p.images_file), "keys": relative_name(output_dir, p.keys_file),
-                 "count": p.count} for p in parts
+                 "count": p.count, **({"shapes": relative_name(output_dir, p.shapes_file)} if p.dynamic else {})}
+                for p in parts
             ],  # fmt: skip
         }
         renames = {prefix_file(self.prefix, suffix): prefix_file(tmp, suffix) for suffix in (TOKENS, LABELS, INDEX)}
-        pool_files = [path for p in parts for path in (p.images_file, p.keys_file)]
-        meta = meta.replace(format=NAME, num_packs=self.num_packs, layout=layout)
+        pool_files = [path for p in parts for path in p.files]
+        meta = meta.replace(format=NAME, num_packs=self.num_packs, layout=layout, image_processor=self.spec.image_processor)
         written = {f.path: f.checksum() for f in self._files}
         for part in parts:  # the pool's parts hashed when the store wrote them
             written.update(part.known_checksums())
@@ -166,7 +181,7 @@ class Reader:
     def __init__(self, prefix: Path, meta: PackedMeta | None = None):
         self.prefix = Path(prefix)
         self.meta = meta if meta is not None else read_meta(meta_path(self.prefix))
-        self.image_shape = tuple(self.meta.image_shape)
+        self.image_shape = None if self.meta.image_shape is None else tuple(self.meta.image_shape)
         output_dir = self.prefix.parent
         layout = self.meta.layout
         self.tokens = _map(prefix_file(self.prefix, TOKENS), ID_DTYPE)
@@ -175,6 +190,8 @@ class Reader:
         index = prefix_file(self.prefix, INDEX)
         for name, dtype in ARRAYS.items():
             spec = layout.get("arrays", {}).get(name)
+            if spec is None and name in _OPTIONAL and not self.meta.dynamic:
+                continue  # filled in below from the meta's run length
             if spec is None and name in _FROM_PLAN:
                 continue  # an index from before these arrays: their figures are unknown
             if spec is None:
@@ -189,12 +206,18 @@ class Reader:
         for path, ids in ((prefix_file(self.prefix, TOKENS), self.tokens), (prefix_file(self.prefix, LABELS), self.labels)):
             if len(ends) != 1 or len(ids) != ends[0]:
                 raise InputError(f"{path}: {len(ids)} ids, not the {ends.tolist()} that {index.name} lists (damaged)")
-        parts = [PoolSegment(images_file=output_dir / part["images"], keys_file=output_dir / part["keys"], count=int(part["count"]))
+        if "image_lengths" not in self.arrays:
+            self.arrays["image_lengths"] = np.full(len(self.arrays["image_starts"]), self.meta.image_positions, dtype=np.int64)
+        parts = [PoolSegment(images_file=output_dir / part["images"], keys_file=output_dir / part["keys"], count=int(part["count"]),
+                             shapes_file=output_dir / part["shapes"] if "shapes" in part else None)
                  for part in layout["pool"]]  # fmt: skip
+        if any(part.dynamic != self.meta.dynamic for part in parts):
+            raise InputError(f"{meta_path(self.prefix)}: its pool's parts and its image_shape disagree on the images' kind")
         self.pool = ImagePool(parts, self.image_shape, mmap=True)
         self.pad_id = self.meta.pad_id
         self.ignore_index = self.meta.ignore_index
-        self.run = self.meta.image_run.ids()
+        self.image_run = self.meta.image_run
+        self.elided = _elided_ids(self.image_run)
 
     def __getstate__(self):  # DataLoader workers (spawn) reopen the files instead of pickling the maps
         return {"prefix": self.prefix, "meta": self.meta}
@@ -221,32 +244,40 @@ class Reader:
         lengths = a["length"][first:last].astype(np.int64)
         padded = a["padded_length"][first:last].astype(np.int64)
         starts = a["image_starts"][i0:i1]
+        run_lengths = a["image_lengths"][i0:i1]
         tokens = np.empty(int(lengths.sum()), dtype=np.int64)
         labels = np.empty(len(tokens), dtype=np.int64)
-        keep = _stored_positions(len(tokens), starts, len(self.run))
+        keep = _stored_positions(len(tokens), starts, run_lengths)
         tokens[keep] = self.tokens[t0:t1]
         labels[keep] = self.labels[t0:t1]
         if len(starts):
             dropped = ~keep
-            tokens[dropped] = np.tile(self.run[:-1], len(starts))
+            tokens[dropped] = self.elided(run_lengths)
             labels[dropped] = self.ignore_index
         if not np.array_equal(lengths, padded):
             tokens = with_padding(tokens, lengths, padded, self.pad_id)
             labels = with_padding(labels, lengths, padded, self.ignore_index)
+        indices = a["image_indices"][i0:i1]
+        dynamic = self.pool.dynamic
         return ReadPack(
             cu_seqlens=np.concatenate([[0], np.cumsum(padded)]),
             cu_seqlens_unpadded=np.concatenate([[0], np.cumsum(lengths)]),
             tokens=tokens,
             labels=labels,
-            pixels=self.pool.read(a["image_indices"][i0:i1]) if images else None,
+            pixels=self.pool.read(indices) if images and not dynamic else None,
             images=None,
             num_images=i1 - i0,
+            image_lengths=run_lengths.astype(np.int64),
+            stored_images=self.pool.read_stored(indices) if images and dynamic else None,
         )
 
     def images(self, p: int, device=None, dtype=None):
         """The pack's images as the model's input tensor: normalised here (NeMo stores them so)."""
         import torch
 
+        if self.pool.dynamic:
+            raise ValueError(f"{self.prefix}: dynamic-resolution images have no one tensor shape; read the pack's "
+                             "stored_images and make the model's inputs with its processor (neva_pack.dataset.PackedSeqDataset)")  # fmt: skip
         a = self.arrays
         indices = a["image_indices"][int(a["image_offsets"][p]) : int(a["image_offsets"][p + 1])]
         if len(indices) == 0:  # as NeMo's layout: one zero image, never an empty tensor
@@ -279,19 +310,20 @@ class PreparedPacks:
 def prepare(packs, spec: WriteSpec) -> PreparedPacks:
     """The packs' bytes and index entries; an image run that is not the spec's image run with ignored
     labels (before its last position) raises ValueError."""
-    run = spec.image_run.ids()
-    tokens, labels = [], []
+    elided = _elided_ids(spec.image_run)
+    tokens, labels, run_lengths = [], [], []
     for pack in packs:
         pack_tokens, pack_labels = pack.tokens, pack.labels
-        if len(pack.image_starts) and len(run) > 1:  # the runs' first N - 1 positions are not stored
-            keep = _stored_positions(len(pack_tokens), pack.image_starts, len(run))
+        lengths = _run_lengths(pack, spec.image_run)
+        if len(pack.image_starts) and np.any(lengths > 1):  # the runs' first L - 1 positions are not stored
+            keep = _stored_positions(len(pack_tokens), pack.image_starts, lengths)
             dropped = ~keep
-            if not (np.array_equal(pack_tokens[dropped], np.tile(run[:-1], len(pack.image_starts)))
-                    and np.all(pack_labels[dropped] == spec.ignore_index)):  # fmt: skip
+            if not (np.array_equal(pack_tokens[dropped], elided(lengths)) and np.all(pack_labels[dropped] == spec.ignore_index)):
                 raise ValueError("an image run of the pack is not the image run's ids with ignored labels")
             pack_tokens, pack_labels = pack_tokens[keep], pack_labels[keep]
         tokens.append(pack_tokens)
         labels.append(pack_labels)
+        run_lengths.append(lengths)
 
     def joined(arrays, dtype=np.int64) -> np.ndarray:
         return np.ascontiguousarray(np.concatenate(arrays) if arrays else np.zeros(0), dtype=dtype)
@@ -309,15 +341,44 @@ def prepare(packs, spec: WriteSpec) -> PreparedPacks:
             "record_index": joined([p.record_indices for p in packs]),
             "num_images": joined([p.num_images for p in packs]),
             "image_indices": joined([p.image_indices for p in packs]),
+            "image_lengths": joined(run_lengths),
         },
     )
 
 
-def _stored_positions(length: int, image_starts: np.ndarray, run: int) -> np.ndarray:
-    """Mask of the positions stored: all but the first run - 1 positions of each image run."""
+def _run_lengths(pack, image_run) -> np.ndarray:
+    """int64 run length of each image of an assembled pack (a fixed run: the run's positions)."""
+    if pack.image_lengths is not None:
+        return np.asarray(pack.image_lengths, dtype=np.int64)
+    if image_run.positions is None:
+        raise ValueError("a pack of dynamic-resolution images without its image run lengths (a bug)")
+    return np.full(len(pack.image_starts), image_run.positions, dtype=np.int64)
+
+
+def _elided_ids(image_run):
+    """lengths -> the ids of the positions not stored (each run's first L - 1), concatenated."""
+    if image_run.positions is not None:
+        prefix = image_run.ids()[:-1]
+        return lambda lengths: np.tile(prefix, len(lengths))
+
+    def dynamic(lengths) -> np.ndarray:
+        lengths = np.asarray(lengths, dtype=np.int64)
+        ids = np.full(int((lengths - 1).sum()), image_run.patch_id, dtype=np.int64)
+        if image_run.start_id is not None and len(ids):
+            ids[np.cumsum(lengths - 1) - (lengths - 1)] = image_run.start_id
+        return ids
+
+    return dynamic
+
+
+def _stored_positions(length: int, image_starts: np.ndarray, run_lengths: np.ndarray) -> np.ndarray:
+    """Mask of the positions stored: all but the first L - 1 positions of each image run (L its length)."""
     keep = np.ones(length, dtype=bool)
-    if len(image_starts) and run > 1:
-        keep[(np.asarray(image_starts, dtype=np.int64)[:, None] + np.arange(run - 1)).ravel()] = False
+    if len(image_starts):
+        starts = np.asarray(image_starts, dtype=np.int64)
+        elided = np.asarray(run_lengths, dtype=np.int64) - 1
+        ends = np.cumsum(elided)
+        keep[starts.repeat(elided) + np.arange(int(ends[-1])) - np.repeat(ends - elided, elided)] = False
     return keep
 
 
@@ -341,12 +402,16 @@ def check(reader: Reader, result) -> None:
         if len(a[name]) != samples:
             result.add(f"index: {name} has {len(a[name])} values for {samples} samples")
             return
+    if any(len(a[name]) != a["image_offsets"][-1] for name in _PER_IMAGE):
+        result.add("index: image_indices/image_starts/image_lengths disagree with image_offsets")
+        return
     if samples and packs:
         starts = a["pack_offsets"][:-1]
         if np.any(np.diff(a["pack_offsets"]) == 0):
             result.add("index: a pack without samples")
             return
-        hidden = (len(reader.run) - 1) * np.diff(a["image_offsets"])
+        elided = np.concatenate([[0], np.cumsum(a["image_lengths"] - 1)])  # positions not stored, cumulated per image
+        hidden = np.diff(elided[a["image_offsets"]])
         if not np.array_equal(np.add.reduceat(a["length"].astype(np.int64), starts) - hidden, np.diff(a["token_offsets"])):
             result.add("index: token_offsets disagree with the samples' lengths")
         if not np.array_equal(np.add.reduceat(a["num_images"].astype(np.int64), starts), np.diff(a["image_offsets"])):
@@ -355,22 +420,26 @@ def check(reader: Reader, result) -> None:
         result.add("index: a padded length shorter than its length")
     if len(reader.tokens) != a["token_offsets"][-1] or len(reader.labels) != a["token_offsets"][-1]:
         result.add(f"tokens/labels files hold {len(reader.tokens)}/{len(reader.labels)} ids, the index {a['token_offsets'][-1]}")
-    if len(a["image_indices"]) != a["image_offsets"][-1] or len(a["image_starts"]) != a["image_offsets"][-1]:
-        result.add("index: image_indices/image_starts disagree with image_offsets")
-        return
+    if not reader.meta.dynamic and np.any(a["image_lengths"] != reader.meta.image_positions):
+        result.add(f"index: an image run length other than the meta's {reader.meta.image_positions}")
     for p in range(packs):
         i0, i1 = a["image_offsets"][p], a["image_offsets"][p + 1]
         starts, total = a["image_starts"][i0:i1], int(a["length"][a["pack_offsets"][p] : a["pack_offsets"][p + 1]].sum())
-        if len(starts) and (starts[0] < 0 or np.any(np.diff(starts) < len(reader.run)) or starts[-1] + len(reader.run) > total):
+        ends = starts + a["image_lengths"][i0:i1]
+        if len(starts) and (starts[0] < 0 or np.any(ends <= starts) or np.any(starts[1:] < ends[:-1]) or ends[-1] > total):
             result.add(f"index: image runs of pack {p} overlap or leave the pack ({starts.tolist()})")
             return
     indices = a["image_indices"]
     if len(indices) and (indices.min() < 0 or indices.max() >= len(reader.pool)):
         result.add(f"index: image indices outside the pool of {len(reader.pool)} images")
-    for segment in reader.pool.segments:
-        expected = segment.count * reader.pool.image_bytes
+    for k, segment in enumerate(reader.pool.segments):
+        try:
+            expected = reader.pool.expected_bytes(k)
+        except (OSError, ValueError) as exc:
+            result.add(f"{segment.shapes_file.name}: {exc}")
+            continue
         if not segment.images_file.is_file() or segment.images_file.stat().st_size != expected:
-            result.add(f"{segment.images_file.name}: not {segment.count} images of {reader.pool.image_bytes} bytes")
+            result.add(f"{segment.images_file.name}: not the {segment.count} images of {expected:,} bytes its pool describes")
 
 
 class CompactFormat:
@@ -382,6 +451,8 @@ class CompactFormat:
     """Packs reference the pool by index: assembly never reads a pixel, so re-packing takes seconds."""
     uses_image_pool = True
     holds_images = True
+    holds_dynamic_images = True
+    """Each image at its own size in the pool (images.StoredImage), each run's length in the index."""
     limits = Limits(
         max_pack=int(np.iinfo(ID_DTYPE).max),
         max_integer=int(np.iinfo(ID_DTYPE).max),

@@ -459,6 +459,9 @@ class EnergonFormat:
     """Each sample holds its pack's images (uint8)."""
     uses_image_pool = False
     holds_images = True
+    holds_dynamic_images = False
+    """Its samples carry one fixed-crop image array each; holding dynamic images would take a
+    sample field per StoredImage part plus its size and tokens, and a reader that rebuilds them."""
     """Images are stored (uint8) and normalised when read."""
     limits = Limits(
         max_pack=(1 << 31) - BLOCK,

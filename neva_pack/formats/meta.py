@@ -158,8 +158,8 @@ class PackedMeta:
     """META_VERSION when written; a reader refuses a newer one."""
     num_packs: int
     """Packs in the output."""
-    image_shape: tuple[int, int, int]
-    """(3, H, W) of every image."""
+    image_shape: tuple[int, int, int] | None
+    """(3, H, W) of every image; None (null) for dynamic-resolution images, each at its own size."""
     normalisation: Normalisation
     """The processor's rescale/mean/std: how uint8 pixels become the model's float input."""
     dataset: str
@@ -176,8 +176,9 @@ class PackedMeta:
     """Vision encoder name (its processor settings)."""
     image_aspect_ratio: str
     """square or pad."""
-    image_positions: int
-    """Sequence positions one image occupies."""
+    image_positions: int | None
+    """Sequence positions one image occupies; None for dynamic-resolution images (each its own run
+    length, in the format's index)."""
     image_token_ids: ImageTokenIds
     """How an image run is spelled in the tokens."""
     ignore_index: int
@@ -206,16 +207,26 @@ class PackedMeta:
     """Format-specific description of the files (parsed by that format's reader only)."""
     checksums: dict[str, str] = field(default_factory=dict)
     """Output-dir-relative file name -> xxh3-128 of every file the output consists of."""
+    image_processor: dict | None = None
+    """Dynamic-resolution images: what rebuilds their processor offline (``images.processor_from_record``):
+    {"family", "encoder", "preprocessor_config", "arithmetic", "min_pixels", "max_pixels"} and the
+    encoder's "processor", "model_config" and "patch_size". Absent (None) for fixed crops."""
 
     @property
-    def crop_size(self) -> tuple[int, int]:
-        return tuple(self.image_shape[1:])
+    def dynamic(self) -> bool:
+        """Whether the images are dynamic-resolution ones (no one shape)."""
+        return self.image_shape is None
+
+    @property
+    def crop_size(self) -> tuple[int, int] | None:
+        return None if self.image_shape is None else tuple(self.image_shape[1:])
 
     @property
     def image_run(self) -> ImageRun:
         """The image run the packs hold (the meta spells it as image_positions and image_token_ids)."""
         ids = self.image_token_ids
-        return ImageRun(positions=int(self.image_positions), patch_id=int(ids.patch), start_id=ids.start, end_id=ids.end)
+        positions = None if self.image_positions is None else int(self.image_positions)
+        return ImageRun(positions=positions, patch_id=int(ids.patch), start_id=ids.start, end_id=ids.end)
 
     def replace(self, **changes) -> "PackedMeta":
         return dataclasses.replace(self, **changes)
@@ -225,10 +236,12 @@ class PackedMeta:
             "format": self.format,
             "version": self.version,
             "num_packs": self.num_packs,
-            "image_shape": list(self.image_shape),
-            "crop_size": list(self.crop_size),
+            "image_shape": None if self.image_shape is None else list(self.image_shape),
+            "crop_size": None if self.crop_size is None else list(self.crop_size),
             "normalisation": self.normalisation.to_json(),
         }
+        if self.image_processor is not None:  # absent for fixed crops: their metas stay as they were
+            data["image_processor"] = self.image_processor
         for name in _PLAIN_FIELDS:
             data[name] = getattr(self, name)
         for name in _OPTIONAL_FIELDS:
@@ -262,18 +275,22 @@ class PackedMeta:
                 format=str(data["format"]),
                 version=data["version"],
                 num_packs=int(data["num_packs"]),
-                image_shape=tuple(int(v) for v in data["image_shape"]),
+                image_shape=None if data["image_shape"] is None else tuple(int(v) for v in data["image_shape"]),
                 normalisation=Normalisation.from_json(data["normalisation"]),
                 image_token_ids=ImageTokenIds(**data["image_token_ids"]),
                 counts=Counts(**data["counts"]),
                 layout=dict(data["layout"]),
                 checksums=dict(checksums["files"]),
+                image_processor=None if data.get("image_processor") is None else dict(data["image_processor"]),
                 **{name: data[name] for name in _PLAIN_FIELDS},
                 **{name: data[name] for name in _OPTIONAL_FIELDS if name in data},
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise InputError(f"{where}: malformed ({exc.__class__.__name__}: {exc})") from None
-        if list(meta.crop_size) != list(data.get("crop_size", meta.crop_size)) or len(meta.image_shape) != 3:
+        if meta.image_shape is None:
+            if data.get("crop_size") is not None or meta.image_processor is None:
+                raise InputError(f"{where}: image_shape null (dynamic-resolution images) needs crop_size null and image_processor")
+        elif list(meta.crop_size) != list(data.get("crop_size", meta.crop_size) or ()) or len(meta.image_shape) != 3:
             raise InputError(f"{where}: crop_size {data.get('crop_size')} disagrees with image_shape {list(meta.image_shape)}")
         return meta
 

@@ -428,6 +428,8 @@ class NemoFormat:
     """The writer stores every image instance's values: assembly reads the pixels."""
     uses_image_pool = False
     holds_images = True
+    holds_dynamic_images = False
+    """NeMo's reader reshapes one float32 item to (-1, 3, crop_h, crop_w): one crop size for every image."""
     limits = Limits(
         max_pack=EXACT_FLOAT32,
         max_integer=EXACT_FLOAT32,

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import io
 import os
-from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -20,27 +19,9 @@ from PIL import Image
 
 from neva_pack.images.decode import unreadable
 from neva_pack.records import RecordError
+from neva_pack.sample_store.stored_image import StoredImage
 
 __all__ = ["DynamicProcessor", "StoredImage", "check_decoded_size", "header_size", "planar_uint8", "tokens_from_header"]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class StoredImage:
-    """One image as a sample store holds it: uint8, at the sizes the processor resized it to.
-
-    The model's float layout is rebuilt from it bit-identically by the processor's
-    ``model_inputs`` (a quarter of float32's bytes, and for Qwen an eighth of its repeated patches).
-    """
-
-    size: tuple[int, int]
-    """(width, height) of the decoded image, as its header gives it (LLaVA-NeXT's ``image_sizes``
-    are made from it; its token count is a function of it)."""
-    parts: tuple[np.ndarray, ...]
-    """uint8 (3, H, W) arrays, C-contiguous, each at its own shape: Qwen one (the smart-resized
-    image); LLaVA-NeXT / OneVision two (the base image resized to the tile, then the image resized
-    into its best grid resolution, before padding), or one for a OneVision multi-image sample."""
-    tokens: int
-    """Sequence positions the image takes in the language model."""
 
 
 class DynamicProcessor(Protocol):

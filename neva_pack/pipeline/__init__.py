@@ -34,7 +34,7 @@ from neva_pack.formats.base import WriteSpec
 from neva_pack.packing.alignment import aligned_capacity, padded_lengths
 from neva_pack.parallel_assembly import PackJob
 from neva_pack.pipeline.builder import build_sample_builder, pack_spec
-from neva_pack.pipeline.encode import encode_samples, records_per_message
+from neva_pack.pipeline.encode import encode_samples, records_per_message, store_images
 from neva_pack.pipeline.ownership import prepare_output_dir
 from neva_pack.packing.budgets import over_image_budget
 from neva_pack.pipeline.pack import balance, pack_kept
@@ -93,9 +93,11 @@ def _run(config: PreprocessConfig, builder: SampleBuilder, output_dir: Path, pro
     else:
         resume_fingerprint = config.sample_fingerprint()
         fingerprint = content_fingerprint(config, builder, total, resume_fingerprint, digest)
+        images = store_images(config, builder)
         join_parts(
-            store_directory, config.num_shards, total, fingerprint, builder.preprocessor.shape, resume_fingerprint,
-            image_run=builder.image_run.ids(), ignore_index=config.ignore_index, data_path=config.data_path,
+            store_directory, config.num_shards, total, fingerprint, images.image_shape, resume_fingerprint,
+            image_run=images.image_run, ignore_index=config.ignore_index, data_path=config.data_path,
+            image_processor=images.image_processor,
         )  # fmt: skip
     store = SampleStore(store_directory)
     write_run_skipped(store.skipped_files(), output_dir)
@@ -152,7 +154,7 @@ def _write_prefix(
         if published is not None:
             return published  # published before the interruption, with these settings
     multiple = config.alignment
-    rows, cuts, unsupervised = rows_at(store, aligned_capacity(size, multiple), builder.image_run.positions, config.ignore_index)
+    rows, cuts, unsupervised = rows_at(store, aligned_capacity(size, multiple), config.ignore_index)
     padded = padded_lengths(rows["length"], multiple)  # what is packed (== length when multiple is 1)
     over_budget = np.setdiff1d(over_image_budget(rows, config.max_images_per_pack, config.max_image_tokens_per_pack), unsupervised)
     size_skips = {"no_supervised_tokens": unsupervised, OVER_IMAGE_BUDGET: over_budget}  # this size's own skips, by reason
@@ -163,14 +165,16 @@ def _write_prefix(
     plan = pack_kept(config, padded, rows, kept, size)
     plan, balance_report = balance(config, plan, rows)
     fmt = output_format(config.output_format)
+    dynamic = store.dynamic
     spec = WriteSpec(
-        image_shape=tuple(builder.preprocessor.shape),
-        normalisation=builder.preprocessor.normalisation(),
+        image_shape=None if dynamic else tuple(builder.preprocessor.shape),
+        normalisation=builder.preprocessor.normalisation if dynamic else builder.preprocessor.normalisation(),
         pad_id=config.pad_id,
         ignore_index=config.ignore_index,
         pool=tuple(store.pool_segments),
         plan_digest=plan_digest(plan, padded, settings),
         image_run=builder.image_run,
+        image_processor=store.image_processor,
     )
     remove_stale_tmp(prefix, spec.plan_digest)
     writer = fmt.writer(prefix, spec, resume=config.resume)

@@ -4,6 +4,7 @@ a segment committed every checkpoint, the skip fraction checked as records are r
 from __future__ import annotations
 
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,7 @@ from neva_pack.sample_store import SampleStoreWriter, StoredBatch
 from neva_pack.sample_stream import SampleStream, received
 from neva_pack.workers import worker_messages
 
-__all__ = ["encode_samples", "images_in_shared_memory", "record_stops", "records_per_message"]
+__all__ = ["StoreImages", "encode_samples", "images_in_shared_memory", "record_stops", "records_per_message", "store_images"]
 
 SKIP_CHECK_AFTER = 1_000
 """--max_skip_fraction is checked once this many records were read (and at the end)."""
@@ -34,6 +35,30 @@ MESSAGES_IN_FLIGHT = 2
 what bounds the main process's memory)."""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoreImages:
+    """How the run's sample store holds its images (``SampleStoreWriter``'s arguments)."""
+
+    image_shape: tuple | None
+    """(3, H, W) of a fixed-crop run's images; None for a dynamic-resolution run (each its own size)."""
+    image_run: object
+    """A fixed run's ids, or the dynamic ImageRun (``positions`` None)."""
+    image_processor: dict | None
+    """A dynamic run's processor record (``images.processor_record``); None for fixed crops."""
+
+
+def store_images(config, builder) -> StoreImages:
+    """The store's image settings for the builder: a fixed crop's shape and run ids, or a dynamic
+    family's run and the record of its processor (``builder.preprocessor``)."""
+    if builder.image_run.positions is not None:
+        return StoreImages(image_shape=tuple(builder.preprocessor.shape), image_run=builder.image_run.ids(), image_processor=None)
+    from neva_pack.encoders import resolve_encoder
+    from neva_pack.images.recorded import processor_record
+
+    record = processor_record(resolve_encoder(config.hf_vision_encoder), builder.preprocessor)
+    return StoreImages(image_shape=None, image_run=builder.image_run, image_processor=record)
+
+
 def encode_samples(
     config, builder, store_directory: Path, report_dir: Path, index: RecordIndex, progress: bool, first: int = 0,
     end: int | None = None, extra: dict | None = None, *, input_digest: str, fingerprint: dict | None = None,
@@ -43,10 +68,12 @@ def encode_samples(
     ``fingerprint``: what a resume must match (the run's sample fingerprint unless given: a shard's
     part gives its content fingerprint, which names no absolute path); ``input_digest``: the input's."""
     end = index.count if end is None else end
+    images = store_images(config, builder)
     writer = SampleStoreWriter(
-        store_directory, builder.preprocessor.shape, config.sample_fingerprint() if fingerprint is None else fingerprint,
-        resume=config.resume, first_record=first, extra=extra, image_run=builder.image_run.ids(),
+        store_directory, images.image_shape, config.sample_fingerprint() if fingerprint is None else fingerprint,
+        resume=config.resume, first_record=first, extra=extra, image_run=images.image_run,
         ignore_index=config.ignore_index, input_digest=input_digest, data_path=config.data_path,
+        image_processor=images.image_processor,
     )  # fmt: skip
     start = writer.next_record
     skipped = sum(sum(s.skipped_by_reason.values()) for s in writer.segments)
@@ -54,7 +81,7 @@ def encode_samples(
         stream = SampleStream(
             config.data_path, builder, start=start, end=end, batch_size=records_per_message(config),
             first_batch_size=FIRST_RECORDS_PER_MESSAGE, index=index,
-            share_images=images_in_shared_memory(config, builder.preprocessor.shape),
+            share_images=images_in_shared_memory(config, images.image_shape),
         )  # fmt: skip
         bar = tqdm(total=end - first, initial=start - first, desc="tokenize + images", unit="rec", disable=not progress)
         messages = worker_messages(stream, config.num_workers, MESSAGES_IN_FLIGHT)
@@ -96,8 +123,9 @@ SHARED_MEMORY = Path("/dev/shm")
 def images_in_shared_memory(config: PreprocessConfig, image_shape) -> bool:
     """Whether the workers' images may cross in shared memory (torch puts a tensor in /dev/shm):
     only where /dev/shm holds twice what the messages in flight could take (a container's is
-    often 64 MB, where torch's workers die of a bus error); otherwise they go through the pipe."""
-    if config.image_folder is None or config.num_workers == 0:
+    often 64 MB, where torch's workers die of a bus error); otherwise they go through the pipe
+    (always for dynamic-resolution images, ``image_shape`` None: StoredImages, not one array)."""
+    if config.image_folder is None or config.num_workers == 0 or image_shape is None:
         return False
     in_flight = config.num_workers * (MESSAGES_IN_FLIGHT + 1) * RECORDS_PER_MESSAGE * SHARED_IMAGES_PER_RECORD
     try:

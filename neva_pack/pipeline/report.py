@@ -26,6 +26,7 @@ def run_report(
     stats = packing_stats(arrays_from_plan(plan, rows, builder.image_run.positions, padded, config.alignment,
                                            config.max_images_per_pack, config.max_image_tokens_per_pack))  # fmt: skip
     gbs = global_batch_size_advice(config.global_batch_size, stats.samples_per_pack.mean)
+    dynamic = store.dynamic  # no one crop size, and no NeMo 1 training overrides
     skipped_by_reason = dict(store.skipped_by_reason)
     for reason, count in size_skips.items():  # cut at this size before all of their answers, or over a visual budget
         if count:
@@ -52,10 +53,10 @@ def run_report(
         image_positions=builder.image_run.positions,
         output_format=config.output_format,
         data_prefix=str(prefix),
-        crop_size=list(builder.preprocessor.shape[1:]),
+        crop_size=[] if dynamic else list(builder.preprocessor.shape[1:]),  # dynamic images: no one crop
         global_batch_size=config.global_batch_size,
         packed_global_batch_size=gbs,
-        training_overrides=training_overrides(str(prefix), builder.preprocessor.shape[1:], gbs, config.output_format),
+        training_overrides=[] if dynamic else training_overrides(str(prefix), builder.preprocessor.shape[1:], gbs, config.output_format),
         seconds=round(seconds, 3),
     )
 
@@ -72,7 +73,7 @@ def packed_meta(config: PreprocessConfig, builder: SampleBuilder, spec: WriteSpe
         tokenization=builder.tokenization.name,
         tokenizer=str(config.tokenizer_path),
         vocab_size=builder.tokenizer.vocab_size,
-        encoder=builder.preprocessor.encoder.name,
+        encoder=spec.image_processor["encoder"] if spec.image_processor else builder.preprocessor.encoder.name,
         image_aspect_ratio=config.image_aspect_ratio,
         image_positions=builder.image_run.positions,
         image_token_ids=ImageTokenIds(patch=builder.image_run.patch_id, start=builder.image_run.start_id, end=builder.image_run.end_id),

@@ -1,8 +1,9 @@
 """Samples as the store writes them, built where the samples are built (a DataLoader worker), so
 that the main process only writes bytes.
 
-An image run is the same N ids every time (progress.json's image_run) with ignored labels except at
-its last position, so, as in the compact format, only its last position is stored; ``store_document``
+An image run is ``[start] patch ... [end]`` (the same N ids every time in a fixed store; each image's
+own length in a dynamic one) with ignored labels except at its last position, so, as in the compact
+format, only its last position is stored (with each run's start and length); ``store_document``
 refuses a sample that breaks this and the reader puts the runs back. A label is the next id where
 trained (samples.py), so only which positions are trained is stored.
 """
@@ -13,10 +14,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from neva_pack.sample_store.files import SAMPLE_ROW, STORE_IMAGE_DTYPE, STORE_TEXT_DTYPE, TEXT_ITEMS
+from neva_pack.sample_store.files import RUN_VALUES, SAMPLE_ROW, STORE_IMAGE_DTYPE, STORE_TEXT_DTYPE, TEXT_ITEMS, StoreRun
 from neva_pack.sample_store.image_pool import image_key
+from neva_pack.sample_store.stored_image import StoredImage
 
-__all__ = ["StoreDocument", "StoredBatch", "elided_positions", "store_document", "stored_batch"]
+__all__ = ["StoreDocument", "StoredBatch", "elided_ids", "elided_positions", "image_run_lengths", "store_document", "stored_batch"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -24,7 +26,7 @@ class StoreDocument:
     """One sample as the store writes it. Bytes, not arrays: they pickle as one copy each."""
 
     text: bytes
-    """int32 items of the sample's text document: stored tokens + the last label, trained bits, image starts."""
+    """int32 items of the sample's text document: stored tokens + the last label, trained bits, (start, length) per image run."""
     lengths: tuple[int, int, int]
     """Values in each of the three items."""
     image_keys: bytes
@@ -33,33 +35,41 @@ class StoreDocument:
     """The sample's SAMPLE_ROW record."""
 
 
-def store_document(sample, image_run: np.ndarray, ignore_index: int, image_shape) -> StoreDocument:
+def store_document(sample, image_run, ignore_index: int, image_shape) -> StoreDocument:
     """The checks every stored sample passes, and its bytes in the store (pure: a worker runs it).
 
-    The store leaves out the first N - 1 positions of each image run and keeps only which
-    positions are trained, so a sample that breaks either assumption is refused (a bug)."""
-    if sample.images.shape[1:] != tuple(image_shape):
-        raise ValueError(f"image shape {sample.images.shape[1:]} != store's {tuple(image_shape)}")
-    tokens, labels, starts = sample.tokens, sample.labels, sample.image_starts
+    ``image_run``: the store's run (files.StoreRun, an ImageRun, or a fixed run's ids); ``image_shape``:
+    (3, H, W) of a fixed store's images, None for a dynamic store (``sample.images`` StoredImages,
+    each run ``image.tokens`` + its delimiters long). The store leaves out the first length - 1
+    positions of each image run and keeps only which positions are trained, so a sample that
+    breaks either assumption is refused (a bug)."""
+    run = StoreRun.of(image_run)
+    tokens, labels, starts = sample.tokens, sample.labels, np.asarray(sample.image_starts, dtype=np.int64)
+    run_lengths = image_run_lengths(sample, run, image_shape)
+    if len(starts) != len(run_lengths):
+        raise ValueError(f"record {sample.index}: {len(starts)} image runs for {len(run_lengths)} images (a bug)")
     trained = labels != ignore_index
     if not np.array_equal(labels[:-1][trained[:-1]], tokens[1:][trained[:-1]]):
         raise ValueError(f"record {sample.index}: a trained label is not the next token (a bug)")
     if len(starts):
-        elided = elided_positions(starts, len(image_run), len(tokens))
-        if not (np.array_equal(tokens[elided], np.tile(image_run[:-1], len(starts))) and not trained[elided].any()):
+        elided = elided_positions(starts, run_lengths, len(tokens))
+        whole = np.array_equal(tokens[elided], elided_ids(run, run_lengths)) and not trained[elided].any()
+        if whole and run.dynamic:
+            whole = bool(np.all(tokens[starts + run_lengths - 1] == run.last_id()))
+        if not whole:
             raise ValueError(f"record {sample.index}: an image run is not the image run's ids with ignored labels (a bug)")
         kept = np.ones(len(tokens), dtype=bool)
         kept[elided] = False
         tokens, trained = tokens[kept], trained[kept]
     bits = _pack_bits(trained)
-    sizes = (len(tokens) + len(labels[-1:]), len(bits), len(starts))
+    sizes = (len(tokens) + len(labels[-1:]), len(bits), RUN_VALUES * len(starts))
     values = np.empty(sum(sizes), dtype=STORE_TEXT_DTYPE)
     values[: len(tokens)] = tokens
     values[len(tokens) : sizes[0]] = labels[-1:]
     values[sizes[0] : sizes[0] + sizes[1]] = bits
-    values[sizes[0] + sizes[1] :] = starts
+    values[sizes[0] + sizes[1] :] = np.stack([starts, run_lengths], axis=1).ravel()
     row = np.array(
-        [(sample.index, len(sample.tokens), len(sample.images), sample.truncated, int(sample.image_tokens.sum()), sample.vision_cost)],
+        [(sample.index, len(sample.tokens), len(sample.images), sample.truncated, int(run_lengths.sum()), sample.vision_cost)],
         dtype=SAMPLE_ROW,
     )
     return StoreDocument(
@@ -68,6 +78,24 @@ def store_document(sample, image_run: np.ndarray, ignore_index: int, image_shape
         image_keys=b"".join(image_key(image) for image in sample.images),
         row=row.tobytes(),
     )
+
+
+def image_run_lengths(sample, run: StoreRun, image_shape) -> np.ndarray:
+    """int64 run length of each of the sample's images, checked against what the sample says
+    (``sample.image_tokens``) and against the store (a fixed store's shape, a dynamic store's images)."""
+    images = sample.images
+    if run.dynamic:
+        if image_shape is not None or not all(isinstance(image, StoredImage) for image in images):
+            raise ValueError(f"record {sample.index}: a dynamic store holds StoredImages only (a bug)")
+        lengths = np.array([image.tokens + run.delimiters for image in images], dtype=np.int64)
+    else:
+        if not isinstance(images, np.ndarray) or images.shape[1:] != tuple(image_shape):
+            raise ValueError(f"image shape {getattr(images, 'shape', None)} != store's {tuple(image_shape)}")
+        lengths = np.full(len(images), run.fixed_length, dtype=np.int64)
+    if not np.array_equal(np.asarray(sample.image_tokens, dtype=np.int64), lengths):
+        raise ValueError(f"record {sample.index}: image_tokens {np.asarray(sample.image_tokens).tolist()} are not its "
+                         f"images' run lengths {lengths.tolist()} (a bug)")  # fmt: skip
+    return lengths
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -90,17 +118,24 @@ class StoredBatch:
     """The samples' SAMPLE_ROW records (record index, length, images, truncated, image tokens, vision cost)."""
     image_keys: bytes
     """16-byte content key of each image of the samples, in order."""
-    images: np.ndarray
-    """uint8 (images, 3, H, W), the samples' images in order (none for text-only samples)."""
+    images: np.ndarray | tuple
+    """Fixed store: uint8 (images, 3, H, W), the samples' images in order (none for text-only samples);
+    dynamic store: a tuple of their StoredImages."""
     skipped: tuple
     """The batch's samples.Skipped records."""
 
 
-def stored_batch(items, image_run: np.ndarray, ignore_index: int, image_shape) -> StoredBatch:
-    """Consecutive records' Sample | Skipped items as one StoredBatch (pure: a worker runs it)."""
+def stored_batch(items, image_run, ignore_index: int, image_shape) -> StoredBatch:
+    """Consecutive records' Sample | Skipped items as one StoredBatch (pure: a worker runs it);
+    ``image_run`` and ``image_shape`` as ``store_document`` takes them."""
     samples = [item for item in items if hasattr(item, "tokens")]
-    documents = [store_document(item, image_run, ignore_index, image_shape) for item in samples]
-    images = [item.images for item in samples if len(item.images)]
+    run = StoreRun.of(image_run)
+    documents = [store_document(item, run, ignore_index, image_shape) for item in samples]
+    if run.dynamic:
+        images = tuple(image for item in samples for image in item.images)
+    else:
+        images = [item.images for item in samples if len(item.images)]
+        images = np.concatenate(images) if images else np.zeros((0, *image_shape), dtype=STORE_IMAGE_DTYPE)
     return StoredBatch(
         first_record=items[0].index if items else 0,
         records=len(items),
@@ -108,17 +143,34 @@ def stored_batch(items, image_run: np.ndarray, ignore_index: int, image_shape) -
         lengths=np.array([document.lengths for document in documents], dtype=np.int64).reshape(-1, TEXT_ITEMS).tobytes(),
         rows=b"".join(document.row for document in documents),
         image_keys=b"".join(document.image_keys for document in documents),
-        images=np.concatenate(images) if images else np.zeros((0, *image_shape), dtype=STORE_IMAGE_DTYPE),
+        images=images,
         skipped=tuple(item for item in items if not hasattr(item, "tokens")),
     )
 
 
-def elided_positions(image_starts, run_length: int, length: int) -> np.ndarray:
-    """Positions of the first run_length - 1 ids of each image run: what the store leaves out."""
+def elided_positions(image_starts, run_lengths, length: int) -> np.ndarray:
+    """Positions of the first L - 1 ids of each image run (L: its length, ``run_lengths`` one per
+    run or one for all): what the store leaves out."""
     starts = np.asarray(image_starts, dtype=np.int64)
-    if len(starts) and (starts[0] < 0 or np.any(np.diff(starts) < run_length) or starts[-1] + run_length > length):
+    lengths = np.broadcast_to(np.asarray(run_lengths, dtype=np.int64), starts.shape)
+    ends = starts + lengths
+    if len(starts) and (starts[0] < 0 or np.any(lengths < 1) or np.any(starts[1:] < ends[:-1]) or ends[-1] > length):
         raise ValueError(f"image runs at {starts.tolist()} overlap or leave the sample of {length} positions (a bug)")
-    return (starts[:, None] + np.arange(max(run_length - 1, 0))).ravel()
+    return starts.repeat(lengths - 1) + _ranges(lengths - 1)
+
+
+def elided_ids(run: StoreRun, run_lengths) -> np.ndarray:
+    """The ids at ``elided_positions``: each run's first L - 1 ids, concatenated."""
+    lengths = np.asarray(run_lengths, dtype=np.int64)
+    prefix = run.elided(int(lengths.max(initial=1)))
+    return prefix[_ranges(lengths - 1)]
+
+
+def _ranges(counts: np.ndarray) -> np.ndarray:
+    """[0 .. c0 - 1, 0 .. c1 - 1, ...] for counts [c0, c1, ...]."""
+    counts = np.asarray(counts, dtype=np.int64)
+    ends = np.cumsum(counts)
+    return np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64) - np.repeat(ends - counts, counts)
 
 
 def _pack_bits(mask: np.ndarray) -> np.ndarray:

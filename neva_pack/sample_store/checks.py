@@ -13,6 +13,7 @@ from neva_pack.sample_store.files import (
     SAMPLE_ROW,
     STORE_FORMAT,
     STORE_FORMAT_VERSION,
+    POOL_IMAGE_ROW,
     STORE_TEXT_DTYPE,
     TEXT_ITEMS,
     SegmentInfo,
@@ -22,7 +23,7 @@ from neva_pack.sample_store.files import (
     segment_skipped_path,
     segment_text_prefix,
 )
-from neva_pack.sample_store.image_pool import KEY_BYTES, pool_segment
+from neva_pack.sample_store.image_pool import KEY_BYTES, image_bytes, pool_segment, read_shapes
 from neva_pack.checksums import file_checksum
 from neva_pack.untrusted import read_json
 
@@ -31,6 +32,7 @@ __all__ = [
     "StoreDamage",
     "check_input",
     "check_settings",
+    "is_dynamic",
     "read_progress",
     "segment_checksums",
     "store_checksums_problem",
@@ -61,6 +63,11 @@ def read_progress(directory: Path) -> dict:
         raise InputError(f"{directory}: a sample store of version {progress['version']}; this neva_pack needs "
                          f"{STORE_FORMAT_VERSION} (run again with --overwrite)")  # fmt: skip
     return progress
+
+
+def is_dynamic(progress: dict) -> bool:
+    """Whether a store's progress file describes a dynamic-resolution store (files.py's docstring)."""
+    return progress.get("image_shape") is None
 
 
 def check_settings(stored: dict, current: dict) -> None:
@@ -101,7 +108,7 @@ def store_checksums_problem(directory: Path, progress: dict) -> str | None:
     if problem is not None:
         return problem
     for segment in (SegmentInfo(**info) for info in progress["shards"]):
-        pool = pool_segment(directory, segment.name, segment.pool_images, segment.pool_checksums)
+        pool = pool_segment(directory, segment.name, segment.pool_images, segment.pool_checksums, dynamic=is_dynamic(progress))
         if pool.count and pool.checksums is not None and file_checksum(pool.images_file) != pool.checksums[0]:
             return f"{pool.images_file.name} does not hash to the checksum its progress file records"
         if segment.checksums is None:
@@ -122,13 +129,24 @@ def store_files_problem(directory: Path, progress: dict) -> str | None:
     each pool segment's keys (its images are hashed as ``join_part`` copies them). None when all agree.
     Cheap: reads the indexes and keys, never the text or the pixels."""
     directory = Path(directory)
-    image_bytes = int(np.prod(progress["image_shape"]))
+    dynamic = is_dynamic(progress)
     for segment in (SegmentInfo(**info) for info in progress["shards"]):
-        pool = pool_segment(directory, segment.name, segment.pool_images, segment.pool_checksums)
+        pool = pool_segment(directory, segment.name, segment.pool_images, segment.pool_checksums, dynamic=dynamic)
         sizes = [(segment_rows_path(directory, segment.name), segment.samples * SAMPLE_ROW.itemsize),
                  (segment_image_refs_path(directory, segment.name), segment.images * KEY_BYTES)]  # fmt: skip
-        if pool.count:
-            sizes += [(pool.images_file, pool.count * image_bytes), (pool.keys_file, pool.count * KEY_BYTES)]
+        if pool.count and dynamic:
+            shapes = pool.shapes_file
+            if not shapes.is_file() or shapes.stat().st_size != pool.count * POOL_IMAGE_ROW.itemsize:
+                return f"{shapes.name} is not {pool.count} image rows"
+            if pool.checksums is not None and file_checksum(shapes) != pool.checksums[2]:
+                return f"{shapes.name} does not hash to the checksum its progress file records"
+            try:
+                expected = int(image_bytes(read_shapes(pool)).sum())
+            except ValueError as exc:
+                return str(exc)
+            sizes += [(pool.images_file, expected), (pool.keys_file, pool.count * KEY_BYTES)]
+        elif pool.count:
+            sizes += [(pool.images_file, pool.count * int(np.prod(progress["image_shape"]))), (pool.keys_file, pool.count * KEY_BYTES)]
         text = segment_text_prefix(directory, segment.name)
         if segment.samples:
             try:

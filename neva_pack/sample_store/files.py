@@ -7,14 +7,21 @@
       shard_00000.skipped.jsonl     the segment's skipped records
       shard_00000_text.bin/.idx     IndexedDataset int32, document i = sample i: [tokens + the label
                                     of the last token, trained bits (labels != ignore_index, packed
-                                    8 a byte), image_starts (where each image run begins)]; tokens
-                                    and bits without each image run's first N - 1 positions
+                                    8 a byte), image runs (start, length) per image]; tokens and bits
+                                    without each image run's first length - 1 positions
       shard_00000.image_refs        16-byte content key of every image of the segment's samples, in order
       shard_00000.images            the segment's share of the image pool: each image not seen in an
       shard_00000.image_keys        earlier segment or earlier in this one, uint8 (3, H, W) after
                                     resize/crop/pad, before rescale/normalise (image_pool.py); absent if none
+      shard_00000.image_shapes      dynamic-resolution stores only: one POOL_IMAGE_ROW per image of
+                                    .images (its size, tokens, parts' shapes); its parts are back to back there
       part_<i>_of_<N>/              a sharded run's part: the store that shard i writes, joined by the
                                     final step (pipeline/parts.py)
+
+A store is *fixed* (every image one (3, H, W) crop, every run the same ids: progress.json's
+``image_shape`` and ``image_run`` as [id, repeats] pairs) or *dynamic* (each image at its own size:
+``image_shape`` null, ``image_run`` as {"start", "patch", "end"} ids, ``image_processor`` the settings
+that rebuild the processor, ``images.processor_record``). ``StoreRun`` reads and writes that spelling.
 
 A *segment* is what the writer commits at each checkpoint. On disk its files are named
 ``shard_<n>`` and progress.json lists segments under ``"shards"``: the names the first stores were
@@ -31,7 +38,10 @@ from pathlib import Path
 import numpy as np
 
 __all__ = [
+    "MAX_IMAGE_PARTS",
+    "POOL_IMAGE_ROW",
     "PROGRESS_FILE",
+    "RUN_VALUES",
     "SAMPLE_ROW",
     "SEGMENT_FILE",
     "STORE_FORMAT",
@@ -40,6 +50,7 @@ __all__ = [
     "STORE_TEXT_DTYPE",
     "TEXT_ITEMS",
     "SegmentInfo",
+    "StoreRun",
     "is_store_file",
     "part_dir",
     "part_of",
@@ -47,6 +58,7 @@ __all__ = [
     "run_pairs",
     "pool_images_path",
     "pool_keys_path",
+    "pool_shapes_path",
     "segment_files",
     "segment_image_refs_path",
     "segment_name",
@@ -57,11 +69,14 @@ __all__ = [
 ]
 
 STORE_FORMAT = "neva_pack.sample_store"
-STORE_FORMAT_VERSION = 6  # 5: image runs elided from the text, labels as trained bits; 6: image tokens, vision cost
+STORE_FORMAT_VERSION = 6  # 5: image runs elided from the text, labels as trained bits; 6: image tokens, vision cost,
+# each run's (start, length) in the text, dynamic-resolution pools
 PROGRESS_FILE = "progress.json"
 STORE_TEXT_DTYPE = np.int32
 TEXT_ITEMS = 3
-"""Items of a sample's text document: tokens + last label, trained bits, image_starts."""
+"""Items of a sample's text document: tokens + last label, trained bits, image runs."""
+RUN_VALUES = 2
+"""Values per image in the text document's third item: its run's start and its run's length."""
 STORE_IMAGE_DTYPE = np.uint8
 """Images are stored after resize/crop/pad, before rescale/normalise (image_pool.py)."""
 SAMPLE_ROW = np.dtype(
@@ -74,6 +89,88 @@ SAMPLE_ROW = np.dtype(
         ("vision_cost", "<i8"),  # the vision encoder's attention cost of its images (samples.Sample.vision_cost)
     ]
 )
+
+MAX_IMAGE_PARTS = 2
+"""Parts of a dynamic image (images.StoredImage): Qwen one, LLaVA-NeXT / OneVision two (or one)."""
+POOL_IMAGE_ROW = np.dtype(
+    [
+        ("width", "<i4"),  # the decoded image's size (StoredImage.size)
+        ("height", "<i4"),
+        ("tokens", "<i4"),  # its language-model positions (StoredImage.tokens)
+        ("parts", "<i4"),  # parts stored, 1..MAX_IMAGE_PARTS
+        ("shapes", "<i4", (MAX_IMAGE_PARTS, 2)),  # (H, W) of each part (3, H, W); zeros past ``parts``
+    ]
+)
+"""One image of a dynamic pool's .image_shapes file; its parts lie back to back in .images."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoreRun:
+    """How a store spells its image runs, fixed or dynamic (module docstring).
+
+    The store keeps only the last position of each run; the first ``length - 1`` ids are put back
+    from here. Fixed: the run's ids (every run ``len(ids)`` long). Dynamic: ``[start] patch ... [end]``
+    of each image's own length (``image_run.ImageRun`` with ``positions`` None)."""
+
+    ids: np.ndarray | None = None
+    """Fixed: int32 ids of every run. None for a dynamic store."""
+    start_id: int | None = None
+    """Dynamic: the id opening each run, or None."""
+    patch_id: int | None = None
+    """Dynamic: the id of every image-feature position."""
+    end_id: int | None = None
+    """Dynamic: the id closing each run, or None."""
+
+    @classmethod
+    def of(cls, image_run) -> "StoreRun":
+        """From an ImageRun (dynamic when its ``positions`` is None) or a fixed run's ids."""
+        if isinstance(image_run, StoreRun):
+            return image_run
+        if hasattr(image_run, "patch_id"):
+            if image_run.positions is None:
+                return cls(start_id=image_run.start_id, patch_id=int(image_run.patch_id), end_id=image_run.end_id)
+            image_run = image_run.ids()
+        return cls(ids=np.asarray(image_run, dtype=STORE_TEXT_DTYPE))
+
+    @property
+    def dynamic(self) -> bool:
+        return self.ids is None
+
+    @property
+    def fixed_length(self) -> int | None:
+        """Positions of every run of a fixed store; None for a dynamic one."""
+        return None if self.ids is None else len(self.ids)
+
+    @property
+    def delimiters(self) -> int:
+        """Positions of a dynamic run besides its features (start and end ids): run length = tokens + this."""
+        return (self.start_id is not None) + (self.end_id is not None)
+
+    def elided(self, longest: int) -> np.ndarray:
+        """int32 ids such that a run of length L begins with ``elided(longest)[:L - 1]``, for every
+        L <= ``longest`` (fixed: the run's ids but the last)."""
+        if self.ids is not None:
+            return self.ids[:-1]
+        ids = np.full(max(longest - 1, 0), self.patch_id, dtype=STORE_TEXT_DTYPE)
+        if self.start_id is not None and len(ids):
+            ids[0] = self.start_id
+        return ids
+
+    def last_id(self) -> int:
+        """The id of a run's last position (dynamic)."""
+        return int(self.patch_id if self.end_id is None else self.end_id)
+
+    def to_json(self):
+        """progress.json's ``image_run``: [id, repeats] pairs (fixed) or the ids by role (dynamic)."""
+        if self.ids is not None:
+            return run_pairs(self.ids)
+        return {"start": self.start_id, "patch": self.patch_id, "end": self.end_id}
+
+    @classmethod
+    def from_json(cls, value) -> "StoreRun":
+        if isinstance(value, dict):
+            return cls(start_id=value["start"], patch_id=int(value["patch"]), end_id=value["end"])
+        return cls(ids=run_from_pairs(value))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -146,8 +243,13 @@ def pool_keys_path(directory: Path, name: str) -> Path:
     return Path(directory) / f"{name}.image_keys"
 
 
+def pool_shapes_path(directory: Path, name: str) -> Path:
+    """POOL_IMAGE_ROW of every image of a dynamic pool segment's .images file."""
+    return Path(directory) / f"{name}.image_shapes"
+
+
 SEGMENT_FILE = re.compile(
-    r"(shard|pool)_\d+(\.rows|\.skipped\.jsonl|_text\.bin|_text\.idx|\.image_refs|\.images|\.image_keys)(\.tmp)?"
+    r"(shard|pool)_\d+(\.rows|\.skipped\.jsonl|_text\.bin|_text\.idx|\.image_refs|\.images|\.image_keys|\.image_shapes)(\.tmp)?"
 )
 """Every file name of a store segment (the writer, the image pool, convert's pool), temporary names
 included: what --overwrite and --resume may delete inside a store directory."""

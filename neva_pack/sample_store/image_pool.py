@@ -1,12 +1,16 @@
 """The image pool: every distinct uint8 image once, in the order first seen, keyed by content.
 
-    <segment>.images       raw uint8, image k = bytes [k * 3*H*W, (k + 1) * 3*H*W), (3, H, W) C-order
-    <segment>.image_keys   raw, 16 bytes per image of <segment>.images: BLAKE2b-128 of its pixels
+    <segment>.images        raw uint8; fixed: image k = bytes [k * 3*H*W, (k + 1) * 3*H*W), (3, H, W) C-order;
+                            dynamic: each image's parts (3, h, w) back to back, at the shapes below
+    <segment>.image_keys    raw, 16 bytes per image of <segment>.images: BLAKE2b-128 of its content
+    <segment>.image_shapes  dynamic only: files.POOL_IMAGE_ROW per image (size, tokens, parts' shapes)
 
 A pool is a list of segments (the sample store writes one beside each of its segments); pool
-index = position in the concatenation of the segments. The key is the pixels' content hash, so a repeated path and a
-byte-identical copy under another name are stored once (BLAKE2b: no collision to fear between
-different images). The sample store's pool segments ARE the compact format's image pool: one copy on disk.
+index = position in the concatenation of the segments. The key is the content hash (a fixed image:
+its pixels; a dynamic one: its row -- size, tokens, shapes -- then its parts' pixels), so a repeated
+path and a byte-identical copy under another name are stored once (BLAKE2b: no collision to fear
+between different images). The sample store's pool segments ARE the compact format's image pool:
+one copy on disk.
 """
 
 from __future__ import annotations
@@ -19,16 +23,40 @@ from pathlib import Path
 import numpy as np
 
 from neva_pack.files.output_file import OutputFile
-from neva_pack.sample_store.files import pool_images_path, pool_keys_path
+from neva_pack.sample_store.files import MAX_IMAGE_PARTS, POOL_IMAGE_ROW, pool_images_path, pool_keys_path, pool_shapes_path
+from neva_pack.sample_store.stored_image import StoredImage
 
-__all__ = ["KEY_BYTES", "ImagePool", "PoolSegment", "PoolWriter", "image_key", "load_keys", "pool_segment"]
+__all__ = [
+    "KEY_BYTES", "ImagePool", "PoolSegment", "PoolWriter", "image_bytes", "image_key", "load_keys", "pool_row", "pool_segment",
+    "read_shapes", "stored_image",
+]  # fmt: skip
 
 KEY_BYTES = 16
 
 
-def image_key(image: np.ndarray) -> bytes:
-    """Content key of one uint8 (3, H, W) image."""
+def image_key(image) -> bytes:
+    """Content key of one uint8 (3, H, W) image, or of a StoredImage (its row, then its parts)."""
+    if isinstance(image, StoredImage):
+        digest = hashlib.blake2b(pool_row(image).tobytes(), digest_size=KEY_BYTES)
+        for part in image.parts:
+            digest.update(np.ascontiguousarray(part, dtype=np.uint8).data)
+        return digest.digest()
     return hashlib.blake2b(np.ascontiguousarray(image).data, digest_size=KEY_BYTES).digest()
+
+
+def pool_row(image: StoredImage) -> np.ndarray:
+    """The image's POOL_IMAGE_ROW (one record); ValueError for parts the pool cannot hold."""
+    parts = image.parts
+    if not 1 <= len(parts) <= MAX_IMAGE_PARTS or any(part.ndim != 3 or part.shape[0] != 3 or part.dtype != np.uint8 for part in parts):
+        raise ValueError(f"a stored image must have 1 to {MAX_IMAGE_PARTS} uint8 (3, H, W) parts "
+                         f"(got {[(part.shape, str(part.dtype)) for part in parts]})")  # fmt: skip
+    row = np.zeros(1, dtype=POOL_IMAGE_ROW)
+    row["width"], row["height"] = image.size
+    row["tokens"] = image.tokens
+    row["parts"] = len(parts)
+    for k, part in enumerate(parts):
+        row["shapes"][0, k] = part.shape[1:]
+    return row
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -39,23 +67,39 @@ class PoolSegment:
     """The segment's 16-byte keys, one per image."""
     count: int
     """Images in the segment."""
-    checksums: tuple[str, str] | None = None
-    """xxh3-128 (hex) of the images and of the keys file, computed as they were written: a compact
-    output, whose pool these files are, publishes them without reading GBs of pixels back. None
-    where not known (a segment with no image, a store from an earlier version)."""
+    checksums: tuple[str, ...] | None = None
+    """xxh3-128 (hex) of the images, of the keys file and (dynamic) of the shapes file, computed as
+    they were written: a compact output, whose pool these files are, publishes them without reading
+    GBs of pixels back. None where not known (a segment with no image, a store from an earlier version)."""
+    shapes_file: Path | None = None
+    """The segment's POOL_IMAGE_ROW per image: a dynamic pool's; None for a fixed one."""
+
+    @property
+    def dynamic(self) -> bool:
+        return self.shapes_file is not None
+
+    @property
+    def files(self) -> tuple[Path, ...]:
+        """Its files (those a segment with images has), in the order of ``checksums``."""
+        return (self.images_file, self.keys_file) + ((self.shapes_file,) if self.dynamic else ())
 
     def known_checksums(self) -> dict[Path, str]:
         """file -> checksum, for the files whose checksum the segment knows."""
         if self.checksums is None or not self.count:
             return {}
-        return dict(zip((self.images_file, self.keys_file), self.checksums))
+        return dict(zip(self.files, self.checksums))
 
 
-def pool_segment(directory: Path, name: str, count: int, checksums: dict[str, str] | None = None) -> PoolSegment:
-    """``checksums``: ``PoolWriter.checksums()`` as the sample store keeps it ({"images", "keys"})."""
+def pool_segment(
+    directory: Path, name: str, count: int, checksums: dict[str, str] | None = None, *, dynamic: bool = False
+) -> PoolSegment:  # fmt: skip
+    """``checksums``: ``PoolWriter.checksums()`` as the sample store keeps it ({"images", "keys"} and,
+    dynamic, "shapes"). ``dynamic``: a pool of StoredImages (with a shapes file)."""
+    names = ("images", "keys", "shapes") if dynamic else ("images", "keys")
     return PoolSegment(
         images_file=pool_images_path(directory, name), keys_file=pool_keys_path(directory, name), count=count,
-        checksums=None if checksums is None else (checksums["images"], checksums["keys"]),
+        checksums=None if checksums is None else tuple(checksums[key] for key in names),
+        shapes_file=pool_shapes_path(directory, name) if dynamic else None,
     )  # fmt: skip
 
 
@@ -67,23 +111,33 @@ class PoolWriter:
         self.known = known
         self.next_index = first_index
         self.added = 0
-        self._images: OutputFile | None = None  # opened with the first new image: an empty segment has no files
-        self._keys: OutputFile | None = None
+        self._files: list[OutputFile] | None = None  # opened with the first new image: an empty segment has no files
 
-    def add(self, image: np.ndarray) -> tuple[bytes, int]:
-        """(key, pool index) of the image, storing it if new."""
+    def add(self, image) -> tuple[bytes, int]:
+        """(key, pool index) of the image (uint8 (3, H, W), or a StoredImage in a dynamic pool), storing it if new."""
         return self.add_keyed(image_key(image), image)
 
-    def add_keyed(self, key: bytes, image: np.ndarray) -> tuple[bytes, int]:
+    def add_keyed(self, key: bytes, image) -> tuple[bytes, int]:
         """``add`` for an image whose key is already known (copied from another pool segment)."""
         index = self.known.get(key)
         if index is not None:
             return key, index
-        if self._images is None:
-            self._images = OutputFile(self.segment.images_file, write_behind=True)
-            self._keys = OutputFile(self.segment.keys_file)
-        self._images.write(np.ascontiguousarray(image, dtype=np.uint8).data)
-        self._keys.write(key)
+        if isinstance(image, StoredImage) != self.segment.dynamic:
+            raise ValueError(f"{self.segment.images_file.name}: a {'fixed' if self.segment.dynamic else 'dynamic'} "
+                             "image for a pool of the other kind (a bug)")  # fmt: skip
+        if self._files is None:
+            self._files = [OutputFile(self.segment.images_file, write_behind=True), OutputFile(self.segment.keys_file)]
+            if self.segment.dynamic:
+                self._files.append(OutputFile(self.segment.shapes_file))
+        images = self._files[0]
+        if self.segment.dynamic:
+            row = pool_row(image)
+            for part in image.parts:
+                images.write(np.ascontiguousarray(part, dtype=np.uint8).data)
+            self._files[2].write(row.tobytes())
+        else:
+            images.write(np.ascontiguousarray(image, dtype=np.uint8).data)
+        self._files[1].write(key)
         index = self.next_index
         self.known[key] = index
         self.next_index += 1
@@ -92,16 +146,15 @@ class PoolWriter:
 
     def close(self) -> int:
         """Make the segment durable; the number of images it holds."""
-        for file in (self._images, self._keys):
-            if file is not None:
-                file.close()
+        for file in self._files or ():
+            file.close()
         return self.added
 
     def checksums(self) -> dict[str, str] | None:
         """What the segment's files hash to (``PoolSegment.checksums``), None when it holds no image."""
-        if self._images is None:
+        if self._files is None:
             return None
-        return {"images": self._images.checksum(), "keys": self._keys.checksum()}
+        return dict(zip(("images", "keys", "shapes"), (file.checksum() for file in self._files)))
 
 
 def load_keys(segments: list[PoolSegment]) -> dict[bytes, int]:
@@ -118,50 +171,126 @@ def load_keys(segments: list[PoolSegment]) -> dict[bytes, int]:
     return known
 
 
+def read_shapes(segment: PoolSegment) -> np.ndarray:
+    """The POOL_IMAGE_ROW records of a dynamic segment (ValueError when the file is not ``count`` of them)."""
+    rows = np.fromfile(segment.shapes_file, dtype=POOL_IMAGE_ROW)
+    if len(rows) != segment.count or segment.shapes_file.stat().st_size != segment.count * POOL_IMAGE_ROW.itemsize:
+        raise ValueError(f"{segment.shapes_file.name}: not {segment.count} image rows")
+    parts = rows["parts"]
+    if np.any(parts < 1) or np.any(parts > MAX_IMAGE_PARTS) or np.any(rows["shapes"] < 0):
+        raise ValueError(f"{segment.shapes_file.name}: an image row with impossible parts or shapes")
+    return rows
+
+
+def stored_image(row, data: np.ndarray) -> StoredImage:
+    """The StoredImage of one POOL_IMAGE_ROW and its parts' uint8 bytes (``image_bytes`` of them)."""
+    parts, at = [], 0
+    for height, width in row["shapes"][: int(row["parts"])].tolist():
+        parts.append(data[at : at + 3 * height * width].reshape(3, height, width))
+        at += 3 * height * width
+    return StoredImage(size=(int(row["width"]), int(row["height"])), parts=tuple(parts), tokens=int(row["tokens"]))
+
+
+def image_bytes(rows: np.ndarray) -> np.ndarray:
+    """int64 bytes of each dynamic image (its parts' pixels) of POOL_IMAGE_ROW records."""
+    shapes = rows["shapes"].astype(np.int64)
+    used = np.arange(MAX_IMAGE_PARTS)[None, :] < rows["parts"][:, None]
+    return (3 * shapes[:, :, 0] * shapes[:, :, 1] * used).sum(axis=1)
+
+
 class ImagePool:
-    """Reads images by pool index from the segments; ``mmap=False`` reads with file reads (bounded RSS)."""
+    """Reads images by pool index from the segments; ``mmap=False`` reads with file reads (bounded RSS).
+
+    ``image_shape`` None: a dynamic pool (``read_stored``); else every image is that (3, H, W) (``read``)."""
 
     def __init__(self, segments: list[PoolSegment], image_shape, mmap: bool = True):
         self.segments = [segment for segment in segments if segment.count]
-        self.image_shape = tuple(image_shape)
-        self.image_bytes = int(np.prod(self.image_shape))
+        self.image_shape = None if image_shape is None else tuple(image_shape)
+        self.image_bytes = None if image_shape is None else int(np.prod(self.image_shape))
         self.starts = np.cumsum([0] + [segment.count for segment in self.segments]).astype(np.int64)
         self._mmap = mmap
         self._maps: dict[int, np.ndarray] = {}
         self._files: dict[int, int] = {}
+        self._rows: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # dynamic: segment -> (rows, byte offsets)
+
+    @property
+    def dynamic(self) -> bool:
+        return self.image_shape is None
 
     def __len__(self) -> int:
         return int(self.starts[-1])
 
-    def read(self, indices) -> np.ndarray:
-        """uint8 (len(indices), 3, H, W)."""
-        indices = np.asarray(indices, dtype=np.int64)
-        out = np.empty((len(indices), *self.image_shape), dtype=np.uint8)
-        if not len(indices):  # a text-only pack
-            return out
-        if indices.min() < 0 or indices.max() >= len(self):
-            raise IndexError(f"image index outside the pool of {len(self)} images")
-        segments = np.searchsorted(self.starts, indices, side="right") - 1
-        for k, (index, segment) in enumerate(zip(indices.tolist(), segments.tolist())):
-            local = index - int(self.starts[segment])
-            if self._mmap:
-                out[k] = self._map(segment)[local]
-            else:
-                data = os.pread(self._file(segment), self.image_bytes, local * self.image_bytes)
-                out[k] = np.frombuffer(data, dtype=np.uint8).reshape(self.image_shape)
-        return out
-
-    def views(self, indices) -> list[np.ndarray]:
-        """Read-only (1, 3, H, W) views into the memory-mapped segments, one per index (no copy)."""
+    def _located(self, indices) -> tuple[np.ndarray, np.ndarray]:
         indices = np.asarray(indices, dtype=np.int64)
         if len(indices) and (indices.min() < 0 or indices.max() >= len(self)):
             raise IndexError(f"image index outside the pool of {len(self)} images")
         segments = np.searchsorted(self.starts, indices, side="right") - 1
-        return [self._map(segment)[index - int(self.starts[segment]) :][:1] for index, segment in zip(indices.tolist(), segments.tolist())]
+        return segments, indices - self.starts[segments]
+
+    def read(self, indices) -> np.ndarray:
+        """uint8 (len(indices), 3, H, W) of a fixed pool."""
+        if self.dynamic:
+            raise ValueError("a dynamic-resolution pool's images have no one shape: read them with read_stored")
+        segments, local = self._located(indices)
+        out = np.empty((len(segments), *self.image_shape), dtype=np.uint8)
+        for k, (segment, at) in enumerate(zip(segments.tolist(), local.tolist())):
+            if self._mmap:
+                out[k] = self._map(segment)[at]
+            else:
+                data = os.pread(self._file(segment), self.image_bytes, at * self.image_bytes)
+                out[k] = np.frombuffer(data, dtype=np.uint8).reshape(self.image_shape)
+        return out
+
+    def views(self, indices) -> list[np.ndarray]:
+        """Read-only (1, 3, H, W) views into the memory-mapped segments of a fixed pool, one per index (no copy)."""
+        if self.dynamic:
+            raise ValueError("a dynamic-resolution pool's images have no one shape: read them with read_stored")
+        segments, local = self._located(indices)
+        return [self._map(segment)[at:][:1] for segment, at in zip(segments.tolist(), local.tolist())]
+
+    def stored_rows(self, indices) -> np.ndarray:
+        """POOL_IMAGE_ROW of each image of a dynamic pool (size, tokens, shapes: no pixel read)."""
+        segments, local = self._located(indices)
+        out = np.zeros(len(segments), dtype=POOL_IMAGE_ROW)
+        for k, (segment, at) in enumerate(zip(segments.tolist(), local.tolist())):
+            out[k] = self._segment_rows(segment)[0][at]
+        return out
+
+    def read_stored(self, indices) -> list:
+        """images.StoredImage of each index of a dynamic pool, its parts copied out of the files."""
+        if not self.dynamic:
+            raise ValueError("a fixed pool's images are arrays: read them with read")
+        segments, local = self._located(indices)
+        images = []
+        for segment, at in zip(segments.tolist(), local.tolist()):
+            rows, offsets = self._segment_rows(segment)
+            row = rows[at]
+            first, end = int(offsets[at]), int(offsets[at + 1])
+            if self._mmap:
+                data = np.array(self._map(segment)[first:end])
+            else:
+                data = np.frombuffer(os.pread(self._file(segment), end - first, first), dtype=np.uint8)
+            if len(data) != end - first:
+                raise ValueError(f"{self.segments[segment].images_file.name}: ends inside image {at}")
+            images.append(stored_image(row, data))
+        return images
+
+    def expected_bytes(self, segment: int) -> int:
+        """What the images file of ``segment`` (an index into ``segments``) must hold."""
+        if not self.dynamic:
+            return self.segments[segment].count * self.image_bytes
+        return int(self._segment_rows(segment)[1][-1])
+
+    def _segment_rows(self, segment: int) -> tuple[np.ndarray, np.ndarray]:
+        if segment not in self._rows:
+            rows = read_shapes(self.segments[segment])
+            self._rows[segment] = rows, np.concatenate([[0], np.cumsum(image_bytes(rows))])
+        return self._rows[segment]
 
     def _map(self, segment: int) -> np.ndarray:
+        """The segment's images file mapped: (count, 3, H, W) for a fixed pool, flat bytes for a dynamic one."""
         if segment not in self._maps:
-            shape = (self.segments[segment].count, *self.image_shape)
+            shape = None if self.dynamic else (self.segments[segment].count, *self.image_shape)
             self._maps[segment] = np.memmap(self.segments[segment].images_file, dtype=np.uint8, mode="r", shape=shape)
         return self._maps[segment]
 

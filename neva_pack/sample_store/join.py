@@ -14,14 +14,14 @@ from neva_pack.sample_store.files import (
     STORE_IMAGE_DTYPE,
     STORE_TEXT_DTYPE,
     SegmentInfo,
-    run_pairs,
     segment_image_refs_path,
     segment_name,
     segment_rows_path,
     segment_skipped_path,
     segment_text_prefix,
 )
-from neva_pack.sample_store.image_pool import KEY_BYTES, PoolSegment, PoolWriter, pool_segment
+from neva_pack.checksums import file_checksum
+from neva_pack.sample_store.image_pool import KEY_BYTES, PoolSegment, PoolWriter, image_bytes, pool_segment, read_shapes, stored_image
 from neva_pack.sample_store.writer import SampleStoreWriter
 
 __all__ = ["join_part"]
@@ -42,8 +42,9 @@ def join_part(writer: SampleStoreWriter, part: Path, first_record: int, end_reco
       once, in order of first use -- the pool (and so every pool index) of a run without shards.
     """
     progress = read_progress(part)
-    if progress.get("image_run") != run_pairs(writer.image_run) or progress.get("ignore_index") != writer.ignore_index:
-        raise ValueError(f"{part}: written with another image run or ignore value than the store it joins")
+    if (progress.get("image_run") != writer.run.to_json() or progress.get("ignore_index") != writer.ignore_index
+            or progress.get("image_processor") != writer.image_processor):  # fmt: skip
+        raise ValueError(f"{part}: written with another image run, image processor or ignore value than the store it joins")
     sources = [SegmentInfo(**segment) for segment in progress["shards"]]
     if not writer.between_segments or writer.next_record != first_record:
         raise ValueError(f"{part}: starts at record {first_record}, the store is at {writer.next_record}")
@@ -59,8 +60,10 @@ def join_part(writer: SampleStoreWriter, part: Path, first_record: int, end_reco
         for path, target in zip(_CONCATENATED, targets):
             with open(path(part, source.name), "rb") as f:
                 shutil.copyfileobj(f, target)
-        images = pool_segment(part, source.name, source.pool_images, source.pool_checksums)
+        images = pool_segment(part, source.name, source.pool_images, source.pool_checksums, dynamic=writer.run.dynamic)
         read = _copy_new_images(images, pool, writer.image_shape)
+        if images.dynamic and images.count and images.checksums is not None and file_checksum(images.shapes_file) != images.checksums[2]:
+            raise StoreDamage(f"{images.shapes_file.name} does not hash to the checksum its progress file records")
         if images.checksums is not None and read is not None and read != images.checksums[0]:
             raise StoreDamage(f"{images.images_file.name} does not hash to the checksum its progress file records")
     for target in targets:
@@ -90,8 +93,10 @@ def _copy_new_images(source: PoolSegment, pool: PoolWriter, image_shape) -> str 
     import xxhash
 
     keys = source.keys_file.read_bytes()
-    size = int(np.prod(image_shape))
     digest = xxhash.xxh3_128()
+    if source.dynamic:
+        return _copy_new_stored_images(source, keys, pool, digest)
+    size = int(np.prod(image_shape))
     with open(source.images_file, "rb") as f:
         for first in range(0, source.count, _IMAGES_PER_READ):
             count = min(_IMAGES_PER_READ, source.count - first)
@@ -102,6 +107,23 @@ def _copy_new_images(source: PoolSegment, pool: PoolWriter, image_shape) -> str 
             images = np.frombuffer(data, dtype=STORE_IMAGE_DTYPE).reshape(count, *image_shape)
             for k in range(count):
                 pool.add_keyed(keys[(first + k) * KEY_BYTES : (first + k + 1) * KEY_BYTES], images[k])
+    return digest.hexdigest()
+
+
+def _copy_new_stored_images(source: PoolSegment, keys: bytes, pool: PoolWriter, digest) -> str:
+    """``_copy_new_images`` for a dynamic pool segment: each image read at its own size (its shapes row)."""
+    try:
+        rows = read_shapes(source)
+    except (OSError, ValueError) as exc:
+        raise StoreDamage(f"{source.shapes_file.name}: {exc}") from None
+    with open(source.images_file, "rb") as f:
+        for k, (row, size) in enumerate(zip(rows, image_bytes(rows).tolist())):
+            data = f.read(size)
+            if len(data) != size:
+                raise StoreDamage(f"{source.images_file.name} ends before its image {k}")
+            digest.update(data)
+            image = stored_image(row, np.frombuffer(data, dtype=STORE_IMAGE_DTYPE))
+            pool.add_keyed(keys[k * KEY_BYTES : (k + 1) * KEY_BYTES], image)
     return digest.hexdigest()
 
 

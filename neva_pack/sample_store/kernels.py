@@ -2,11 +2,11 @@
 
 A pack group's samples (hundreds for a group of text-only packs) are decoded in one compiled pass
 over their positions: per-sample NumPy calls, or NumPy passes over every position (masks, gathers),
-cost more than the samples' file reads. What is decoded, for one
-sample of ``length`` positions whose image runs are N ids long (``sample_store.SampleStore.texts``)::
+cost more than the samples' file reads. What is decoded, for one sample of ``length`` positions
+whose image runs start at s_j and are L_j long (``sample_store.SampleStore.texts``)::
 
-    raw        [ stored ids + last label | trained bits (int32 words) | image starts ]
-    ids        stored ids, with the first N - 1 ids of the run put back at each image start
+    raw        [ stored ids + last label | trained bits (int32 words) | s_0 L_0 s_1 L_1 ... ]
+    ids        stored ids, with the first L_j - 1 ids of run j put back at s_j (run_prefix[:L_j - 1])
     tokens     ids[:keep]          labels  ids[p + 1] where position p is trained, else ignore
 
 The trained bits are np.packbits' order: byte j of the words (little-endian int32) holds
@@ -25,33 +25,38 @@ SOUND = -1
 def decode_texts(raw, items, lengths, keep, run_prefix, ignore, tokens, labels):
     """Fills ``tokens`` and ``labels`` (sum(keep) each) with the samples' first keep[k] positions;
     returns SOUND, or the index of the first sample whose stored items do not fit its length or
-    whose image runs overlap or leave it (the caller says which)."""
-    elide = len(run_prefix)
-    run = elide + 1
+    whose image runs overlap, leave it or are longer than ``run_prefix`` + 1 (the caller says which)."""
     base = 0
     out = 0
     for k in range(len(lengths)):
         length = lengths[k]
-        n_ids, n_words, n_starts = items[k, 0], items[k, 1], items[k, 2]
+        n_ids, n_words, n_values = items[k, 0], items[k, 1], items[k, 2]
         first_word = base + n_ids
         first_start = first_word + n_words
-        trained_count = length - elide * n_starts
-        if n_ids != trained_count + 1 or n_words * 32 < trained_count:
+        n_starts = n_values // 2
+        if n_values != 2 * n_starts:
             return k
+        elided_total = 0
         previous_end = 0
         for s in range(n_starts):
-            start = raw[first_start + s]
-            if start < previous_end or start + run > length:
+            start = raw[first_start + 2 * s]
+            run = raw[first_start + 2 * s + 1]
+            if run < 1 or run - 1 > len(run_prefix) or start < previous_end or start + run > length:
                 return k
             previous_end = start + run
+            elided_total += run - 1
+        trained_count = length - elided_total
+        if n_ids != trained_count + 1 or n_words * 32 < trained_count:
+            return k
         cut = keep[k]
         stored = base  # next stored id
         bit = 0  # next trained bit
         next_start = 0
         p = 0
         while p < cut:
-            if next_start < n_starts and p == raw[first_start + next_start]:
-                # the run's first N - 1 positions: ids from the image run, never trained
+            if next_start < n_starts and p == raw[first_start + 2 * next_start]:
+                # the run's first L - 1 positions: ids from the image run, never trained
+                elide = raw[first_start + 2 * next_start + 1] - 1
                 for r in range(elide):
                     if p + r < cut:
                         tokens[out + p + r] = run_prefix[r]
@@ -65,7 +70,7 @@ def decode_texts(raw, items, lengths, keep, run_prefix, ignore, tokens, labels):
             tokens[out + p] = raw[stored]
             if trained:
                 # the next position's id: stored next, or the run's first id if a run starts there
-                if next_start < n_starts and p + 1 == raw[first_start + next_start] and elide > 0:
+                if next_start < n_starts and p + 1 == raw[first_start + 2 * next_start] and raw[first_start + 2 * next_start + 1] > 1:
                     labels[out + p] = run_prefix[0]
                 else:
                     labels[out + p] = raw[stored + 1]
@@ -75,5 +80,5 @@ def decode_texts(raw, items, lengths, keep, run_prefix, ignore, tokens, labels):
             bit += 1
             p += 1
         out += cut
-        base = first_start + n_starts
+        base = first_start + n_values
     return SOUND

@@ -16,11 +16,12 @@ from neva_pack.files.indexed import IndexedReader
 from neva_pack.sample_store.batches import elided_positions
 from neva_pack.sample_store.checks import read_progress
 from neva_pack.sample_store.files import (
+    RUN_VALUES,
     SAMPLE_ROW,
     STORE_TEXT_DTYPE,
     TEXT_ITEMS,
     SegmentInfo,
-    run_from_pairs,
+    StoreRun,
     segment_image_refs_path,
     segment_rows_path,
     segment_skipped_path,
@@ -43,6 +44,8 @@ class StoredTexts:
     """int64 positions of each sample (after its cut)."""
     image_starts: list[np.ndarray]
     """Per sample, int64 where each of its image runs starts (in the sample, before any cut)."""
+    image_lengths: list[np.ndarray]
+    """Per sample, int64 length of each of its image runs."""
 
 
 class SampleStore:
@@ -58,8 +61,12 @@ class SampleStore:
         if not progress["complete"]:
             raise InputError(f"{self.directory}: the sample store is incomplete (resume the run with --resume)")
         self.fingerprint = progress["fingerprint"]
-        self.image_shape = tuple(progress["image_shape"])
-        self.image_run = run_from_pairs(progress["image_run"])
+        self.image_shape = None if progress["image_shape"] is None else tuple(progress["image_shape"])
+        self.run = StoreRun.from_json(progress["image_run"])
+        self.image_run = self.run.ids
+        """Fixed store: int32 ids of every image run; None for a dynamic store (``run``)."""
+        self.image_processor = progress.get("image_processor")
+        """Dynamic store: the settings that rebuild its processor (``images.processor_from_record``); None when fixed."""
         self.ignore_index = int(progress["ignore_index"])
         self.segments = [SegmentInfo(**segment) for segment in progress["shards"]]
         rows = [np.fromfile(segment_rows_path(self.directory, s.name), dtype=SAMPLE_ROW) for s in self.segments]
@@ -67,7 +74,8 @@ class SampleStore:
         self._first_sample = np.cumsum([0] + [s.samples for s in self.segments])
         self._first_image = np.cumsum([0] + [s.images for s in self.segments])
         self._sample_first_image = np.concatenate([[0], np.cumsum(self.rows["num_images"].astype(np.int64))])
-        self.pool_segments = [pool_segment(self.directory, s.name, s.pool_images, s.pool_checksums) for s in self.segments]
+        self.pool_segments = [pool_segment(self.directory, s.name, s.pool_images, s.pool_checksums, dynamic=self.dynamic)
+                              for s in self.segments]  # fmt: skip
         self.pool = ImagePool(self.pool_segments, self.image_shape, mmap=False)
         self._known = None
         self._text = {}
@@ -77,8 +85,28 @@ class SampleStore:
         return len(self.rows)
 
     @property
+    def dynamic(self) -> bool:
+        """Whether each image has its own size and run length (module docstring of files.py)."""
+        return self.run.dynamic
+
+    @property
     def lengths(self) -> np.ndarray:
         return self.rows["length"].astype(np.int64)
+
+    @property
+    def num_images(self) -> np.ndarray:
+        """int64 images of each sample, in sample order."""
+        return self.rows["num_images"].astype(np.int64)
+
+    @property
+    def image_tokens(self) -> np.ndarray:
+        """int64 positions of each sample's image runs, summed, in sample order."""
+        return self.rows["image_tokens"].astype(np.int64)
+
+    @property
+    def vision_cost(self) -> np.ndarray:
+        """int64 vision encoder's attention cost of each sample's images, in sample order."""
+        return self.rows["vision_cost"].astype(np.int64)
 
     @property
     def skipped_by_reason(self) -> dict:
@@ -106,15 +134,21 @@ class SampleStore:
         return text.tokens, text.labels
 
     def image_starts(self, i: int) -> np.ndarray:
+        """int64 where each image run of sample i starts."""
+        return self.image_runs(i)[0]
+
+    def image_runs(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """int64 (starts, lengths) of sample i's image runs."""
         segment, local = self._locate(i)
-        return self._text_reader(segment)[TEXT_ITEMS * local + 2]
+        values = np.asarray(self._text_reader(segment)[TEXT_ITEMS * local + 2], dtype=np.int64).reshape(-1, RUN_VALUES)
+        return values[:, 0].copy(), values[:, 1].copy()
 
     def texts(self, indices, keep=None) -> "StoredTexts":
         """Tokens and labels of samples ``indices``, concatenated, each cut to ``keep[k]`` positions
         when given (None: whole), with one file read per sample and one compiled pass over them all
         (``store_kernels.decode_texts``): what assembly needs for a group of packs.
 
-            stored (per sample)   [t0 t2 t3 | last label]  bits [1 0 1]  starts [1]     (run S P, N = 2)
+            stored (per sample)   [t0 t2 t3 | last label]  bits [1 0 1]  runs [1 2]     (run S P at 1)
             ids (per sample)      [t0 S  t2 t3 | last label]        S filled in from the image run
             tokens                [t0 S  t2 t3]       labels  = next id where trained, else ignore
         """
@@ -127,21 +161,25 @@ class SampleStore:
         total = int(keep.sum())
         tokens = np.empty(total, dtype=STORE_TEXT_DTYPE)
         labels = np.empty(total, dtype=STORE_TEXT_DTYPE)
-        run_prefix = self.image_run[:-1].astype(STORE_TEXT_DTYPE)
-        bad = decode_texts(raw, items, lengths, keep, run_prefix, STORE_TEXT_DTYPE(self.ignore_index), tokens, labels)
         sizes = items.sum(axis=1)
         starts_at = (np.cumsum(sizes) - items[:, 2]).tolist()
+        if np.any(items[:, 2] % RUN_VALUES):
+            k = int(np.flatnonzero(items[:, 2] % RUN_VALUES)[0])
+            raise ValueError(f"sample {int(indices[k])}: its stored image runs are not (start, length) pairs (a bug)")
+        runs = [raw[at : at + n].astype(np.int64).reshape(-1, RUN_VALUES) if n else _NO_RUNS for at, n in zip(starts_at, items[:, 2].tolist())]
+        longest = max((int(r[:, 1].max()) for r in runs if len(r)), default=1)
+        run_prefix = np.ascontiguousarray(self.run.elided(longest), dtype=STORE_TEXT_DTYPE)
+        bad = decode_texts(raw, items, lengths, keep, run_prefix, STORE_TEXT_DTYPE(self.ignore_index), tokens, labels)
         if bad != SOUND:
             k = int(bad)
-            sample_starts = raw[starts_at[k] : starts_at[k] + int(items[k, 2])]
-            elided_positions(sample_starts, len(self.image_run), int(lengths[k]))  # raises when the runs are at fault
+            elided_positions(runs[k][:, 0], runs[k][:, 1], int(lengths[k]))  # raises when the runs are at fault
             raise ValueError(f"sample {int(indices[k])}: its stored text does not fit its {int(lengths[k])} positions (a bug)")
-        no_images = np.zeros(0, dtype=np.int64)
         return StoredTexts(
             tokens=tokens,
             labels=labels,
             lengths=keep,
-            image_starts=[raw[at : at + n].astype(np.int64) if n else no_images for at, n in zip(starts_at, items[:, 2].tolist())],
+            image_starts=[r[:, 0] for r in runs],
+            image_lengths=[r[:, 1] for r in runs],
         )
 
     def _raw_texts(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -179,6 +217,10 @@ class SampleStore:
         refs = self._refs[segment]
         return np.array([self._known[refs[k * KEY_BYTES : (k + 1) * KEY_BYTES]] for k in range(first, first + count)])
 
-    def images(self, i: int) -> np.ndarray:
-        """uint8 (num_images, 3, H, W) of sample i."""
-        return self.pool.read(self.image_indices(i))
+    def images(self, i: int):
+        """Sample i's images: uint8 (num_images, 3, H, W) from a fixed store, a list of StoredImages from a dynamic one."""
+        indices = self.image_indices(i)
+        return self.pool.read_stored(indices) if self.dynamic else self.pool.read(indices)
+
+
+_NO_RUNS = np.zeros((0, RUN_VALUES), dtype=np.int64)

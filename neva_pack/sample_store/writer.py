@@ -21,7 +21,7 @@ from neva_pack.sample_store.files import (
     STORE_TEXT_DTYPE,
     TEXT_ITEMS,
     SegmentInfo,
-    run_pairs,
+    StoreRun,
     segment_image_refs_path,
     segment_name,
     segment_of,
@@ -40,16 +40,25 @@ class SampleStoreWriter:
 
     Nothing accumulates in memory beyond one segment's index. After a kill, ``resume=True``
     drops whatever was not committed and continues at ``next_record``.
+
+    A fixed store: ``image_shape`` (3, H, W) and ``image_run`` the run's ids (or a fixed ImageRun). A
+    dynamic store: ``image_shape`` None, ``image_run`` an ImageRun with ``positions`` None, and
+    ``image_processor`` the settings that rebuild its processor (``images.processor_record``).
     """
 
     def __init__(
         self, directory: Path, image_shape, fingerprint: dict, resume: bool = False, first_record: int = 0,
         extra: dict | None = None, *, image_run, ignore_index: int, input_digest: str | None = None, data_path=None,
+        image_processor: dict | None = None,
     ):  # fmt: skip
         self.directory = Path(directory)
-        self.image_shape = tuple(image_shape)
+        self.run = StoreRun.of(image_run)
+        if self.run.dynamic != (image_shape is None) or self.run.dynamic != (image_processor is not None):
+            raise ValueError("a dynamic store has no image shape and records its image processor; a fixed one the opposite (a bug)")
+        self.image_shape = None if image_shape is None else tuple(image_shape)
+        self.image_processor = image_processor
         self.fingerprint = fingerprint
-        self.image_run = np.asarray(image_run, dtype=STORE_TEXT_DTYPE)
+        self.image_run = self.run.ids  # a fixed store's run ids (None: dynamic)
         self.ignore_index = int(ignore_index)
         self.first_record = first_record  # a sharded run's part starts at its range (pipeline/parts.py)
         self.extra = extra or {}  # written into progress.json as is (a part's partition, a join's origin)
@@ -60,8 +69,8 @@ class SampleStoreWriter:
             check_input(self.directory, progress.get("input_digest"), input_digest, data_path)
             check_settings(progress["fingerprint"], fingerprint)
             check_settings(
-                {"image_run": progress["image_run"], "ignore_index": progress["ignore_index"]},
-                {"image_run": run_pairs(self.image_run), "ignore_index": self.ignore_index},
+                {key: progress.get(key) for key in ("image_run", "image_shape", "image_processor", "ignore_index")},
+                self._image_settings(),
             )
             problem = store_checksums_problem(self.directory, progress)
             if problem is not None:
@@ -76,8 +85,18 @@ class SampleStoreWriter:
         self._known = load_keys(self.pool_segments())
         self._open = None
 
+    def _image_settings(self) -> dict:
+        """What progress.json records of the store's images and runs (and a resume must match)."""
+        return {
+            "image_run": self.run.to_json(),
+            "image_shape": None if self.image_shape is None else list(self.image_shape),
+            "image_processor": self.image_processor,
+            "ignore_index": self.ignore_index,
+        }
+
     def pool_segments(self) -> list[PoolSegment]:
-        return [pool_segment(self.directory, s.name, s.pool_images, s.pool_checksums) for s in self.segments]
+        return [pool_segment(self.directory, s.name, s.pool_images, s.pool_checksums, dynamic=self.run.dynamic)
+                for s in self.segments]  # fmt: skip
 
     @property
     def next_record(self) -> int:
@@ -95,13 +114,14 @@ class SampleStoreWriter:
             name = segment_name(len(self.segments))
             self._open = _OpenSegment(
                 self.directory, name, self.next_record, self.image_shape, self.new_pool_segment(name),
-                image_run=self.image_run, ignore_index=self.ignore_index,
+                image_run=self.run, ignore_index=self.ignore_index,
             )  # fmt: skip
         return self._open
 
     def new_pool_segment(self, name: str) -> PoolWriter:
         """The pool writer of segment ``name``, which adds only images no committed segment holds."""
-        return PoolWriter(pool_segment(self.directory, name, 0), self._known, sum(s.pool_images for s in self.segments))
+        segment = pool_segment(self.directory, name, 0, dynamic=self.run.dynamic)
+        return PoolWriter(segment, self._known, sum(s.pool_images for s in self.segments))
 
     def append(self, sample) -> None:
         self._segment().append(sample)
@@ -148,9 +168,7 @@ class SampleStoreWriter:
             {
                 "format": STORE_FORMAT,
                 "version": STORE_FORMAT_VERSION,
-                "image_shape": list(self.image_shape),
-                "image_run": run_pairs(self.image_run),
-                "ignore_index": self.ignore_index,
+                **{key: value for key, value in self._image_settings().items() if value is not None or key == "image_shape"},
                 "fingerprint": self.fingerprint,
                 "input_digest": self.input_digest,
                 **self.extra,

@@ -1,0 +1,75 @@
+"""A Qwen2-VL run end to end: records with images of several sizes -> the sample store -> a compact
+output that verifies, reads back through PackedSeqDataset with the processor its meta records, is the
+same for 0 and 2 workers, and that convert refuses to turn into NeMo's fixed-crop format."""
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from neva_pack import paths
+from neva_pack.cli import main
+from neva_pack.dataset import PackedSeqDataset
+from neva_pack.formats import open_packed
+from neva_pack.images.recorded import processor_from_record
+from neva_pack.verify import verify
+
+TOKENIZER = Path(__file__).parent / "golden" / "dynamic" / "tokenizer.json"
+SIZES = [(120, 90), (300, 200), (60, 400), (120, 90)]
+
+
+@pytest.fixture(scope="module")
+def workload(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("qwen_run")
+    (folder / "tok").mkdir()
+    shutil.copy(TOKENIZER, folder / "tok" / "tokenizer.json")
+    (folder / "tok" / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>"}))
+    (folder / "img").mkdir()
+    rng = np.random.default_rng(0)
+    for k, (width, height) in enumerate(SIZES):
+        Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(folder / "img" / f"i{k}.png")
+    records = []
+    for k in range(8):
+        turns = [{"from": "human", "value": "<image>\nWhat is this?" if k % 3 else "Hello there"},
+                 {"from": "gpt", "value": "A picture of things " * (k + 1)}]  # fmt: skip
+        records.append({"id": str(k), "conversations": turns, **({"image": f"i{k % 4}.png"} if k % 3 else {})})
+    records.append({"id": "two", "image": ["i0.png", "i1.png"],
+                    "conversations": [{"from": "human", "value": "<image> and <image>?"}, {"from": "gpt", "value": "two"}]})  # fmt: skip
+    (folder / "data.json").write_text(json.dumps(records))
+    return folder
+
+
+def run(workload: Path, output_dir: Path, workers: int) -> int:
+    return main(["preprocess", "--quiet", "--data_path", str(workload / "data.json"), "--image_folder", str(workload / "img"),
+                 "--tokenizer_path", str(workload / "tok"), "--hf_vision_encoder", "Qwen/Qwen2-VL-7B-Instruct",
+                 "--conv_template", "qwen2_vl", "--output_format", "compact", "--max_seq_length", "256",
+                 "--max_pixels", "50176", "--output_dir", str(output_dir), "--num_workers", str(workers)])  # fmt: skip
+
+
+def test_a_qwen2_vl_run_writes_a_compact_output_that_reads_back_through_its_processor(workload, tmp_path, capsys):
+    assert run(workload, tmp_path / "zero", 0) == 0
+    assert run(workload, tmp_path / "two", 2) == 0
+    prefix = paths.packed_prefix(tmp_path / "zero")
+    for path in sorted(prefix.parent.glob("packed_seq_dataset*")):  # the same bytes whatever the number of workers
+        if path.is_file() and path.suffix != ".json":
+            assert (tmp_path / "two" / path.name).read_bytes() == path.read_bytes(), path.name
+    assert verify(prefix, progress=False).ok
+    reader = open_packed(tmp_path / "zero")
+    meta = reader.meta
+    assert meta.image_shape is None and meta.image_processor["family"] == "native" and meta.image_processor["max_pixels"] == 50176
+    processor = processor_from_record(meta.image_processor)
+    packs = [reader.pack(p) for p in range(len(reader))]
+    assert sum(pack.num_images for pack in packs) == 7
+    for pack in packs:  # each image's run is its stored image's tokens plus <|vision_start|> and <|vision_end|>
+        assert pack.image_lengths.tolist() == [image.tokens + 2 for image in pack.stored_images]
+    dataset = PackedSeqDataset(tmp_path / "zero", processor=processor)
+    for p, pack in enumerate(packs):
+        item = dataset[p]
+        assert item["position_ids"].shape == (3, len(pack.tokens))
+        assert item["image_grid_thw"].shape == (pack.num_images, 3)
+    capsys.readouterr()
+    assert main(["convert", str(tmp_path / "zero"), str(tmp_path / "nemo"), "--to", "nemo"]) == 2
+    assert "cannot hold" in capsys.readouterr().err
