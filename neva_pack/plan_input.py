@@ -28,7 +28,7 @@ from neva_pack.record_stream import iter_raw_records
 from neva_pack.samples import SampleBuilder, SampleLayout, Skipped, truncation
 from neva_pack.workers import worker_messages
 
-__all__ = ["DECODE_SKIPS_NOTE", "LaidOutSamples", "lengths_from_input"]
+__all__ = ["DECODE_SKIPS_NOTE", "LaidOutSamples", "LayoutStream", "laid_out_lengths", "lengths_from_input"]
 
 RECORDS_PER_MESSAGE = 256
 """Records a worker lays out and sends as one message (a layout costs far less than a round trip)."""
@@ -125,9 +125,16 @@ def lengths_from_input(sample: SampleConfig, pack: PackConfig, workers: int = 0)
     from neva_pack.pipeline.builder import sample_builder_for
 
     builder = sample_builder_for(sample, pack)
+    return laid_out_lengths(builder, sample.data_path, alignment=pack.alignment, workers=workers)
+
+
+def laid_out_lengths(builder: SampleBuilder, data_path, *, alignment: int = 1, workers: int = 0) -> SampleLengths:
+    """Every record of ``data_path`` laid out by ``builder`` (cut at its max_seq_length), no pixel
+    decoded, with the records it would skip counted by reason; ``alignment``: the multiple samples
+    are padded to (the run's)."""
     layouts: list[SampleLayout] = []
     skipped: Counter[str] = Counter()
-    for message in worker_messages(LayoutStream(sample.data_path, builder), workers, in_flight=4):
+    for message in worker_messages(LayoutStream(data_path, builder), workers, in_flight=4):
         for item in message:
             if isinstance(item, Skipped):
                 skipped[item.reason] += 1
@@ -137,9 +144,9 @@ def lengths_from_input(sample: SampleConfig, pack: PackConfig, workers: int = 0)
     return SampleLengths(
         lengths=laid_out.lengths,
         truncated=sum(layout.truncated for layout in layouts),
-        cut_at=pack.cut_length,
-        source=str(sample.data_path),
-        pad_to_multiple_of=pack.alignment,
+        cut_at=builder.max_seq_length,
+        source=str(data_path),
+        pad_to_multiple_of=alignment,
         num_images=np.diff(laid_out.image_offsets),
         image_tokens=laid_out.per_sample(laid_out.image_tokens),
         vision_cost=laid_out.per_sample(laid_out.image_costs),
