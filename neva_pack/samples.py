@@ -9,6 +9,10 @@ One sample's token ids (NeMo's v1, one tokenizer call), with NeMo's shift into t
 
 The sample's length (what is packed) is len(tokens): text plus image positions. Conversation
 text never yields a control id (see SampleBuilder._encode_chunk).
+
+A dynamic-resolution family (Qwen2-VL, LLaVA-NeXT / OneVision) gives each image a run of its own
+length, counted from the image's header before anything is decoded (header_images.py); the ids are
+laid out and truncated with those lengths, then only the images kept are decoded.
 """
 
 from __future__ import annotations
@@ -19,18 +23,22 @@ import numpy as np
 
 from neva_pack.defaults import IGNORE_INDEX
 from neva_pack.errors import ConfigError
-from neva_pack.image_ids import NEMO_IM_END, NEMO_IM_START, check_token_ids
+from neva_pack.header_images import HeaderImage, HeaderImages
+from neva_pack.image_ids import IMAGE_DELIMITER_PIECES, check_token_ids
 from neva_pack.image_run import ImageRun
 from neva_pack.images import (
     DEFAULT_MAX_IMAGE_DECODE_SECONDS,
     DEFAULT_MAX_IMAGE_PIXELS,
+    DynamicProcessor,
     ImagePreprocessor,
     ImageSource,
+    StoredImage,
     decode_image,
 )
 from neva_pack.records import (
     DEFAULT_MAX_CONVERSATION_CHARS,
     DEFAULT_MAX_IMAGES_PER_RECORD,
+    IMAGE_PLACEHOLDER,
     IMAGES_NOT_HELD,
     Conversation,
     RawRecord,
@@ -60,12 +68,13 @@ class Sample:
     """int32, ids[:-1]."""
     labels: np.ndarray
     """int32, ids[1:] on trained positions, ignore_index elsewhere."""
-    images: np.ndarray
-    """uint8 (num_images, 3, H, W), in placeholder order."""
+    images: np.ndarray | tuple[StoredImage, ...]
+    """In placeholder order: fixed-crop encoders uint8 (num_images, 3, H, W); dynamic-resolution
+    families one StoredImage per image, each at its own size."""
     image_starts: np.ndarray
     """int32 position in tokens where each image run starts (to truncate again later)."""
     image_tokens: np.ndarray
-    """int32 positions of each image's run (fixed-crop encoders: the same for every image)."""
+    """int32 positions of each image's run, start/end included (fixed-crop encoders: the same for every image)."""
     vision_cost: int
     """The vision encoder's attention cost of the sample's images, in patches² per encoder pass
     (what --balance_data_parallel weighs images by)."""
@@ -89,8 +98,9 @@ class Skipped:
     """What exactly was wrong, for the report."""
 
 
-def truncation(image_starts, run_length: int, max_seq_length: int) -> tuple[int, int]:
+def truncation(image_starts, run_lengths, max_seq_length: int) -> tuple[int, int]:
     """Where to cut a sample's ids to fit ``max_seq_length`` positions: (ids to keep, images to keep).
+    ``run_lengths``: the positions of every image's run (an int), or of each image's (a sequence).
 
     ids are cut to max_seq_length + 1 (tokens = ids[:-1]), or so that the tokens end right before
     the first image run that would not fit whole: an image run is never split. Both limits are
@@ -103,8 +113,9 @@ def truncation(image_starts, run_length: int, max_seq_length: int) -> tuple[int,
     (Cutting the ids at B's start would make tokens = ids[:5]: A's last position lost.)
     """
     cut = max_seq_length + 1
+    lengths = np.broadcast_to(np.asarray(run_lengths, dtype=np.int64), (len(image_starts),))
     kept = 0
-    while kept < len(image_starts) and image_starts[kept] + run_length <= max_seq_length:
+    while kept < len(image_starts) and image_starts[kept] + lengths[kept] <= max_seq_length:
         kept += 1
     if kept < len(image_starts):
         cut = min(cut, int(image_starts[kept]) + 1)
@@ -124,7 +135,7 @@ class SampleBuilder:
         tokenizer: Tokenizer,
         template: Template,
         image_source: ImageSource,
-        preprocessor: ImagePreprocessor,
+        preprocessor: ImagePreprocessor | DynamicProcessor,
         image_run: ImageRun,
         max_seq_length: int,
         truncate: bool = True,
@@ -138,7 +149,12 @@ class SampleBuilder:
         max_images_per_record: int = DEFAULT_MAX_IMAGES_PER_RECORD,
         text_only: bool = False,
     ):
-        """``text_only``: the output holds no image, so a record with images is skipped (``images_not_held``)."""
+        """``text_only``: the output holds no image, so a record with images is skipped (``images_not_held``).
+
+        ``preprocessor``: a fixed-crop ImagePreprocessor with a fixed ``image_run``, or a dynamic-resolution
+        family's processor (``images.dynamic_processor``) with a dynamic one (``image_ids.dynamic_image_run``)."""
+        if image_run.dynamic == isinstance(preprocessor, ImagePreprocessor):
+            raise ConfigError("a dynamic-resolution processor needs a dynamic image run, a fixed-crop one a fixed run")
         self.tokenizer = tokenizer
         self.text_only = text_only
         self.template = template
@@ -155,10 +171,13 @@ class SampleBuilder:
         self.max_image_pixels = max_image_pixels
         self.max_image_decode_seconds = max_image_decode_seconds
         self.max_images_per_record = max_images_per_record
-        self._run_ids = image_run.ids()
+        self._run_ids = None if image_run.dynamic else image_run.ids()
+        self._header_images = (
+            HeaderImages(preprocessor, image_source, max_image_pixels, max_image_decode_seconds) if image_run.dynamic else None
+        )
         self._special_ids = self._resolve_specials()
         self._special_runs = {name: np.asarray([i], dtype=np.int64) for name, i in self._special_ids.items() if i is not None}
-        self._run_masks: dict[tuple[str, bool], np.ndarray] = {}
+        self._run_masks: dict[tuple[str, bool, int], np.ndarray] = {}
         self._is_control = np.zeros(tokenizer.vocab_size, dtype=bool)
         self._is_control[list(tokenizer.control_ids)] = True
         empty = np.zeros(0, dtype=np.int64)
@@ -183,14 +202,21 @@ class SampleBuilder:
         the tokenizer has no piece for splits the prompt there instead (as LLaVA)."""
         markers = {}
         candidates = {"eos": [NEMO_SPECIAL_TEXT["eos"]], "bos": [NEMO_SPECIAL_TEXT["bos"]]}
-        if self.image_run.start_id is not None and self.image_run.end_id is not None:
-            candidates["image"] = [NEMO_IM_START, NEMO_IM_END]
+        run = self.image_run
+        if run.start_id is not None and run.end_id is not None:
+            written = [run.start_id, run.end_id]  # NeMo's <extra_id_4>/<extra_id_5>, Qwen's <|vision_start|>/<|vision_end|>
+            pieces = [list(texts) for texts in IMAGE_DELIMITER_PIECES]
+        elif run.dynamic and run.start_id is None and run.end_id is None:
+            written, pieces = [run.patch_id], [[IMAGE_PLACEHOLDER]]  # LLaVA-NeXT / OneVision: their <image> token
+        else:
+            written, pieces = None, []
+        for texts in pieces:  # the image marker: the tokenizer's own pieces for the run's delimiters
+            if [self.tokenizer.token_to_id(text) for text in texts] == written:
+                candidates["image"] = texts
         for name, texts in candidates.items():
             ids = [self.tokenizer.token_to_id(text) for text in texts]
             if all(i is not None and i in self.tokenizer.control_ids for i in ids):
                 markers[name] = Marker(name=name, text="".join(texts), ids=np.asarray(ids, dtype=np.int64), id_list=ids)
-        if "image" in markers and not np.array_equal(markers["image"].ids, [self.image_run.start_id, self.image_run.end_id]):
-            del markers["image"]  # explicit image ids other than NeMo's pieces
         return markers
 
     def build(self, raw: RawRecord) -> Sample | Skipped:
@@ -203,21 +229,60 @@ class SampleBuilder:
         conversation = parse_record(raw, self.max_conversation_chars, self.max_images_per_record)
         if self.text_only and conversation.images:
             raise RecordError(IMAGES_NOT_HELD, f"{len(conversation.images)} image(s), and the output format holds text only")
+        if self._header_images is not None:
+            return self._build_dynamic(conversation)
         ids, trained, image_starts = self.encode(conversation)
+        ids, trained, kept, truncated = self._truncated(ids, trained, image_starts, len(self._run_ids))
+        names = conversation.images[:kept]
+        images = np.stack([self._load(name) for name in names]) if names else self._no_images()
+        return self._sample(
+            conversation, ids, trained, image_starts[:kept], images, np.full(len(names), len(self._run_ids)),
+            len(names) * self.preprocessor.vision_cost, truncated,
+        )  # fmt: skip
+
+    def _build_dynamic(self, conversation: Conversation) -> Sample:
+        """Each image's run length from its header; ids laid out and truncated with them; then the
+        images kept are decoded (a OneVision sample cut to one image counts it again as its only one)."""
+        headers = self._header_images.read(conversation.images)
+        ids, trained, image_starts = self.encode(conversation, [h.tokens for h in headers])
+        lengths = [self.image_run.length(h.tokens) for h in headers]
+        ids, trained, kept, truncated = self._truncated(ids, trained, image_starts, lengths, keep=True)
+        if 0 < kept < len(headers) and kept == 1 and headers[0].multi_image:
+            headers = [self._header_images.counted(headers[0], multi_image=False), *headers[1:]]
+            ids, trained, image_starts = self.encode(conversation, [h.tokens for h in headers])
+            lengths = [self.image_run.length(h.tokens) for h in headers]
+            ids, trained, kept, truncated = self._truncated(ids, trained, image_starts, lengths, keep=True)
+        self._check_trained(trained, truncated)
+        kept_headers: list[HeaderImage] = headers[:kept]
+        images = tuple(self._header_images.load(h) for h in kept_headers)
+        return self._sample(
+            conversation, ids, trained, image_starts[:kept], images, lengths[:kept],
+            sum(self._header_images.vision_cost(h) for h in kept_headers), truncated,
+        )  # fmt: skip
+
+    def _truncated(self, ids, trained, image_starts, run_lengths, keep: bool = False) -> tuple:
+        """(ids, trained, images kept, truncated): cut to max_seq_length + 1 (never inside an image
+        run), or skipped as too_long; then checked to be a sample worth training (``keep``: later)."""
         truncated = False
+        kept = len(image_starts)
         if len(ids) > self.max_seq_length + 1:
             if not self.truncate:
                 raise RecordError("too_long", f"{len(ids) - 1} positions > max_seq_length {self.max_seq_length}")
-            cut, kept = truncation(image_starts, len(self._run_ids), self.max_seq_length)
-            ids, trained, image_starts = ids[:cut], trained[:cut], image_starts[:kept]
+            cut, kept = truncation(image_starts, run_lengths, self.max_seq_length)
+            ids, trained = ids[:cut], trained[:cut]
             truncated = True
-        if len(ids) < 2 and not truncated:
+        if not keep:
+            self._check_trained(trained, truncated)
+        return ids, trained, kept, truncated
+
+    def _check_trained(self, trained: np.ndarray, truncated: bool) -> None:
+        if len(trained) < 2 and not truncated:
             raise RecordError("empty_conversation", "the conversation renders to fewer than 2 tokens")
         if not trained[1:].any():  # e.g. cut before its answer (or its image) by a short max_seq_length
             where = f" after truncation to max_seq_length {self.max_seq_length}" if truncated else ""
             raise RecordError("no_supervised_tokens", f"no trained label{where}")
-        names = conversation.images[: len(image_starts)]
-        images = np.stack([self._load(name) for name in names]) if names else self._no_images()
+
+    def _sample(self, conversation, ids, trained, image_starts, images, run_lengths, vision_cost, truncated) -> Sample:
         labels = np.where(trained[1:], ids[1:], self.ignore_index)
         return Sample(
             index=conversation.index,
@@ -226,18 +291,24 @@ class SampleBuilder:
             labels=labels.astype(np.int32),
             images=images,
             image_starts=np.asarray(image_starts, dtype=np.int32),
-            image_tokens=np.full(len(names), len(self._run_ids), dtype=np.int32),
-            vision_cost=len(names) * self.preprocessor.vision_cost,
+            image_tokens=np.asarray(run_lengths, dtype=np.int32).reshape(-1),
+            vision_cost=int(vision_cost),
             truncated=truncated,
         )
 
-    def encode(self, conversation: Conversation) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    def encode(self, conversation: Conversation, image_features=None) -> tuple[np.ndarray, np.ndarray, list[int]]:
         """The text side of a sample, before truncation: (ids, trained mask, start of each image
-        run). No pixels are read; the parity tests against NeMo's and LLaVA's goldens call this."""
+        run). No pixels are read; the parity tests against NeMo's and LLaVA's goldens call this.
+        ``image_features``: a dynamic run's features per image, in placeholder order."""
         record_system = conversation.system if self.template.system_from_record else None
-        return self._encode(render(self.template, conversation.turns, self.system_prompt, record_system))
+        pieces = render(self.template, conversation.turns, self.system_prompt, record_system)
+        if self.image_run.dynamic:
+            images = sum(piece.kind == "image" for piece in pieces)
+            if image_features is None or len(image_features) != images:
+                raise ValueError(f"a dynamic image run needs the features of each of the {images} images")
+        return self._encode(pieces, image_features)
 
-    def _encode(self, pieces: list[Piece]) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    def _encode(self, pieces: list[Piece], image_features=None) -> tuple[np.ndarray, np.ndarray, list[int]]:
         """Pieces -> (ids, trained mask, start position of each image run).
 
         Text is tokenized in chunks: under ``nemo`` the whole prompt is one chunk, images and
@@ -253,6 +324,7 @@ class SampleBuilder:
         segments: list[TextChunk | tuple[np.ndarray, np.ndarray, bool]] = []
         chunk = None
         rendered = 0
+        image = 0  # the next image's index in image_features
         for piece in pieces:
             kind = piece.kind
             if kind == "text" or kind == "content":
@@ -270,7 +342,13 @@ class SampleBuilder:
                         rendered += len(value)
                 continue
             name = "image" if kind == "image" else piece.value
-            ids = self._run_ids if kind == "image" else self._special_runs[name]
+            if kind != "image":
+                ids = self._special_runs[name]
+            elif image_features is None:
+                ids = self._run_ids
+            else:
+                ids = self.image_run.ids(image_features[image])
+                image += 1
             marker = self._markers.get(name)
             if marker is not None:
                 if chunk is None:
@@ -280,7 +358,7 @@ class SampleBuilder:
                 chunk.add_marker(marker, piece.trained, ids)
                 continue
             chunk = None
-            segments.append((ids, self._run_mask(name, piece.trained), kind == "image"))
+            segments.append((ids, self._run_mask(name, piece.trained, len(ids)), kind == "image"))
         if rendered > self.max_conversation_chars:  # many short turns: the template's text counts too
             raise RecordError(
                 "conversation_too_long",
@@ -312,11 +390,12 @@ class SampleBuilder:
             return id_parts[0], mask_parts[0], image_starts
         return np.concatenate(id_parts), np.concatenate(mask_parts), image_starts
 
-    def _run_mask(self, name: str, trained: bool) -> np.ndarray:
+    def _run_mask(self, name: str, trained: bool, length: int) -> np.ndarray:
         """The mask of an image run or a BOS/EOS id (shared: only ever copied into a sample)."""
-        key = (name, trained)
+        key = (name, trained, length)
         if key not in self._run_masks:
-            length = len(self._run_ids) if name == "image" else 1
+            if len(self._run_masks) > 4096:  # dynamic runs: one length per image size
+                self._run_masks.clear()
             self._run_masks[key] = np.full(length, trained)
         return self._run_masks[key]
 

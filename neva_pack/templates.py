@@ -136,8 +136,14 @@ class Piece:
     """Whether the tokens of this piece are label targets."""
 
 
+TEMPLATE_ALIASES = {"vicuna_v1": "v1", "llava_mistral_instruct": "mistral_instruct"}
+"""Names the reference code gives a shipped template: LLaVA-NeXT's conv_templates "vicuna_v1" (LLaVA-v1.6
+Vicuna) is LLaVA-1.5's conv_vicuna_v1, our v1; its "llava_mistral_instruct" is its "mistral_instruct"."""
+
+
 def available_templates() -> list[str]:
-    return sorted(p.name[: -len(".yaml")] for p in _template_dir().iterdir() if _is_template_file(p.name))
+    files = [p.name[: -len(".yaml")] for p in _template_dir().iterdir() if _is_template_file(p.name)]
+    return sorted(files + list(TEMPLATE_ALIASES))
 
 
 def load_template(name_or_path: str, tokenization: str = DEFAULT_TOKENIZATION) -> Template:
@@ -147,7 +153,7 @@ def load_template(name_or_path: str, tokenization: str = DEFAULT_TOKENIZATION) -
     if path.suffix in (".yaml", ".yml") and path.exists():
         text = read_text(path, what="--conv_template")
     else:
-        resource = _template_dir() / f"{name_or_path}.yaml"
+        resource = _template_dir() / f"{TEMPLATE_ALIASES.get(name_or_path, name_or_path)}.yaml"
         if not _is_template_file(resource.name) or not resource.is_file():
             raise ConfigError(
                 f"--conv_template {name_or_path!r}: unknown template; choose one of "
@@ -163,6 +169,8 @@ def load_template(name_or_path: str, tokenization: str = DEFAULT_TOKENIZATION) -
         if not isinstance(override, dict):
             raise ConfigError(f"template {name_or_path}: section {tokenization!r} must be a mapping")
         data = {**data, **override}
+        if name_or_path in TEMPLATE_ALIASES and not path.suffix:
+            data["name"] = name_or_path
     return _parse_template(data, source=str(name_or_path))
 
 

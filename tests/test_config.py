@@ -129,7 +129,7 @@ def test_the_sample_fingerprint_is_the_sample_part(required):
     sample = dataclasses.asdict(config.sample)
     gathered = {}
     for spec, opt in settings():
-        if spec.name not in sample or opt.fingerprint == "":
+        if spec.name not in sample or opt.fingerprint == "" or (opt.fingerprint_when_set and sample[spec.name] is None):
             continue
         if opt.fingerprint:
             gathered.setdefault(opt.fingerprint, []).append(sample[spec.name])
@@ -141,6 +141,17 @@ def test_the_sample_fingerprint_is_the_sample_part(required):
     assert fingerprint["image_ids"] == [5, None, None] and fingerprint["budgets"][1] == 9
     left_out = {spec.name for spec, opt in settings() if opt.fingerprint == "" and spec.name in sample}
     assert left_out == {"crop_size"}  # checked against the encoder, which is in the fingerprint
+    when_set = {spec.name for spec, opt in settings() if opt.fingerprint_when_set}
+    assert when_set == {"min_pixels", "max_pixels"} and not when_set & set(fingerprint)  # unset: stores made before resume
+
+
+def test_min_and_max_pixels_are_in_the_sample_fingerprint_once_set(required):
+    """--min_pixels / --max_pixels decide a Qwen2-VL image's size and tokens: a store made with other
+    values must not resume; unset, the fingerprint is the one stores made before these flags hold."""
+    fingerprint = PreprocessConfig(**required, max_pixels=1003520).sample_fingerprint()
+    assert fingerprint["max_pixels"] == 1003520 and "min_pixels" not in fingerprint
+    with pytest.raises(ConfigError, match="--min_pixels"):
+        PreprocessConfig(**required, min_pixels=0)
 
 
 def test_every_writing_setting_changes_the_settings(required):

@@ -67,6 +67,17 @@ GOLDEN = {
     ("llama_3", "llava"): "<bos>" + LLAMA_3,
     ("mistral", "nemo"): "<bos> [INST] <image>\nWhat is this? [/INST]⟦A cat.<eos>⟧ [INST] Sure? [/INST]⟦Yes.<eos>⟧",
     ("mistral", "llava"): "<bos>[INST] <image>\nWhat is this? [/INST]⟦A cat.<eos>⟧[INST] Sure? [/INST]⟦Yes.<eos>⟧",
+    ("vicuna_v1", "nemo"): f"{VICUNA_SYSTEM} USER: <image>\nWhat is this? ASSISTANT:⟦ A cat.<eos>⟧ USER: Sure? ASSISTANT:⟦ Yes.<eos>⟧",
+    ("vicuna_v1", "llava"): f"<bos>{VICUNA_SYSTEM} USER: <image>\nWhat is this? ASSISTANT:⟦ A cat.<eos>⟧USER: Sure? ASSISTANT:⟦ Yes.<eos>⟧",
+    # LLaVA-NeXT's conv_mistral_instruct (llava-v1.6-mistral): Llama-2 style, one BOS, no system
+    ("mistral_instruct", "nemo"): "<bos>[INST] <image>\nWhat is this? [/INST]⟦ A cat. <eos>⟧[INST] Sure? [/INST]⟦ Yes. <eos>⟧",
+    ("mistral_instruct", "llava"): "<bos>[INST] <image>\nWhat is this? [/INST]⟦ A cat. <eos>⟧[INST] Sure? [/INST]⟦ Yes. <eos>⟧",
+    ("llava_mistral_instruct", "nemo"): "<bos>[INST] <image>\nWhat is this? [/INST]⟦ A cat. <eos>⟧[INST] Sure? [/INST]⟦ Yes. <eos>⟧",
+    ("llava_mistral_instruct", "llava"): "<bos>[INST] <image>\nWhat is this? [/INST]⟦ A cat. <eos>⟧[INST] Sure? [/INST]⟦ Yes. <eos>⟧",
+    ("qwen2_vl", "nemo"): CHATML,  # Qwen2-VL's chat template; <image> is the image run of <|vision_start|>...
+    ("qwen2_vl", "llava"): CHATML,
+    ("qwen_1_5", "nemo"): CHATML,  # LLaVA-NeXT / OneVision's conv_qwen
+    ("qwen_1_5", "llava"): CHATML,
     ("chatml", "nemo"): CHATML,
     ("chatml", "llava"): CHATML,
     ("yi_34b", "nemo"): YI_34B,
@@ -95,6 +106,13 @@ def test_golden_rendering(name, tokenization):
     template = load_template(name, tokenization)
     turns = TURNS[:2] if template.one_round_only else TURNS
     assert marked(render(template, turns)) == GOLDEN[name, tokenization]
+    assert template.name == name
+
+
+def test_a_system_prompt_opens_the_first_inst_of_llava_mistral_instruct():
+    """conv_mistral_instruct wraps a non-empty system prompt in <<SYS>> inside the first [INST]."""
+    pieces = render(load_template("mistral_instruct"), TURNS[:2], system="Be brief.")
+    assert marked(pieces) == "<bos>[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\n<image>\nWhat is this? [/INST]⟦ A cat. <eos>⟧"
 
 
 def test_system_prompt_override_and_empty_system():

@@ -48,6 +48,9 @@ class Option:
     fingerprint: str | None = None
     """Sample fields: the key of the sample fingerprint holding the value (several fields may share
     one: a list, in field order); "" leaves the field out (it checks, it does not decide a sample)."""
+    fingerprint_when_set: bool = False
+    """Sample fields: in the fingerprint only when not None (an option a store made without it never
+    had, so such a store's fingerprint stays what it was)."""
     location: bool = False
     """Sample fields: the value names a file or a setting by location or name, not by content (a
     sharded run's content fingerprint replaces it by a digest of what it designates)."""

@@ -91,6 +91,17 @@ class SampleConfig:
     )  # fmt: skip
     """Convention the token ids follow, a name from templates.TOKENIZATIONS: nemo (NeMo NeVA's
     preprocessing, the default since the command line is NeMo's) or llava (LLaVA-1.5's)."""
+    min_pixels: int | None = option(
+        None, minimum=1, fingerprint_when_set=True,
+        help="Qwen2-VL / Qwen2.5-VL: smallest resized image area in pixels (default: the encoder's preprocessor_config)",
+    )  # fmt: skip
+    """Native-resolution encoders (Qwen2-VL): the smallest area an image is resized to (smart_resize)."""
+    max_pixels: int | None = option(
+        None, minimum=1, fingerprint_when_set=True,
+        help="Qwen2-VL / Qwen2.5-VL: largest resized image area in pixels (default: the encoder's preprocessor_config)",
+    )  # fmt: skip
+    """Native-resolution encoders (Qwen2-VL): the largest area an image is resized to (the released
+    checkpoints' 12,845,056; transformers' class default 1,003,520)."""
     # --- per-record budgets and confinement: what one record may cost ---
     max_record_bytes: int = option(
         DEFAULT_MAX_RECORD_BYTES, group=BUDGETS, minimum=1, fingerprint="budgets",
@@ -160,7 +171,7 @@ class SampleConfig:
         values = dataclasses.asdict(self)
         out: dict = {}
         for spec, opt in options(self):
-            if opt.fingerprint == "":
+            if opt.fingerprint == "" or (opt.fingerprint_when_set and values[spec.name] is None):
                 continue
             if spec.name == "truncate":
                 out["max_seq_length"] = cut_length

@@ -175,6 +175,20 @@ class AnyresProcessor:
                 features, newlines = int(rows // ratio) * int(columns // ratio), int(rows // ratio)
         return s.base_tokens + features + newlines
 
+    def pixels_for_size(self, width: int, height: int, *, multi_image: bool = False) -> int:
+        """Pixels of the largest image the processor makes of it: the padded grid (a OneVision
+        multi-image sample's image: its square at the tile size)."""
+        if multi_image and self.settings.square_colour is not None:
+            return self.settings.tile**2
+        grid_height, grid_width = self.grid(width, height)
+        return grid_height * grid_width
+
+    def vision_cost_for_size(self, width: int, height: int, *, multi_image: bool = False) -> int:
+        """The vision encoder's attention cost of the image: one pass per tile and the base image,
+        each of a tile's patches squared (a OneVision multi-image sample's image: one pass)."""
+        passes = 1 if multi_image and self.settings.max_num_patches is not None else 1 + self.tiles(width, height)
+        return passes * self.settings.features_per_side**4
+
     def _truncate(self, value: float) -> int:
         return int(value) if self.arithmetic == "llava" else int(round(value, 7))
 

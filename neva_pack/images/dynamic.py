@@ -49,6 +49,12 @@ class DynamicProcessor(Protocol):
     def tokens_for_size(self, width: int, height: int) -> int:
         """Sequence positions of an image of this size: arithmetic only, nothing decoded."""
 
+    def pixels_for_size(self, width: int, height: int) -> int:
+        """Pixels of the largest image the processor makes of one of this size (a pixel budget's measure)."""
+
+    def vision_cost_for_size(self, width: int, height: int) -> int:
+        """The vision encoder's attention cost of an image of this size, in patches² per encoder pass."""
+
     def to_uint8(self, image: Image.Image) -> StoredImage:
         """RGB image -> its stored uint8 parts (the worker's half)."""
 

@@ -133,6 +133,15 @@ class NativeProcessor:
         t, h, w = self.grid_thw(width, height)
         return t * h * w // self.settings.merge_size**2
 
+    def pixels_for_size(self, width: int, height: int) -> int:
+        """Pixels of the resized image (what a worker holds besides the decoded one)."""
+        resized_height, resized_width = self.resized_size(width, height)
+        return resized_height * resized_width
+
+    def vision_cost_for_size(self, width: int, height: int) -> int:
+        """The vision encoder's attention cost of the image: its patches, squared (one pass over them all)."""
+        return (self.tokens_for_size(width, height) * self.settings.merge_size**2) ** 2
+
     def to_uint8(self, image: Image.Image) -> StoredImage:
         """RGB image -> the smart-resized uint8 (3, H, W) (PIL's resize, as the processor's)."""
         width, height = image.size
