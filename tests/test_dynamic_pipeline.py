@@ -15,6 +15,7 @@ from neva_pack.cli import main
 from neva_pack.dataset import PackedSeqDataset
 from neva_pack.formats import open_packed
 from neva_pack.images.recorded import processor_from_record
+from neva_pack.plan import explore, load_lengths
 from neva_pack.verify import verify
 
 TOKENIZER = Path(__file__).parent / "golden" / "dynamic" / "tokenizer.json"
@@ -42,20 +43,32 @@ def workload(tmp_path_factory):
     return folder
 
 
-def run(workload: Path, output_dir: Path, workers: int) -> int:
+def run(workload: Path, output_dir: Path, workers: int, *extra: str, max_seq_length: int = 256) -> int:
     return main(["preprocess", "--quiet", "--data_path", str(workload / "data.json"), "--image_folder", str(workload / "img"),
                  "--tokenizer_path", str(workload / "tok"), "--hf_vision_encoder", "Qwen/Qwen2-VL-7B-Instruct",
-                 "--conv_template", "qwen2_vl", "--output_format", "compact", "--max_seq_length", "256",
-                 "--max_pixels", "50176", "--output_dir", str(output_dir), "--num_workers", str(workers)])  # fmt: skip
+                 "--conv_template", "qwen2_vl", "--output_format", "compact", "--max_seq_length", str(max_seq_length),
+                 "--max_pixels", "50176", "--output_dir", str(output_dir), "--num_workers", str(workers), *extra])  # fmt: skip
 
 
-def test_a_qwen2_vl_run_writes_a_compact_output_that_reads_back_through_its_processor(workload, tmp_path, capsys):
-    assert run(workload, tmp_path / "zero", 0) == 0
+def output_files(output_dir: Path) -> dict[str, bytes]:
+    """The packed output's files by name (the meta, which records the run's settings and times, left out)."""
+    prefix = paths.packed_prefix(output_dir)
+    return {path.name: path.read_bytes() for path in sorted(prefix.parent.glob("packed_seq_dataset*"))
+            if path.is_file() and path.suffix != ".json"}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def unsharded(workload, tmp_path_factory):
+    output_dir = tmp_path_factory.mktemp("unsharded")
+    assert run(workload, output_dir, 0) == 0
+    return output_dir
+
+
+def test_a_qwen2_vl_run_writes_a_compact_output_that_reads_back_through_its_processor(workload, unsharded, tmp_path, capsys):
+    shutil.copytree(unsharded, tmp_path / "zero")
     assert run(workload, tmp_path / "two", 2) == 0
     prefix = paths.packed_prefix(tmp_path / "zero")
-    for path in sorted(prefix.parent.glob("packed_seq_dataset*")):  # the same bytes whatever the number of workers
-        if path.is_file() and path.suffix != ".json":
-            assert (tmp_path / "two" / path.name).read_bytes() == path.read_bytes(), path.name
+    assert output_files(tmp_path / "two") == output_files(tmp_path / "zero")  # whatever the number of workers
     assert verify(prefix, progress=False).ok
     reader = open_packed(tmp_path / "zero")
     meta = reader.meta
@@ -73,3 +86,38 @@ def test_a_qwen2_vl_run_writes_a_compact_output_that_reads_back_through_its_proc
     capsys.readouterr()
     assert main(["convert", str(tmp_path / "zero"), str(tmp_path / "nemo"), "--to", "nemo"]) == 2
     assert "cannot hold" in capsys.readouterr().err
+
+
+def test_a_sharded_qwen2_vl_run_gives_the_bytes_of_the_unsharded_one(workload, unsharded, tmp_path):
+    """Each shard encodes its records (the part's fingerprint names the processor by its record),
+    the final step joins the parts: the output is the unsharded run's, byte for byte."""
+    for index in ("0", "1"):
+        assert run(workload, tmp_path, 0, "--num_shards", "2", "--shard_index", index) == 0
+    assert run(workload, tmp_path, 0, "--num_shards", "2") == 0
+    assert output_files(tmp_path) == output_files(unsharded)
+    assert verify(paths.packed_prefix(tmp_path), progress=False).ok
+
+
+def test_a_shard_made_with_other_processor_settings_is_refused_by_the_join(workload, tmp_path, capsys):
+    assert run(workload, tmp_path, 0, "--num_shards", "2", "--shard_index", "0") == 0
+    assert main(["preprocess", "--quiet", "--data_path", str(workload / "data.json"), "--image_folder", str(workload / "img"),
+                 "--tokenizer_path", str(workload / "tok"), "--hf_vision_encoder", "Qwen/Qwen2-VL-7B-Instruct",
+                 "--conv_template", "qwen2_vl", "--output_format", "compact", "--max_seq_length", "256",
+                 "--max_pixels", "25088", "--output_dir", str(tmp_path), "--num_workers", "0",
+                 "--num_shards", "2", "--shard_index", "1"]) == 0  # fmt: skip
+    capsys.readouterr()
+    assert run(workload, tmp_path, 0, "--num_shards", "2") == 2
+    assert "other settings" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("size", [64, 100])
+def test_plan_from_a_dynamic_store_cuts_samples_as_a_run_at_that_size(workload, unsharded, tmp_path, size):
+    """The store was built at 256; ``neva-pack plan`` at a size that cuts samples cuts each one before
+    the first image run that does not fit whole (per-image run lengths), as a run built at that size."""
+    sample_lengths = load_lengths(unsharded)
+    assert np.any(sample_lengths.lengths > size) and sample_lengths.image_positions is None
+    [row] = explore(sample_lengths, [size], ["first_fit_shuffle"])
+    assert run(workload, tmp_path, 0, max_seq_length=size) == 0
+    meta = open_packed(tmp_path).meta
+    assert (row.packs, row.skipped) == (meta.num_packs, meta.counts.skipped)
+    assert row.clipped == meta.counts.truncated
