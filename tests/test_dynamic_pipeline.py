@@ -8,17 +8,21 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from neva_pack import paths
 from neva_pack.cli import main
 from neva_pack.dataset import PackedSeqDataset
 from neva_pack.formats import open_packed
-from neva_pack.images.recorded import processor_from_record
+from neva_pack.encoders import resolve_encoder
+from neva_pack.images.recorded import processor_from_record, processor_record
 from neva_pack.plan import explore, load_lengths
+from neva_pack.training import hf_collate, thd_collate
 from neva_pack.verify import verify
 
 TOKENIZER = Path(__file__).parent / "golden" / "dynamic" / "tokenizer.json"
+ENCODER = resolve_encoder("Qwen/Qwen2-VL-7B-Instruct")
 SIZES = [(120, 90), (300, 200), (60, 400), (120, 90)]
 
 
@@ -78,11 +82,18 @@ def test_a_qwen2_vl_run_writes_a_compact_output_that_reads_back_through_its_proc
     assert sum(pack.num_images for pack in packs) == 7
     for pack in packs:  # each image's run is its stored image's tokens plus <|vision_start|> and <|vision_end|>
         assert pack.image_lengths.tolist() == [image.tokens + 2 for image in pack.stored_images]
-    dataset = PackedSeqDataset(tmp_path / "zero", processor=processor)
+    dataset = PackedSeqDataset(tmp_path / "zero")  # its processor from the meta, no argument needed
+    assert processor_record(ENCODER, dataset.processor) == meta.image_processor
+    assert PackedSeqDataset(tmp_path / "zero", processor=processor).processor is processor  # an explicit one wins
     for p, pack in enumerate(packs):
         item = dataset[p]
         assert item["position_ids"].shape == (3, len(pack.tokens))
         assert item["image_grid_thw"].shape == (pack.num_images, 3)
+    items = [dataset[p] for p in range(len(dataset))]
+    for collate in (hf_collate(dataset), thd_collate(dataset, with_packed_seq_params=False)):
+        batch = collate(items)  # the collates know a dynamic output from its meta
+        assert torch.equal(batch["pixel_values"], torch.cat([item["pixel_values"] for item in items]))
+        assert torch.equal(batch["image_grid_thw"], torch.cat([item["image_grid_thw"] for item in items]))
     capsys.readouterr()
     assert main(["convert", str(tmp_path / "zero"), str(tmp_path / "nemo"), "--to", "nemo"]) == 2
     assert "cannot hold" in capsys.readouterr().err
