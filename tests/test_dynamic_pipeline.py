@@ -14,8 +14,8 @@ from PIL import Image
 from neva_pack import paths
 from neva_pack.cli import main
 from neva_pack.dataset import PackedSeqDataset
-from neva_pack.formats import open_packed
 from neva_pack.encoders import resolve_encoder
+from neva_pack.formats import open_packed
 from neva_pack.images.recorded import processor_from_record, processor_record
 from neva_pack.plan import explore, load_lengths
 from neva_pack.training import hf_collate, thd_collate
