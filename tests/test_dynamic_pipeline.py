@@ -18,8 +18,17 @@ from neva_pack.encoders import resolve_encoder
 from neva_pack.formats import open_packed
 from neva_pack.images.recorded import processor_from_record, processor_record
 from neva_pack.plan import explore, load_lengths
+from neva_pack.tokenizer import load_tokenizer
 from neva_pack.training import hf_collate, thd_collate
 from neva_pack.verify import verify
+from tests.dynamic_models import (
+    TOLERANCE,
+    difference,
+    loss_and_gradients,
+    packed,
+    qwen_model,
+    samples_alone,
+)
 
 TOKENIZER = Path(__file__).parent / "golden" / "dynamic" / "tokenizer.json"
 ENCODER = resolve_encoder("Qwen/Qwen2-VL-7B-Instruct")
@@ -132,3 +141,19 @@ def test_plan_from_a_dynamic_store_cuts_samples_as_a_run_at_that_size(workload, 
     meta = open_packed(tmp_path).meta
     assert (row.packs, row.skipped) == (meta.num_packs, meta.counts.skipped)
     assert row.clipped == meta.counts.truncated
+
+
+
+def test_a_tiny_qwen2_vl_trained_on_packs_of_a_real_output_gets_the_samples_loss_and_gradients(workload, unsharded):
+    """The run's packs, read back (processor from the meta) and laid end to end in one ``hf_batch`` row,
+    give a tiny randomly initialised Qwen2-VL (the stand-in tokenizer's vocabulary and special ids,
+    float64) the summed loss and every gradient, vision tower included, of the samples run one by one."""
+    tokenizer = load_tokenizer(workload / "tok")
+    image, video, start, end = (tokenizer.token_to_id(token) for token in ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>"))
+    model = qwen_model(vocab_size=tokenizer.vocab_size, image=image, video=video, vision_start=start, vision_end=end)
+    dataset = PackedSeqDataset(unsharded)
+    reader = open_packed(unsharded)
+    packs = [p for p in range(len(dataset)) if dataset.sample_images(p).sum()][:3]  # packs with images (several, of several sizes)
+    assert sum(int(dataset.sample_images(p).sum()) for p in packs) >= 3 and any(len(dataset.sample_images(p)) > 1 for p in packs)
+    alone = [run for p in packs for run in samples_alone(reader.pack(p), dataset.sample_images(p), dataset.processor, "native", image)]
+    assert difference(packed(model, [dataset[p] for p in packs], image), loss_and_gradients(model, alone)) < TOLERANCE
