@@ -29,6 +29,8 @@ with the processor its meta records (``meta.image_processor``, rebuilt offline b
                   pixel_values  float32 (sum of patches, 1176)      image_grid_thw  int64 (n, 3)
     LLaVA-NeXT    position_ids  int64 (L,)     restarting per sample
                   pixel_values  float32 (n, 1 + most tiles, 3, S, S)   image_sizes  int64 (n, 2)
+    OneVision     as LLaVA-NeXT, and batch_num_images  int64 (samples,)   images of each sample
+                  (its model tiles an image only when it is its sample's only one)
 
 (an image-less pack: ``pixel_values`` with 0 rows, no zero image).
 

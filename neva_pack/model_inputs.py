@@ -10,6 +10,11 @@ model wants its processor's float layout and, for Qwen, multimodal rotary positi
     LLaVA-NeXT pixel_values   float32 (n, 1 + most tiles, 3, S, S), zero tiles after an image's own
               image_sizes     int64 (n, 2) (height, width)
               position_ids    int64 (L,): 0, 1, ... restarting at every sample (padding included)
+    OneVision  as LLaVA-NeXT, and batch_num_images int64 (samples,): the images of each sample
+
+OneVision tiles an image only when it is its sample's only one (a sample of several has each image
+as one untiled square: ``images.anyres`` ``multi_image``); its model tells the two apart by
+``batch_num_images`` alone, one count per sample, so a pack's item carries its samples' counts.
 
 Pixels come from the processor's ``model_inputs`` (bit-identical to transformers' processor over
 the same images in the same order); the positions are ``neva_pack.mrope.mrope_position_ids`` on
@@ -24,7 +29,7 @@ import numpy as np
 from neva_pack.images.dynamic import DynamicProcessor, StoredImage
 from neva_pack.mrope import mrope_position_ids
 
-__all__ = ["pack_model_inputs", "restarting_positions"]
+__all__ = ["counts_images_per_sample", "pack_model_inputs", "restarting_positions"]
 
 
 def restarting_positions(cu_seqlens: np.ndarray) -> np.ndarray:
@@ -32,6 +37,12 @@ def restarting_positions(cu_seqlens: np.ndarray) -> np.ndarray:
     bounds = np.asarray(cu_seqlens, dtype=np.int64)
     sizes = np.diff(bounds)
     return np.arange(int(bounds[-1]), dtype=np.int64) - np.repeat(bounds[:-1], sizes)
+
+
+def counts_images_per_sample(processor: DynamicProcessor) -> bool:
+    """Whether the model of ``processor``'s images takes ``batch_num_images`` (OneVision: its
+    ``anyres_max_N`` pooling; LLaVA-NeXT and Qwen do not take it)."""
+    return processor.family == "anyres" and processor.settings.max_num_patches is not None
 
 
 def pack_model_inputs(
@@ -50,7 +61,8 @@ def pack_model_inputs(
     their real lengths cumulated, ``num_images`` the images of each sample, ``stored_images`` the
     pack's images in placeholder order, ``processor`` the output's (``images.dynamic_processor``),
     ``patch_id`` the id of every image-feature position (Qwen ``<|image_pad|>``, LLaVA ``<image>``).
-    ValueError when the images and the placeholders disagree (count or length).
+    ValueError when the images and the placeholders disagree (count or length), or (OneVision) an
+    image stored tiled in a sample of several or untiled alone in its sample.
     """
     tokens = np.asarray(tokens, dtype=np.int64)
     bounds = np.asarray(cu_seqlens, dtype=np.int64)
@@ -62,11 +74,24 @@ def pack_model_inputs(
     if expected is not None and int((tokens == patch_id).sum()) != expected:
         raise ValueError(f"{int((tokens == patch_id).sum())} image positions in the pack, its images make {expected}")
     inputs = processor.model_inputs(list(stored_images))
+    if counts_images_per_sample(processor):
+        _check_tiling(stored_images, counts)
+        inputs["batch_num_images"] = counts.copy()
     if processor.family == "native":
         inputs["position_ids"] = _mrope_of_pack(tokens, bounds, real, counts, inputs["image_grid_thw"], processor.settings.merge_size, patch_id)
     else:
         inputs["position_ids"] = restarting_positions(bounds)
     return inputs
+
+
+def _check_tiling(stored_images: list[StoredImage], counts: np.ndarray) -> None:
+    """OneVision: each image stored as its sample's count says the model will read it (an untiled
+    square is one part, a tiled image its base image and its resized one)."""
+    alone = np.repeat(counts == 1, counts)
+    for k, (image, single) in enumerate(zip(stored_images, alone)):
+        if (len(image.parts) == 1) == bool(single):
+            state = "untiled" if len(image.parts) == 1 else "tiled"
+            raise ValueError(f"image {k} of the pack is stored {state} in a sample of {'one image' if single else 'several'}")
 
 
 def _mrope_of_pack(tokens, bounds, real, counts, grids, merge_size: int, patch_id: int) -> np.ndarray:

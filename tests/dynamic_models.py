@@ -1,14 +1,18 @@
-"""Tiny real models and the loss/gradient comparison of the dynamic-resolution training proofs: a
-randomly initialised ``Qwen2VLForConditionalGeneration`` (float64, CPU), the summed loss and every
+"""Tiny real models and the loss/gradient comparison of the dynamic-resolution training proofs:
+randomly initialised ``Qwen2VLForConditionalGeneration`` and ``LlavaOnevisionForConditionalGeneration``
+(float64, CPU), the summed loss and every
 gradient of packed ``hf_batch`` rows against the samples run one by one as the model's own
 processor would feed them, and the relative difference of the two."""
 
 from __future__ import annotations
 
+import json
+
 import torch
 import torch.nn.functional as F
 
 from neva_pack.dataset import dynamic_pack_item, sample_of_pack
+from neva_pack.encoders import resolve_encoder
 from neva_pack.training import hf_batch
 from neva_pack.training.hf import HF_IGNORE_INDEX
 from tests.dynamic_packs import IMAGE, VIDEO, VISION_END, VISION_START, VOCAB
@@ -35,10 +39,35 @@ def qwen_model(vocab_size: int = VOCAB, image: int = IMAGE, video: int = VIDEO, 
     return Qwen2VLForConditionalGeneration(config).double()
 
 
+def onevision_model(directory, vocab_size: int = VOCAB, image: int = IMAGE):
+    """A tiny randomly initialised LlavaOnevisionForConditionalGeneration (float64, seeded; SigLIP tower
+    of 384 px tiles and 48 px patches: 8 x 8 features a tile, "full" selection, ``anyres_max_9``) with
+    the shipped llava-onevision-qwen2-7b-ov settings (pinpoints, mean, std), saved to ``directory`` as a
+    checkpoint whose ``--hf_vision_encoder`` counts its tokens."""
+    from transformers import LlavaOnevisionConfig, LlavaOnevisionForConditionalGeneration
+
+    shipped = resolve_encoder("llava-hf/llava-onevision-qwen2-7b-ov-hf")
+    torch.manual_seed(0)
+    config = LlavaOnevisionConfig(
+        text_config={"model_type": "qwen2", **TEXT, "vocab_size": vocab_size},
+        vision_config={"model_type": "siglip_vision_model", "image_size": 384, "patch_size": 48, "hidden_size": 16,
+                       "intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2},  # fmt: skip
+        image_token_index=image, video_token_index=vocab_size - 1, vision_feature_layer=-1,
+        vision_feature_select_strategy=shipped.model_config["vision_feature_select_strategy"],
+        vision_aspect_ratio=shipped.model_config["vision_aspect_ratio"],
+        image_grid_pinpoints=shipped.preprocessor_config["image_grid_pinpoints"],
+    )  # fmt: skip
+    config._attn_implementation = "sdpa"
+    config.save_pretrained(directory)
+    (directory / "preprocessor_config.json").write_text(json.dumps(shipped.preprocessor_config))
+    return LlavaOnevisionForConditionalGeneration(config).double()
+
+
 def summed_loss(model, batch: dict, targets: torch.Tensor) -> torch.Tensor:
     """The summed cross-entropy of a batch row's trained targets (the model's inputs taken from ``batch``)."""
     inputs = {key: value for key, value in batch.items() if key in ("input_ids", "position_ids", "pixel_values", "image_grid_thw",
-                                                                    "image_sizes", "mm_token_type_ids")}  # fmt: skip
+                                                                    "image_sizes", "mm_token_type_ids",
+                                                                    "batch_num_images")}  # fmt: skip
     if "pixel_values" in inputs:
         inputs["pixel_values"] = inputs["pixel_values"].double()
     logits = model(**inputs, use_cache=False).logits[0]
@@ -76,6 +105,8 @@ def samples_alone(pack, counts, processor, family, image: int = IMAGE) -> list[t
         if int(item["num_images"].sum()):
             batch["pixel_values"] = item["pixel_values"]
             batch.update({key: item[key] for key in ("image_grid_thw", "image_sizes") if key in item})
+            if "batch_num_images" in item:  # OneVision's processor: a sample alone is a batch of one, of its images
+                batch["batch_num_images"] = torch.tensor([len(item["pixel_values"])])
         if family == "native":
             batch["mm_token_type_ids"] = (ids == image).int()  # the processor's: the model computes its own mRoPE ids
         targets = item["labels"][:length]

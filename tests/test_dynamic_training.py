@@ -74,6 +74,7 @@ def test_qwen2_vl_packed_equals_one_by_one(qwen):
     item = dynamic_pack_item(pack, counts, processor, IMAGE)
     batch = hf_batch([item], IMAGE, image_patch_id=IMAGE)
     assert batch["position_ids"].shape == (4, 1, len(pack.tokens)) and batch["image_grid_thw"].shape == (4, 3)
+    assert "batch_num_images" not in batch  # OneVision's alone (tests/test_onevision_training.py)
     reference = one_by_one(model, pack, counts, processor, "native")
     assert difference(packed(model, [item]), reference) < TOLERANCE
 
@@ -148,6 +149,7 @@ def llava_next(tmp_path_factory):
 def test_llava_next_packed_equals_one_by_one(llava_next):
     model, processor, pack, counts = llava_next
     item = dynamic_pack_item(pack, counts, processor, IMAGE)
+    assert "batch_num_images" not in hf_batch([item], IMAGE, image_patch_id=IMAGE)  # LlavaNextForConditionalGeneration has none
     reference = one_by_one(model, pack, counts, processor, "anyres")
     assert difference(packed(model, [item]), reference) < TOLERANCE
 

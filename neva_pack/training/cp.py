@@ -24,8 +24,9 @@ fixed-length rows are rounded down to a multiple of the alignment (``thd_batch``
   the embedding rows its positions use), in placeholder order; ``image_embedding_index`` renumbered
   to them (``k * image_positions + j``: row j of the rank's k-th image); ``batch_image_index`` the
   index of each in the whole batch's images; ``num_images`` per sample counts the rank's images;
-- a dynamic-resolution batch's images (``pixel_values`` and its per-image key) whole on every
-  rank: its vision encoder runs over the batch's images before the sequence is split;
+- a dynamic-resolution batch's images (``pixel_values``, its per-image key, OneVision's
+  ``batch_num_images``) whole on every rank: its vision encoder runs over the batch's images
+  before the sequence is split;
 - counts that add up over the CP group: ``num_target_tokens`` and ``num_targets`` count the
   supervised positions the rank holds; ``num_samples`` the samples whose first position it holds
   (rank 0, which takes every segment's first chunk). Summing them over data-parallel and
@@ -38,10 +39,10 @@ from __future__ import annotations
 
 import torch
 
-from neva_pack.training.dynamic import IMAGE_KEYS
+from neva_pack.training.dynamic import IMAGE_KEYS, SAMPLE_KEYS
 from neva_pack.training.thd import packed_seq_params
 
-WHOLE_ROW_KEYS = ("cu_seqlens", "cu_seqlens_padded", "pixel_values", *IMAGE_KEYS)
+WHOLE_ROW_KEYS = ("cu_seqlens", "cu_seqlens_padded", "pixel_values", *IMAGE_KEYS, *SAMPLE_KEYS)
 """Never sliced, even when their shape happens to end in (1, T): the (1, n + 1) boundary keys and a
 dynamic-resolution batch's images."""
 

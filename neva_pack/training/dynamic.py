@@ -6,16 +6,19 @@ images in the model's layout and Qwen's mRoPE rows, packs laid end to end (thd.p
     LLaVA-NeXT    pixel_values    (N, 1 + most tiles, 3, S, S): each pack's images, tiles padded with
                                   zeros to the batch's most (as transformers' processor pads a batch)
                   image_sizes     (N, 2)
+    OneVision     as LLaVA-NeXT, and batch_num_images (samples,): every pack's per-sample counts, in order
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["IMAGE_KEYS", "batch_images", "is_dynamic", "mrope_rows"]
+__all__ = ["IMAGE_KEYS", "SAMPLE_KEYS", "batch_images", "is_dynamic", "mrope_rows"]
 
 IMAGE_KEYS = ("image_grid_thw", "image_sizes")
 """The per-image keys a dynamic item carries beside pixel_values (Qwen, LLaVA-NeXT)."""
+SAMPLE_KEYS = ("batch_num_images",)
+"""The per-sample image keys a dynamic item may carry (OneVision: which images its model tiles)."""
 
 
 def is_dynamic(item: dict) -> bool:
@@ -24,13 +27,13 @@ def is_dynamic(item: dict) -> bool:
 
 
 def batch_images(packs: list[dict]) -> dict[str, torch.Tensor]:
-    """The packs' ``pixel_values`` and per-image key, in placeholder order (module docstring)."""
+    """The packs' ``pixel_values``, per-image and per-sample keys, in placeholder order (module docstring)."""
     pixels = [item["pixel_values"] for item in packs]
     if pixels[0].dim() == 5:  # LLaVA-NeXT: (n, tiles, 3, S, S)
         most = max(p.shape[1] for p in pixels)
         pixels = [torch.nn.functional.pad(p, (0, 0, 0, 0, 0, 0, 0, most - p.shape[1])) for p in pixels]
     batch = {"pixel_values": torch.cat(pixels)}
-    for key in IMAGE_KEYS:
+    for key in (*IMAGE_KEYS, *SAMPLE_KEYS):
         if key in packs[0]:
             batch[key] = torch.cat([item[key] for item in packs])
     return batch

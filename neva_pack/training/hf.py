@@ -33,6 +33,8 @@ Dynamic-resolution outputs (items with ``pixel_values``; neva_pack/training/dyna
                         position_ids (4, 1, T): row 0 the text positions restarting per sample (what
                         the model builds the packed block-causal mask from), rows 1-3 the mRoPE ids
     LLaVA-NeXT / OV     pixel_values (N, 1 + most tiles, 3, S, S), image_sizes (N, 2), position_ids (1, T)
+    OneVision           also batch_num_images (samples,): each sample's image count, in row order;
+                        the model tiles an image only where its sample's count is 1
 
 Each image's run has its own length there, and only its feature positions are the model's image
 token (Qwen's ``<|vision_start|>`` / ``<|vision_end|>`` stay text): ``image_token_id`` replaces every

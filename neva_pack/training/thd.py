@@ -104,7 +104,8 @@ def thd_batch(
 
     Items of a dynamic-resolution output (``pixel_values`` instead of ``image``) give
     ``pixel_values`` and ``image_grid_thw`` (Qwen) or ``image_sizes`` (LLaVA-NeXT / OneVision) of all
-    packs in placeholder order (neva_pack/training/dynamic.py) and no ``images``; Qwen's
+    packs in placeholder order (neva_pack/training/dynamic.py), OneVision's ``batch_num_images`` (per
+    sample, as ``num_images``), and no ``images``; Qwen's
     ``position_ids`` are the items' mRoPE rows, (3, 1, T) (a fixed row's extra padding continuing from
     the last sample's largest id + 1). ``image_run`` is then not used.
     """
