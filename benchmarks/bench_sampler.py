@@ -21,6 +21,13 @@
 2. Re-plan time: one epoch's plan for all ranks over LLaVA-1.5 665K-like lengths (665,298 samples,
    benchmarks/distributions.py) at 4,096 positions per rank-step, 8 ranks (numba compiled first),
    the best of --repeats epochs; and the peer's on the same lengths, in the same run.
+3. Visual budgets: a native-resolution (Qwen2-VL) mix (benchmarks/distributions.py
+   ``dynamic_resolution_like``, --dynamic_samples samples) at 16,384 positions per rank-step, 8 ranks,
+   without a budget, under binding and under tight --max_images_per_pack / --max_image_tokens_per_pack:
+   efficiency, steps and their lower bound (the largest of the positions', images' and image tokens'
+   ceil(sum / budget), over the ranks), the most images and image tokens of any rank-step (checked
+   within the budgets), and the re-plan time (best of --repeats epochs) as a ratio to the same sampler without
+   budgets.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from distributions import OPENCHAT_LENGTHS, llava_like  # noqa: E402
+from distributions import OPENCHAT_LENGTHS, dynamic_resolution_like, llava_like  # noqa: E402
 
 from neva_pack.training import PackedBatchSampler  # noqa: E402
 
@@ -123,7 +130,8 @@ def main() -> None:
     parser.add_argument("--lengths", type=Path, default=OPENCHAT_LENGTHS, help="the OpenChat V1 lengths (JSON list)")
     parser.add_argument("--peer", type=Path, help="multipack_sampler.py (multipack_sampler_linear.py beside it is run too)")
     parser.add_argument("--algorithms", nargs="+", default=["near_optimal", "first_fit_shuffle"])
-    parser.add_argument("--repeats", type=int, default=3, help="epochs re-planned for the 665K timing")
+    parser.add_argument("--repeats", type=int, default=3, help="epochs re-planned for the 665K and budget timings")
+    parser.add_argument("--dynamic_samples", type=int, default=100_000, help="samples of the budget section's mix")
     args = parser.parse_args()
     peers = {}
     if args.peer is not None:
@@ -173,6 +181,39 @@ def main() -> None:
               f"(one rank's batches)")  # fmt: skip
         for algorithm, ours_seconds in timings.items():
             print(f"   {name} / ours {algorithm}: {seconds / ours_seconds:.2f}x time")
+
+    budgets_section(args.dynamic_samples, args.repeats)
+
+
+def budgets_section(samples: int, repeats: int, capacity: int = 16_384, algorithm: str = "near_optimal") -> None:
+    lengths, images, tokens, _ = dynamic_resolution_like(samples, capacity)
+    fits = (images <= 8) & (tokens <= 8_000)  # a run skips a sample over a budget alone: left out of every setting
+    lengths, images, tokens = lengths[fits], images[fits], tokens[fits]
+    print(f"\n3. Visual budgets, {len(lengths):,} Qwen2-VL-like samples ({images.sum():,} images), {capacity} positions "
+          f"per rank-step, {RANKS} ranks, {algorithm} (best of {repeats} epochs)")  # fmt: skip
+    settings = {
+        "no budget": {},
+        "binding (24 img, 12k tok)": {"max_images_per_pack": 24, "max_image_tokens_per_pack": 12_000},
+        "tight (8 img, 8k tok)": {"max_images_per_pack": 8, "max_image_tokens_per_pack": 8_000},
+    }
+    print(f"   {'budgets':<28}{'efficiency':>11}{'steps':>7}{'LB':>7}{'img max':>8}{'tok max':>8}{'plan ms':>9}{'x no budget':>12}")
+    baseline = None
+    for name, limits in settings.items():
+        sampler = PackedBatchSampler(lengths, capacity, RANKS, 0, 0, algorithm, num_images=images, image_tokens=tokens, **limits)
+        seconds = []
+        for epoch in range(1, repeats + 1):
+            start = time.perf_counter()
+            plan = sampler.plan_epoch(epoch)
+            seconds.append(time.perf_counter() - start)
+        bins = [plan.batch(step, rank) for step in range(plan.num_steps) for rank in range(RANKS)]
+        assert sorted(i for b in bins for i in b) == list(range(len(lengths)))
+        most_images, most_tokens = max(int(images[b].sum()) for b in bins), max(int(tokens[b].sum()) for b in bins)
+        assert most_images <= limits.get("max_images_per_pack", most_images)
+        assert most_tokens <= limits.get("max_image_tokens_per_pack", most_tokens)
+        baseline = min(seconds) if baseline is None else baseline
+        bins_needed = max(-(-int(lengths.sum()) // capacity), sampler.budgets.bins_needed())
+        print(f"   {name:<28}{plan.efficiency:>11.2%}{plan.num_steps:>7}{-(-bins_needed // RANKS):>7}{most_images:>8}{most_tokens:>8,}"
+              f"{min(seconds) * 1e3:>9.0f}{min(seconds) / baseline:>11.2f}x")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -12,8 +12,8 @@ import os
 import sys
 from pathlib import Path
 
-from neva_pack.config import settings
-from neva_pack.config.options import GROUPS, NEMO, OURS, base_type, flag_of, help_of
+from neva_pack.config import SampleConfig, settings
+from neva_pack.config.options import GROUPS, NEMO, OURS, base_type, flag_of, help_of, options
 from neva_pack.errors import ConfigError, NevaPackError
 from neva_pack.formats import FORMATS
 from neva_pack.packing import ALGORITHMS, DEFAULT_ALGORITHM, RECOMMENDED_ALGORITHM
@@ -24,11 +24,20 @@ def add_preprocess_flags(parser: argparse.ArgumentParser) -> None:
     Option), NeMo's section first; the command line's own flags (--hparams_file, --quiet) beside them.
     Every flag defaults to None: the field's default applies after the hparams file, so an explicit
     flag always wins over it."""
+    groups = _add_setting_flags(parser)
+    groups[NEMO].add_argument(
+        "--hparams_file", type=Path, help="NeMo YAML config: model.data.*, model.mm_cfg.* keys are read"
+    )
+    groups[OURS].add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def _add_setting_flags(parser: argparse.ArgumentParser, names: set[str] | None = None) -> dict:
+    """The flags of the config fields (``names`` only, if given), in their --help sections."""
     groups = {title: parser.add_argument_group(title) for title in GROUPS}
     for spec, opt in settings():
         flag = flag_of(spec)
-        if flag is None:
-            continue  # hparams-only
+        if flag is None or (names is not None and spec.name not in names):
+            continue  # hparams-only, or not asked for
         kind = base_type(spec)
         arguments = {"dest": spec.name, "default": None, "help": help_of(spec)}
         if kind == "bool":
@@ -42,10 +51,7 @@ def add_preprocess_flags(parser: argparse.ArgumentParser) -> None:
         if opt.metavar is not None:
             arguments["metavar"] = opt.metavar
         groups[opt.group].add_argument(flag, **arguments)
-    groups[NEMO].add_argument(
-        "--hparams_file", type=Path, help="NeMo YAML config: model.data.*, model.mm_cfg.* keys are read"
-    )
-    groups[OURS].add_argument("--quiet", action="store_true", help="no progress bars")
+    return groups
 
 
 PREPROCESS_HELP = "tokenize, preprocess images, pack, write packed_seq_dataset"
@@ -57,6 +63,27 @@ def preprocess_parser(prog: str = "neva-pack preprocess") -> argparse.ArgumentPa
     parser = argparse.ArgumentParser(prog=prog, description=PREPROCESS_HELP)
     add_preprocess_flags(parser)
     return parser
+
+
+PLAN_DESCRIPTION = """\
+Compare candidate pack sizes x packing algorithms: packs, efficiency, padding, samples per pack,
+samples truncated or skipped at each size. The sample lengths come from
+
+  an existing output (or its sample store), no re-tokenization:
+    neva-pack plan OUTPUT_DIR --pack_sizes 4096 8192
+
+  or straight from the input, before any pixel is decoded: each record is tokenized with the run's
+  template and tokenizer, and each image's token count read from its file's header, by the same
+  sample builder a preprocess run uses (the same sample flags give the same lengths):
+    neva-pack plan --data_path data.json --image_folder images/ --tokenizer_path tok/ \\
+        --conv_template qwen2_vl --hf_vision_encoder Qwen/Qwen2-VL-7B-Instruct --output_format compact \\
+        --max_pixels 1003520 --pack_sizes 4096 8192 16384 --max_image_tokens_per_pack 8192
+  Records a run would skip for a reason known before decoding are counted by reason; skips that
+  only decoding finds (corrupt image data, a size other than the header's) are not predicted.
+"""
+
+PLAN_INPUT_SETTINGS = {spec.name for spec, _ in options(SampleConfig)} | {"output_format", "num_workers"}
+"""The config fields ``plan --data_path`` takes: what makes a sample, and how many workers lay records out."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,8 +101,13 @@ def build_parser() -> argparse.ArgumentParser:
     stats.add_argument("--global_batch_size", type=int, help="unpacked GBS, to print the packed GBS to train with")
     stats.add_argument("--crop_size", type=int, nargs=2, metavar=("H", "W"), help="for a prefix without meta")
     stats.add_argument("--max_seq_length", type=int, help="for a prefix without meta (default: longest pack)")
-    explore = sub.add_parser("plan", help="compare pack sizes and algorithms from the stored sample lengths")
-    explore.add_argument("output", type=Path, help="output directory (or its sample store)")
+    explore = sub.add_parser(
+        "plan", help="compare pack sizes and algorithms from the stored sample lengths, or from the input",
+        description=PLAN_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    explore.add_argument("output", type=Path, nargs="?", help="output directory (or its sample store); or give --data_path")
+    _add_setting_flags(explore, PLAN_INPUT_SETTINGS)
+    explore.add_argument("--hparams_file", type=Path, help="with --data_path: NeMo YAML config (its sample settings)")
     explore.add_argument("--pack_sizes", type=int, nargs="+", required=True, help="candidate max_seq_length values")
     explore.add_argument(
         "--algorithms", nargs="+", choices=sorted(ALGORITHMS), default=[DEFAULT_ALGORITHM, RECOMMENDED_ALGORITHM]
@@ -190,7 +222,11 @@ def _run_plan(args) -> int:
 
     from neva_pack.plan import explore, format_table, load_lengths
 
-    lengths = load_lengths(args.output)
+    lengths = _planned_from_input(args) if args.data_path is not None else None
+    if lengths is None:
+        if args.output is None:
+            raise ConfigError("plan: give an output directory, or --data_path (and the run's sample flags) to plan from the input")
+        lengths = load_lengths(args.output)
     rows = explore(
         lengths, args.pack_sizes, args.algorithms, seed=args.seed, global_batch_size=args.global_batch_size,
         pad_to_multiple_of=_plan_alignment(args), max_images_per_pack=args.max_images_per_pack,
@@ -201,6 +237,32 @@ def _run_plan(args) -> int:
     else:
         print(format_table(lengths, rows))
     return 0
+
+
+def _planned_from_input(args):
+    """The input's records laid out with the sample flags (< --hparams_file < flags, as preprocess),
+    cut for the candidate sizes with the plan's alignment flags."""
+    from neva_pack.config import PackConfig, read_hparams
+    from neva_pack.config.options import as_field_value
+    from neva_pack.config.run import default_workers
+    from neva_pack.plan_input import lengths_from_input
+
+    if args.output is not None:
+        raise ConfigError(f"plan: {args.output} and --data_path: plan from an output or from the input, not both")
+    values = {}
+    if args.hparams_file is not None:
+        values.update({k: v for k, v in read_hparams(args.hparams_file).items() if k in PLAN_INPUT_SETTINGS})
+    values.update({k: v for k, v in vars(args).items() if k in PLAN_INPUT_SETTINGS and v is not None})
+    if values.get("tokenizer_path") is None:
+        raise ConfigError("--tokenizer_path is required")
+    workers = values.pop("num_workers", None)
+    pack = {"output_format": values.pop("output_format", None), "pad_to_multiple_of": args.pad_to_multiple_of,
+            "context_parallel_size": args.context_parallel_size, "tensor_parallel_size": args.tensor_parallel_size,
+            "sequence_parallel": args.sequence_parallel or None}  # fmt: skip
+    fields = {spec.name: spec for spec, _ in options(SampleConfig)}
+    sample = SampleConfig(**{name: as_field_value(fields[name], value) for name, value in values.items()})
+    pack = PackConfig(pack_sizes=tuple(args.pack_sizes), **{k: v for k, v in pack.items() if v is not None})
+    return lengths_from_input(sample, pack, workers=default_workers() if workers is None else workers)
 
 
 def _plan_alignment(args) -> int | None:

@@ -165,6 +165,9 @@ class PackedSamples(Dataset):
         """int64: positions each sample occupies (what a sampler packs)."""
         self.num_images = table.num_images
         """int64: images of each sample (what a sampler balances the vision encoder's work by)."""
+        self.image_tokens = table.image_tokens
+        """int64: image tokens of each sample (what --max_image_tokens_per_pack counts); None for an
+        output written before they were kept."""
         self._cached: tuple[int, dict | ReadPack] | None = None
 
     def __len__(self) -> int:

@@ -24,7 +24,10 @@ from neva_pack.packing.alignment import aligned_capacity, padded_lengths
 from neva_pack.sample_store import PROGRESS_FILE, SampleStore
 from neva_pack.stats import global_batch_size_advice
 
-__all__ = ["Candidate", "SampleLengths", "explore", "format_table", "load_lengths"]
+__all__ = ["CUT_ROW", "Candidate", "SampleLengths", "explore", "format_table", "load_lengths"]
+
+CUT_ROW = np.dtype([("length", "<i8"), ("num_images", "<i8"), ("image_tokens", "<i8")])
+"""A sample as a run at one pack size packs it."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -49,6 +52,14 @@ class SampleLengths:
     """int64 images of every sample (for visual budgets); None when unknown."""
     image_tokens: np.ndarray | None = None
     """int64 image positions of every sample (for visual budgets); None when unknown."""
+    vision_cost: np.ndarray | None = None
+    """int64 vision encoder cost of every sample (patches² per encoder pass); None when unknown."""
+    laid_out: object | None = None
+    """The samples laid out from the input (``plan_input.LaidOutSamples``): cut as a run cuts them."""
+    skipped_records: dict[str, int] | None = None
+    """Records a run would skip whatever the size, by reason (known when planned from the input)."""
+    note: str | None = None
+    """What the lengths cannot tell (printed under the table)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -134,11 +145,13 @@ def _output_meta(output_dir: Path) -> dict:
 def _cut_rows(sample_lengths: SampleLengths, capacity: int) -> tuple[np.ndarray, np.ndarray]:
     """The samples as a run at this capacity packs them (length, num_images, image_tokens), and which
     of them it skips: from the store, cut before the first image run that does not fit whole, the
-    samples the cut leaves untrained skipped (a run skips those at this size); from a plan table alone
-    (no image positions to go by), cut at the capacity."""
+    samples the cut leaves untrained skipped (a run skips those at this size); from the input's laid-out
+    samples, the same way; from a plan table alone (no image positions to go by), cut at the capacity."""
+    if sample_lengths.laid_out is not None:
+        return sample_lengths.laid_out.rows_at(capacity)
     lengths = sample_lengths.lengths
     unknown = np.zeros(len(lengths), dtype=np.int64)
-    rows = np.empty(len(lengths), dtype=[("length", "<i8"), ("num_images", "<i8"), ("image_tokens", "<i8")])
+    rows = np.empty(len(lengths), dtype=CUT_ROW)
     rows["length"] = np.minimum(lengths, capacity)
     rows["num_images"] = unknown if sample_lengths.num_images is None else sample_lengths.num_images
     rows["image_tokens"] = unknown if sample_lengths.image_tokens is None else sample_lengths.image_tokens
@@ -248,5 +261,10 @@ def format_table(sample_lengths: SampleLengths, rows: list[Candidate]) -> str:
             f"samples padded to a multiple of {', '.join(map(str, multiples))} before packing; eff counts padding as "
             "used, pad % is the padding over the real positions"
         )
+    if sample_lengths.skipped_records is not None:
+        skips = ", ".join(f"{reason} {n:,}" for reason, n in sorted(sample_lengths.skipped_records.items()))
+        lines.append(f"records skipped at every size: {skips or 'none'}")
+    if sample_lengths.note:
+        lines.append(sample_lengths.note)
     lines.append("GBS: the packed global batch size for --global_batch_size (unpacked GBS / n)")
     return "\n".join(lines)

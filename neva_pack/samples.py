@@ -34,7 +34,9 @@ from neva_pack.images import (
     ImageSource,
     StoredImage,
     decode_image,
+    header_size,
 )
+from neva_pack.images.decode import too_many_pixels
 from neva_pack.records import (
     DEFAULT_MAX_CONVERSATION_CHARS,
     DEFAULT_MAX_IMAGES_PER_RECORD,
@@ -51,7 +53,7 @@ from neva_pack.label_chunks import Marker, TextChunk, chunk_labels, trained_toke
 from neva_pack.templates import DEFAULT_TOKENIZATION, TOKENIZATIONS, Piece, Template, Tokenization, render
 from neva_pack.tokenizer import Tokenizer
 
-__all__ = ["Sample", "SampleBuilder", "Skipped", "truncation"]
+__all__ = ["Sample", "SampleBuilder", "SampleLayout", "Skipped", "truncation"]
 
 
 NEMO_SPECIAL_TEXT = {"bos": "<extra_id_6>", "eos": "<extra_id_7>"}
@@ -84,6 +86,52 @@ class Sample:
     @property
     def length(self) -> int:
         return len(self.tokens)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SampleLayout:
+    """A record's sample laid out from its text and its images' headers, before any pixel is
+    decoded (``SampleBuilder.layout``): what a packing plan needs, equal to the built Sample's."""
+
+    index: int
+    """Source record index."""
+    record_id: str | None
+    """The record's "id"."""
+    length: int
+    """Positions (len(Sample.tokens))."""
+    image_starts: np.ndarray
+    """int32 position of each kept image's run (Sample.image_starts)."""
+    image_tokens: np.ndarray
+    """int32 positions of each kept image's run (Sample.image_tokens)."""
+    image_costs: np.ndarray
+    """int64 vision encoder cost of each kept image (their sum is Sample.vision_cost)."""
+    first_trained: int
+    """Position of the first trained label (``length`` when none): a cut keeping no more tokens than
+    this leaves the sample untrained."""
+    truncated: bool
+    """Whether the ids were cut to max_seq_length + 1."""
+
+    @property
+    def num_images(self) -> int:
+        return len(self.image_starts)
+
+    @property
+    def vision_cost(self) -> int:
+        return int(self.image_costs.sum())
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Arranged:
+    """A sample's ids, cut and checked, and the images it keeps, not yet decoded."""
+
+    ids: np.ndarray
+    trained: np.ndarray
+    image_starts: list[int]
+    run_lengths: list[int]
+    costs: list[int]
+    to_load: tuple[str, ...] | list[HeaderImage]
+    """Names (fixed-crop encoders) or header-read images (dynamic families), in placeholder order."""
+    truncated: bool
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -225,24 +273,68 @@ class SampleBuilder:
         except RecordError as error:
             return Skipped(index=raw.index, record_id=raw.record_id, reason=error.reason, detail=error.detail)
 
+    def layout(self, raw: RawRecord) -> SampleLayout | Skipped:
+        """The record's sample as ``build`` lays it out (length, images kept, their run lengths and
+        vision costs), from the text and the images' headers alone: no pixel is decoded. A record
+        ``build`` would skip for a reason known before decoding (its text, a missing or oversized
+        image, a header no decoder can read) is Skipped the same way; one skipped only when decoded
+        (a corrupt body, a decode over its time budget, a size that disagrees with its header) is not."""
+        try:
+            conversation = parse_record(raw, self.max_conversation_chars, self.max_images_per_record)
+            arranged = self._arranged(conversation)
+            for name in arranged.to_load if self._header_images is None else ():
+                self._check_header(name)
+        except RecordError as error:
+            return Skipped(index=raw.index, record_id=raw.record_id, reason=error.reason, detail=error.detail)
+        trained_labels = np.flatnonzero(arranged.trained[1:])
+        return SampleLayout(
+            index=conversation.index,
+            record_id=conversation.record_id,
+            length=len(arranged.ids) - 1,
+            image_starts=np.asarray(arranged.image_starts, dtype=np.int32),
+            image_tokens=np.asarray(arranged.run_lengths, dtype=np.int32).reshape(-1),
+            image_costs=np.asarray(arranged.costs, dtype=np.int64).reshape(-1),
+            first_trained=int(trained_labels[0]) if len(trained_labels) else len(arranged.ids) - 1,
+            truncated=arranged.truncated,
+        )
+
     def _build(self, raw: RawRecord) -> Sample:
         conversation = parse_record(raw, self.max_conversation_chars, self.max_images_per_record)
+        arranged = self._arranged(conversation)
+        if self._header_images is not None:
+            images = tuple(self._header_images.load(h) for h in arranged.to_load)
+        else:
+            images = np.stack([self._load(name) for name in arranged.to_load]) if arranged.to_load else self._no_images()
+        labels = np.where(arranged.trained[1:], arranged.ids[1:], self.ignore_index)
+        return Sample(
+            index=conversation.index,
+            record_id=conversation.record_id,
+            tokens=arranged.ids[:-1].astype(np.int32),
+            labels=labels.astype(np.int32),
+            images=images,
+            image_starts=np.asarray(arranged.image_starts, dtype=np.int32),
+            image_tokens=np.asarray(arranged.run_lengths, dtype=np.int32).reshape(-1),
+            vision_cost=int(sum(arranged.costs)),
+            truncated=arranged.truncated,
+        )
+
+    def _arranged(self, conversation: Conversation) -> _Arranged:
+        """The sample's ids, cut and checked to be worth training, and the images it keeps, before
+        any is decoded (what ``build`` and ``layout`` share)."""
         if self.text_only and conversation.images:
             raise RecordError(IMAGES_NOT_HELD, f"{len(conversation.images)} image(s), and the output format holds text only")
         if self._header_images is not None:
-            return self._build_dynamic(conversation)
+            return self._arranged_dynamic(conversation)
         ids, trained, image_starts = self.encode(conversation)
         ids, trained, kept, truncated = self._truncated(ids, trained, image_starts, len(self._run_ids))
-        names = conversation.images[:kept]
-        images = np.stack([self._load(name) for name in names]) if names else self._no_images()
-        return self._sample(
-            conversation, ids, trained, image_starts[:kept], images, np.full(len(names), len(self._run_ids)),
-            len(names) * self.preprocessor.vision_cost, truncated,
+        return _Arranged(
+            ids=ids, trained=trained, image_starts=image_starts[:kept], run_lengths=[len(self._run_ids)] * kept,
+            costs=[self.preprocessor.vision_cost] * kept, to_load=conversation.images[:kept], truncated=truncated,
         )  # fmt: skip
 
-    def _build_dynamic(self, conversation: Conversation) -> Sample:
-        """Each image's run length from its header; ids laid out and truncated with them; then the
-        images kept are decoded (a OneVision sample cut to one image counts it again as its only one)."""
+    def _arranged_dynamic(self, conversation: Conversation) -> _Arranged:
+        """Each image's run length from its header; ids laid out and truncated with them (a OneVision
+        sample cut to one image counts it again as its only one); the images kept, still undecoded."""
         headers = self._header_images.read(conversation.images)
         ids, trained, image_starts = self.encode(conversation, [h.tokens for h in headers])
         lengths = [self.image_run.length(h.tokens) for h in headers]
@@ -254,10 +346,9 @@ class SampleBuilder:
             ids, trained, kept, truncated = self._truncated(ids, trained, image_starts, lengths, keep=True)
         self._check_trained(trained, truncated)
         kept_headers: list[HeaderImage] = headers[:kept]
-        images = tuple(self._header_images.load(h) for h in kept_headers)
-        return self._sample(
-            conversation, ids, trained, image_starts[:kept], images, lengths[:kept],
-            sum(self._header_images.vision_cost(h) for h in kept_headers), truncated,
+        return _Arranged(
+            ids=ids, trained=trained, image_starts=image_starts[:kept], run_lengths=lengths[:kept],
+            costs=[self._header_images.vision_cost(h) for h in kept_headers], to_load=kept_headers, truncated=truncated,
         )  # fmt: skip
 
     def _truncated(self, ids, trained, image_starts, run_lengths, keep: bool = False) -> tuple:
@@ -281,20 +372,6 @@ class SampleBuilder:
         if not trained[1:].any():  # e.g. cut before its answer (or its image) by a short max_seq_length
             where = f" after truncation to max_seq_length {self.max_seq_length}" if truncated else ""
             raise RecordError("no_supervised_tokens", f"no trained label{where}")
-
-    def _sample(self, conversation, ids, trained, image_starts, images, run_lengths, vision_cost, truncated) -> Sample:
-        labels = np.where(trained[1:], ids[1:], self.ignore_index)
-        return Sample(
-            index=conversation.index,
-            record_id=conversation.record_id,
-            tokens=ids[:-1].astype(np.int32),
-            labels=labels.astype(np.int32),
-            images=images,
-            image_starts=np.asarray(image_starts, dtype=np.int32),
-            image_tokens=np.asarray(run_lengths, dtype=np.int32).reshape(-1),
-            vision_cost=int(vision_cost),
-            truncated=truncated,
-        )
 
     def encode(self, conversation: Conversation, image_features=None) -> tuple[np.ndarray, np.ndarray, list[int]]:
         """The text side of a sample, before truncation: (ids, trained mask, start of each image
@@ -508,6 +585,14 @@ class SampleBuilder:
         out_ids.append(ids[previous:])
         out_mask.append(mask[previous:])
         return np.concatenate(out_ids), np.concatenate(out_mask), image_starts
+
+    def _check_header(self, name: str) -> None:
+        """What ``_load`` would refuse before decoding, from the file's header: its bytes, a
+        header PIL can read, the pixel budget and the crop's resize budget."""
+        width, height = header_size(self.image_source.read(name))
+        if width * height > self.max_image_pixels:
+            raise RecordError("image_too_large", too_many_pixels(name, f"{width} x {height}", width * height, self.max_image_pixels))
+        self.preprocessor.check_size((width, height), name)
 
     def _load(self, name: str) -> np.ndarray:
         image = decode_image(self.image_source.read(name), name, self.max_image_pixels, self.max_image_decode_seconds)

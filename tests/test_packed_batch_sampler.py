@@ -20,18 +20,52 @@ CAPACITY = 64
 def setups(draw):
     """Without drop_last every sample must be dealt: lengths of at most half the capacity and at least
     two samples per rank leave enough bins of two samples or more to cut (first fit fills all bins
-    but one past half)."""
+    but one past half). Visual budgets, when drawn, are likewise at least twice any sample's images
+    and image tokens (with drop_last: at least any sample's), and mostly binding."""
     replicas = draw(st.integers(1, 5))
     drop_last = draw(st.booleans())
     longest, fewest = (CAPACITY, 0) if drop_last else (CAPACITY // 2, 2 * replicas)
     lengths = draw(st.lists(st.integers(1, longest), min_size=fewest, max_size=120))
-    return {
+    setup = {
         "lengths": lengths,
         "num_replicas": replicas,
         "seed": draw(st.integers(0, 2**32)),
         "algorithm": draw(st.sampled_from(sorted(ALGORITHMS))),
         "drop_last": drop_last,
     }
+    if draw(st.booleans()):
+        setup |= draw(visual_budgets(len(lengths), 1 if drop_last else 2))
+    return setup
+
+
+@st.composite
+def visual_budgets(draw, count, headroom):
+    """Images and image tokens per sample, and budgets of ``headroom`` x the most of one sample or a
+    little more (each budget, and max_samples_per_pack, drawn or not)."""
+    images = draw(st.lists(st.integers(0, 3), min_size=count, max_size=count))
+    tokens = [sum(draw(st.lists(st.integers(1, 40), min_size=n, max_size=n))) for n in images]
+    budgets = {"num_images": images, "image_tokens": tokens}
+    for name, values in (("max_images_per_pack", images), ("max_image_tokens_per_pack", tokens)):
+        if draw(st.booleans()):
+            budgets[name] = max(1, headroom * max(values, default=0)) + draw(st.integers(0, 3))
+    if draw(st.booleans()):
+        budgets["max_samples_per_pack"] = draw(st.integers(2, 6))
+    return budgets
+
+
+def assert_within_every_limit(setup, batches):
+    """Every batch holds at most the capacity in positions and every cap drawn."""
+    per_sample = {
+        "max_samples_per_pack": np.ones(len(setup["lengths"]), np.int64),
+        "max_images_per_pack": np.asarray(setup.get("num_images", []), np.int64),
+        "max_image_tokens_per_pack": np.asarray(setup.get("image_tokens", []), np.int64),
+    }
+    lengths = np.asarray(setup["lengths"], np.int64)
+    for batch in batches:
+        assert batch and lengths[batch].sum() <= CAPACITY
+        for name, values in per_sample.items():
+            if setup.get(name) is not None:
+                assert values[batch].sum() <= setup[name], name
 
 
 def every_rank(setup, epoch=0):
@@ -51,7 +85,7 @@ def test_every_sample_once_per_epoch_across_ranks_or_listed_as_dropped(setup, ep
     lengths = np.asarray(setup["lengths"])
     seen = [i for rank in batches for batch in rank for i in batch] + dropped.tolist()
     assert sorted(seen) == list(range(len(lengths)))
-    assert all(batch and lengths[batch].sum() <= CAPACITY for rank in batches for batch in rank)
+    assert_within_every_limit(setup, [batch for rank in batches for batch in rank])
     assert len({len(rank) for rank in batches}) == 1  # the same number of steps on every rank
     if not setup["drop_last"]:
         assert len(dropped) == 0
@@ -172,3 +206,82 @@ def test_rank_none_yields_every_rank_step_by_step_as_a_round_robin_dealer_expect
     dealt = list(everyone)
     assert len(dealt) == len(everyone) == replicas * len(batches[0])
     assert [dealt[r::replicas] for r in range(replicas)] == batches
+
+
+def test_a_sample_dealt_to_new_bins_goes_to_the_lightest_bin_with_an_image_to_spare():
+    """First fit decreasing under 2 images a bin: [4 3 1] (2 images) and [1 1] (2 images), two bins
+    for 3 ranks, so both are dealt to 3 longest first. The last 1 (an image) would go to the lightest
+    bin, [1 1], a third image: it goes to [3] instead. Without the budget plain LPT puts it there."""
+    lengths, images = [1, 1, 4, 3, 1], [1, 1, 0, 1, 1]
+    options = {"num_replicas": 3, "algorithm": "first_fit_decreasing", "num_images": images}
+    plan = PackedBatchSampler(lengths, 8, max_images_per_pack=2, **options).plan_epoch(0)
+    assert sorted(plan.batch(0, r) for r in range(3)) == [[0, 1], [2], [3, 4]]
+    plain = PackedBatchSampler(lengths, 8, **options).plan_epoch(0)
+    assert sorted(plain.batch(0, r) for r in range(3)) == [[0, 1, 4], [2], [3]]
+
+
+def test_the_budgets_are_settings_of_the_state():
+    options = {"num_images": [1, 2, 0], "image_tokens": [10, 20, 0]}
+    state = PackedBatchSampler([3, 4, 5], 8, max_images_per_pack=2, **options).state_dict()
+    assert state["max_images_per_pack"] == 2 and state["max_image_tokens_per_pack"] is None
+    with pytest.raises(ValueError, match="max_images_per_pack=2, this sampler has 3"):
+        PackedBatchSampler([3, 4, 5], 8, max_images_per_pack=3, **options).load_state_dict(state)
+    with pytest.raises(ValueError, match="max_image_tokens_per_pack=None, this sampler has 30"):
+        PackedBatchSampler([3, 4, 5], 8, max_images_per_pack=2, max_image_tokens_per_pack=30, **options).load_state_dict(state)
+
+
+def test_a_budget_without_its_counts_or_below_one_sample_fails_at_construction():
+    with pytest.raises(ValueError, match="max_images_per_pack needs the images"):
+        PackedBatchSampler([1, 2], 8, max_images_per_pack=2)
+    with pytest.raises(ValueError, match="max_image_tokens_per_pack needs the image_tokens"):
+        PackedBatchSampler([1, 2], 8, num_images=[1, 1], max_image_tokens_per_pack=100)
+    with pytest.raises(ValueError, match="no pack can hold them"):
+        PackedBatchSampler([1, 2], 8, num_images=[1, 3], max_images_per_pack=2)
+
+
+IMAGE_POSITIONS = 49  # openai/clip-vit-base-patch32: 7 x 7 patches
+
+
+@pytest.fixture(scope="module")
+def budgeted_samples(tmp_path_factory):
+    """The sample data packed under 2 images and one image's positions a pack (compact)."""
+    from neva_pack.cli import main
+    from neva_pack.dataset import PackedSamples, PackedSeqDataset
+    from tests.conftest import SAMPLE_DATA
+
+    out = tmp_path_factory.mktemp("budgets") / "out"
+    assert main([
+        "preprocess", "--quiet", "--data_path", str(SAMPLE_DATA / "llava_sample.json"),
+        "--image_folder", str(SAMPLE_DATA / "images"), "--tokenizer_path", str(SAMPLE_DATA / "tokenizer.model"),
+        "--output_dir", str(out), "--conv_template", "v1", "--num_workers", "0", "--output_format", "compact",
+        "--hf_vision_encoder", "openai/clip-vit-base-patch32", "--max_seq_length", "1024",
+        "--max_images_per_pack", "2", "--max_image_tokens_per_pack", str(IMAGE_POSITIONS),
+    ]) == 0  # fmt: skip
+    return PackedSamples(PackedSeqDataset(out))
+
+
+def test_for_samples_keeps_the_budgets_the_output_was_packed_under(budgeted_samples):
+    samples = budgeted_samples
+    assert np.array_equal(samples.image_tokens, samples.num_images * IMAGE_POSITIONS)
+    sampler = PackedBatchSampler.for_samples(samples, 4096, num_replicas=2, rank=None, seed=1)
+    assert (sampler.max_images_per_pack, sampler.max_image_tokens_per_pack) == (2, IMAGE_POSITIONS)
+    batches = list(sampler)
+    assert max(samples.image_tokens[b].sum() for b in batches) == IMAGE_POSITIONS  # one image a batch
+    assert sorted(i for b in batches for i in b) == list(range(len(samples)))
+    assert all(samples.lengths[b].sum() <= 4096 for b in batches)
+    lifted = list(PackedBatchSampler.for_samples(samples, 4096, seed=1, max_image_tokens_per_pack=None))
+    assert max(samples.num_images[b].sum() for b in lifted) == 2  # the meta's image budget still holds
+    free = list(PackedBatchSampler.for_samples(samples, 4096, seed=1, max_images_per_pack=None, max_image_tokens_per_pack=None))
+    assert max(samples.num_images[b].sum() for b in free) > 2
+
+
+def test_for_samples_refuses_a_token_budget_over_an_output_without_image_tokens(budgeted_samples):
+    """An output written before the plan kept image tokens reads them as None."""
+    import copy
+
+    older = copy.copy(budgeted_samples)
+    older.image_tokens = None
+    with pytest.raises(ValueError, match="max_image_tokens_per_pack=49 needs the image tokens of every sample"):
+        PackedBatchSampler.for_samples(older, 4096)
+    sampler = PackedBatchSampler.for_samples(older, 4096, max_image_tokens_per_pack=None)
+    assert max(older.num_images[b].sum() for b in sampler) <= 2

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 
 from neva_pack import invariants
-from neva_pack.config import PreprocessConfig
+from neva_pack.config import PackConfig, PreprocessConfig, SampleConfig
 from neva_pack.encoders import resolve_encoder
 from neva_pack.errors import ConfigError
 from neva_pack.formats import FORMATS, output_format
@@ -18,23 +18,30 @@ from neva_pack.samples import SampleBuilder
 from neva_pack.templates import load_template
 from neva_pack.tokenizer import load_tokenizer
 
-__all__ = ["build_sample_builder", "pack_spec"]
+__all__ = ["build_sample_builder", "pack_spec", "sample_builder_for"]
 
 
 def build_sample_builder(config: PreprocessConfig) -> SampleBuilder:
     """Load tokenizer, template, encoder settings and image source: every ConfigError surfaces here."""
-    tokenizer = load_tokenizer(config.tokenizer_path)
-    template = load_template(config.conv_template, config.tokenization)
-    encoder = resolve_encoder(config.hf_vision_encoder, config.patch_dim)
-    fmt = output_format(config.output_format)
+    return sample_builder_for(config.sample, config.pack, strict=config.strict)
+
+
+def sample_builder_for(sample: SampleConfig, pack: PackConfig, *, strict: bool = False) -> SampleBuilder:
+    """The sample builder of the settings that make a sample and the pack sizes it cuts them for
+    (``neva-pack plan`` lays records out with it before there is any output). ``strict``: a NeMo
+    convention without NeMo's image tokens is an error, not a warning."""
+    tokenizer = load_tokenizer(sample.tokenizer_path)
+    template = load_template(sample.conv_template, sample.tokenization)
+    encoder = resolve_encoder(sample.hf_vision_encoder, sample.patch_dim)
+    fmt = output_format(pack.output_format)
     if encoder.family == "fixed":
-        preprocessor, image_run = _fixed_images(config, tokenizer, template, encoder)
+        preprocessor, image_run = _fixed_images(sample, pack.sizes, strict, tokenizer, template, encoder)
     else:
-        preprocessor, image_run = _dynamic_images(config, tokenizer, encoder, fmt)
+        preprocessor, image_run = _dynamic_images(sample, tokenizer, encoder, fmt)
     fmt.check_settings(vocab_size=tokenizer.vocab_size)
-    check_token_ids(image_run, tokenizer.vocab_size, pad_id=config.pad_id, ignore_index=config.ignore_index)
+    check_token_ids(image_run, tokenizer.vocab_size, pad_id=pack.pad_id, ignore_index=sample.ignore_index)
     image_source = ImageSource(
-        config.image_folder, max_bytes=config.max_image_bytes, allow_outside=config.allow_outside_image_folder
+        sample.image_folder, max_bytes=sample.max_image_bytes, allow_outside=sample.allow_outside_image_folder
     )
     return SampleBuilder(
         tokenizer=tokenizer,
@@ -42,53 +49,55 @@ def build_sample_builder(config: PreprocessConfig) -> SampleBuilder:
         image_source=image_source,
         preprocessor=preprocessor,
         image_run=image_run,
-        max_seq_length=config.cut_length,
-        truncate=config.truncate,
-        ignore_index=config.ignore_index,
-        system_prompt=config.system_prompt,
-        tokenization=config.tokenization,
-        record_limits=RecordLimits(max_bytes=config.max_record_bytes, max_depth=config.max_record_depth),
-        max_conversation_chars=config.max_conversation_chars,
-        max_image_pixels=config.max_image_pixels,
-        max_image_decode_seconds=config.max_image_decode_seconds,
-        max_images_per_record=config.max_images_per_record,
+        max_seq_length=pack.cut_length,
+        truncate=sample.truncate,
+        ignore_index=sample.ignore_index,
+        system_prompt=sample.system_prompt,
+        tokenization=sample.tokenization,
+        record_limits=RecordLimits(max_bytes=sample.max_record_bytes, max_depth=sample.max_record_depth),
+        max_conversation_chars=sample.max_conversation_chars,
+        max_image_pixels=sample.max_image_pixels,
+        max_image_decode_seconds=sample.max_image_decode_seconds,
+        max_images_per_record=sample.max_images_per_record,
         text_only=not fmt.holds_images,
     )
 
 
-def _fixed_images(config: PreprocessConfig, tokenizer, template, encoder) -> tuple[ImagePreprocessor, ImageRun]:
+def _fixed_images(
+    sample: SampleConfig, sizes: tuple[int, ...], strict: bool, tokenizer, template, encoder
+) -> tuple[ImagePreprocessor, ImageRun]:  # fmt: skip
     """A fixed-crop encoder (CLIP, SigLIP): one crop and one run length for every image."""
-    if config.min_pixels is not None or config.max_pixels is not None:
+    if sample.min_pixels is not None or sample.max_pixels is not None:
         raise ConfigError(f"--min_pixels / --max_pixels: {encoder.name} is a fixed-crop encoder, not a Qwen2-VL one")
-    if config.crop_size is not None and tuple(config.crop_size) != encoder.crop_size:
+    if sample.crop_size is not None and tuple(sample.crop_size) != encoder.crop_size:
         raise ConfigError(
-            f"crop_size {list(config.crop_size)} disagrees with {encoder.name}'s processor ({list(encoder.crop_size)})"
+            f"crop_size {list(sample.crop_size)} disagrees with {encoder.name}'s processor ({list(encoder.crop_size)})"
         )
-    preprocessor = ImagePreprocessor(encoder, config.image_aspect_ratio, max_pixels=config.max_image_pixels)
+    preprocessor = ImagePreprocessor(encoder, sample.image_aspect_ratio, max_pixels=sample.max_image_pixels)
     image_run = image_run_for(
         tokenizer,
         encoder.image_tokens,
-        use_im_start_end=config.use_im_start_end,
-        patch_id=config.image_patch_id,
-        start_id=config.image_start_id,
-        end_id=config.image_end_id,
-        tokenization=config.tokenization,
+        use_im_start_end=sample.use_im_start_end,
+        patch_id=sample.image_patch_id,
+        start_id=sample.image_start_id,
+        end_id=sample.image_end_id,
+        tokenization=sample.tokenization,
         patch_token=template.image_patch_token,
     )
-    problem = missing_nemo_specials(tokenizer, config.tokenization, image_run)
+    problem = missing_nemo_specials(tokenizer, sample.tokenization, image_run)
     if problem is not None:
-        if config.strict:
+        if strict:
             raise ConfigError(f"--strict: {problem}")
         print(f"warning: {problem}", file=sys.stderr)
-    if len(config.sizes) > 1 and config.sizes[0] < image_run.positions + 2:
+    if len(sizes) > 1 and sizes[0] < image_run.positions + 2:
         raise ConfigError(
-            f"--pack_sizes {list(config.sizes)}: every size must hold an image run ({image_run.positions} positions) "
+            f"--pack_sizes {list(sizes)}: every size must hold an image run ({image_run.positions} positions) "
             "and a token more, or a sample cut for it could be left empty"
         )
     return preprocessor, image_run
 
 
-def _dynamic_images(config: PreprocessConfig, tokenizer, encoder, fmt) -> tuple[DynamicProcessor, ImageRun]:
+def _dynamic_images(sample: SampleConfig, tokenizer, encoder, fmt) -> tuple[DynamicProcessor, ImageRun]:
     """A dynamic-resolution encoder (LLaVA-NeXT / OneVision anyres, Qwen2-VL native): each image its own
     size and run length, spelled with the model's image tokens; only outputs that hold such images."""
     if fmt.holds_images and not getattr(fmt, "holds_dynamic_images", False):
@@ -97,14 +106,14 @@ def _dynamic_images(config: PreprocessConfig, tokenizer, encoder, fmt) -> tuple[
             f"--output_format {fmt.name}: holds fixed-size images only, and {encoder.name}'s images each have their "
             f"own size; use --output_format {' or '.join(able) if able else 'compact'}"
         )
-    if config.use_im_start_end or config.image_aspect_ratio != "square":
+    if sample.use_im_start_end or sample.image_aspect_ratio != "square":
         raise ConfigError(
             f"--use_im_start_end / --image_aspect_ratio: {encoder.name}'s processor decides how its images are laid out"
         )
-    arithmetic = "llava" if config.tokenization == "llava" else "transformers"  # LLaVA's llava_arch counts, or the HF models'
-    processor = dynamic_processor(encoder, arithmetic=arithmetic, min_pixels=config.min_pixels, max_pixels=config.max_pixels)
+    arithmetic = "llava" if sample.tokenization == "llava" else "transformers"  # LLaVA's llava_arch counts, or the HF models'
+    processor = dynamic_processor(encoder, arithmetic=arithmetic, min_pixels=sample.min_pixels, max_pixels=sample.max_pixels)
     image_run = dynamic_image_run(
-        tokenizer, encoder.family, patch_id=config.image_patch_id, start_id=config.image_start_id, end_id=config.image_end_id
+        tokenizer, encoder.family, patch_id=sample.image_patch_id, start_id=sample.image_start_id, end_id=sample.image_end_id
     )
     return processor, image_run
 

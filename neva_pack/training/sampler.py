@@ -18,6 +18,12 @@ with known lengths), and each epoch the sampler
 
 Each rank's DataLoader yields one bin per step: ``DataLoader(samples, batch_sampler=sampler,
 collate_fn=hf_collate(...))`` gives one flattened row of at most ``capacity`` positions.
+
+Visual budgets (``max_images_per_pack``, ``max_image_tokens_per_pack``) hold in every bin of every
+step: the packer honours them, and steps 2 and 3 only drop bins, cut bins in two, or deal samples
+to new bins that have room for them in positions, samples, images and image tokens alike.
+``PackedBatchSampler.for_samples(samples, capacity, ...)`` takes the lengths, images and image
+tokens of a ``PackedSamples``, and by default the budgets its output was packed under.
 """
 
 from __future__ import annotations
@@ -30,11 +36,28 @@ from torch.utils.data import Sampler
 
 from neva_pack.packing import RECOMMENDED_ALGORITHM, pack
 from neva_pack.packing.balance import DEFAULT_TOLERANCE, PackCosts, balance_order
+from neva_pack.packing.budgets import visual_budgets
 
-__all__ = ["EpochPlan", "PackedBatchSampler", "STATE_VERSION"]
+__all__ = ["FROM_META", "STATE_VERSION", "EpochPlan", "PackedBatchSampler"]
 
 STATE_VERSION = 1
 """Version of ``state_dict``'s layout."""
+FROM_META = "meta"
+"""``for_samples``: a visual budget taken from the output's meta."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BinLimits:
+    """What every bin stays within when samples are dealt to new bins: positions, and the caps of
+    ``packing.pack`` (0: none), with the images and image tokens of each position of the plan's
+    indices (None without their cap)."""
+
+    capacity: int
+    max_samples: int = 0
+    images: np.ndarray | None = None
+    max_images: int = 0
+    image_tokens: np.ndarray | None = None
+    max_image_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -77,8 +100,10 @@ class PackedBatchSampler(Sampler[list[int]]):
     running several processes (its BatchSamplerShard gives process r the batches r, r + R, ...).
 
     ``num_images`` (per sample, optional) lets bins of equal attention be balanced by images too
-    (the vision encoder's work), within ``tolerance``. The extra options go to ``packing.pack``
-    (``max_samples_per_pack``, an algorithm's own options).
+    (the vision encoder's work), within ``tolerance``. ``max_images_per_pack`` (needs ``num_images``)
+    and ``max_image_tokens_per_pack`` (needs ``image_tokens``, per sample) cap every bin as
+    ``packing.pack`` does. The extra options go to ``packing.pack`` (``max_samples_per_pack``, an
+    algorithm's own options).
     """
 
     def __init__(
@@ -92,6 +117,9 @@ class PackedBatchSampler(Sampler[list[int]]):
         drop_last: bool = False,
         *,
         num_images=None,
+        image_tokens=None,
+        max_images_per_pack: int | None = None,
+        max_image_tokens_per_pack: int | None = None,
         tolerance: float = DEFAULT_TOLERANCE,
         **pack_options,
     ):
@@ -103,6 +131,13 @@ class PackedBatchSampler(Sampler[list[int]]):
         self.num_images = np.zeros(len(self.lengths), np.int64) if num_images is None else np.asarray(num_images, np.int64)
         if self.num_images.shape != self.lengths.shape:
             raise ValueError(f"num_images has {len(self.num_images)} entries for {len(self.lengths)} lengths")
+        self.image_tokens = None if image_tokens is None else np.asarray(image_tokens)
+        self.budgets = visual_budgets(
+            len(self.lengths), None if num_images is None else self.num_images, self.image_tokens,
+            max_images_per_pack, max_image_tokens_per_pack,
+        )  # fmt: skip
+        self.max_images_per_pack = None if max_images_per_pack is None else int(max_images_per_pack)
+        self.max_image_tokens_per_pack = None if max_image_tokens_per_pack is None else int(max_image_tokens_per_pack)
         self.capacity, self.num_replicas, self.seed = int(capacity), int(num_replicas), int(seed)
         self.rank = None if rank is None else int(rank)
         self.algorithm, self.drop_last, self.tolerance, self.pack_options = algorithm, bool(drop_last), tolerance, pack_options
@@ -111,6 +146,42 @@ class PackedBatchSampler(Sampler[list[int]]):
         self._resumed = False  # a loaded state at the end of its epoch resumes with nothing left of it
         self._plan: tuple[int, EpochPlan] | None = None
         self.plan_epoch(0)  # bad settings fail here, not at the first step
+
+    @classmethod
+    def for_samples(
+        cls,
+        samples,
+        capacity: int,
+        num_replicas: int = 1,
+        rank: int | None = 0,
+        seed: int = 0,
+        algorithm: str = RECOMMENDED_ALGORITHM,
+        drop_last: bool = False,
+        *,
+        max_images_per_pack: int | None | str = FROM_META,
+        max_image_tokens_per_pack: int | None | str = FROM_META,
+        **options,
+    ) -> PackedBatchSampler:
+        """A sampler over a ``dataset.PackedSamples``: its lengths, images and image tokens per sample.
+
+        Each budget left at ``FROM_META`` is the one the output was packed under (its meta's; none
+        if it had none); a number sets another, None lifts it. An image token budget needs the
+        output's image tokens per sample, which outputs written before they were kept lack."""
+        meta = samples.meta
+        if max_images_per_pack == FROM_META:
+            max_images_per_pack = getattr(meta, "max_images_per_pack", None)
+        if max_image_tokens_per_pack == FROM_META:
+            max_image_tokens_per_pack = getattr(meta, "max_image_tokens_per_pack", None)
+        if max_image_tokens_per_pack is not None and samples.image_tokens is None:
+            raise ValueError(
+                f"max_image_tokens_per_pack={max_image_tokens_per_pack!r} needs the image tokens of every sample, "
+                "which this output does not keep (written before they were): pack it again, or pass max_image_tokens_per_pack=None"
+            )
+        return cls(
+            samples.lengths, capacity, num_replicas, rank, seed, algorithm, drop_last,
+            num_images=samples.num_images, image_tokens=samples.image_tokens,
+            max_images_per_pack=max_images_per_pack, max_image_tokens_per_pack=max_image_tokens_per_pack, **options,
+        )  # fmt: skip
 
     def set_epoch(self, epoch: int) -> None:
         """Plan epoch ``epoch`` next (a resumed position in that same epoch is kept)."""
@@ -122,7 +193,9 @@ class PackedBatchSampler(Sampler[list[int]]):
         if self._plan is not None and self._plan[0] == epoch:
             return self._plan[1]
         rng = np.random.default_rng([self.seed, int(epoch)])
-        plan = pack(self.lengths, self.capacity, self.algorithm, seed=int(rng.integers(2**63)), **self.pack_options)
+        plan = pack(
+            self.lengths, self.capacity, self.algorithm, seed=int(rng.integers(2**63)), **self._budget_options(), **self.pack_options
+        )
         offsets, indices = plan.offsets, plan.indices
         loads = plan.bin_loads
         costs = PackCosts.of(self.lengths[indices], offsets, self.num_images[indices])
@@ -131,7 +204,7 @@ class PackedBatchSampler(Sampler[list[int]]):
         if extra and self.drop_last:
             offsets, indices, dropped = _without_least_full(offsets, indices, loads, self.num_replicas - extra)
         elif extra:
-            spread = _spread_over_steps(offsets, self.lengths[indices], self.capacity, extra, self.num_replicas)
+            spread = _spread_over_steps(offsets, self.lengths[indices], extra, self.num_replicas, self._limits(indices))
             if spread is None:
                 offsets = _cut_heaviest(offsets, self.lengths[indices], costs.attention, extra)
             else:
@@ -197,6 +270,29 @@ class PackedBatchSampler(Sampler[list[int]]):
                 raise ValueError(f"the sampler state was saved with {name}={state.get(name)!r}, this sampler has {value!r}")
         self.epoch, self._next_step, self._resumed = int(state["epoch"]), int(state["step"]), True
 
+    def _budget_options(self) -> dict:
+        """``pack()``'s visual budget arguments (nothing without a budget: the plan of old)."""
+        if not self.budgets.active:
+            return {}
+        return {
+            "images": self.num_images,
+            "image_tokens": self.image_tokens,
+            "max_images_per_pack": self.max_images_per_pack,
+            "max_image_tokens_per_pack": self.max_image_tokens_per_pack,
+        }
+
+    def _limits(self, indices: np.ndarray) -> BinLimits:
+        """What a bin of the plan must stay within, per position of the plan's ``indices``."""
+        budgets = self.budgets
+        return BinLimits(
+            capacity=self.capacity,
+            max_samples=int(self.pack_options.get("max_samples_per_pack") or 0),
+            images=budgets.images[indices] if budgets.max_images else None,
+            max_images=budgets.max_images,
+            image_tokens=budgets.image_tokens[indices] if budgets.max_image_tokens else None,
+            max_image_tokens=budgets.max_image_tokens,
+        )
+
     def _settings(self) -> dict:
         return {
             "seed": self.seed,
@@ -206,6 +302,8 @@ class PackedBatchSampler(Sampler[list[int]]):
             "drop_last": self.drop_last,
             "num_samples": len(self.lengths),
             "total_length": int(self.lengths.sum()),
+            "max_images_per_pack": self.max_images_per_pack,
+            "max_image_tokens_per_pack": self.max_image_tokens_per_pack,
         }
 
 
@@ -220,11 +318,12 @@ def _without_least_full(offsets, indices, loads, count):
     return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64), indices[member], indices[~member]
 
 
-def _spread_over_steps(offsets, sizes, capacity, extra, replicas):
+def _spread_over_steps(offsets, sizes, extra, replicas, limits: BinLimits):
     """``extra`` more bins, as whole steps of light bins: the ``replicas - extra`` bins of most samples
     (or R more of them, while they hold fewer samples than bins to make) are taken apart and their
-    samples dealt longest first, each to the least loaded of ``replicas`` new bins (LPT). Returns
-    (offsets, positions into the plan's indices), or None when a new bin would pass the capacity.
+    samples dealt longest first, each to the least loaded of ``replicas`` new bins (LPT) that has
+    room for it (``limits``: positions, samples, images, image tokens). Returns (offsets, positions
+    into the plan's indices), or None when a sample finds no bin with room.
 
     Every step then holds either full bins or alike light ones, so no rank waits on a step's fuller
     bins (cutting single bins in two would put half-empty bins beside full ones).
@@ -241,23 +340,47 @@ def _spread_over_steps(offsets, sizes, capacity, extra, replicas):
     member = np.repeat(chosen, counts)
     dealt = np.flatnonzero(member)
     dealt = dealt[np.argsort(-sizes[dealt], kind="stable")]
-    heap = [(0, piece) for piece in range(pieces)]
-    piece_of = np.empty(len(dealt), np.int64)
-    for k, position in enumerate(dealt.tolist()):
-        load, piece = heapq.heappop(heap)
-        piece_of[k] = piece
-        heapq.heappush(heap, (load + int(sizes[position]), piece))
-    if max(load for load, _ in heap) > capacity:
+    piece_of = _deal(dealt, sizes, pieces, limits)
+    if piece_of is None:
         return None
     positions = np.concatenate([np.flatnonzero(~member), dealt[np.argsort(piece_of, kind="stable")]])
     new_counts = np.concatenate([counts[~chosen], np.bincount(piece_of, minlength=pieces)])
     return np.concatenate([[0], np.cumsum(new_counts)]).astype(np.int64), positions
 
 
+def _deal(dealt, sizes, pieces, limits: BinLimits):
+    """The piece of each of ``dealt`` (positions, in dealing order): the least loaded one with room
+    for it, ties to the lowest piece; None when one has no room anywhere."""
+    caps = [(limits.capacity, sizes)]  # a piece's load is always checked first: without caps, plain LPT
+    for values, cap in ((None, limits.max_samples), (limits.images, limits.max_images), (limits.image_tokens, limits.max_image_tokens)):
+        if cap:
+            caps.append((cap, np.ones(len(sizes), np.int64) if values is None else values))
+    used = np.zeros((len(caps), pieces), np.int64)  # load, then each capped quantity, of every piece
+    heap = [(0, piece) for piece in range(pieces)]
+    piece_of = np.empty(len(dealt), np.int64)
+    for k, position in enumerate(dealt.tolist()):
+        need = [int(values[position]) for _, values in caps]
+        passed = []
+        while heap:
+            load, piece = heapq.heappop(heap)
+            if all(used[d, piece] + need[d] <= cap for d, (cap, _) in enumerate(caps)):
+                break
+            passed.append((load, piece))
+        else:
+            return None
+        for entry in passed:
+            heapq.heappush(heap, entry)
+        used[:, piece] += need
+        piece_of[k] = piece
+        heapq.heappush(heap, (load + need[0], piece))
+    return piece_of
+
+
 def _cut_heaviest(offsets, sizes, attention, count):
     """``count`` more bins when ``_spread_over_steps`` cannot: the bins of most attention work (two
     samples or more) cut in two where their load passes half; if too few such bins, further cuts
-    between any two samples of a bin."""
+    between any two samples of a bin. Each part holds fewer of everything than its bin: every cap
+    the bin kept, the parts keep."""
     splittable = np.flatnonzero(np.diff(offsets) >= 2)
     chosen = splittable[np.argsort(-attention[splittable], kind="stable")[:count]]
     cuts = []
