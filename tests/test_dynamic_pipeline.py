@@ -15,7 +15,7 @@ from neva_pack import paths
 from neva_pack.cli import main
 from neva_pack.dataset import PackedSeqDataset
 from neva_pack.encoders import resolve_encoder
-from neva_pack.formats import open_packed
+from neva_pack.formats import FORMATS, open_packed
 from neva_pack.images.recorded import processor_from_record, processor_record
 from neva_pack.plan import explore, load_lengths
 from neva_pack.tokenizer import load_tokenizer
@@ -157,3 +157,15 @@ def test_a_tiny_qwen2_vl_trained_on_packs_of_a_real_output_gets_the_samples_loss
     assert sum(int(dataset.sample_images(p).sum()) for p in packs) >= 3 and any(len(dataset.sample_images(p)) > 1 for p in packs)
     alone = [run for p in packs for run in samples_alone(reader.pack(p), dataset.sample_images(p), dataset.processor, "native", image)]
     assert difference(packed(model, [dataset[p] for p in packs], image), loss_and_gradients(model, alone)) < TOLERANCE
+
+
+@pytest.mark.parametrize("fmt", [name for name, f in FORMATS.items() if f.holds_images and not f.holds_dynamic_images])
+def test_a_format_of_fixed_size_images_refuses_a_dynamic_encoder_in_one_line(workload, tmp_path, capsys, fmt):
+    """NeMo's float crops (and any format without dynamic images) cannot hold images of their own sizes:
+    the run stops before reading a record, naming the formats that can."""
+    capsys.readouterr()
+    assert run(workload, tmp_path, 0, "--output_format", fmt) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    able = [name for name, other in FORMATS.items() if other.holds_dynamic_images]
+    assert len(lines) == 1 and f"--output_format {fmt}" in lines[0] and all(name in lines[0] for name in able)
+    assert not paths.packed_prefix(tmp_path).parent.joinpath("packed_seq_dataset").exists()
