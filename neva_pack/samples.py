@@ -23,7 +23,7 @@ import numpy as np
 
 from neva_pack.defaults import IGNORE_INDEX
 from neva_pack.errors import ConfigError
-from neva_pack.header_images import HeaderImage, HeaderImages
+from neva_pack.header_images import HeaderImage, HeaderImages, header_size_of
 from neva_pack.image_ids import IMAGE_DELIMITER_PIECES, check_token_ids
 from neva_pack.image_run import ImageRun
 from neva_pack.images import (
@@ -34,7 +34,6 @@ from neva_pack.images import (
     ImageSource,
     StoredImage,
     decode_image,
-    header_size,
 )
 from neva_pack.images.decode import too_many_pixels
 from neva_pack.records import (
@@ -281,7 +280,7 @@ class SampleBuilder:
         (a corrupt body, a decode over its time budget, a size that disagrees with its header) is not."""
         try:
             conversation = parse_record(raw, self.max_conversation_chars, self.max_images_per_record)
-            arranged = self._arranged(conversation)
+            arranged = self._arranged(conversation, header_only=True)
             for name in arranged.to_load if self._header_images is None else ():
                 self._check_header(name)
         except RecordError as error:
@@ -318,13 +317,14 @@ class SampleBuilder:
             truncated=arranged.truncated,
         )
 
-    def _arranged(self, conversation: Conversation) -> _Arranged:
+    def _arranged(self, conversation: Conversation, header_only: bool = False) -> _Arranged:
         """The sample's ids, cut and checked to be worth training, and the images it keeps, before
-        any is decoded (what ``build`` and ``layout`` share)."""
+        any is decoded (what ``build`` and ``layout`` share; ``header_only``: a layout's, whose dynamic
+        images are read as far as their headers only)."""
         if self.text_only and conversation.images:
             raise RecordError(IMAGES_NOT_HELD, f"{len(conversation.images)} image(s), and the output format holds text only")
         if self._header_images is not None:
-            return self._arranged_dynamic(conversation)
+            return self._arranged_dynamic(conversation, header_only)
         ids, trained, image_starts = self.encode(conversation)
         ids, trained, kept, truncated = self._truncated(ids, trained, image_starts, len(self._run_ids))
         return _Arranged(
@@ -332,10 +332,10 @@ class SampleBuilder:
             costs=[self.preprocessor.vision_cost] * kept, to_load=conversation.images[:kept], truncated=truncated,
         )  # fmt: skip
 
-    def _arranged_dynamic(self, conversation: Conversation) -> _Arranged:
+    def _arranged_dynamic(self, conversation: Conversation, header_only: bool) -> _Arranged:
         """Each image's run length from its header; ids laid out and truncated with them (a OneVision
         sample cut to one image counts it again as its only one); the images kept, still undecoded."""
-        headers = self._header_images.read(conversation.images)
+        headers = self._header_images.read(conversation.images, header_only)
         ids, trained, image_starts = self.encode(conversation, [h.tokens for h in headers])
         lengths = [self.image_run.length(h.tokens) for h in headers]
         ids, trained, kept, truncated = self._truncated(ids, trained, image_starts, lengths, keep=True)
@@ -587,9 +587,9 @@ class SampleBuilder:
         return np.concatenate(out_ids), np.concatenate(out_mask), image_starts
 
     def _check_header(self, name: str) -> None:
-        """What ``_load`` would refuse before decoding, from the file's header: its bytes, a
-        header PIL can read, the pixel budget and the crop's resize budget."""
-        width, height = header_size(self.image_source.read(name))
+        """What ``_load`` would refuse before decoding, from the file's header (its first bytes only):
+        the file, a header PIL can read, the pixel budget and the crop's resize budget."""
+        width, height = header_size_of(self.image_source, name)
         if width * height > self.max_image_pixels:
             raise RecordError("image_too_large", too_many_pixels(name, f"{width} x {height}", width * height, self.max_image_pixels))
         self.preprocessor.check_size((width, height), name)
