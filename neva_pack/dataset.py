@@ -20,9 +20,10 @@ sample i occupies p_i positions: its l_i tokens, then p_i - l_i pad positions (s
 neva_pack.packing.alignment). NeMo 2 / Megatron Bridge read the pair as cu_seqlens (padded) and
 cu_seqlens_unpadded; ``neva_pack.training.thd_batch`` turns them into Megatron-Core's PackedSeqParams.
 
-A dynamic-resolution output (Qwen2-VL, LLaVA-NeXT / OneVision: images at their own sizes), read
-with its ``processor`` (``images.dynamic_processor``), gives instead of ``image`` the model's own
-inputs, as ``neva_pack.model_inputs`` makes them (``dynamic_pack_item``)::
+A dynamic-resolution output (Qwen2-VL, LLaVA-NeXT / OneVision: images at their own sizes) is read
+with the processor its meta records (``meta.image_processor``, rebuilt offline by
+``images.processor_from_record``; a ``processor`` argument overrides it) and gives instead of
+``image`` the model's own inputs, as ``neva_pack.model_inputs`` makes them (``dynamic_pack_item``)::
 
     Qwen          position_ids  int64 (3, L)   mRoPE, each sample's alone, restarting at 0
                   pixel_values  float32 (sum of patches, 1176)      image_grid_thw  int64 (n, 3)
@@ -56,13 +57,14 @@ class PackedSeqDataset(Dataset):
     """Packs of an output directory or prefix (``pack_size`` picks one size of a --pack_sizes output).
 
     ``processor``: the dynamic-resolution processor of the output's images (then items carry the
-    model's inputs, see the module docstring); None for a fixed-crop output."""
+    model's inputs, see the module docstring); None: the one the output's meta records (none for a
+    fixed-crop output)."""
 
     def __init__(self, path: str | Path, *, device=None, dtype: torch.dtype | None = None, pack_size: int | None = None, processor=None):
         self._reader = open_packed(Path(path), pack_size=pack_size)
         self.meta = self._reader.meta
         self.prefix = self._reader.prefix
-        self.processor = processor
+        self.processor = processor if processor is not None else _recorded_processor(self.meta)
         self.crop_size = tuple(self.meta.crop_size) if self.meta.crop_size is not None else None
         self.ignore_index = int(self.meta.ignore_index)
         self.device = device
@@ -100,6 +102,15 @@ class PackedSeqDataset(Dataset):
     def sample_images(self, p: int) -> np.ndarray:
         """int32: images of each sample of pack ``p``."""
         return self._num_images[self._offsets[p] : self._offsets[p + 1]].copy()
+
+
+def _recorded_processor(meta):
+    """The dynamic-resolution processor a meta records; None for fixed crops."""
+    if meta.image_processor is None:
+        return None
+    from neva_pack.images.recorded import processor_from_record
+
+    return processor_from_record(meta.image_processor)
 
 
 def dynamic_pack_item(pack: ReadPack, num_images: np.ndarray, processor, patch_id: int) -> dict[str, torch.Tensor]:

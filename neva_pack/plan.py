@@ -45,7 +45,8 @@ class SampleLengths:
     store: object | None = None
     """The sample store, when the lengths come from it: samples are then cut as a run cuts them."""
     image_positions: int | None = None
-    """Positions of one image run (the output's meta's), for that cut."""
+    """Positions of one image run (the output's meta's), for that cut; None for a dynamic store (each
+    image its own run length, which the store keeps)."""
     ignore_index: int = IGNORE_INDEX
     """Label of untrained positions (the output's meta's), to find samples a cut leaves untrained."""
     num_images: np.ndarray | None = None
@@ -144,9 +145,10 @@ def _output_meta(output_dir: Path) -> dict:
 
 def _cut_rows(sample_lengths: SampleLengths, capacity: int) -> tuple[np.ndarray, np.ndarray]:
     """The samples as a run at this capacity packs them (length, num_images, image_tokens), and which
-    of them it skips: from the store, cut before the first image run that does not fit whole, the
-    samples the cut leaves untrained skipped (a run skips those at this size); from the input's laid-out
-    samples, the same way; from a plan table alone (no image positions to go by), cut at the capacity."""
+    of them it skips: from the store, cut before the first image run that does not fit whole (a
+    dynamic store's runs each at its own length, ``assemble.rows_at``), the samples the cut leaves
+    untrained skipped (a run skips those at this size); from the input's laid-out samples, the same
+    way; from a plan table alone (no image positions to go by), cut at the capacity."""
     if sample_lengths.laid_out is not None:
         return sample_lengths.laid_out.rows_at(capacity)
     lengths = sample_lengths.lengths
@@ -156,7 +158,8 @@ def _cut_rows(sample_lengths: SampleLengths, capacity: int) -> tuple[np.ndarray,
     rows["num_images"] = unknown if sample_lengths.num_images is None else sample_lengths.num_images
     rows["image_tokens"] = unknown if sample_lengths.image_tokens is None else sample_lengths.image_tokens
     skip = np.zeros(len(rows), dtype=bool)
-    if sample_lengths.store is None or not sample_lengths.image_positions or not np.any(lengths > capacity):
+    store = sample_lengths.store
+    if store is None or not (sample_lengths.image_positions or store.dynamic) or not np.any(lengths > capacity):
         return rows, skip
     from neva_pack.assemble import rows_at
 

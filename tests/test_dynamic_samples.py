@@ -10,7 +10,6 @@ byte-level BPE with the models' real special tokens; the reference processors ge
 
 from __future__ import annotations
 
-import json
 import shutil
 
 import numpy as np
@@ -26,15 +25,21 @@ from neva_pack.samples import SampleBuilder, Skipped, truncation
 from neva_pack.templates import load_template
 from neva_pack.tokenizer import load_tokenizer
 from tests.conftest import SAMPLE_DATA
+from tests.dynamic_references import (
+    SYSTEM,
+    anyres_reference,
+    llava_prompt,
+    qwen_reference,
+    reference_ids,
+    stand_in_tokenizer,
+)
 from tests.image_zoo import MPL, SKIMAGE, random_rgb
 
-GOLDEN = SAMPLE_DATA.parent / "tests" / "golden" / "dynamic" / "tokenizer.json"
 QWEN2_VL = "Qwen/Qwen2-VL-7B-Instruct"
 QWEN25_VL = "Qwen/Qwen2.5-VL-7B-Instruct"
 V16_VICUNA = "llava-hf/llava-v1.6-vicuna-7b-hf"
 V16_MISTRAL = "llava-hf/llava-v1.6-mistral-7b-hf"
 OV = "llava-hf/llava-onevision-qwen2-7b-ov-hf"
-SYSTEM = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
 
 
 @pytest.fixture(scope="module")
@@ -52,14 +57,7 @@ def images(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tokenizer_dirs(tmp_path_factory):
-    """The golden tokenizer with the BOS/EOS of a Qwen2 model (no BOS, <|im_end|>) and of a LLaMA one."""
-    dirs = {}
-    for kind, config in (("qwen", {"eos_token": "<|im_end|>"}), ("llama", {"bos_token": "<s>", "eos_token": "</s>"})):
-        folder = tmp_path_factory.mktemp(kind)
-        shutil.copy(GOLDEN, folder / "tokenizer.json")
-        (folder / "tokenizer_config.json").write_text(json.dumps(config))
-        dirs[kind] = folder
-    return dirs
+    return {kind: stand_in_tokenizer(tmp_path_factory.mktemp(kind), kind) for kind in ("qwen", "llama")}
 
 
 def builder(tokenizer_dir, images, encoder_name, template, max_seq_length=100_000, tokenization="nemo", **options):
@@ -83,65 +81,6 @@ def record(*turns, index=0) -> RawRecord:
     if images:
         data["image"] = images if len(images) > 1 else images[0]
     return RawRecord(index=index, value=data)
-
-
-def hf_tokenizer(tokenizer_dir):
-    from transformers import PreTrainedTokenizerFast
-
-    config = json.loads((tokenizer_dir / "tokenizer_config.json").read_text())
-    return PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_dir / "tokenizer.json"), **config)
-
-
-def qwen_reference(tokenizer_dir, encoder_name):
-    """Qwen2VLProcessor with Qwen2VLImageProcessorPil of the checkpoint's settings. Its constructor
-    insists on a video processor, which needs torchvision (not installed): the instance gets what its
-    __init__ sets, and its own __call__ does the work."""
-    from transformers.models.qwen2_vl import Qwen2VLProcessor
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-
-    settings = {k: v for k, v in resolve_encoder(encoder_name).preprocessor_config.items()
-                if k not in ("image_processor_type", "processor_class")}  # fmt: skip
-    tokenizer = hf_tokenizer(tokenizer_dir)
-    processor = Qwen2VLProcessor.__new__(Qwen2VLProcessor)
-    processor.__dict__.update(
-        image_processor=Qwen2VLImageProcessorPil(**settings), tokenizer=tokenizer, video_processor=None, chat_template=None,
-        image_token="<|image_pad|>", video_token="<|video_pad|>", image_token_id=tokenizer.convert_tokens_to_ids("<|image_pad|>"),
-        video_token_id=tokenizer.convert_tokens_to_ids("<|video_pad|>"),
-    )  # fmt: skip
-    return processor
-
-
-def anyres_reference(tokenizer_dir, encoder_name):
-    from transformers import LlavaNextProcessor, LlavaOnevisionProcessor
-    from transformers.models.llava_next import LlavaNextImageProcessorPil
-    from transformers.models.llava_onevision import LlavaOnevisionImageProcessorPil
-
-    encoder = resolve_encoder(encoder_name)
-    model = encoder.model_config
-    settings = {k: v for k, v in encoder.preprocessor_config.items()
-                if k not in ("image_processor_type", "processor_class", "aspect_ratio_setting")}  # fmt: skip
-    tokenizer = hf_tokenizer(tokenizer_dir)
-    if encoder.processor == "llava_onevision":
-        processor = LlavaOnevisionProcessor.__new__(LlavaOnevisionProcessor)
-        processor.__dict__.update(
-            image_processor=LlavaOnevisionImageProcessorPil(**settings), tokenizer=tokenizer, video_processor=None,
-            chat_template=None, num_image_tokens=model["num_image_tokens"],
-            vision_feature_select_strategy=model["vision_feature_select_strategy"],
-            vision_aspect_ratio=model["vision_aspect_ratio"], image_token="<image>", video_token="<video>",
-            image_token_id=tokenizer.convert_tokens_to_ids("<image>"), video_token_id=None,
-        )  # fmt: skip
-        return processor
-    return LlavaNextProcessor(
-        image_processor=LlavaNextImageProcessorPil(**settings), tokenizer=tokenizer, patch_size=encoder.patch_size,
-        vision_feature_select_strategy=model["vision_feature_select_strategy"],
-        num_additional_image_tokens=model["num_additional_image_tokens"], image_token="<image>",
-    )  # fmt: skip
-
-
-def reference_ids(processor, prompt: str, names, folder) -> np.ndarray:
-    pictures = [Image.open(folder / name).convert("RGB") for name in names]
-    out = processor(text=[prompt], images=[pictures] if pictures else None)  # one sample: its images together
-    return np.asarray(out["input_ids"][0], dtype=np.int64)
 
 
 def ids_of(sample) -> np.ndarray:
@@ -224,27 +163,6 @@ LLAVA_CASES = [
     (V16_MISTRAL, "mistral_instruct", "llama", "nemo"),
     (OV, "qwen_1_5", "qwen", "nemo"),
 ]
-VICUNA = (
-    "A chat between a curious user and an artificial intelligence assistant. The assistant gives helpful, "
-    "detailed, and polite answers to the user's questions."
-)
-
-
-def llava_prompt(template: str, tokenization: str, turns) -> str:
-    text = []
-    for k, turn in enumerate(turns):
-        if template == "vicuna_v1":
-            sep = " " if (k and tokenization == "nemo" and not k % 2) else ""
-            text.append(f"ASSISTANT: {turn}</s>" if k % 2 else sep + "USER: " + "<image>\n" * len(turn[1]) + turn[0] + " ")
-        elif template == "mistral_instruct":
-            text.append(f" {turn} </s>" if k % 2 else "[INST] " + "<image>\n" * len(turn[1]) + turn[0] + " [/INST]")
-        else:
-            user = "<|im_start|>user\n" + "<image>\n" * (len(turn[1]) if not k % 2 else 0) + (turn[0] if not k % 2 else "")
-            text.append(f"<|im_start|>assistant\n{turn}<|im_end|>\n" if k % 2 else user + "<|im_end|>\n")
-    start = {"vicuna_v1": ("<s>" if tokenization == "llava" else "") + VICUNA + " ", "mistral_instruct": "<s>"}
-    return start.get(template, SYSTEM) + "".join(text)
-
-
 @pytest.mark.parametrize("encoder_name, template, kind, tokenization", LLAVA_CASES)
 def test_llava_next_ids_are_the_processors_expansion(tokenizer_dirs, images, encoder_name, template, kind, tokenization):
     turns = (("Who is this?", ["grace_hopper.jpg"]), "Grace Hopper.", ("And now?", []), "Still her.")

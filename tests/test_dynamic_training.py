@@ -13,38 +13,28 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
-from neva_pack.dataset import dynamic_pack_item, sample_of_pack
+from neva_pack.dataset import dynamic_pack_item
 from neva_pack.encoders import resolve_encoder
 from neva_pack.images import dynamic_processor
 from neva_pack.mrope import mrope_position_ids
 from neva_pack.training import cp_partition_index, cp_slice, hf_batch, thd_batch
-from neva_pack.training.hf import HF_IGNORE_INDEX
-from tests.dynamic_packs import IMAGE, VIDEO, VISION_END, VISION_START, VOCAB, build_pack, photo
+from tests.dynamic_models import (
+    TEXT,
+    TOLERANCE,
+    difference,
+    loss_and_gradients,
+    one_by_one,
+    packed,
+    qwen_model,
+    samples_alone,
+)
+from tests.dynamic_packs import IMAGE, build_pack, photo
 
-TOLERANCE = 1e-9
 WRONG = 1e-6
 """A wrong batch must move the loss or some gradient by more than this, relative."""
-TEXT = {"vocab_size": VOCAB, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2,
-        "num_attention_heads": 2, "num_key_value_heads": 1}  # fmt: skip
-
-
-def qwen_model():
-    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
-
-    torch.manual_seed(0)
-    config = Qwen2VLConfig(
-        text_config={**TEXT, "rope_scaling": {"type": "mrope", "mrope_section": [1, 1, 2]}},
-        vision_config={"depth": 2, "embed_dim": 16, "hidden_size": 16, "num_heads": 2, "patch_size": 14,
-                       "spatial_merge_size": 2, "temporal_patch_size": 2},  # fmt: skip
-        image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=VISION_START, vision_end_token_id=VISION_END,
-    )
-    config._attn_implementation = "sdpa"
-    return Qwen2VLForConditionalGeneration(config).double()
 
 
 def next_model_and_processor(directory):
@@ -66,61 +56,6 @@ def next_model_and_processor(directory):
     (directory / "preprocessor_config.json").write_text(json.dumps(shipped))
     (directory / "processor_config.json").write_text(json.dumps({"num_additional_image_tokens": 1, "vision_feature_select_strategy": "default"}))
     return LlavaNextForConditionalGeneration(config).double(), dynamic_processor(resolve_encoder(str(directory)))
-
-
-def summed_loss(model, batch: dict, targets: torch.Tensor) -> torch.Tensor:
-    inputs = {key: value for key, value in batch.items() if key in ("input_ids", "position_ids", "pixel_values", "image_grid_thw",
-                                                                    "image_sizes", "mm_token_type_ids")}  # fmt: skip
-    if "pixel_values" in inputs:
-        inputs["pixel_values"] = inputs["pixel_values"].double()
-    logits = model(**inputs, use_cache=False).logits[0]
-    return F.cross_entropy(logits, targets.clamp(min=0), reduction="none").where(targets != HF_IGNORE_INDEX, 0).sum()
-
-
-def loss_and_gradients(model, batches: list[tuple[dict, torch.Tensor]]) -> tuple[float, dict]:
-    model.zero_grad()
-    total = sum(summed_loss(model, batch, targets) for batch, targets in batches)
-    total.backward()
-    total = total.detach()
-    return float(total), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
-
-
-def packed(model, items: list[dict], **kwargs) -> tuple[float, dict]:
-    batch = hf_batch(items, IMAGE, image_patch_id=IMAGE)
-    return loss_and_gradients(model, [(batch, batch["shift_labels"][0])])
-
-
-def one_by_one(model, pack, counts, processor, family) -> tuple[float, dict]:
-    """Each sample alone, unpadded, as the model's own processor output would feed it."""
-    return loss_and_gradients(model, samples_alone(pack, counts, processor, family))
-
-
-def samples_alone(pack, counts, processor, family) -> list[tuple[dict, torch.Tensor]]:
-    runs = []
-    for k in range(len(counts)):
-        item = dynamic_pack_item(sample_of_pack(pack, counts, k), counts[k : k + 1], processor, IMAGE)
-        length = int(item["cu_seqlens_unpadded"][-1])
-        ids = item["tokens"][:length][None]
-        batch = {"input_ids": ids}
-        if int(item["num_images"].sum()):
-            batch["pixel_values"] = item["pixel_values"]
-            batch.update({key: item[key] for key in ("image_grid_thw", "image_sizes") if key in item})
-        if family == "native":
-            batch["mm_token_type_ids"] = (ids == IMAGE).int()  # the processor's: the model computes its own mRoPE ids
-        targets = item["labels"][:length]
-        runs.append((batch, torch.where(targets < 0, HF_IGNORE_INDEX, targets)))
-    return runs
-
-
-def difference(a: tuple[float, dict], b: tuple[float, dict]) -> float:
-    """Largest relative difference of the loss and of any gradient (relative to the gradient's norm;
-    a gradient that is zero in exact arithmetic, as the vision tower's key biases', is rounding noise
-    of ~1e-19 on both sides: its norm counts as at least 1e-6)."""
-    worst = abs(a[0] - b[0]) / abs(b[0])
-    assert a[1].keys() == b[1].keys()
-    for name in b[1]:
-        worst = max(worst, float((a[1][name] - b[1][name]).norm() / b[1][name].norm().clamp(min=1e-6)))
-    return worst
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@
 import importlib.resources
 import io
 import tarfile
+import time
 
 import numpy as np
 import pytest
@@ -137,6 +138,42 @@ def test_corrupt_and_non_image_files_are_unreadable():
     truncated_jpeg = (MPL / "grace_hopper.jpg").read_bytes()[:2000]
     with pytest.raises(RecordError) as caught:
         decode_image(truncated_jpeg, "cut.jpg")
+    assert caught.value.reason == "unreadable_image"
+
+
+def _sequential_jpeg_of_empty_scans(side: int, scans: int) -> bytes:
+    """A baseline (sequential) JPEG of ``side`` x ``side`` whose luma is scanned ``scans`` times with
+    no coded data: each scan header (10 bytes) makes the decoder walk every luma block again."""
+    small = io.BytesIO()
+    Image.new("RGB", (16, 16), (120, 30, 200)).save(small, "JPEG", quality=90)
+    data, at, head = small.getvalue(), 2, bytearray(small.getvalue()[:2])
+    while data[at : at + 2] != b"\xff\xda":  # every segment before the first scan, the frame's size patched
+        segment = bytearray(data[at : at + 2 + int.from_bytes(data[at + 2 : at + 4], "big")])
+        if segment[:2] == b"\xff\xc0":
+            segment[5:9] = side.to_bytes(2, "big") * 2
+        head += segment
+        at += len(segment)
+    luma_scan = b"\xff\xda\x00\x08\x01\x01\x00\x00\x3f\x00"
+    return bytes(head) + luma_scan * scans + b"\xff\xd9"
+
+
+def test_jpegs_of_many_scans_are_stopped_by_the_decode_budget_or_refused():
+    """A baseline JPEG whose first scan holds every component is decoded in larger chunks than other
+    files: its decoder refuses any later scan. One whose first scan holds the luma only may have
+    thousands (each walking a 36-megapixel image again): the budget must still stop it."""
+    image = decode_image(_sequential_jpeg_of_empty_scans(64, 3), "few.jpg")  # a valid file: it decodes
+    assert image.size == (64, 64) and image.mode == "RGB"
+    started = time.thread_time()
+    with pytest.raises(RecordError) as caught:
+        decode_image(_sequential_jpeg_of_empty_scans(6000, 5000), "scans.jpg", max_seconds=0.2)
+    assert caught.value.reason == "image_too_slow"
+    assert time.thread_time() - started < 2.0  # stopped within a few scans of the budget, not after all of a chunk's
+    one_scan = io.BytesIO()
+    Image.new("RGB", (2000, 2000), (10, 200, 30)).save(one_scan, "JPEG", quality=90)
+    data = one_scan.getvalue()
+    scan = data[data.index(b"\xff\xda") : -2]
+    with pytest.raises(RecordError) as caught:
+        decode_image(data[:-2] + scan * 1000 + data[-2:], "rescanned.jpg", max_seconds=0.2)
     assert caught.value.reason == "unreadable_image"
 
 

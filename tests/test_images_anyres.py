@@ -4,15 +4,18 @@ transformers' PIL processors and feature counts, and against LLaVA's own llava_a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from neva_pack.encoders import known_encoders, resolve_encoder
 from neva_pack.errors import ConfigError
-from neva_pack.images import AnyresProcessor, dynamic_processor, select_best_resolution, tokens_from_header
+from neva_pack.images import ARITHMETICS, AnyresProcessor, dynamic_processor, select_best_resolution, tokens_from_header
 from tests.image_zoo import random_rgb, synthetic, zoo_images
 
 V16 = ("llava-hf/llava-v1.6-vicuna-7b-hf", "llava-hf/llava-v1.6-mistral-7b-hf")
@@ -98,6 +101,28 @@ def test_best_resolution_is_transformers():
     for width in range(1, 3000, 71):
         for height in range(1, 3000, 67):
             assert select_best_resolution(height, width, pinpoints) == reference((height, width), pinpoints)
+
+
+@given(
+    st.lists(st.tuples(st.integers(1, 8), st.integers(1, 8)), min_size=1, max_size=40),
+    st.integers(1, 4000), st.integers(1, 4000), st.sampled_from(ARITHMETICS),
+)  # fmt: skip
+def test_the_processors_grid_choice_is_select_best_resolution(tiles, width, height, arithmetic):
+    """The processor's quicker search (the fitting pinpoint of least area, else by decreasing area)
+    gives the reference's choice on any list of pinpoints, duplicates and ties included."""
+    settings = dynamic_processor(resolve_encoder(V16[0])).settings
+    pinpoints = tuple((336 * rows, 336 * columns) for rows, columns in tiles)
+    ours = AnyresProcessor(dataclasses.replace(settings, pinpoints=pinpoints), None, arithmetic=arithmetic)
+    assert ours.grid(width, height) == select_best_resolution(height, width, pinpoints)
+    assert ours.tokens_for_size(width, height) == reference_tokens_for_pinpoints(settings, pinpoints, arithmetic, width, height)
+
+
+def reference_tokens_for_pinpoints(settings, pinpoints, arithmetic, width, height):
+    """The count on the pinpoint select_best_resolution picks (the only pinpoint of a processor), read
+    as the arithmetic reads the pinpoints: (width, height) for LLaVA's, (height, width) for transformers'."""
+    picked = select_best_resolution(*((width, height) if arithmetic == "llava" else (height, width)), pinpoints)
+    alone = AnyresProcessor(dataclasses.replace(settings, pinpoints=(picked,)), None, arithmetic=arithmetic)
+    return alone.tokens_for_size(width, height)
 
 
 def _size_grid() -> list[tuple[int, int]]:

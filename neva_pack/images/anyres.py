@@ -32,7 +32,7 @@ from PIL import Image
 
 from neva_pack.encoders import EncoderSpec
 from neva_pack.errors import ConfigError
-from neva_pack.images.dynamic import StoredImage
+from neva_pack.images.dynamic import StoredImage, planar_uint8
 from neva_pack.images.fixed import expand_to_square
 
 __all__ = ["ARITHMETICS", "AnyresProcessor", "AnyresSettings", "anyres_settings", "select_best_resolution"]
@@ -111,6 +111,37 @@ def select_best_resolution(height: int, width: int, pinpoints) -> tuple[int, int
     return best
 
 
+class _PinpointOrder:
+    """``select_best_resolution`` over one list of pinpoints, the same answer in fewer steps (a
+    header's token count is mostly this choice: OneVision has 36 pinpoints).
+
+    The reference picks the least (-kept, wasted, list index). A pinpoint the image fits in
+    (both sides at least the image's) keeps every pixel, and any other keeps fewer (a side below the
+    image's scales it by less than 1 - 1/side), so when one fits the answer is the fitting pinpoint
+    of least area, first in the list on a tie. Otherwise pinpoints are tried by decreasing area:
+    one keeps at most its area, so once the areas left are below the most kept, none can win."""
+
+    def __init__(self, pinpoints: tuple[tuple[int, int], ...]):
+        indexed = [(h * w, k, h, w) for k, (h, w) in enumerate(pinpoints)]
+        self.by_area = [(h, w) for _, _, h, w in sorted(indexed)]
+        self.by_decreasing_area = [(area, k, h, w) for area, k, h, w in sorted(indexed, key=lambda p: (-p[0], p[1]))]
+
+    def best(self, height: int, width: int) -> tuple[int, int]:
+        for target_height, target_width in self.by_area:
+            if target_height >= height and target_width >= width:
+                return target_height, target_width
+        best, best_key = None, None
+        for area, k, target_height, target_width in self.by_decreasing_area:
+            if best_key is not None and area < -best_key[0]:
+                break
+            scale = min(target_width / width, target_height / height)
+            kept = min(int(width * scale) * int(height * scale), width * height)
+            key = (-kept, area - kept, k)
+            if best_key is None or key < best_key:
+                best, best_key = (target_height, target_width), key
+        return best
+
+
 class AnyresProcessor:
     """LLaVA-NeXT / OneVision images: token counts from sizes, uint8 in workers, model tiles at read time."""
 
@@ -123,6 +154,7 @@ class AnyresProcessor:
         self.normalisation = normalisation
         """formats.meta.Normalisation: the processor's rescale factor, mean and std."""
         self.arithmetic = arithmetic
+        self._pinpoints = _PinpointOrder(settings.pinpoints)
 
     @classmethod
     def from_encoder(cls, encoder: EncoderSpec, *, arithmetic: str = "transformers") -> AnyresProcessor:
@@ -140,7 +172,7 @@ class AnyresProcessor:
 
     def grid(self, width: int, height: int) -> tuple[int, int]:
         """(height, width) in pixels of the grid resolution the image is resized into."""
-        return select_best_resolution(height, width, self.settings.pinpoints)
+        return self._pinpoints.best(height, width)
 
     def tiles(self, width: int, height: int) -> int:
         """Tiles of the image's grid (the model's inputs are these plus the base image)."""
@@ -155,7 +187,7 @@ class AnyresProcessor:
         if multi_image and s.max_num_patches is not None:
             return s.base_tokens + 1
         if self.arithmetic == "llava":  # LLaVA reads the pinpoints as (width, height), the size as (width, height)
-            grid_width, grid_height = select_best_resolution(width, height, s.pinpoints)
+            grid_width, grid_height = self._pinpoints.best(width, height)
         else:
             grid_height, grid_width = self.grid(width, height)
         rows = s.features_per_side * (grid_height // s.tile)
@@ -201,11 +233,11 @@ class AnyresProcessor:
         tokens = self.tokens_for_size(width, height, multi_image=multi_image)
         if multi_image and s.square_colour is not None:
             square = expand_to_square(image, s.square_colour).resize((s.tile, s.tile), resample=s.resample)
-            return StoredImage(size=(width, height), parts=(_chw(square),), tokens=tokens)
+            return StoredImage(size=(width, height), parts=(planar_uint8(square),), tokens=tokens)
         base = image.resize((s.tile, s.tile), resample=s.resample)
         resized_height, resized_width = _fit_inside(height, width, *self.grid(width, height))
         resized = image.resize((resized_width, resized_height), resample=s.resample)
-        return StoredImage(size=(width, height), parts=(_chw(base), _chw(resized)), tokens=tokens)
+        return StoredImage(size=(width, height), parts=(planar_uint8(base), planar_uint8(resized)), tokens=tokens)
 
     def model_inputs(self, images: list[StoredImage]) -> dict[str, np.ndarray]:
         """``pixel_values`` float32 (n, 1 + max tiles, 3, S, S) (an image with fewer tiles padded with
@@ -244,5 +276,3 @@ def _fit_inside(height: int, width: int, target_height: int, target_width: int) 
     return target_height, min(math.ceil(width * scale_h), target_width)
 
 
-def _chw(image: Image.Image) -> np.ndarray:
-    return np.ascontiguousarray(np.asarray(image, dtype=np.uint8).transpose(2, 0, 1))

@@ -50,7 +50,16 @@ DEFAULT_MAX_IMAGE_DECODE_SECONDS = 5.0
 DECODE_CHUNK = 1024
 """Bytes handed to PIL's decoder per call, so the deadline is checked often enough: one call on
 a chunk of the slowest progressive JPEG (each scan of a few bytes walks the whole image) stays far
-under the budget, and ordinary images lose next to nothing (benchmarks/bench_hostile.py)."""
+under the budget (benchmarks/bench_hostile.py)."""
+
+ONE_PASS_DECODE_CHUNK = 16384
+"""The chunk for files whose decoder goes over the image once, where a larger chunk does not loosen
+the budget (a call's work is bounded by one pass over the image, whatever its bytes): PNG (a byte
+inflates to at most ~1,000 bytes of rows) and a baseline JPEG whose first scan holds every
+component (the decoder refuses any scan after it). Not a progressive JPEG, nor a baseline one
+that announces more scans: the decoder takes every scan it is handed within one call, each
+walking the whole image again (tests/test_images.py). Sixteen times fewer calls, each a Python
+read, bring an ordinary photo's decode to PIL's own cost (benchmarks/bench_dynamic_images.py)."""
 
 
 class _TooSlow(Exception):
@@ -58,21 +67,31 @@ class _TooSlow(Exception):
 
 
 class _DecodeClock(io.BytesIO):
-    """An image's bytes as a file object that refuses to be read after a CPU-time deadline."""
+    """An image's bytes as a file object that refuses to be read after a CPU-time deadline.
+
+    Reading the thread's CPU clock is a system call, several times the cost of handing over a
+    chunk; the wall clock is not, and the thread cannot spend more CPU time than the wall time
+    that passes. So after each look at the CPU clock, the next one waits until enough wall time
+    has passed for the deadline to be reachable: the same reads fail as if every read looked."""
 
     def __init__(self, data: bytes, seconds: float):
         super().__init__(data)
+        self._look_at = time.perf_counter() + seconds  # the wall clock read first: never later than the CPU's
         self.deadline = time.thread_time() + seconds
         self.expired = False
 
     def read(self, size: int | None = -1) -> bytes:
-        self.check()
+        if time.perf_counter() >= self._look_at:
+            self.check()
         return super().read(size)
 
     def check(self) -> None:
-        if time.thread_time() > self.deadline:
+        now = time.perf_counter()
+        left = self.deadline - time.thread_time()
+        if left < 0:
             self.expired = True
             raise _TooSlow
+        self._look_at = now + left
 
 
 def decode_image(
@@ -96,7 +115,7 @@ def decode_image(
             width, height = image.size
             if width * height > max_pixels:
                 raise RecordError("image_too_large", too_many_pixels(name, f"{width} x {height}", width * height, max_pixels))
-            image.decodermaxblock = DECODE_CHUNK
+            image.decodermaxblock = _chunk(image, data)
             image.load()
             clock.check()  # a decoder that reads everything at once is still held to the budget, if late
             if image.mode in _WIDE_GRAY_MODES:
@@ -113,6 +132,34 @@ def decode_image(
             too_slow = f"{name}: decoding took more than --max_image_decode_seconds {max_seconds:g} (CPU time)"
             raise RecordError("image_too_slow", too_slow) from None
         raise unreadable(name, exc) from None
+
+
+def _chunk(image: Image.Image, data: bytes) -> int:
+    """Bytes per decoder call: larger where the decoder goes over the image once (see above)."""
+    if image.format == "PNG":
+        return ONE_PASS_DECODE_CHUNK
+    if image.format == "JPEG" and "progressive" not in image.info and _first_scan_components(data) == image.layers:
+        return ONE_PASS_DECODE_CHUNK
+    return DECODE_CHUNK
+
+
+def _first_scan_components(data: bytes) -> int | None:
+    """Components of a JPEG file's first scan (its SOS header's count), walking the segments before
+    it; None for anything unexpected."""
+    at = 2
+    while at + 4 < len(data):
+        if data[at] != 0xFF:
+            return None
+        marker = data[at + 1]
+        if marker == 0xFF:  # a fill byte
+            at += 1
+        elif marker == 0xDA:
+            return data[at + 4]
+        elif 0xD0 <= marker <= 0xD8 or marker == 0x01:  # markers without a length
+            at += 2
+        else:
+            at += 2 + int.from_bytes(data[at + 2 : at + 4], "big")
+    return None
 
 
 def unreadable(name: str, exc: Exception) -> RecordError:

@@ -21,7 +21,7 @@ from neva_pack.images.decode import unreadable
 from neva_pack.records import RecordError
 from neva_pack.sample_store.stored_image import StoredImage
 
-__all__ = ["DynamicProcessor", "StoredImage", "check_decoded_size", "header_size", "tokens_from_header"]
+__all__ = ["DynamicProcessor", "StoredImage", "check_decoded_size", "header_size", "planar_uint8", "tokens_from_header"]
 
 
 class DynamicProcessor(Protocol):
@@ -41,6 +41,19 @@ class DynamicProcessor(Protocol):
 
     def model_inputs(self, images: list[StoredImage]) -> dict[str, np.ndarray]:
         """Stored images, in sample order -> the model's inputs, bit-identical to transformers' processor."""
+
+
+def planar_uint8(image: Image.Image) -> np.ndarray:
+    """An RGB PIL image -> uint8 (3, H, W), C-contiguous: a stored image's part.
+
+    PIL hands out each band on its own (its raw packer for "R", "G", "B"): one pass per band into
+    the planar array, where ``np.asarray`` would copy the interleaved pixels and a transpose copy
+    them again, strided (several times slower on a large image)."""
+    width, height = image.size
+    planes = np.empty((3, height, width), dtype=np.uint8)
+    for plane, band in zip(planes, "RGB"):
+        plane.reshape(-1)[:] = np.frombuffer(image.tobytes("raw", band), dtype=np.uint8)
+    return planes
 
 
 def header_size(data: bytes | str | os.PathLike | BinaryIO, name: str | None = None) -> tuple[int, int]:

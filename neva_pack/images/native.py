@@ -2,7 +2,7 @@
 
     size --smart_resize--> (H, W), multiples of patch * merge       tokens = (H/patch)(W/patch) / merge^2
     RGB PIL --resize to (W, H)--> uint8 (3, H, W)                      in workers, stored
-    uint8 --normalise, patchify--> float32 rows (H/p * W/p, 3 * t * p * p)   at read time
+    uint8 --patchify, normalise--> float32 rows (H/p * W/p, 3 * t * p * p)   at read time
 
 ``smart_resize`` rounds each side to the nearest multiple of ``patch_size * merge_size`` with
 Python's ``round`` (half to even: 70 / 28 = 2.5 -> 56), then, if the area leaves
@@ -23,7 +23,7 @@ from PIL import Image
 
 from neva_pack.encoders import EncoderSpec
 from neva_pack.errors import ConfigError
-from neva_pack.images.dynamic import StoredImage
+from neva_pack.images.dynamic import StoredImage, planar_uint8
 
 __all__ = ["NativeProcessor", "NativeSettings", "smart_resize"]
 
@@ -147,31 +147,36 @@ class NativeProcessor:
         width, height = image.size
         resized_height, resized_width = self.resized_size(width, height)
         resized = image.resize((resized_width, resized_height), resample=self.settings.resample)
-        pixels = np.ascontiguousarray(np.asarray(resized, dtype=np.uint8).transpose(2, 0, 1))
-        return StoredImage(size=(width, height), parts=(pixels,), tokens=self.tokens_for_size(width, height))
+        return StoredImage(size=(width, height), parts=(planar_uint8(resized),), tokens=self.tokens_for_size(width, height))
 
     def model_inputs(self, images: list[StoredImage]) -> dict[str, np.ndarray]:
         """``pixel_values`` float32 (sum of patches, 3 * t * p * p) and ``image_grid_thw`` int64 (n, 3),
-        as transformers' processor returns them for these images in this order."""
-        rows, grids = [], []
-        for image in images:
-            (pixels,) = image.parts
-            values = self.normalisation.apply(pixels[None])[0]
-            patches, grid_h, grid_w = self._patchify(values)
-            rows.append(patches)
-            grids.append((1, grid_h, grid_w))
-        width = 3 * self.settings.temporal_patch_size * self.settings.patch_size**2
-        pixel_values = np.concatenate(rows, axis=0) if rows else np.zeros((0, width), dtype=np.float32)
+        as transformers' processor returns them for these images in this order.
+
+        The uint8 pixels are put in row order first (a byte per value) and normalised straight into
+        the rows: no float image in between, no strided copy of floats, no concatenation."""
+        s = self.settings
+        p, t = s.patch_size, s.temporal_patch_size
+        grids = [(1, image.parts[0].shape[1] // p, image.parts[0].shape[2] // p) for image in images]
+        counts = [h * w for _, h, w in grids]
+        pixel_values = np.empty((sum(counts), 3 * t * p * p), dtype=np.float32)
+        start = 0
+        for image, count in zip(images, counts):
+            rows = pixel_values[start : start + count].reshape(count, 3, t * p, p)
+            self.normalisation.apply(self._patches_uint8(image.parts[0]).reshape(rows.shape), out=rows)
+            start += count
         return {"pixel_values": pixel_values, "image_grid_thw": np.array(grids, dtype=np.int64).reshape(-1, 3)}
 
-    def _patchify(self, values: np.ndarray) -> tuple[np.ndarray, int, int]:
-        """(3, H, W) -> rows ordered merge block by merge block, each (channel, time, row, column)."""
+    def _patches_uint8(self, pixels: np.ndarray) -> np.ndarray:
+        """uint8 (3, H, W) -> (patches, 3, t, p, p): merge block by merge block, each patch (channel,
+        time, row, column), a still image repeated over time."""
         p, m, t = self.settings.patch_size, self.settings.merge_size, self.settings.temporal_patch_size
-        channels, height, width = values.shape
+        channels, height, width = pixels.shape
         grid_h, grid_w = height // p, width // p
-        blocks = values.reshape(channels, grid_h // m, m, p, grid_w // m, m, p).transpose(1, 4, 2, 5, 0, 3, 6)
-        repeated = np.broadcast_to(blocks[:, :, :, :, :, None], (*blocks.shape[:5], t, p, p))
-        return repeated.reshape(grid_h * grid_w, channels * t * p * p), grid_h, grid_w
+        blocks = pixels.reshape(channels, grid_h // m, m, p, grid_w // m, m, p).transpose(1, 4, 2, 5, 0, 3, 6)
+        patches = np.empty((*blocks.shape[:5], t, p, p), dtype=np.uint8)
+        patches[...] = blocks[:, :, :, :, :, None]
+        return patches.reshape(grid_h * grid_w, channels, t, p, p)
 
 
 _CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # the Qwen2-VL processor's defaults (OpenAI CLIP's)

@@ -9,7 +9,7 @@ from neva_pack import invariants
 from neva_pack.config import PackConfig, PreprocessConfig, SampleConfig
 from neva_pack.encoders import resolve_encoder
 from neva_pack.errors import ConfigError
-from neva_pack.formats import FORMATS, output_format
+from neva_pack.formats import check_dynamic_images, output_format
 from neva_pack.image_ids import check_token_ids, dynamic_image_run, image_run_for, missing_nemo_specials
 from neva_pack.image_run import ImageRun
 from neva_pack.images import DynamicProcessor, ImagePreprocessor, ImageSource, dynamic_processor
@@ -100,12 +100,7 @@ def _fixed_images(
 def _dynamic_images(sample: SampleConfig, tokenizer, encoder, fmt) -> tuple[DynamicProcessor, ImageRun]:
     """A dynamic-resolution encoder (LLaVA-NeXT / OneVision anyres, Qwen2-VL native): each image its own
     size and run length, spelled with the model's image tokens; only outputs that hold such images."""
-    if fmt.holds_images and not getattr(fmt, "holds_dynamic_images", False):
-        able = sorted(name for name, other in FORMATS.items() if getattr(other, "holds_dynamic_images", False))
-        raise ConfigError(
-            f"--output_format {fmt.name}: holds fixed-size images only, and {encoder.name}'s images each have their "
-            f"own size; use --output_format {' or '.join(able) if able else 'compact'}"
-        )
+    check_dynamic_images(fmt.name, encoder.name)
     if sample.use_im_start_end or sample.image_aspect_ratio != "square":
         raise ConfigError(
             f"--use_im_start_end / --image_aspect_ratio: {encoder.name}'s processor decides how its images are laid out"

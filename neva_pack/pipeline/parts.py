@@ -29,7 +29,7 @@ from pathlib import Path
 
 from neva_pack.config import PreprocessConfig
 from neva_pack.errors import ConfigError, InputError
-from neva_pack.pipeline.encode import encode_samples, records_per_message
+from neva_pack.pipeline.encode import encode_samples, records_per_message, store_images
 from neva_pack.pipeline.ownership import LOCK_FILE, is_part_file, prepare_part_dir
 from neva_pack.record_stream import index_records
 from neva_pack.sample_store import (
@@ -105,18 +105,27 @@ def content_fingerprint(config, builder, total_records: int, resume_fingerprint:
     (``PreprocessConfig.sample_fingerprint``) with its locations and names replaced by content digests
     (``data_digest``: the input's ``input_digest`` where the caller has it already)."""
     locations = set(config.sample.location_keys())
-    encoder = builder.preprocessor.encoder
     template = {k: v for k, v in dataclasses.asdict(builder.template).items() if k != "name"}
     return {
         "data": input_digest(config.data_path) if data_digest is None else data_digest,
         "records": total_records,
         "tokenizer": _tokenizer_digest(Path(config.tokenizer_path)),
         "template": _text_digest(json.dumps(template, sort_keys=True, default=str)),
-        "encoder": _text_digest(json.dumps([encoder.processor, encoder.preprocessor_config, encoder.patch_size], sort_keys=True)),
+        "encoder": _encoder_digest(config, builder),
         "image_ids": [builder.image_run.patch_id, builder.image_run.start_id, builder.image_run.end_id],
         "image_positions": builder.image_run.positions,
         **{k: v for k, v in resume_fingerprint.items() if k not in locations and k != "image_ids"},
     }
+
+
+def _encoder_digest(config, builder) -> str:
+    """The image processor by content: a fixed crop's encoder settings, or a dynamic family's processor
+    record (``images.processor_record``: encoder settings plus the pixel bounds and arithmetic it resolved)."""
+    images = store_images(config, builder)
+    if images.image_processor is not None:
+        return _text_digest(json.dumps(images.image_processor, sort_keys=True))
+    encoder = builder.preprocessor.encoder
+    return _text_digest(json.dumps([encoder.processor, encoder.preprocessor_config, encoder.patch_size], sort_keys=True))
 
 
 def join_parts(

@@ -161,9 +161,10 @@ def image_run_starts(tokens: np.ndarray, run: np.ndarray) -> np.ndarray:
 
 def hf_collate(dataset, image_token_id: int | None = None):
     """A DataLoader collate_fn: ``hf_batch`` with the dataset meta's ignore value and image run
-    (its patch id for a dataset read with a dynamic-resolution processor)."""
+    (its patch id for a dynamic-resolution output: one whose meta records its processor, or a dataset
+    read with one)."""
     meta = dataset.meta
-    dynamic = getattr(dataset, "processor", None) is not None
+    dynamic = getattr(dataset, "processor", None) is not None or getattr(meta, "image_processor", None) is not None
     return functools.partial(
         hf_batch,
         image_token_id=image_token_id,

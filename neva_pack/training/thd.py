@@ -270,15 +270,17 @@ def packed_seq_params(batch: dict):
 
 def thd_collate(dataset, fixed_length: bool = False, with_packed_seq_params: bool = True):
     """A DataLoader collate_fn: ``thd_batch`` with the dataset's max_seq_length, alignment multiple,
-    image run, ignore index, pad id and observed maximum of samples in a pack."""
+    image run (none for a dynamic-resolution output: each image its own), ignore index, pad id and
+    observed maximum of samples in a pack."""
     meta = dataset.meta
+    dynamic = getattr(dataset, "processor", None) is not None or getattr(meta, "image_processor", None) is not None
     return functools.partial(
         thd_batch,
         fixed_length=fixed_length,
         max_seq_length=int(meta.max_seq_length),
         max_samples_per_pack=dataset.max_samples_in_a_pack,
         pad_to_multiple_of=int(meta.pad_to_multiple_of),
-        image_run=None if getattr(dataset, "processor", None) is not None else meta.image_run.ids().tolist(),
+        image_run=None if dynamic else meta.image_run.ids().tolist(),
         ignore_index=int(meta.ignore_index),
         pad_id=int(meta.pad_id),
         with_packed_seq_params=with_packed_seq_params,
