@@ -68,25 +68,29 @@ def convert(source: Path, dest: Path, to: str, progress: bool = True) -> list[Pa
         if target.uses_image_pool:
             directory = paths.store_dir(dest)
             directory.mkdir(exist_ok=True)
-            pool = PoolWriter(pool_segment(directory, f"pool_{k:05d}", 0), known, sum(p.count for p in parts))
+            pool = PoolWriter(pool_segment(directory, f"pool_{k:05d}", 0, dynamic=meta.dynamic), known, sum(p.count for p in parts))
         extra = _copy_extras(prefix, out, to)
         plan = reader.plan_table()
         packs = _packs(reader, plan, pool, progress, f"convert {prefix.name} to {to}")
         if pool is not None:
             packs = list(packs)  # text only (the pixels went to the pool): the part is complete before publish
-            parts.append(pool_segment(pool.segment.images_file.parent, f"pool_{k:05d}", pool.close(), pool.checksums()))
+            parts.append(pool_segment(pool.segment.images_file.parent, f"pool_{k:05d}", pool.close(), pool.checksums(), dynamic=meta.dynamic))
         spec = WriteSpec(
-            image_shape=tuple(meta.image_shape),
+            image_shape=None if meta.dynamic else tuple(meta.image_shape),
             normalisation=meta.normalisation,
             pad_id=meta.pad_id,
             ignore_index=meta.ignore_index,
             pool=tuple(parts),
             plan_digest=f"convert:{meta.checksums}",
             image_run=meta.image_run,
+            image_processor=meta.image_processor,
         )
         writer = target.writer(out, spec)
-        for pack in packs:
-            writer.add(pack)
+        for pack, images in packs:
+            if meta.dynamic:  # StoredImages travel beside the pack (an assembled pack's pixels are one array)
+                writer.add_prepared(target.prepare([pack], spec), [images])
+            else:
+                writer.add(pack)
         writer.publish(plan, extra, meta)
         reader.close()
         written.append(out)
@@ -94,17 +98,25 @@ def convert(source: Path, dest: Path, to: str, progress: bool = True) -> list[Pa
 
 
 def _packs(reader, plan, pool, progress: bool, description: str):
-    """The source's packs as assembled packs: padding stripped, images as uint8 (and pool indices)."""
+    """The source's packs as assembled packs (padding stripped, images as uint8 and pool indices),
+    each with its images: uint8 (N, 3, H, W), or the StoredImages of dynamic-resolution images."""
     meta = reader.meta
-    run = meta.image_run.ids()
     for p in tqdm(range(len(reader)), desc=description, unit="pack", disable=not progress):
         pack = reader.pack(p)
         first, last = plan.offsets[p], plan.offsets[p + 1]
         lengths = plan.length[first:last]
         starts = pack.cu_seqlens[:-1]
         real = np.concatenate([np.arange(start, start + length) for start, length in zip(starts, lengths)])
-        pixels = pack.pixels if pack.pixels is not None else reader.meta.normalisation.invert(pack.images[: pack.num_images])
+        if meta.dynamic:
+            pixels = pack.stored_images
+        else:
+            pixels = pack.pixels if pack.pixels is not None else reader.meta.normalisation.invert(pack.images[: pack.num_images])
         tokens = pack.tokens[real]
+        if meta.dynamic:
+            bounds = np.concatenate([[0], np.cumsum(lengths)])
+            image_starts = find_dynamic_image_starts(tokens, meta.image_run, pack.image_lengths, bounds, plan.num_images[first:last])
+        else:
+            image_starts = find_image_starts(tokens, meta.image_run.ids(), len(pixels))
         if pool is not None:
             indices = np.array([pool.add(image)[1] for image in pixels], dtype=np.int64)
         else:
@@ -117,9 +129,10 @@ def _packs(reader, plan, pool, progress: bool, description: str):
             record_indices=plan.record_index[first:last],
             num_images=plan.num_images[first:last],
             image_indices=indices,
-            image_starts=find_image_starts(tokens, run, len(pixels)),
-            pixels=pixels if pool is None else None,
-        )
+            image_starts=image_starts,
+            pixels=pixels if pool is None and not meta.dynamic else None,
+            image_lengths=pack.image_lengths if meta.dynamic else None,
+        ), pixels
 
 
 def find_image_starts(tokens: np.ndarray, run: np.ndarray, count: int) -> np.ndarray:
@@ -140,6 +153,34 @@ def find_image_starts(tokens: np.ndarray, run: np.ndarray, count: int) -> np.nda
 
         raise InputError(f"a pack holds {count} images but only {len(starts)} image runs")
     return np.asarray(starts[:count], dtype=np.int64)
+
+
+def find_dynamic_image_starts(tokens: np.ndarray, image_run, run_lengths, bounds, sample_images) -> np.ndarray:
+    """Where each dynamic-resolution image's run starts in ``tokens``: image k's run is
+    ``image_run.ids`` of its own length ``run_lengths[k]``, the runs of each sample (``bounds``: the
+    samples' token offsets; ``sample_images``: their image counts) in order within it. Searching
+    sample by sample keeps a run that ends a cut sample (its last id in the labels) from running into
+    the next sample's first one, and runs of patch ids only (LLaVA-NeXT) from merging."""
+    from neva_pack.errors import InputError
+
+    starts, image = [], 0
+    for low, high, count in zip(bounds[:-1].tolist(), bounds[1:].tolist(), np.asarray(sample_images).tolist()):
+        position = low
+        for length in np.asarray(run_lengths[image : image + count]).tolist():
+            ids = image_run.ids(length - image_run.delimiters)
+            head = ids[:-1] if len(ids) > 1 else ids
+            for start in np.flatnonzero(tokens[position:high] == head[0]).tolist():
+                start += position
+                if np.array_equal(tokens[start : start + len(head)], head):
+                    break
+            else:
+                raise InputError(f"a sample holds {count} images but not their image runs of lengths {run_lengths[image : image + count]}")
+            starts.append(start)
+            position = start + length
+        image += count
+    if image != len(run_lengths):
+        raise InputError(f"a pack holds {len(run_lengths)} images, its samples {image}")
+    return np.asarray(starts, dtype=np.int64)
 
 
 def _copy_extras(prefix: Path, out: Path, to: str) -> list[Path]:

@@ -201,9 +201,10 @@ def verify_packs(reader, meta: PackedMeta, plan, result, progress: bool) -> None
         result.add(f"the plan table has {len(offsets) - 1} packs, the output {num_packs}")
         return
     samples = 0
+    dynamic = meta.image_run.dynamic
     for p in tqdm(range(num_packs), desc="verify packs", unit="pack", disable=not progress):
         where = f"pack {p}"
-        pack = reader.pack(p, images=False)
+        pack = reader.pack(p, images=dynamic)  # a dynamic image's record says its tokens (no pixel is decoded)
         cu, tokens, labels = pack.cu_seqlens, pack.tokens, pack.labels
         planned = plan.padded_length[offsets[p] : offsets[p + 1]]
         real = plan.length[offsets[p] : offsets[p + 1]]
@@ -215,9 +216,29 @@ def verify_packs(reader, meta: PackedMeta, plan, result, progress: bool) -> None
         expected = int(plan.num_images[offsets[p] : offsets[p + 1]].sum())
         if pack.num_images != expected:
             result.add(f"{where}: {pack.num_images} images, the plan table says {expected}")
+        elif pack.image_lengths is not None:
+            for problem in _image_run_problems(pack, plan, offsets[p], offsets[p + 1], meta.image_run):
+                result.add(f"{where}: {problem}")
         samples += max(len(cu) - 1, 0)
     result.checked["packs"] = result.checked.get("packs", 0) + num_packs
     result.checked["samples"] = result.checked.get("samples", 0) + samples
+
+
+def _image_run_problems(pack, plan, first: int, last: int, image_run) -> list[str]:
+    """Each image's run against what else records its size: the plan table's image positions per
+    sample, and (dynamic images) the stored image's own token count plus the run's delimiters."""
+    problems = []
+    if plan.image_tokens is not None:
+        bounds = np.concatenate([[0], np.cumsum(plan.num_images[first:last])])
+        positions = np.concatenate([[0], np.cumsum(pack.image_lengths)])
+        sums = positions[bounds[1:]] - positions[bounds[:-1]]
+        if not np.array_equal(sums, plan.image_tokens[first:last]):
+            problems.append(f"image positions per sample {sums.tolist()}, the plan table says {plan.image_tokens[first:last].tolist()}")
+    if pack.stored_images is not None:
+        expected = [image_run.length(image.tokens) for image in pack.stored_images]
+        if pack.image_lengths.tolist() != expected:
+            problems.append(f"image runs of {pack.image_lengths.tolist()} positions, the stored images take {expected}")
+    return problems
 
 
 def pack_spec(meta: PackedMeta) -> invariants.PackSpec:

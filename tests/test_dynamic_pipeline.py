@@ -169,3 +169,17 @@ def test_a_format_of_fixed_size_images_refuses_a_dynamic_encoder_in_one_line(wor
     able = [name for name, other in FORMATS.items() if other.holds_dynamic_images]
     assert len(lines) == 1 and f"--output_format {fmt}" in lines[0] and all(name in lines[0] for name in able)
     assert not paths.packed_prefix(tmp_path).parent.joinpath("packed_seq_dataset").exists()
+
+
+def test_verify_finds_a_stored_image_whose_token_count_disagrees_with_its_run(unsharded, tmp_path):
+    """An image record edited after the run (its tokens no longer the run's length less the
+    delimiters) is reported for the pack that uses it, besides the checksum that changed."""
+    from neva_pack.sample_store.files import POOL_IMAGE_ROW
+
+    shutil.copytree(unsharded, tmp_path / "out")
+    records_file = next(paths.store_dir(tmp_path / "out").glob("*.image_shapes"))
+    records = np.fromfile(records_file, dtype=POOL_IMAGE_ROW)
+    records["tokens"][0] += 1
+    records.tofile(records_file)
+    problems = verify(paths.packed_prefix(tmp_path / "out"), progress=False).problems
+    assert any("the stored images take" in problem for problem in problems), problems

@@ -23,6 +23,24 @@ every shard in ``train``; formats/webdataset.py), with a ``dataset.yaml`` naming
     image_refs.npy            int64 (N, 2)     each image, in placeholder order: (pack whose images.npy
                                                holds it, its row there)
 
+Dynamic-resolution images (Qwen2-VL native, LLaVA-NeXT / OneVision anyres; the meta's ``image_shape``
+null, its ``image_processor`` the record that rebuilds the processor offline) are each stored at
+their own shapes, as ``images.StoredImage``'s uint8 parts (formats/energon_samples.py), and each
+image's run has its own length. Such a sample holds, after the four above::
+
+    images.npy                uint8 (B,)       the parts of the U images this pack is the first of its
+                                               shard to use, back to back, each (3, h, w) C-order
+    image_refs.npy            int64 (N, 2)     as above: (carrying pack, image's row in its image_info)
+    image_info.npy            int64 (U, 4)     per carried image: width, height (decoded size), tokens
+                                               (language-model positions), parts (Qwen 1, anyres 2 or 1)
+    part_shapes.npy           int64 (Σ parts, 2)  (h, w) of each part of those images, in order
+    image_lengths.npy         int64 (N,)       each image's run length in positions, placeholder order
+                                               ([start] patch x (L - delimiters) [end], the meta's ids)
+
+Energon's loaders then yield ``PackSample``s with ``stored_images`` (each image's uint8 parts, bit for
+bit as the sample store held them) and ``image_lengths``, ``pixels`` None; the model's inputs are made
+from them by the processor the meta records (``images.processor_from_record``, ``neva_pack.dataset``).
+
 Each distinct image (by content) is stored once per shard: the first pack of the shard that uses it
 carries it, later packs of the shard refer to it by that pack's number. References never leave a
 shard and are read by random access through what Energon offers for a prepared dataset: its
@@ -51,19 +69,23 @@ from pathlib import Path
 
 import numpy as np
 
-from neva_pack.errors import InputError, parsing
+from neva_pack.errors import parsing
 from neva_pack.formats.base import Checkpoint, Limits, PrefixFiles, WriteSpec, meta_is_of, prefix_files, publish
+from neva_pack.formats.energon_samples import (
+    DYNAMIC_MEMBERS, IMAGE_LENGTHS_MEMBER, IMAGE_REFS_MEMBER, IMAGES_MEMBER, MEMBERS, carried_members, decode, fetch_from, image_key,
+    pack_index, sample_fields,
+)  # fmt: skip
 from neva_pack.formats.meta import PackedMeta, ReadPack, read_meta
 from neva_pack.formats.webdataset import (
-    BLOCK, META_DIR, ShardIndex, ShardSamples, end_of_archive, file_store_of, member_header, npy_array, npy_bytes, padded, sample_count,
-    shard_name, write_nv_meta,
+    BLOCK, META_DIR, ShardIndex, ShardSamples, end_of_archive, member_header, npy_bytes, padded, sample_count, shard_name, write_nv_meta,
 )  # fmt: skip
 from neva_pack.packing.alignment import padded_view
 from neva_pack.paths import meta_path, prefix_file, relative_name
 from neva_pack.plan_table import PlanTable, read_plan_table, write_plan_table
+from neva_pack.sample_store.stored_image import StoredImage
 
 __all__ = [
-    "DATASET_SUFFIX", "FORMAT", "IMAGES_MEMBER", "IMAGE_REFS_MEMBER", "MEMBERS", "SHARD_BYTES", "EnergonFormat", "PreparedPack", "Reader", "Writer", "dataset_path",
+    "DATASET_SUFFIX", "DYNAMIC_MEMBERS", "FORMAT", "IMAGES_MEMBER", "IMAGE_REFS_MEMBER", "MEMBERS", "SHARD_BYTES", "EnergonFormat", "PreparedPack", "Reader", "Writer", "dataset_path",
     "decode", "fetch_from", "pack_index", "sample_fields",
 ]  # fmt: skip
 
@@ -73,10 +95,6 @@ DATASET_SUFFIX = ".energon"
 PLAN_SUFFIX = ".energon.plan.npz"
 SHARD_BYTES = 1 << 30
 """A shard closes once it holds this many bytes (deterministic: a function of the packs only)."""
-IMAGES_MEMBER = "images.npy"
-IMAGE_REFS_MEMBER = "image_refs.npy"
-MEMBERS = ("tokens.npy", "labels.npy", "cu_seqlens.npy", "cu_seqlens_unpadded.npy", IMAGES_MEMBER, IMAGE_REFS_MEMBER)
-"""The members of every sample, in the order they are written."""
 DATASET_YAML = f"""\
 sample_type:
   __module__: {__name__}
@@ -87,7 +105,7 @@ part_filter: sample_loader.py:part_filter
 SAMPLE_LOADER = f'''\
 """Energon's sample loader of a neva_pack energon dataset: each sample is one pack."""
 
-from {__name__} import MEMBERS, sample_fields
+from {__name__} import {{members}}, sample_fields
 
 
 def sample_loader(raw: dict) -> dict:
@@ -95,8 +113,9 @@ def sample_loader(raw: dict) -> dict:
 
 
 def part_filter(part: str) -> bool:
-    return part in MEMBERS
+    return part in {{members}}
 '''
+"""``.nv-meta/sample_loader.py``, ``members`` the name of the dataset's member tuple above."""
 
 
 def dataset_path(prefix: Path) -> Path:
@@ -113,89 +132,27 @@ def __getattr__(name: str):
 
     @edataclass
     class PackSample(Sample):
-        """One pack as Energon's loaders yield it (``ReadPack``'s fields; ``pixels`` uint8)."""
+        """One pack as Energon's loaders yield it (``ReadPack``'s fields): ``pixels`` uint8 (fixed crops),
+        or ``stored_images`` and ``image_lengths`` (dynamic-resolution images; then ``pixels`` is None)."""
 
         pack: int
         cu_seqlens: np.ndarray
         cu_seqlens_unpadded: np.ndarray
         tokens: np.ndarray
         labels: np.ndarray
-        pixels: np.ndarray
+        pixels: np.ndarray | None
         num_images: int
+        image_lengths: np.ndarray | None = None
+        stored_images: list | None = None
 
     PackSample.__module__, PackSample.__qualname__ = __name__, "PackSample"  # pickled by name (loader workers)
     globals()["PackSample"] = PackSample
     return PackSample
 
 
-def fetch_from(store):
-    """``decode``'s ``fetch`` of an Energon ``FileStore`` (``WebdatasetFileStore``, a cooker's ``primary``):
-    a member's content by its full name ``<key>.<part>``."""
-    return lambda name: store[name][0]
-
-
-def sample_fields(raw: dict) -> dict:
-    """The ``PackSample`` fields of a raw sample (the dataset's ``sample_loader``): images other packs
-    of the shard carry are read through Energon's file store of the dataset."""
-    pack = decode(raw, fetch=lambda name: file_store_of(raw)[name][0])
-    return {"pack": pack_index(raw), **{name: getattr(pack, name) for name in ReadPack.__dataclass_fields__ if name not in NOT_IN_SAMPLE}}
-
-
-NOT_IN_SAMPLE = ("images", "image_lengths", "stored_images")
-"""``ReadPack`` fields a ``PackSample`` does not carry (float images; the dynamic families' images)."""
-
-
-def pack_index(sample: dict) -> int:
-    """The pack number of a sample Energon yields (its key)."""
-    return int(sample["__key__"])
-
-
-def decode(sample: dict, fetch=None) -> ReadPack:
-    """The raw sample Energon yields (a dict of member bytes, or of arrays once Energon's decoder has
-    read the ``.npy`` members) -> the pack, exactly as ``open_packed(...).pack(pack_index(sample))``.
-
-    ``fetch(name)``: the content (bytes or array) of the member ``name`` (``<key>.images.npy``) of
-    another sample of the dataset, for the images an earlier pack of the shard carries; needed only
-    when the pack refers to one. The dataset's own ``dataset.yaml`` runs it in Energon's sample loader
-    (samples come out as ``PackSample``); with a ``CrudeWebdataset`` dataset.yaml, cook the raw samples
-    with a cooker that asks Energon for the primary dataset's file store::
-
-        @cooker(need_primary=True)
-        @stateless
-        def cook(raw, primary):
-            return decode(raw, fetch=fetch_from(primary))
-
-        class PackEncoder(DefaultTaskEncoder):
-            cookers = [Cooker(cook)]
-    """
-    try:
-        values = {name: npy_array(sample[name]) for name in MEMBERS}
-    except KeyError as missing:
-        raise InputError(f"sample {sample.get('__key__')!r}: no member {missing} (not a neva_pack energon sample)") from None
-    refs, own, carriers = values[IMAGE_REFS_MEMBER].astype(np.int64).reshape(-1, 2).tolist(), pack_index(sample), {}
-    for carrier, row in refs:
-        if carrier not in carriers:
-            if carrier != own and fetch is None:
-                raise InputError(f"sample {sample['__key__']!r} uses images of pack {carrier}: decode it with a fetch (see decode)")
-            carriers[carrier] = values[IMAGES_MEMBER] if carrier == own else npy_array(fetch(f"{carrier:09d}.{IMAGES_MEMBER}"))
-        if carrier > own or not 0 <= row < len(carriers[carrier]):
-            raise InputError(f"sample {sample['__key__']!r} refers to image {row} of pack {carrier} (not an earlier pack's image)")
-    pixels = [carriers[carrier][row] for carrier, row in refs]
-    shape = values[IMAGES_MEMBER].shape[1:]
-    return ReadPack(
-        cu_seqlens=values["cu_seqlens.npy"].astype(np.int64),
-        cu_seqlens_unpadded=values["cu_seqlens_unpadded.npy"].astype(np.int64),
-        tokens=values["tokens.npy"].astype(np.int64),
-        labels=values["labels.npy"].astype(np.int64),
-        pixels=np.stack(pixels) if pixels else np.zeros((0, *shape), np.uint8),
-        images=None,
-        num_images=len(refs),
-    )
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PreparedPack:
-    """A pack as its sample stores it, but for ``images.npy`` (made from the pixels when written)."""
+    """A pack as its sample stores it, but for the members carrying its images (made from its images when written)."""
 
     members: dict[str, bytes]
     """Member name -> its .npy bytes."""
@@ -204,22 +161,23 @@ class PreparedPack:
 
 
 def prepare(packs, spec: WriteSpec) -> list[PreparedPack]:
-    """Each pack's members, images aside (``Writer.add_prepared`` stores each distinct one of its pixels). Pure."""
+    """Each pack's members, images aside (``Writer.add_prepared`` stores each distinct one of its images). Pure."""
     prepared = []
     for pack in packs:
         tokens, labels = padded_view(pack, spec.pad_id, spec.ignore_index)
-        prepared.append(PreparedPack(num_images=len(pack.image_indices), members={
+        members = {
             "tokens.npy": npy_bytes(np.asarray(tokens, dtype=np.int32)),
             "labels.npy": npy_bytes(np.asarray(labels, dtype=np.int32)),
             "cu_seqlens.npy": npy_bytes(np.concatenate([[0], np.cumsum(pack.padded_lengths, dtype=np.int64)])),
             "cu_seqlens_unpadded.npy": npy_bytes(np.concatenate([[0], np.cumsum(pack.lengths, dtype=np.int64)])),
-        }))  # fmt: skip
+        }
+        if spec.image_shape is None:  # dynamic-resolution images: each run its own length
+            lengths = np.asarray(pack.image_lengths if pack.image_lengths is not None else (), dtype=np.int64)
+            if len(lengths) != len(pack.image_indices):
+                raise ValueError(f"{len(lengths)} image run lengths for a pack of {len(pack.image_indices)} images")
+            members[IMAGE_LENGTHS_MEMBER] = npy_bytes(lengths)
+        prepared.append(PreparedPack(num_images=len(pack.image_indices), members=members))
     return prepared
-
-
-def _digest(image: np.ndarray) -> bytes:
-    """An image's identity by content."""
-    return hashlib.blake2b(image.tobytes(), digest_size=16).digest()
 
 
 class Writer:
@@ -235,6 +193,8 @@ class Writer:
     def __init__(self, prefix: Path, spec: WriteSpec, resume: bool = False, shard_bytes: int = SHARD_BYTES):
         self.prefix = Path(prefix)
         self.spec = spec
+        self.dynamic = spec.image_shape is None
+        self.members = DYNAMIC_MEMBERS if self.dynamic else MEMBERS
         self.shard_bytes = shard_bytes
         self._checkpoint = Checkpoint(self.prefix, spec.plan_digest)
         self.directory = prefix_file(self._checkpoint.tmp, DATASET_SUFFIX)
@@ -255,7 +215,7 @@ class Writer:
         self.shard_counts = state["shard_counts"].tolist()
         self.shard_sizes = state["shard_sizes"].tolist()
         self.sample_offsets = state["sample_offsets"].tolist()
-        self.member_sizes = state["member_sizes"].reshape(-1, len(MEMBERS)).tolist()
+        self.member_sizes = state["member_sizes"].reshape(-1, len(self.members)).tolist()
         digests, refs = state["shard_image_digests"].reshape(-1, 16), state["shard_image_refs"].reshape(-1, 2).tolist()
         self.shard_images = {digest.tobytes(): (int(pack), int(row)) for digest, (pack, row) in zip(digests, refs)}
         if len(state["bytes"]):  # the open shard: cut back to the checkpoint, continue after it
@@ -282,22 +242,33 @@ class Writer:
         self.add_prepared(prepare([pack], self.spec), [pack.pixels])
 
     def add_prepared(self, prepared: list[PreparedPack], pixels=None) -> None:
-        """Packs as ``prepare`` gave them, with each pack's uint8 pixels (instances in placeholder order)."""
+        """Packs as ``prepare`` gave them, with each pack's images (instances in placeholder order):
+        uint8 (N, 3, H, W) pixels, or a list of ``images.StoredImage`` for dynamic-resolution images."""
         pixels = [None] * len(prepared) if pixels is None else pixels
         for pack, values in zip(prepared, pixels, strict=True):
-            values = np.zeros((0, *self.spec.image_shape), np.uint8) if values is None else np.asarray(values, dtype=np.uint8)
-            if len(values) != pack.num_images or values.shape[1:] != tuple(self.spec.image_shape):
-                raise ValueError(f"images of shape {values.shape} for a pack of {pack.num_images} images of {self.spec.image_shape}")
+            values = self._checked_images(values, pack.num_images)
             introduced, refs = [], []
             for image in values:
-                digest = _digest(image)
+                digest = image_key(image)
                 if digest not in self.shard_images:  # the first use in this shard: this pack carries it
                     self.shard_images[digest] = (self.num_packs, len(introduced))
                     introduced.append(image)
                 refs.append(self.shard_images[digest])
-            carried = np.stack(introduced) if introduced else np.zeros((0, *self.spec.image_shape), np.uint8)
+            carried = carried_members(introduced, self.dynamic, self.spec.image_shape)
             refs = np.asarray(refs, dtype=np.int64).reshape(-1, 2)
-            self._write_sample({**pack.members, IMAGES_MEMBER: npy_bytes(carried), IMAGE_REFS_MEMBER: npy_bytes(refs)})
+            self._write_sample({**pack.members, **carried, IMAGE_REFS_MEMBER: npy_bytes(refs)})
+
+    def _checked_images(self, values, count: int) -> list:
+        """A pack's images as a list, once they are ``count`` images of the kind the spec says."""
+        if self.dynamic:
+            values = [] if values is None else list(values)
+            if len(values) != count or not all(isinstance(image, StoredImage) for image in values):
+                raise ValueError(f"{len(values)} images for a pack of {count} dynamic-resolution images (StoredImages)")
+            return values
+        values = np.zeros((0, *self.spec.image_shape), np.uint8) if values is None else np.asarray(values, dtype=np.uint8)
+        if len(values) != count or values.shape[1:] != tuple(self.spec.image_shape):
+            raise ValueError(f"images of shape {values.shape} for a pack of {count} images of {self.spec.image_shape}")
+        return list(values)
 
     def _write_sample(self, members: dict[str, bytes]) -> None:
         if self._file is None:
@@ -305,8 +276,8 @@ class Writer:
             self.shard_counts.append(0)
         key = f"{self.num_packs:09d}"
         self.sample_offsets.append(self._file.tell())
-        self.member_sizes.append([len(members[name]) for name in MEMBERS])
-        for name in MEMBERS:
+        self.member_sizes.append([len(members[name]) for name in self.members])
+        for name in self.members:
             data = members[name]
             self._file.write(member_header(f"{key}.{name}", len(data)))
             self._file.write(data)
@@ -343,13 +314,14 @@ class Writer:
         if self._file is not None:
             self._close_shard()
         shards = [shard_name(s) for s in range(len(self.shard_counts))]
-        index = ShardIndex(shard_counts=self.shard_counts, sample_offsets=self.sample_offsets, parts=MEMBERS,
-                           member_sizes=np.asarray(self.member_sizes, np.int64).reshape(-1, len(MEMBERS)),
+        index = ShardIndex(shard_counts=self.shard_counts, sample_offsets=self.sample_offsets, parts=self.members,
+                           member_sizes=np.asarray(self.member_sizes, np.int64).reshape(-1, len(self.members)),
                            keys=[f"{p:09d}" for p in range(self.num_packs)])  # fmt: skip
         index.write_tar_indexes(self.directory)
         checksums = {name: file_checksum(self.directory / name) for name in shards}
         content = uuid.UUID(bytes=hashlib.sha256(json.dumps(checksums, sort_keys=True).encode()).digest()[:16], version=4)
-        write_nv_meta(self.directory / META_DIR, index, content, {"dataset.yaml": DATASET_YAML, "sample_loader.py": SAMPLE_LOADER})
+        loader = SAMPLE_LOADER.format(members="DYNAMIC_MEMBERS" if self.dynamic else "MEMBERS")
+        write_nv_meta(self.directory / META_DIR, index, content, {"dataset.yaml": DATASET_YAML, "sample_loader.py": loader})
         tmp_plan = prefix_file(self._checkpoint.tmp, PLAN_SUFFIX)
         write_plan_table(tmp_plan, plan)
         final = dataset_path(self.prefix)
@@ -358,8 +330,8 @@ class Writer:
         os.replace(self.directory, final)
         files = sorted(path for path in final.rglob("*") if path.is_file())
         output_dir = self.prefix.parent
-        layout = {"dataset": relative_name(output_dir, final), "shards": shards, "shard_counts": self.shard_counts, "members": list(MEMBERS)}
-        meta = meta.replace(format=NAME, num_packs=self.num_packs, layout=layout)
+        layout = {"dataset": relative_name(output_dir, final), "shards": shards, "shard_counts": self.shard_counts, "members": list(self.members)}
+        meta = meta.replace(format=NAME, num_packs=self.num_packs, layout=layout, image_processor=self.spec.image_processor)
         known = {final / name: checksum for name, checksum in checksums.items()}
         meta = publish(self.prefix, {prefix_file(self.prefix, PLAN_SUFFIX): tmp_plan}, [*files, *extra_files], meta, known=known)
         self._checkpoint.remove()
@@ -378,7 +350,7 @@ class Reader:
     def __init__(self, prefix: Path, meta: PackedMeta | None = None):
         self.prefix = Path(prefix)
         self.meta = meta if meta is not None else read_meta(meta_path(self.prefix))
-        self.image_shape = tuple(self.meta.image_shape)
+        self.image_shape = None if self.meta.image_shape is None else tuple(self.meta.image_shape)
         self.dataset = dataset_path(self.prefix)
         self.samples = ShardSamples(self.dataset)
 
@@ -412,12 +384,17 @@ class Reader:
     def pack(self, p: int, images: bool = True) -> ReadPack:
         with parsing(self.samples.path_of(p)):
             pack = decode(self.sample(p), fetch=self.member)
-        return pack if images else ReadPack(**{**{name: getattr(pack, name) for name in ReadPack.__dataclass_fields__}, "pixels": None})
+        if images:
+            return pack
+        return ReadPack(**{**{name: getattr(pack, name) for name in ReadPack.__dataclass_fields__}, "pixels": None, "stored_images": None})
 
     def images(self, p: int, device=None, dtype=None):
         """The pack's images as the model's input tensor: normalised here, as compact does."""
         import torch
 
+        if self.image_shape is None:
+            raise ValueError(f"{self.prefix}: dynamic-resolution images have no one tensor shape; read the pack's "
+                             "stored_images and make the model's inputs with its processor (neva_pack.dataset.PackedSeqDataset)")  # fmt: skip
         pixels = self.pack(p).pixels
         if len(pixels) == 0:  # as NeMo's layout: one zero image, never an empty tensor
             return torch.zeros((1, *self.image_shape), dtype=dtype or torch.float32, device=device)
@@ -454,15 +431,14 @@ class EnergonFormat:
     """A Megatron-Energon WebDataset dataset of the packs (``PackedFormat``)."""
 
     name = NAME
-    description = "a Megatron-Energon WebDataset dataset, one pack per sample, uint8 images (Energon's loaders)"
+    description = "a Megatron-Energon WebDataset dataset, one pack per sample, uint8 images at any resolution (Energon's loaders)"
     needs_pixels = True
     """Each sample holds its pack's images (uint8)."""
     uses_image_pool = False
     holds_images = True
-    holds_dynamic_images = False
-    """Its samples carry one fixed-crop image array each; holding dynamic images would take a
-    sample field per StoredImage part plus its size and tokens, and a reader that rebuilds them."""
     """Images are stored (uint8) and normalised when read."""
+    holds_dynamic_images = True
+    """Its samples carry dynamic-resolution images as their uint8 parts, sizes, tokens and run lengths."""
     limits = Limits(
         max_pack=(1 << 31) - BLOCK,
         max_integer=int(np.iinfo(np.int32).max),
