@@ -4,6 +4,7 @@ An image's run length (its token count) is a function of its size, and the size 
 header, so the sample builder lays out a sample's ids (and truncates them) before any pixel is
 decoded; only the images that survive truncation are then decoded, from the same bytes, and each
 must have the size its header announced (else its count, and the plan made from it, would be wrong).
+A plan, which decodes nothing, reads each file's header only (``header_size_of``).
 
 OneVision counts and stores the images of a sample of several images differently (no tiles: one
 square image, base features + one newline), so an image's count depends on how many images its
@@ -28,7 +29,20 @@ from neva_pack.images import (
 from neva_pack.images.decode import too_many_pixels
 from neva_pack.records import RecordError
 
-__all__ = ["HeaderImage", "HeaderImages"]
+__all__ = ["HeaderImage", "HeaderImages", "header_size_of"]
+
+
+def header_size_of(source: ImageSource, name: str) -> tuple[int, int]:
+    """(width, height) of a source's image from the first bytes of its file only (PIL reads as far as
+    the header goes), with ``ImageSource.read``'s skips for the file itself. A header PIL cannot read
+    this way is read again from the whole file, so the skip it makes is the one a build reports (the
+    same bytes, the same detail)."""
+    with source.open(name) as file:
+        try:
+            return header_size(file, name)
+        except RecordError:
+            pass
+    return header_size(source.read(name), name)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -37,8 +51,9 @@ class HeaderImage:
 
     name: str
     """The record's name for it."""
-    data: bytes
-    """The file's bytes, read once (the header's size and the decode both come from them)."""
+    data: bytes | None
+    """The file's bytes, read once (the header's size and the decode both come from them); None when
+    read for a plan (its header only: never decoded)."""
     size: tuple[int, int]
     """(width, height) from the header."""
     tokens: int
@@ -63,13 +78,17 @@ class HeaderImages:
         self.max_image_decode_seconds = max_image_decode_seconds
         self._has_multi_image = isinstance(processor, AnyresProcessor) and processor.settings.max_num_patches is not None
 
-    def read(self, names: tuple[str, ...] | list[str]) -> list[HeaderImage]:
-        """Each image's bytes and header size, checked against the pixel budget, and its count (no decode)."""
+    def read(self, names: tuple[str, ...] | list[str], header_only: bool = False) -> list[HeaderImage]:
+        """Each image's bytes and header size, checked against the pixel budget, and its count (no
+        decode); ``header_only``: the header's bytes only, for a plan (the image cannot be loaded)."""
         multi_image = self._has_multi_image and len(names) > 1
         images = []
         for name in names:
-            data = self.image_source.read(name)
-            size = header_size(data)
+            if header_only:
+                data, size = None, header_size_of(self.image_source, name)
+            else:
+                data = self.image_source.read(name)
+                size = header_size(data, name)
             images.append(self._counted(name, data, size, multi_image))
         return images
 
@@ -78,7 +97,7 @@ class HeaderImages:
         multi_image = self._has_multi_image and multi_image
         return image if multi_image == image.multi_image else self._counted(image.name, image.data, image.size, multi_image)
 
-    def _counted(self, name: str, data: bytes, size: tuple[int, int], multi_image: bool) -> HeaderImage:
+    def _counted(self, name: str, data: bytes | None, size: tuple[int, int], multi_image: bool) -> HeaderImage:
         width, height = size
         if width * height > self.max_image_pixels:
             raise RecordError("image_too_large", too_many_pixels(name, f"{width} x {height}", width * height, self.max_image_pixels))
@@ -96,6 +115,8 @@ class HeaderImages:
     def load(self, image: HeaderImage) -> StoredImage:
         """Decode the image's bytes (decode_image's budgets), check the size against the header's, and
         make its stored uint8 parts."""
+        if image.data is None:
+            raise ValueError(f"{image.name}: read for its header only, it cannot be decoded")
         decoded = decode_image(image.data, image.name, self.max_image_pixels, self.max_image_decode_seconds)
         check_decoded_size(decoded, image.size, image.name)
         options = {"multi_image": True} if image.multi_image else {}

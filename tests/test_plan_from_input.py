@@ -84,7 +84,8 @@ def assert_layout_is_the_sample(builder: SampleBuilder, data_path) -> dict[str, 
     for raw in iter_raw_records(data_path, builder.record_limits):
         layout, sample = builder.layout(raw), builder.build(raw)
         if isinstance(layout, Skipped):
-            assert isinstance(sample, Skipped) and (layout.reason, layout.index) == (sample.reason, sample.index)
+            assert isinstance(sample, Skipped)
+            assert (layout.reason, layout.detail, layout.index) == (sample.reason, sample.detail, sample.index)
             continue
         if isinstance(sample, Skipped):
             decode_only[raw.record_id] = sample.reason

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import io
 import os
-from typing import Protocol
+from typing import BinaryIO, Protocol
 
 import numpy as np
 from PIL import Image
@@ -56,25 +56,32 @@ def planar_uint8(image: Image.Image) -> np.ndarray:
     return planes
 
 
-def header_size(data: bytes | str | os.PathLike) -> tuple[int, int]:
+def header_size(data: bytes | str | os.PathLike | BinaryIO, name: str | None = None) -> tuple[int, int]:
     """(width, height) of an image file from its header alone (PIL's ``open`` reads no pixel data).
 
+    ``data``: the file's bytes, its path, or a binary file object at its first byte (read only as far
+    as the header goes); ``name``: the image's name in a skip's detail (default: the path, or "image bytes").
     The file's magic number picks PIL's plugin first (JPEG, PNG), which halves the cost of an open
     that would otherwise try each plugin in turn; any other file is identified by PIL as usual.
     Anything PIL cannot identify is an ``unreadable_image`` skip, as it would be when decoded.
     (PIL warns, DecompressionBombWarning, of an image over ``Image.MAX_IMAGE_PIXELS``; the caller
     checks its own pixel budget on the size returned.)"""
+    name = name or _name(data)
     try:
         if isinstance(data, bytes):
             return _open_size(io.BytesIO(data), data[:8])
+        if hasattr(data, "read"):
+            head = data.read(8)
+            data.seek(0)
+            return _open_size(data, head)
         with open(data, "rb") as f:
             head = f.read(8)
             f.seek(0)
             return _open_size(f, head)
     except Image.DecompressionBombError as exc:
-        raise RecordError("image_too_large", f"{_name(data)}: {exc}") from None
+        raise RecordError("image_too_large", f"{name}: {exc}") from None
     except Exception as exc:  # noqa: BLE001 -- PIL's plugins raise far more than OSError (decode.py)
-        raise unreadable(_name(data), exc) from None
+        raise unreadable(name, exc) from None
 
 
 def _open_size(stream, head: bytes) -> tuple[int, int]:
@@ -110,4 +117,6 @@ def check_decoded_size(image: Image.Image, expected: tuple[int, int], name: str)
 
 
 def _name(data) -> str:
-    return "image bytes" if isinstance(data, bytes) else os.fspath(data)
+    if isinstance(data, bytes):
+        return "image bytes"
+    return "image file" if hasattr(data, "read") else os.fspath(data)
