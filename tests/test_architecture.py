@@ -133,3 +133,25 @@ def test_each_module_of_the_formats_layer_imports_first_in_a_fresh_interpreter(m
 def test_each_module_imports_first_in_a_fresh_interpreter(module):
     result = first_import(module)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_the_architecture_page_lists_every_module_of_the_package():
+    """docs/architecture.md's package tree is the newcomer's map: a module added, moved or renamed
+    without its line there is a map that lies."""
+    page = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    tree = page[page.index("```\nneva_pack/\n") + 4 :]
+    tree = tree[: tree.index("```")].splitlines()[1:]
+    listed, package = set(), None
+    for line in tree:
+        name = line.split()[0]
+        if line.startswith("    "):
+            listed.add(f"{package}/{name}")
+        else:
+            package = name.rstrip("/")
+            listed.add(package + ("/__init__.py" if name.endswith("/") else ""))
+    modules = {
+        path.relative_to(PACKAGE).as_posix()
+        for path in PACKAGE.rglob("*.py")
+        if path.name != "__main__.py" and path.relative_to(PACKAGE).as_posix() != "__init__.py"
+    }
+    assert listed == modules
