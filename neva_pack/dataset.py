@@ -181,6 +181,10 @@ class PackedSamples(Dataset):
         self.image_tokens = table.image_tokens
         """int64: image tokens of each sample (what --max_image_tokens_per_pack counts); None for an
         output written before they were kept."""
+        self.vision_cost = table.vision_cost
+        """int64: the vision encoder's attention cost of each sample's images (patches² per encoder
+        pass: what a sampler balances ranks by beside the LM's attention); None for an output written
+        before it was kept."""
         self._cached: tuple[int, dict | ReadPack] | None = None
 
     def __len__(self) -> int:

@@ -106,6 +106,23 @@ def test_each_step_groups_bins_of_alike_attention_cost(setup):
     assert sorted(steps.max(axis=1).tolist(), reverse=True) == np.sort(cost)[::-1][::replicas].tolist()
 
 
+@given(setups(), st.integers(0, 2**32))
+def test_each_step_groups_bins_of_alike_attention_and_vision_cost(setup, salt):
+    """Given each sample's vision cost (the vision encoder's attention), a bin costs its LM attention
+    plus that: with tolerance 0 the step maxima are every R-th cost of the bins sorted by the sum."""
+    replicas = setup["num_replicas"]
+    lengths = np.asarray(setup["lengths"], dtype=np.int64)
+    vision = np.random.default_rng(salt).integers(0, 4, len(lengths)) * 576**2
+    sampler = PackedBatchSampler(capacity=CAPACITY, tolerance=0, vision_cost=vision, **setup)
+    plan = sampler.plan_epoch(0)
+    cost = np.array([
+        (lengths[plan.batch(s, r)] ** 2).sum() + vision[plan.batch(s, r)].sum()
+        for s in range(plan.num_steps) for r in range(replicas)
+    ])  # fmt: skip
+    steps = cost.reshape(-1, replicas)
+    assert sorted(steps.max(axis=1).tolist(), reverse=True) == np.sort(cost)[::-1][::replicas].tolist()
+
+
 @given(setups())
 def test_the_plan_is_a_function_of_seed_and_epoch_only(setup):
     first, second = (PackedBatchSampler(capacity=CAPACITY, rank=r, **setup) for r in (0, setup["num_replicas"] - 1))
@@ -265,6 +282,7 @@ def test_for_samples_keeps_the_budgets_the_output_was_packed_under(budgeted_samp
     assert np.array_equal(samples.image_tokens, samples.num_images * IMAGE_POSITIONS)
     sampler = PackedBatchSampler.for_samples(samples, 4096, num_replicas=2, rank=None, seed=1)
     assert (sampler.max_images_per_pack, sampler.max_image_tokens_per_pack) == (2, IMAGE_POSITIONS)
+    assert np.array_equal(sampler.vision_cost, samples.num_images * IMAGE_POSITIONS**2)  # balanced with attention
     batches = list(sampler)
     assert max(samples.image_tokens[b].sum() for b in batches) == IMAGE_POSITIONS  # one image a batch
     assert sorted(i for b in batches for i in b) == list(range(len(samples)))

@@ -99,8 +99,10 @@ class PackedBatchSampler(Sampler[list[int]]):
     for loaders that deal batches to processes round robin, as accelerate does for a Trainer
     running several processes (its BatchSamplerShard gives process r the batches r, r + R, ...).
 
-    ``num_images`` (per sample, optional) lets bins of equal attention be balanced by images too
-    (the vision encoder's work), within ``tolerance``. ``max_images_per_pack`` (needs ``num_images``)
+    ``vision_cost`` (per sample, optional: the vision encoder's attention, Σ patches² of its images)
+    is added to each bin's attention cost when the steps are balanced, as --balance_data_parallel
+    does; ``num_images`` (per sample, optional) lets bins of equal cost be balanced by images too,
+    within ``tolerance``. ``max_images_per_pack`` (needs ``num_images``)
     and ``max_image_tokens_per_pack`` (needs ``image_tokens``, per sample) cap every bin as
     ``packing.pack`` does. The extra options go to ``packing.pack`` (``max_samples_per_pack``, an
     algorithm's own options).
@@ -118,6 +120,7 @@ class PackedBatchSampler(Sampler[list[int]]):
         *,
         num_images=None,
         image_tokens=None,
+        vision_cost=None,
         max_images_per_pack: int | None = None,
         max_image_tokens_per_pack: int | None = None,
         tolerance: float = DEFAULT_TOLERANCE,
@@ -132,6 +135,9 @@ class PackedBatchSampler(Sampler[list[int]]):
         if self.num_images.shape != self.lengths.shape:
             raise ValueError(f"num_images has {len(self.num_images)} entries for {len(self.lengths)} lengths")
         self.image_tokens = None if image_tokens is None else np.asarray(image_tokens)
+        self.vision_cost = None if vision_cost is None else np.asarray(vision_cost, np.int64)
+        if self.vision_cost is not None and (self.vision_cost.shape != self.lengths.shape or np.any(self.vision_cost < 0)):
+            raise ValueError(f"vision_cost must be {len(self.lengths)} non-negative values, one per sample")
         self.budgets = visual_budgets(
             len(self.lengths), None if num_images is None else self.num_images, self.image_tokens,
             max_images_per_pack, max_image_tokens_per_pack,
@@ -179,7 +185,7 @@ class PackedBatchSampler(Sampler[list[int]]):
             )
         return cls(
             samples.lengths, capacity, num_replicas, rank, seed, algorithm, drop_last,
-            num_images=samples.num_images, image_tokens=samples.image_tokens,
+            num_images=samples.num_images, image_tokens=samples.image_tokens, vision_cost=samples.vision_cost,
             max_images_per_pack=max_images_per_pack, max_image_tokens_per_pack=max_image_tokens_per_pack, **options,
         )  # fmt: skip
 
@@ -211,7 +217,7 @@ class PackedBatchSampler(Sampler[list[int]]):
                 offsets, positions = spread
                 indices = indices[positions]
         sizes = self.lengths[indices]
-        costs = PackCosts.of(sizes, offsets, self.num_images[indices])
+        costs = PackCosts.of(sizes, offsets, self.num_images[indices], None if self.vision_cost is None else self.vision_cost[indices])
         order = balance_order(costs, self.num_replicas, rng, self.tolerance).reshape(-1, self.num_replicas)
         order = np.take_along_axis(order, np.argsort(rng.random(order.shape), axis=1), axis=1).reshape(-1)
         lengths_per_bin = np.diff(offsets)[order]
@@ -304,6 +310,7 @@ class PackedBatchSampler(Sampler[list[int]]):
             "total_length": int(self.lengths.sum()),
             "max_images_per_pack": self.max_images_per_pack,
             "max_image_tokens_per_pack": self.max_image_tokens_per_pack,
+            "vision_cost": None if self.vision_cost is None else int(self.vision_cost.sum()),
         }
 
 
