@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from neva_pack.images import (
     DEFAULT_MAX_IMAGE_DECODE_SECONDS,
     DEFAULT_MAX_IMAGE_PIXELS,
-    AnyresProcessor,
     DynamicProcessor,
     ImageSource,
     StoredImage,
@@ -76,7 +75,7 @@ class HeaderImages:
         self.image_source = image_source
         self.max_image_pixels = max_image_pixels
         self.max_image_decode_seconds = max_image_decode_seconds
-        self._has_multi_image = isinstance(processor, AnyresProcessor) and processor.settings.max_num_patches is not None
+        self._has_multi_image = processor.counts_images_per_sample
 
     def read(self, names: tuple[str, ...] | list[str], header_only: bool = False) -> list[HeaderImage]:
         """Each image's bytes and header size, checked against the pixel budget, and its count (no

@@ -42,7 +42,7 @@ def restarting_positions(cu_seqlens: np.ndarray) -> np.ndarray:
 def counts_images_per_sample(processor: DynamicProcessor) -> bool:
     """Whether the model of ``processor``'s images takes ``batch_num_images`` (OneVision: its
     ``anyres_max_N`` pooling; LLaVA-NeXT and Qwen do not take it)."""
-    return processor.family == "anyres" and processor.settings.max_num_patches is not None
+    return processor.counts_images_per_sample
 
 
 def pack_model_inputs(

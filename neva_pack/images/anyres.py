@@ -170,6 +170,12 @@ class AnyresProcessor:
         )
         return cls(anyres_settings(encoder), normalisation, arithmetic=arithmetic)
 
+    @property
+    def counts_images_per_sample(self) -> bool:
+        """OneVision (``anyres_max_N``): an image of a sample of several is stored and counted untiled,
+        so its count, and the model (``batch_num_images``), need the sample's image count."""
+        return self.settings.max_num_patches is not None
+
     def grid(self, width: int, height: int) -> tuple[int, int]:
         """(height, width) in pixels of the grid resolution the image is resized into."""
         return self._pinpoints.best(height, width)

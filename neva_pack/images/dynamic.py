@@ -27,6 +27,9 @@ __all__ = ["DynamicProcessor", "StoredImage", "check_decoded_size", "header_size
 class DynamicProcessor(Protocol):
     """The interface every dynamic-resolution family's processor offers (anyres, native)."""
 
+    counts_images_per_sample: bool
+    """Whether an image's count and stored parts depend on how many images its sample holds (OneVision)."""
+
     def tokens_for_size(self, width: int, height: int) -> int:
         """Sequence positions of an image of this size: arithmetic only, nothing decoded."""
 

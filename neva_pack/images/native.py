@@ -98,6 +98,8 @@ class NativeProcessor:
     """Qwen2-VL / Qwen2.5-VL images: token counts from sizes, uint8 in workers, model rows at read time."""
 
     family = "native"
+    counts_images_per_sample = False
+    """Every image is counted and stored alike, however many its sample holds."""
 
     def __init__(self, settings: NativeSettings, normalisation):
         self.settings = settings
