@@ -61,9 +61,9 @@ def rows_at(store, size: int, ignore_index: int) -> tuple[np.ndarray, dict[int, 
 
     A cut sample's row keeps the image tokens and the vision cost of the images it keeps, exactly:
     each image's run length is in the store; a dynamic image's cost is recomputed from its stored
-    image with the store's processor (``images.stored_vision_cost``: a function of the image and the
-    processor settings the store records, so the store need not keep it per image; only cut samples'
-    kept images are read), a fixed image's is the sample's cost over its images (they cost alike)."""
+    image's record with the store's processor (``images.recorded.vision_cost_of_size``: a function of
+    the image's size and parts and the processor settings the store records, so the store need not
+    keep it per image; only cut samples' kept images' records are read, never their pixels), a fixed image's is the sample's cost over its images (they cost alike)."""
     from neva_pack.samples import truncation  # the builder's own cut (imports torch: only when asked)
 
     rows = store.rows.copy()
@@ -87,12 +87,13 @@ def _image_costs(store):
             return kept * (int(store.rows["vision_cost"][i]) // max(int(store.rows["num_images"][i]), 1))
 
         return fixed
-    from neva_pack.images.recorded import processor_from_record, stored_vision_cost
+    from neva_pack.images.recorded import processor_from_record, vision_cost_of_size
 
     processor = processor_from_record(store.image_processor)
 
     def dynamic(i: int, kept: int) -> int:
-        return sum(stored_vision_cost(processor, image) for image in store.pool.read_stored(store.image_indices(i)[:kept]))
+        records = store.pool.stored_rows(store.image_indices(i)[:kept])
+        return sum(vision_cost_of_size(processor, (int(r["width"]), int(r["height"])), int(r["parts"])) for r in records)
 
     return dynamic
 

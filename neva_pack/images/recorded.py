@@ -18,7 +18,7 @@ from neva_pack.encoders import EncoderSpec
 from neva_pack.images.dynamic import DynamicProcessor, StoredImage
 from neva_pack.images.families import dynamic_processor
 
-__all__ = ["processor_from_record", "processor_record", "stored_vision_cost"]
+__all__ = ["processor_from_record", "processor_record", "stored_vision_cost", "vision_cost_of_size"]
 
 
 def processor_record(encoder: EncoderSpec, processor: DynamicProcessor) -> dict:
@@ -50,8 +50,13 @@ def processor_from_record(record: dict) -> DynamicProcessor:
 
 def stored_vision_cost(processor: DynamicProcessor, image: StoredImage) -> int:
     """The vision encoder's attention cost of one stored image (the processor's ``vision_cost_for_size``,
-    as the sample builder weighed it): an anyres image stored as one part is a OneVision multi-image
-    sample's square, one encoder pass."""
-    if processor.family == "anyres" and len(image.parts) == 1:
-        return processor.vision_cost_for_size(*image.size, multi_image=True)
-    return processor.vision_cost_for_size(*image.size)
+    as the sample builder weighed it)."""
+    return vision_cost_of_size(processor, image.size, len(image.parts))
+
+
+def vision_cost_of_size(processor: DynamicProcessor, size: tuple[int, int], parts: int) -> int:
+    """``stored_vision_cost`` from what a pool's image record holds (no pixel read): an anyres image
+    stored as one part is a OneVision multi-image sample's square, one encoder pass."""
+    if processor.family == "anyres" and parts == 1:
+        return processor.vision_cost_for_size(*size, multi_image=True)
+    return processor.vision_cost_for_size(*size)
