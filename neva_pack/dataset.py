@@ -52,7 +52,7 @@ from torch.utils.data import Dataset
 from neva_pack.defaults import IGNORE_INDEX, PAD_ID
 from neva_pack.formats import open_packed
 from neva_pack.formats.meta import ReadPack
-from neva_pack.model_inputs import pack_model_inputs
+from neva_pack.model_inputs import pack_model_inputs, restarting_positions
 
 
 class PackedSeqDataset(Dataset):
@@ -223,10 +223,8 @@ class PackedSamples(Dataset):
 
 
 def position_ids_from_cu_seqlens(cu_seqlens: torch.Tensor) -> torch.Tensor:
-    """[0, 3, 5] -> [0, 1, 2, 0, 1]."""
-    lengths = torch.diff(cu_seqlens.long())
-    starts = torch.repeat_interleave(cu_seqlens[:-1].long(), lengths)
-    return torch.arange(int(cu_seqlens[-1])) - starts
+    """[0, 3, 5] -> [0, 1, 2, 0, 1] (``model_inputs.restarting_positions``, as a tensor)."""
+    return torch.from_numpy(restarting_positions(cu_seqlens.cpu().numpy()))
 
 
 def collate(batch: list[dict[str, torch.Tensor]], ignore_index: int = IGNORE_INDEX, pad_id: int = PAD_ID) -> dict[str, torch.Tensor]:
