@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["IMAGE_KEYS", "SAMPLE_KEYS", "batch_images", "is_dynamic", "mrope_rows"]
+__all__ = ["IMAGE_KEYS", "SAMPLE_KEYS", "batch_images", "is_dynamic", "mrope_rows", "reads_dynamic_images"]
 
 IMAGE_KEYS = ("image_grid_thw", "image_sizes")
 """The per-image keys a dynamic item carries beside pixel_values (Qwen, LLaVA-NeXT)."""
@@ -24,6 +24,12 @@ SAMPLE_KEYS = ("batch_num_images",)
 def is_dynamic(item: dict) -> bool:
     """An item of a dynamic-resolution output (its images are ``pixel_values``, not ``image``)."""
     return "pixel_values" in item
+
+
+def reads_dynamic_images(dataset) -> bool:
+    """Whether a dataset's items are a dynamic-resolution output's (what the collates configure their
+    batches by): one whose meta records its processor, or a dataset read with one."""
+    return getattr(dataset, "processor", None) is not None or getattr(dataset.meta, "image_processor", None) is not None
 
 
 def batch_images(packs: list[dict]) -> dict[str, torch.Tensor]:

@@ -51,7 +51,7 @@ import torch
 
 from neva_pack.dataset import position_ids_from_cu_seqlens
 from neva_pack.defaults import IGNORE_INDEX
-from neva_pack.training.dynamic import batch_images, is_dynamic, mrope_rows
+from neva_pack.training.dynamic import batch_images, is_dynamic, mrope_rows, reads_dynamic_images
 
 __all__ = ["HF_IGNORE_INDEX", "hf_batch", "hf_collate", "image_run_starts"]
 
@@ -166,7 +166,7 @@ def hf_collate(dataset, image_token_id: int | None = None):
     (its patch id for a dynamic-resolution output: one whose meta records its processor, or a dataset
     read with one)."""
     meta = dataset.meta
-    dynamic = getattr(dataset, "processor", None) is not None or getattr(meta, "image_processor", None) is not None
+    dynamic = reads_dynamic_images(dataset)
     return functools.partial(
         hf_batch,
         image_token_id=image_token_id,

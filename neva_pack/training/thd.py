@@ -61,7 +61,7 @@ import torch
 from neva_pack.defaults import IGNORE_INDEX, PAD_ID
 from neva_pack.dataset import position_ids_from_cu_seqlens
 from neva_pack.packing.alignment import fixed_row_length
-from neva_pack.training.dynamic import batch_images, is_dynamic, mrope_rows
+from neva_pack.training.dynamic import batch_images, is_dynamic, mrope_rows, reads_dynamic_images
 
 MIN_MEGATRON_CORE = "0.10"
 """First Megatron-Core whose PackedSeqParams has the padded cu_seqlens fields."""
@@ -274,7 +274,7 @@ def thd_collate(dataset, fixed_length: bool = False, with_packed_seq_params: boo
     image run (none for a dynamic-resolution output: each image its own), ignore index, pad id and
     observed maximum of samples in a pack."""
     meta = dataset.meta
-    dynamic = getattr(dataset, "processor", None) is not None or getattr(meta, "image_processor", None) is not None
+    dynamic = reads_dynamic_images(dataset)
     return functools.partial(
         thd_batch,
         fixed_length=fixed_length,
