@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from distributions import llava_like_with_images  # noqa: E402
 
 from neva_pack.packing import pack  # noqa: E402
-from neva_pack.packing.balance import DEFAULT_TOLERANCE, PackCosts, balance_order, straggler_overhead  # noqa: E402
+from neva_pack.packing import DEFAULT_TOLERANCE, PackCosts, balance_order, straggler_overhead  # noqa: E402
 
 IMAGE_POSITIONS = 576
 

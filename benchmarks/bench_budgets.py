@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from distributions import dynamic_resolution_like  # noqa: E402
 
 from neva_pack.packing import ALGORITHMS, pack  # noqa: E402
-from neva_pack.packing.budgets import visual_budgets  # noqa: E402
+from neva_pack.packing import visual_budgets  # noqa: E402
 
 
 def timed(lengths, capacity, algorithm, repeats, **budgets):

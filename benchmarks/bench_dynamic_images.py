@@ -41,8 +41,8 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from neva_pack.encoders import resolve_encoder  # noqa: E402
-from neva_pack.images import decode_image, dynamic_processor, tokens_from_header  # noqa: E402
+from neva_pack.families import resolve_encoder  # noqa: E402
+from neva_pack.families import decode_image, dynamic_processor, tokens_from_header  # noqa: E402
 
 SKIMAGE = importlib.resources.files("skimage") / "data"
 PHOTOS = {

@@ -77,7 +77,7 @@ def run(data: Path, output_dir: Path, output_format: str) -> float:
 
 def disk(output_dir: Path) -> tuple[int, int, int]:
     """(final files bytes, everything in the directory, image instances)."""
-    from neva_pack.formats.meta import read_meta
+    from neva_pack.formats import read_meta
 
     meta = read_meta(output_dir / "packed_seq_dataset.meta.json")
     final = [output_dir / "packed_seq_dataset.meta.json"] + [output_dir / name for name in meta.checksums]
@@ -88,7 +88,7 @@ def disk(output_dir: Path) -> tuple[int, int, int]:
 
 def read_throughput(output_dir: Path, seconds: float) -> tuple[float, float]:
     """(packs/s, MB/s of tensors delivered) over every pack, repeated for about ``seconds``."""
-    from neva_pack.dataset import PackedSeqDataset
+    from neva_pack.reading import PackedSeqDataset
 
     dataset = PackedSeqDataset(output_dir)
     for p in range(len(dataset)):  # warm: page cache, numba kernel, Megatron's index

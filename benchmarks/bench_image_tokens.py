@@ -32,8 +32,8 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from neva_pack.encoders import resolve_encoder  # noqa: E402
-from neva_pack.images import decode_image, dynamic_processor, tokens_from_header  # noqa: E402
+from neva_pack.families import resolve_encoder  # noqa: E402
+from neva_pack.families import decode_image, dynamic_processor, tokens_from_header  # noqa: E402
 
 SOURCES = [
     importlib.resources.files("matplotlib") / "mpl-data" / "sample_data" / "grace_hopper.jpg",

@@ -33,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from distributions import llava_like, sft_like  # noqa: E402
 
 from neva_pack.packing import ALGORITHMS, kernels, pack  # noqa: E402
-from neva_pack.packing.algorithms import DEFAULT_CHUNK_SIZE  # noqa: E402
-from neva_pack.packing.budgets import NO_BUDGETS  # noqa: E402
+from neva_pack.packing import DEFAULT_CHUNK_SIZE  # noqa: E402
+from neva_pack.packing import NO_BUDGETS  # noqa: E402
 
 
 def reference_first_fit(seq_lens: list[int], capacity: int) -> list[list[int]]:

@@ -66,7 +66,8 @@ HARNESS = PEAK_RSS_SOURCE + r"""
 import json, os, resource, sys, time
 stages = {"process_start": float(sys.argv[1])}
 report_dir = sys.argv[2]
-from neva_pack import pipeline, sample_stream
+from neva_pack import pipeline
+from neva_pack.samples import stream as sample_stream
 from neva_pack.pipeline import pack as pack_stage
 from neva_pack.sample_store import SampleStoreWriter
 
@@ -124,8 +125,8 @@ def image_floor(data_path: Path, image_folder: Path) -> tuple[float, float, int]
     """Seconds (wall, CPU) of the unavoidable image work on one core, and the number of image instances."""
     from PIL import Image
 
-    from neva_pack.encoders import resolve_encoder
-    from neva_pack.images import expand_to_square, fast_geometry, normalisation_from_settings
+    from neva_pack.families import resolve_encoder
+    from neva_pack.families import expand_to_square, fast_geometry, normalisation_from_settings
 
     encoder = resolve_encoder(ENCODER)
     geometry, normalisation = fast_geometry(encoder), normalisation_from_settings(encoder)

@@ -36,15 +36,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_image_tokens import make_files  # noqa: E402
-from neva_pack.encoders import resolve_encoder  # noqa: E402
-from neva_pack.header_images import HeaderImages  # noqa: E402
-from neva_pack.image_ids import dynamic_image_run  # noqa: E402
-from neva_pack.images import ImageSource, dynamic_processor, tokens_from_header  # noqa: E402
-from neva_pack.plan_input import laid_out_lengths  # noqa: E402
-from neva_pack.record_stream import iter_raw_records  # noqa: E402
+from neva_pack.families import resolve_encoder  # noqa: E402
+from neva_pack.samples import HeaderImages  # noqa: E402
+from neva_pack.families import dynamic_image_run  # noqa: E402
+from neva_pack.families import ImageSource, dynamic_processor, tokens_from_header  # noqa: E402
+from neva_pack.pipeline import laid_out_lengths  # noqa: E402
+from neva_pack.records import iter_raw_records  # noqa: E402
 from neva_pack.samples import SampleBuilder, Skipped  # noqa: E402
-from neva_pack.templates import load_template  # noqa: E402
-from neva_pack.tokenizer import load_tokenizer  # noqa: E402
+from neva_pack.text import load_template  # noqa: E402
+from neva_pack.text import load_tokenizer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 ENCODER = "Qwen/Qwen2-VL-7B-Instruct"

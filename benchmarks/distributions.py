@@ -66,8 +66,8 @@ def dynamic_resolution_like(
     vision cost (patches squared); lognormal text of median 180 positions. Samples longer than
     ``capacity`` are left out (a run would cut them before an image run).
     """
-    from neva_pack.encoders import resolve_encoder
-    from neva_pack.images import dynamic_processor
+    from neva_pack.families import resolve_encoder
+    from neva_pack.families import dynamic_processor
 
     processor = dynamic_processor(resolve_encoder(encoder))
     merge = processor.settings.merge_size

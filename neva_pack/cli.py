@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 from neva_pack.config import SampleConfig, settings
-from neva_pack.config.options import GROUPS, NEMO, OURS, base_type, flag_of, help_of, options
-from neva_pack.errors import ConfigError, NevaPackError
+from neva_pack.config import GROUPS, NEMO, OURS, base_type, flag_of, help_of, options
+from neva_pack.core import ConfigError, NevaPackError
 from neva_pack.formats import FORMATS
 from neva_pack.packing import ALGORITHMS, DEFAULT_ALGORITHM, RECOMMENDED_ALGORITHM
 
@@ -144,7 +144,7 @@ def config_from_args(args: argparse.Namespace):
         values.update(read_hparams(args.hparams_file))
     names = PreprocessConfig.field_names()
     values.update({k: v for k, v in vars(args).items() if k in names and v is not None})
-    from neva_pack.shards import resolve_shards
+    from neva_pack.records import resolve_shards
 
     # inside a SLURM job array, the array is the sharding
     values["num_shards"], values["shard_index"] = resolve_shards(values.get("num_shards"), values.get("shard_index"), os.environ)
@@ -157,8 +157,8 @@ def config_from_args(args: argparse.Namespace):
 def _run_preprocess(args) -> int:
     config = config_from_args(args)
     from neva_pack.pipeline import preprocess
-    from neva_pack.stats import format_summary
-    from neva_pack.paths import skipped_path
+    from neva_pack.commands import format_summary
+    from neva_pack.files import skipped_path
 
     result = preprocess(config, progress=not args.quiet)
     for note in result.notes:
@@ -177,7 +177,7 @@ def _run_preprocess(args) -> int:
 
 
 def _run_verify(args) -> int:
-    from neva_pack.verify import verify
+    from neva_pack.commands import verify
 
     result = verify(args.output, data_path=args.data_path, progress=not args.quiet)
     for problem in result.problems:
@@ -193,7 +193,7 @@ def _run_stats(args) -> int:
     """One report per prefix: a --pack_sizes output prints each size (JSON: a list), plots get _<size>."""
     import json
 
-    from neva_pack.stats import format_summary, load_outputs, plot, with_batch_size
+    from neva_pack.commands import format_summary, load_outputs, plot, with_batch_size
 
     outputs = load_outputs(args.output, crop_size=args.crop_size, max_seq_length=args.max_seq_length)
     reports = []
@@ -220,7 +220,7 @@ def _run_plan(args) -> int:
     import dataclasses
     import json
 
-    from neva_pack.plan import explore, format_table, load_lengths
+    from neva_pack.commands import explore, format_table, load_lengths
 
     lengths = _planned_from_input(args) if args.data_path is not None else None
     if lengths is None:
@@ -243,9 +243,9 @@ def _planned_from_input(args):
     """The input's records laid out with the sample flags (< --hparams_file < flags, as preprocess),
     cut for the candidate sizes with the plan's alignment flags."""
     from neva_pack.config import PackConfig, read_hparams
-    from neva_pack.config.options import as_field_value
-    from neva_pack.config.run import default_workers
-    from neva_pack.plan_input import lengths_from_input
+    from neva_pack.config import as_field_value
+    from neva_pack.config import default_workers
+    from neva_pack.pipeline import lengths_from_input
 
     if args.output is not None:
         raise ConfigError(f"plan: {args.output} and --data_path: plan from an output or from the input, not both")
@@ -267,7 +267,7 @@ def _planned_from_input(args):
 
 def _plan_alignment(args) -> int | None:
     """The alignment multiple the plan flags ask for (the run's lcm rule), or None: the output's own."""
-    from neva_pack.packing.alignment import alignment_multiple
+    from neva_pack.packing import alignment_multiple
 
     sizes = {"pad_to_multiple_of": args.pad_to_multiple_of, "context_parallel_size": args.context_parallel_size,
              "tensor_parallel_size": args.tensor_parallel_size}  # fmt: skip
@@ -282,7 +282,7 @@ def _plan_alignment(args) -> int | None:
 
 
 def _run_convert(args) -> int:
-    from neva_pack.convert import convert
+    from neva_pack.commands import convert
 
     for prefix in convert(args.source, args.dest, args.to, progress=not args.quiet):
         print(f"wrote {prefix} ({args.to})")
@@ -313,7 +313,7 @@ def _interrupted(args, code: int) -> int:
 def _published_now(output_dir: Path) -> str:
     """What an interrupted run leaves: the prefixes published (a meta written) before the signal, and
     how to go on."""
-    from neva_pack import paths
+    from neva_pack.files import paths
 
     try:
         published = [prefix.name for prefix in paths.packed_prefixes(output_dir) if paths.meta_path(prefix).is_file()]

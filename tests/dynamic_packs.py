@@ -9,9 +9,9 @@ import importlib.resources
 import numpy as np
 from PIL import Image
 
-from neva_pack.defaults import IGNORE_INDEX, PAD_ID
-from neva_pack.formats.meta import ReadPack
-from neva_pack.images import StoredImage
+from neva_pack.core import IGNORE_INDEX, PAD_ID
+from neva_pack.formats import ReadPack
+from neva_pack.families import StoredImage
 
 VISION_START, VISION_END, IMAGE, VIDEO = 5, 6, 7, 8
 """Qwen's <|vision_start|>, <|vision_end|>, <|image_pad|>, <|video_pad|>; LLaVA's <image> is IMAGE."""

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from neva_pack.encoders import resolve_encoder
+from neva_pack.families import resolve_encoder
 
 STAND_IN_TOKENIZER = Path(__file__).parent / "golden" / "dynamic" / "tokenizer.json"
 SYSTEM = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"

@@ -11,7 +11,7 @@ import io
 import numpy as np
 from PIL import Image
 
-from neva_pack.images import decode_image
+from neva_pack.families import decode_image
 
 SKIMAGE = importlib.resources.files("skimage") / "data"
 MPL = importlib.resources.files("matplotlib") / "mpl-data" / "sample_data"

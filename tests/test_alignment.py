@@ -15,13 +15,13 @@ from hypothesis import strategies as st
 
 from neva_pack.cli import main
 from neva_pack.config import PreprocessConfig
-from neva_pack.dataset import PackedSeqDataset
-from neva_pack.errors import ConfigError
-from neva_pack.plan import SampleLengths, explore
+from neva_pack.reading import PackedSeqDataset
+from neva_pack.core import ConfigError
+from neva_pack.commands import SampleLengths, explore
 from neva_pack.packing import ALGORITHMS
-from neva_pack.packing.alignment import aligned_capacity, alignment_multiple, padded_lengths
-from neva_pack.verify import verify
-from neva_pack.paths import meta_path, packed_prefix, plan_path, stats_path
+from neva_pack.packing import aligned_capacity, alignment_multiple, padded_lengths
+from neva_pack.commands import verify
+from neva_pack.files import meta_path, packed_prefix, plan_path, stats_path
 from tests.conftest import SAMPLE_DATA
 
 ENCODER = "openai/clip-vit-base-patch32"  # 49 positions per image: small, fast packs
@@ -234,7 +234,7 @@ def test_plan_defaults_to_the_outputs_multiple_and_takes_the_run_flags(runs, tmp
 @given(lengths=st.lists(st.integers(1, 20), min_size=1, max_size=6), multiple=st.integers(1, 8))
 def test_with_padding_puts_each_sample_at_its_padded_offset(lengths, multiple):
     """The vectorised padding equals the per-sample definition: sample, then fill up to its padded length."""
-    from neva_pack.packing.alignment import with_padding
+    from neva_pack.packing import with_padding
 
     lengths = np.array(lengths, dtype=np.int64)
     padded = padded_lengths(lengths, multiple)

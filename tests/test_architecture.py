@@ -119,7 +119,7 @@ def first_import(module: str) -> subprocess.CompletedProcess:
 
 
 FORMATS_LAYER = sorted(name for name in MODULES if name.startswith("neva_pack.formats"))
-FORMATS_LAYER += ["neva_pack.paths", "neva_pack.checksums", "neva_pack.plan_table", "neva_pack.assemble"]
+FORMATS_LAYER += ["neva_pack.files.paths", "neva_pack.files.checksums", "neva_pack.packing.plan_table", "neva_pack.assembly.assemble"]
 
 
 @pytest.mark.parametrize("module", FORMATS_LAYER)

@@ -12,14 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from neva_pack import paths
-from neva_pack.assemble import AssembledPack
+from neva_pack.files import paths
+from neva_pack.assembly import AssembledPack
 from neva_pack.formats import FORMATS, open_packed
-from neva_pack.formats.base import WriteSpec
-from neva_pack.formats.meta import META_VERSION, Counts, ImageTokenIds, Normalisation, PackedMeta, read_meta
-from neva_pack.packing.alignment import padded_lengths
-from neva_pack.plan_table import PlanTable
-from neva_pack.verify import verify
+from neva_pack.formats import WriteSpec
+from neva_pack.formats import META_VERSION, Counts, ImageTokenIds, Normalisation, PackedMeta, read_meta
+from neva_pack.packing import padded_lengths
+from neva_pack.packing import PlanTable
+from neva_pack.commands import verify
 from tests.conftest import SAMPLE_DATA
 
 GOLDEN = Path(__file__).parent / "golden" / "bridge" / "packed_sft"
@@ -187,7 +187,7 @@ def test_a_run_writes_bridges_files_in_the_output_dir(tmp_path):
     reader.close()
     import torch
 
-    from neva_pack.dataset import PackedSeqDataset
+    from neva_pack.reading import PackedSeqDataset
 
     dataset = PackedSeqDataset(out)  # read in DataLoader worker processes as every format is
     loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context="spawn")
@@ -230,7 +230,7 @@ def test_a_rows_file_that_would_run_code_is_refused_with_one_line(tmp_path):
     """Our reader unpickles only an object array of dicts (as Bridge's restricted unpickler does)."""
     import pickle
 
-    from neva_pack.errors import InputError
+    from neva_pack.core import InputError
 
     write_golden_packs(tmp_path, "bridge", "size256_mult1")
     path = tmp_path / "training_256.npy"

@@ -8,8 +8,8 @@ import pytest
 
 from neva_pack.cli import main, preprocess_parser
 from neva_pack.packing import ALGORITHMS
-from neva_pack.paths import packed_prefix, skipped_path
-from neva_pack.files.indexed import bin_path
+from neva_pack.files import packed_prefix, skipped_path
+from neva_pack.files import bin_path
 from tests.conftest import ROOT
 
 NEMO_FLAGS = [

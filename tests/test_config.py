@@ -21,8 +21,8 @@ from neva_pack.config import (
     meta_fields,
     settings,
 )
-from neva_pack.config.options import NEMO
-from neva_pack.errors import ConfigError
+from neva_pack.config import NEMO
+from neva_pack.core import ConfigError
 from neva_pack.cli import preprocess_parser
 from tests.conftest import SAMPLE_DATA
 

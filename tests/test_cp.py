@@ -13,9 +13,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from neva_pack.cli import main
-from neva_pack.dataset import PackedSeqDataset
+from neva_pack.reading import PackedSeqDataset
 from neva_pack.training import cp_partition_index, cp_slice, thd_batch, thd_collate
-from neva_pack.paths import packed_prefix
+from neva_pack.files import packed_prefix
 from tests.conftest import SAMPLE_DATA
 from tests.test_training import GOLDEN, plain, tensor
 

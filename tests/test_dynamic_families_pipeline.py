@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 
 from neva_pack.cli import main
-from neva_pack.dataset import PackedSeqDataset
-from neva_pack.encoders import resolve_encoder
+from neva_pack.reading import PackedSeqDataset
+from neva_pack.families import resolve_encoder
 from neva_pack.formats import open_packed
-from neva_pack.images import dynamic_processor
-from neva_pack.paths import packed_prefix
-from neva_pack.tokenizer import load_tokenizer
-from neva_pack.verify import verify
+from neva_pack.families import dynamic_processor
+from neva_pack.files import packed_prefix
+from neva_pack.text import load_tokenizer
+from neva_pack.commands import verify
 from tests.dynamic_references import (
     anyres_reference,
     llava_prompt,

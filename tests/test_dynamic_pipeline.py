@@ -11,16 +11,16 @@ import pytest
 import torch
 from PIL import Image
 
-from neva_pack import paths
+from neva_pack.files import paths
 from neva_pack.cli import main
-from neva_pack.dataset import PackedSeqDataset
-from neva_pack.encoders import resolve_encoder
+from neva_pack.reading import PackedSeqDataset
+from neva_pack.families import resolve_encoder
 from neva_pack.formats import FORMATS, open_packed
-from neva_pack.images.recorded import processor_from_record, processor_record
-from neva_pack.plan import explore, load_lengths
-from neva_pack.tokenizer import load_tokenizer
+from neva_pack.families import processor_from_record, processor_record
+from neva_pack.commands import explore, load_lengths
+from neva_pack.text import load_tokenizer
 from neva_pack.training import hf_collate, thd_collate
-from neva_pack.verify import verify
+from neva_pack.commands import verify
 from tests.dynamic_models import (
     TOLERANCE,
     difference,
@@ -174,7 +174,7 @@ def test_a_format_of_fixed_size_images_refuses_a_dynamic_encoder_in_one_line(wor
 def test_verify_finds_a_stored_image_whose_token_count_disagrees_with_its_run(unsharded, tmp_path):
     """An image record edited after the run (its tokens no longer the run's length less the
     delimiters) is reported for the pack that uses it, besides the checksum that changed."""
-    from neva_pack.sample_store.files import POOL_IMAGE_ROW
+    from neva_pack.sample_store import POOL_IMAGE_ROW
 
     shutil.copytree(unsharded, tmp_path / "out")
     records_file = next(paths.store_dir(tmp_path / "out").glob("*.image_shapes"))

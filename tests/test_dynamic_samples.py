@@ -16,14 +16,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from neva_pack.encoders import resolve_encoder
-from neva_pack.errors import ConfigError
-from neva_pack.image_ids import dynamic_image_run
-from neva_pack.images import ImageSource, StoredImage, dynamic_processor
+from neva_pack.families import resolve_encoder
+from neva_pack.core import ConfigError
+from neva_pack.families import dynamic_image_run
+from neva_pack.families import ImageSource, StoredImage, dynamic_processor
 from neva_pack.records import RawRecord
 from neva_pack.samples import SampleBuilder, Skipped, truncation
-from neva_pack.templates import load_template
-from neva_pack.tokenizer import load_tokenizer
+from neva_pack.text import load_template
+from neva_pack.text import load_tokenizer
 from tests.conftest import SAMPLE_DATA
 from tests.dynamic_references import (
     SYSTEM,
@@ -248,7 +248,7 @@ def test_control_tokens_typed_in_text_are_spelled_as_text(tokenizer_dirs, images
 def test_an_image_decoded_at_another_size_than_its_header_said_is_skipped_with_both(images):
     """The count (and the plan made from it) came from the header: an image that decodes at another size
     is an unreadable_image naming both sizes, never a sample with one count and other pixels."""
-    from neva_pack.header_images import HeaderImage, HeaderImages
+    from neva_pack.samples import HeaderImage, HeaderImages
     from neva_pack.records import RecordError
 
     loader = HeaderImages(dynamic_processor(resolve_encoder(QWEN2_VL)), ImageSource(images))

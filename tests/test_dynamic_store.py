@@ -14,23 +14,23 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from neva_pack import paths
-from neva_pack.assemble import assemble_packs, rows_at
-from neva_pack.encoders import resolve_encoder
-from neva_pack.errors import ConfigError
+from neva_pack.files import paths
+from neva_pack.assembly import assemble_packs, rows_at
+from neva_pack.families import resolve_encoder
+from neva_pack.core import ConfigError
 from neva_pack.formats import FORMATS, check_dynamic_images, open_prefix
-from neva_pack.formats.base import WriteSpec
-from neva_pack.formats.meta import META_VERSION, Counts, ImageTokenIds, PackedMeta
-from neva_pack.image_run import ImageRun
-from neva_pack.images import StoredImage, dynamic_processor
-from neva_pack.images.recorded import processor_from_record, processor_record, stored_vision_cost
-from neva_pack.invariants import PackSpec, pack_problems
-from neva_pack.invariant_kernels import pack_is_sound
+from neva_pack.formats import WriteSpec
+from neva_pack.formats import META_VERSION, Counts, ImageTokenIds, PackedMeta
+from neva_pack.core import ImageRun
+from neva_pack.families import StoredImage, dynamic_processor
+from neva_pack.families import processor_from_record, processor_record, stored_vision_cost
+from neva_pack.packing import PackSpec, pack_problems
+from neva_pack.packing import pack_is_sound
 from neva_pack.packing import pack
-from neva_pack.plan_table import PlanTable
+from neva_pack.packing import PlanTable
 from neva_pack.sample_store import PROGRESS_FILE, SampleStore, SampleStoreWriter, join_part, stored_batch
 from neva_pack.samples import Sample
-from neva_pack.verify import verify
+from neva_pack.commands import verify
 
 IGNORE = -100
 START, PATCH, END = 3, 4, 5

@@ -15,20 +15,20 @@ pytest.importorskip("megatron.energon")
 
 from megatron.energon import WorkerConfig, get_loader, get_train_dataset  # noqa: E402
 
-from neva_pack import paths  # noqa: E402
-from neva_pack.assemble import AssembledPack  # noqa: E402
+from neva_pack.files import paths  # noqa: E402
+from neva_pack.assembly import AssembledPack  # noqa: E402
 from neva_pack.cli import main  # noqa: E402
-from neva_pack.dataset import PackedSeqDataset  # noqa: E402
-from neva_pack.errors import ConfigError  # noqa: E402
+from neva_pack.reading import PackedSeqDataset  # noqa: E402
+from neva_pack.core import ConfigError  # noqa: E402
 from neva_pack.formats import FORMATS, check_dynamic_images, open_packed  # noqa: E402
-from neva_pack.formats.base import WriteSpec  # noqa: E402
-from neva_pack.formats.energon import Writer, dataset_path  # noqa: E402
-from neva_pack.formats.meta import ImageTokenIds, PackedMeta  # noqa: E402
-from neva_pack.image_run import ImageRun  # noqa: E402
-from neva_pack.images import StoredImage  # noqa: E402
-from neva_pack.images.recorded import processor_from_record  # noqa: E402
-from neva_pack.plan_table import PlanTable  # noqa: E402
-from neva_pack.verify import verify  # noqa: E402
+from neva_pack.formats import WriteSpec  # noqa: E402
+from neva_pack.formats import Writer, dataset_path  # noqa: E402
+from neva_pack.formats import ImageTokenIds, PackedMeta  # noqa: E402
+from neva_pack.core import ImageRun  # noqa: E402
+from neva_pack.families import StoredImage  # noqa: E402
+from neva_pack.families import processor_from_record  # noqa: E402
+from neva_pack.packing import PlanTable  # noqa: E402
+from neva_pack.commands import verify  # noqa: E402
 from tests.test_dynamic_pipeline import run as compact_run  # noqa: E402
 from tests.test_dynamic_pipeline import workload  # noqa: E402, F401 (the fixture)
 from tests.test_formats import CLIP, tiny_meta  # noqa: E402

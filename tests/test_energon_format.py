@@ -19,15 +19,15 @@ from click.testing import CliRunner  # noqa: E402
 from megatron.energon import Cooker, DefaultTaskEncoder, WorkerConfig, cooker, get_loader, get_train_dataset, stateless  # noqa: E402
 from megatron.energon.cli.main import main as energon_cli  # noqa: E402
 
-from neva_pack import paths  # noqa: E402
+from neva_pack.files import paths  # noqa: E402
 from neva_pack.formats import FORMATS, open_packed  # noqa: E402
-from neva_pack.formats.base import WriteSpec  # noqa: E402
-from neva_pack.errors import InputError  # noqa: E402
-from neva_pack.formats.energon import IMAGES_MEMBER, Writer, dataset_path, decode, fetch_from, pack_index  # noqa: E402
-from neva_pack.image_run import ImageRun  # noqa: E402
-from neva_pack.sample_store.files import segment_name  # noqa: E402
-from neva_pack.sample_store.image_pool import PoolWriter, pool_segment  # noqa: E402
-from neva_pack.verify import verify  # noqa: E402
+from neva_pack.formats import WriteSpec  # noqa: E402
+from neva_pack.core import InputError  # noqa: E402
+from neva_pack.formats import IMAGES_MEMBER, Writer, dataset_path, decode, fetch_from, pack_index  # noqa: E402
+from neva_pack.core import ImageRun  # noqa: E402
+from neva_pack.sample_store import segment_name  # noqa: E402
+from neva_pack.sample_store import PoolWriter, pool_segment  # noqa: E402
+from neva_pack.commands import verify  # noqa: E402
 from tests.test_formats import BLUE, CLIP, PATCH, RED, SHAPE, START, pack, run_preprocess, tiny_meta, tiny_packs  # noqa: E402
 
 ONE_WORKER = WorkerConfig(rank=0, world_size=1, num_workers=0)
@@ -53,7 +53,7 @@ def write_tiny_shards(directory, stop_after: int | None = None, resume: bool = F
         if stop_after is not None and p + 1 == stop_after:
             writer.checkpoint()
             return None
-    from neva_pack.plan_table import PlanTable
+    from neva_pack.packing import PlanTable
 
     table = PlanTable(offsets=np.cumsum([0, *(len(p.lengths) for p in packs)]), record_index=np.concatenate([p.record_indices for p in packs]),
                       length=np.concatenate([p.lengths for p in packs]), padded_length=np.concatenate([p.padded_lengths for p in packs]),

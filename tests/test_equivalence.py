@@ -17,12 +17,12 @@ import torch
 import torch.nn.functional as F
 
 from neva_pack.cli import build_parser, config_from_args, main
-from neva_pack.dataset import PackedSeqDataset
+from neva_pack.reading import PackedSeqDataset
 from neva_pack.formats import FORMATS
 from neva_pack.pipeline import build_sample_builder
-from neva_pack.record_stream import iter_raw_records
+from neva_pack.records import iter_raw_records
 from neva_pack.training import thd_batch
-from neva_pack.paths import packed_prefix
+from neva_pack.files import packed_prefix
 from tests.conftest import SAMPLE_DATA
 
 TOLERANCE = 1e-9

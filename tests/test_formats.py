@@ -15,18 +15,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from neva_pack import paths
-from neva_pack.checksums import file_checksum
-from neva_pack.assemble import AssembledPack
-from neva_pack.packing.alignment import padded_lengths
+from neva_pack.files import paths
+from neva_pack.files import file_checksum
+from neva_pack.assembly import AssembledPack
+from neva_pack.packing import padded_lengths
 from neva_pack.formats import FORMATS, open_packed, resolve_prefixes
-from neva_pack.formats.base import WriteSpec
-from neva_pack.formats.meta import META_VERSION, Counts, ImageTokenIds, Normalisation, PackedMeta, read_meta
-from neva_pack.image_run import ImageRun
-from neva_pack.plan_table import PlanTable
-from neva_pack.sample_store.files import segment_name
-from neva_pack.sample_store.image_pool import PoolWriter, image_key, pool_segment
-from neva_pack.verify import verify
+from neva_pack.formats import WriteSpec
+from neva_pack.formats import META_VERSION, Counts, ImageTokenIds, Normalisation, PackedMeta, read_meta
+from neva_pack.core import ImageRun
+from neva_pack.packing import PlanTable
+from neva_pack.sample_store import segment_name
+from neva_pack.sample_store import PoolWriter, image_key, pool_segment
+from neva_pack.commands import verify
 from tests.conftest import SAMPLE_DATA
 
 SHAPE = (3, 2, 2)
@@ -187,7 +187,7 @@ def test_nemo_golden_bytes_inline(tmp_path):
         [0, 3], [4, 5, 6], [5, 6, -1], zero,
         [0, 4, 8], [7, 0, 8, 0, 9, 10, 0, 0], [-1, 8, -1, -1, 10, -1, -1, -1], CLIP.apply(BLUE[None]),
     ]  # fmt: skip
-    from neva_pack.files.indexed import bin_path
+    from neva_pack.files import bin_path
 
     assert bin_path(paths.packed_prefix(tmp_path)).read_bytes() == b"".join(np.asarray(i, "<f4").tobytes() for i in items)
 
@@ -215,7 +215,7 @@ def test_packs_prepared_in_groups_are_written_as_packs_added_one_by_one(tmp_path
 
 @pytest.mark.parametrize("name", sorted(FORMATS))
 def test_a_meta_of_an_unknown_format_or_newer_version_is_refused(tmp_path, name):
-    from neva_pack.errors import InputError
+    from neva_pack.core import InputError
 
     meta = write_tiny(tmp_path, name)
     path = paths.meta_path(paths.packed_prefix(tmp_path))
@@ -227,8 +227,8 @@ def test_a_meta_of_an_unknown_format_or_newer_version_is_refused(tmp_path, name)
 
 def test_normalisation_table_is_the_processors_float_ops_bit_for_bit():
     """All 256 values of every channel of every shipped encoder, against transformers itself."""
-    from neva_pack.encoders import known_encoders, resolve_encoder
-    from neva_pack.images import ImagePreprocessor, processor_halves
+    from neva_pack.families import known_encoders, resolve_encoder
+    from neva_pack.families import ImagePreprocessor, processor_halves
 
     for name in known_encoders(family="fixed"):
         pre = ImagePreprocessor(resolve_encoder(name), "square")
@@ -356,8 +356,8 @@ def test_checksums_computed_while_writing_are_the_files(tmp_path, name):
 
 @pytest.mark.parametrize("name", sorted(FORMATS))
 def test_each_registered_format_satisfies_the_contract(tmp_path, name):
-    from neva_pack.errors import ConfigError
-    from neva_pack.formats.base import PackedFormat, PackReader, PackWriter
+    from neva_pack.core import ConfigError
+    from neva_pack.formats import PackedFormat, PackReader, PackWriter
 
     fmt = FORMATS[name]
     assert isinstance(fmt, PackedFormat) and fmt.name == name
@@ -439,7 +439,7 @@ def runs(tmp_path_factory):
 
 
 def top_level(directory) -> set:
-    from neva_pack.pipeline.ownership import entries
+    from neva_pack.pipeline import entries
 
     return {directory / entry for entry in entries(directory)}
 
@@ -469,7 +469,7 @@ def test_a_run_leaves_exactly_the_files_its_format_declares(runs, name):
 
 @pytest.mark.parametrize("name", sorted(FORMATS))
 def test_overwrite_removes_every_file_of_the_run_and_nothing_else(runs, tmp_path, name):
-    from neva_pack.pipeline.ownership import owned_outputs, remove
+    from neva_pack.pipeline import owned_outputs, remove
 
     out = tmp_path / "out"
     shutil.copytree(runs / name, out)
@@ -495,8 +495,8 @@ def test_overwrite_removes_every_file_of_the_run_and_nothing_else(runs, tmp_path
 
 @pytest.mark.parametrize("name", sorted(FORMATS))
 def test_overwrite_refuses_a_file_under_a_format_name_that_is_not_the_formats(tmp_path, name):
-    from neva_pack.errors import ConfigError
-    from neva_pack.pipeline.ownership import owned_outputs
+    from neva_pack.core import ConfigError
+    from neva_pack.pipeline import owned_outputs
 
     for k, path in enumerate(FORMATS[name].files(paths.packed_prefix(tmp_path / "dirs")).final):
         directory = tmp_path / f"case_{k}"
@@ -515,7 +515,7 @@ class DirectoryFormat:
     name = "with_directory"
 
     def files(self, prefix):
-        from neva_pack.formats.base import PrefixFiles
+        from neva_pack.formats import PrefixFiles
 
         checkpoint, staging = paths.checkpoint_paths(prefix)
         return PrefixFiles(final=(paths.meta_path(prefix), paths.prefix_file(prefix, ".nv-meta")),
@@ -526,8 +526,8 @@ class DirectoryFormat:
 
 
 def test_overwrite_removes_a_directory_a_format_declares_as_its_own(tmp_path, monkeypatch):
-    from neva_pack.errors import ConfigError
-    from neva_pack.pipeline.ownership import owned_outputs, remove
+    from neva_pack.core import ConfigError
+    from neva_pack.pipeline import owned_outputs, remove
 
     monkeypatch.setitem(FORMATS, DirectoryFormat.name, DirectoryFormat())
     own = paths.prefix_file(paths.packed_prefix(tmp_path, 64), ".nv-meta")
@@ -543,7 +543,7 @@ def test_overwrite_removes_a_directory_a_format_declares_as_its_own(tmp_path, mo
 @pytest.mark.parametrize("name", sorted(FORMATS))
 def test_stats_verify_and_convert_to_every_other_format(runs, tmp_path, capsys, name):
     from neva_pack.cli import main
-    from neva_pack.errors import ConfigError
+    from neva_pack.core import ConfigError
 
     out = runs / name
     assert main(["verify", "--quiet", str(out)]) == 0

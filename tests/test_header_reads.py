@@ -14,15 +14,15 @@ import numpy as np
 import pytest
 
 from neva_pack.config import PackConfig, SampleConfig
-from neva_pack.encoders import resolve_encoder
-from neva_pack.image_ids import dynamic_image_run
-from neva_pack.images import ImageSource, dynamic_processor, header_size
-from neva_pack.pipeline.builder import sample_builder_for
-from neva_pack.record_stream import iter_raw_records
+from neva_pack.families import resolve_encoder
+from neva_pack.families import dynamic_image_run
+from neva_pack.families import ImageSource, dynamic_processor, header_size
+from neva_pack.pipeline import sample_builder_for
+from neva_pack.records import iter_raw_records
 from neva_pack.records import RecordError
 from neva_pack.samples import SampleBuilder, Skipped
-from neva_pack.templates import load_template
-from neva_pack.tokenizer import load_tokenizer
+from neva_pack.text import load_template
+from neva_pack.text import load_tokenizer
 from tests.conftest import ROOT, SAMPLE_DATA
 from tests.image_zoo import random_rgb
 
@@ -137,7 +137,7 @@ def test_a_layout_skips_what_its_build_skips_before_decoding_with_the_same_detai
 
 
 def test_a_header_read_for_a_plan_cannot_be_decoded(images, tmp_path):
-    from neva_pack.header_images import HeaderImages
+    from neva_pack.samples import HeaderImages
 
     builder = dynamic_builder(images, tmp_path)
     loader = HeaderImages(builder.preprocessor, builder.image_source)

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from neva_pack.cli import main
-from neva_pack.dataset import PackedSamples, PackedSeqDataset
+from neva_pack.reading import PackedSamples, PackedSeqDataset
 from neva_pack.training import PackedBatchSampler, hf_batch, hf_collate
 from tests.conftest import SAMPLE_DATA
 

@@ -36,14 +36,14 @@ from benchmarks.bench_hostile import (  # the same hostile files the benchmark m
     progressive_jpeg_with_scans,
 )
 from neva_pack.cli import main
-from neva_pack.image_run import ImageRun
-from neva_pack.invariants import PackSpec, accounting_problem, pack_problems
-from neva_pack.pipeline.ownership import LOCK_FILE, OutputLock
-from neva_pack.record_stream import iter_raw_records
+from neva_pack.core import ImageRun
+from neva_pack.packing import PackSpec, accounting_problem, pack_problems
+from neva_pack.pipeline import LOCK_FILE, OutputLock
+from neva_pack.records import iter_raw_records
 from neva_pack.records import SKIP_REASONS, RecordError
 from neva_pack.samples import truncation
-from neva_pack.verify import verify
-from neva_pack.paths import skipped_path, stats_path, store_dir
+from neva_pack.commands import verify
+from neva_pack.files import skipped_path, stats_path, store_dir
 from tests.conftest import SAMPLE_DATA
 
 TOKENIZER = SAMPLE_DATA / "tokenizer.model"
@@ -199,7 +199,7 @@ def test_the_image_budget_names_the_limit_and_the_flag(tmp_path, capsys, images)
 
 
 def test_json_list_scanner_gives_json_loads_values_at_any_chunk_boundary(tmp_path, monkeypatch):
-    import neva_pack.list_scanner as list_scanner
+    import neva_pack.records.list_scanner as list_scanner
 
     values = [GOOD[1], [1, [2, "\\"]], 'a"b\\', 1.5, None, {"k": ']]]\\"[[', "ü": "日本"}, [], {}]
     path = tmp_path / "data.json"
@@ -219,8 +219,8 @@ JSON_VALUES = st.recursive(
 @settings(max_examples=200, deadline=None)
 @given(values=st.lists(JSON_VALUES, max_size=6), indent=st.sampled_from([None, 1]), chunk=st.integers(1, 40))
 def test_property_the_list_scanner_agrees_with_json_loads(tmp_path_factory, values, indent, chunk):
-    import neva_pack.list_scanner as list_scanner
-    from neva_pack.record_stream import count_records
+    import neva_pack.records.list_scanner as list_scanner
+    from neva_pack.records import count_records
 
     path = tmp_path_factory.mktemp("scan") / "data.json"
     path.write_text(json.dumps(values, indent=indent, ensure_ascii=False), encoding="utf-8")
@@ -231,7 +231,7 @@ def test_property_the_list_scanner_agrees_with_json_loads(tmp_path_factory, valu
 
 
 def test_counting_and_reading_agree_on_blank_and_oversized_jsonl_lines(tmp_path):
-    from neva_pack.record_stream import count_records
+    from neva_pack.records import count_records
 
     path = tmp_path / "data.jsonl"
     path.write_bytes(b'\xef\xbb\xbf{"a": 1}\n' + b" " * 2_000_000 + b'\n\n{"b": 2}\n' + b"x" * 9_000_000 + b'\n{"c": 3}')
@@ -520,7 +520,7 @@ def test_overwrite_replaces_a_converted_compact_output(tmp_path, capsys, images)
 
 
 def test_a_pack_violating_an_invariant_is_never_published(tmp_path, capsys, images, monkeypatch):
-    import neva_pack.samples as samples
+    import neva_pack.samples.sample_builder as samples
 
     def buggy_truncation(image_starts, run_length, max_seq_length):  # the old off-by-one
         cut, kept = max_seq_length + 1, 0
@@ -690,7 +690,7 @@ def test_a_truncated_tar_is_reported_as_truncated(tmp_path, capsys):
 
 
 def test_a_16_bit_grayscale_png_is_scaled_not_whitened():
-    from neva_pack.images import decode_image
+    from neva_pack.families import decode_image
 
     ramp = (np.arange(64 * 64, dtype=np.uint16).reshape(64, 64) * 16).astype(np.uint16)
     image = decode_image(png_bytes(64, 64, array=ramp), "ramp.png")
@@ -708,7 +708,7 @@ def test_a_108_megapixel_jpeg_is_image_too_large_naming_the_limit_and_flag(tmp_p
 
 
 def test_an_image_over_pils_own_limit_is_image_too_large_and_a_larger_budget_lifts_it(tmp_path, capsys, images, monkeypatch):
-    from neva_pack.images import decode_image
+    from neva_pack.families import decode_image
 
     (images / "vast.jpg").write_bytes(jpeg_claiming(15_000, 15_000))  # PIL refuses over 178,956,970 in open
     run = run_with(tmp_path, capsys, images, image_record("vast.jpg"))
@@ -839,7 +839,7 @@ def damaged_images(draw) -> bytes:
 @settings(max_examples=300, deadline=None)
 @given(data=damaged_images())
 def test_property_any_damaged_image_decodes_to_rgb_or_is_one_named_skip(data):
-    from neva_pack.images import decode_image
+    from neva_pack.families import decode_image
 
     try:
         image = decode_image(data, "x.img", max_seconds=5)
@@ -882,8 +882,8 @@ class _Captured:
 
 
 def test_images_is_read_as_image_and_packs_the_same(tmp_path, capsys, images):
-    from neva_pack.dataset import PackedSeqDataset
-    from neva_pack.paths import packed_prefix
+    from neva_pack.reading import PackedSeqDataset
+    from neva_pack.files import packed_prefix
 
     packs = {}
     for key, value in (("image", "chelsea.jpg"), ("images", ["chelsea.jpg"])):
@@ -987,7 +987,7 @@ model:
 
 def settings_files(folder: Path) -> dict[str, tuple[Path, tuple[str, ...]]]:
     """One of each configuration file the tool reads, valid, and the flags that make a run read it."""
-    from neva_pack.encoders import resolve_encoder
+    from neva_pack.families import resolve_encoder
 
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "template.yaml").write_text(TEMPLATE_YAML)
@@ -1190,7 +1190,7 @@ def published(tmp_path_factory):
 @pytest.mark.parametrize("kind", OUTPUT_HOSTILES)
 @pytest.mark.parametrize("which", ["meta", "stats", "plan table"])
 def test_verify_names_a_hostile_file_of_an_output_without_reading_it(published, tmp_path, capsys, which, kind):
-    from neva_pack import paths
+    from neva_pack.files import paths
 
     out = tmp_path / "out"
     shutil.copytree(published / "out", out)
@@ -1206,7 +1206,7 @@ def test_verify_names_a_hostile_file_of_an_output_without_reading_it(published, 
 
 @pytest.mark.parametrize("kind", OUTPUT_HOSTILES)
 def test_resume_refuses_a_hostile_store_progress_file_with_one_line(published, tmp_path, capsys, kind):
-    from neva_pack import paths
+    from neva_pack.files import paths
     from neva_pack.sample_store import PROGRESS_FILE
 
     out = tmp_path / "out"

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from neva_pack.encoders import known_encoders, resolve_encoder
-from neva_pack.errors import ConfigError
-from neva_pack.images import ImagePreprocessor, ImageSource, decode_image, expand_to_square
+from neva_pack.families import known_encoders, resolve_encoder
+from neva_pack.core import ConfigError
+from neva_pack.families import ImagePreprocessor, ImageSource, decode_image, expand_to_square
 from neva_pack.records import RecordError
 
 SKIMAGE = importlib.resources.files("skimage") / "data"

@@ -1,4 +1,4 @@
-"""LLaVA-NeXT (v1.6) and LLaVA-OneVision anyres images (neva_pack.images.anyres) against
+"""LLaVA-NeXT (v1.6) and LLaVA-OneVision anyres images (neva_pack.families.anyres) against
 transformers' PIL processors and feature counts, and against LLaVA's own llava_arch arithmetic
 (golden counts made by running LLaVA's code: tests/golden/anyres/README.md)."""
 
@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from neva_pack.encoders import known_encoders, resolve_encoder
-from neva_pack.errors import ConfigError
-from neva_pack.images import ARITHMETICS, AnyresProcessor, dynamic_processor, select_best_resolution, tokens_from_header
+from neva_pack.families import known_encoders, resolve_encoder
+from neva_pack.core import ConfigError
+from neva_pack.families import ARITHMETICS, AnyresProcessor, dynamic_processor, select_best_resolution, tokens_from_header
 from tests.image_zoo import random_rgb, synthetic, zoo_images
 
 V16 = ("llava-hf/llava-v1.6-vicuna-7b-hf", "llava-hf/llava-v1.6-mistral-7b-hf")

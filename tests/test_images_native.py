@@ -1,4 +1,4 @@
-"""Qwen2-VL / Qwen2.5-VL native resolution (neva_pack.images.native) against transformers'
+"""Qwen2-VL / Qwen2.5-VL native resolution (neva_pack.families.native) against transformers'
 Qwen2VLImageProcessorPil: sizes, token counts and pixel rows, for the released checkpoints'
 settings and transformers' class default."""
 
@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from neva_pack.encoders import known_encoders, resolve_encoder
-from neva_pack.errors import ConfigError
-from neva_pack.images import NativeProcessor, dynamic_processor, smart_resize, tokens_from_header
+from neva_pack.families import known_encoders, resolve_encoder
+from neva_pack.core import ConfigError
+from neva_pack.families import NativeProcessor, dynamic_processor, smart_resize, tokens_from_header
 from tests.image_zoo import random_rgb, synthetic, zoo_images
 
 QWEN = ("Qwen/Qwen2-VL-7B-Instruct", "Qwen/Qwen2.5-VL-7B-Instruct")

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from neva_pack.errors import InputError
-from neva_pack.files.indexed import DTYPE_CODES, IndexedReader, IndexedWriter, bin_path, idx_path, read_index
+from neva_pack.core import InputError
+from neva_pack.files import DTYPE_CODES, IndexedReader, IndexedWriter, bin_path, idx_path, read_index
 
 
 def megatron():

@@ -1,4 +1,4 @@
-"""Reader items of dynamic-resolution packs (neva_pack.model_inputs, dataset.dynamic_pack_item):
+"""Reader items of dynamic-resolution packs (neva_pack.families.model_inputs, dataset.dynamic_pack_item):
 Qwen's mRoPE position ids equal transformers' ``get_rope_index`` on each sample alone (Qwen2-VL
 and Qwen2.5-VL), on packs of several samples with several images, text-only samples and alignment
 padding; the images are transformers' PIL processors' own model inputs, bit-identical."""
@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from neva_pack.dataset import dynamic_pack_item, sample_of_pack
-from neva_pack.encoders import resolve_encoder
-from neva_pack.images import dynamic_processor
-from neva_pack.model_inputs import pack_model_inputs, restarting_positions
+from neva_pack.reading import dynamic_pack_item, sample_of_pack
+from neva_pack.families import resolve_encoder
+from neva_pack.families import dynamic_processor
+from neva_pack.families import pack_model_inputs, restarting_positions
 from tests.dynamic_packs import IMAGE, VISION_START, build_pack, photo
 from tests.test_mrope import _tiny
 

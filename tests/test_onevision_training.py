@@ -18,9 +18,9 @@ import pytest
 import torch
 
 from neva_pack.cli import main
-from neva_pack.dataset import PackedSamples, PackedSeqDataset, dynamic_pack_item
+from neva_pack.reading import PackedSamples, PackedSeqDataset, dynamic_pack_item
 from neva_pack.formats import open_packed
-from neva_pack.tokenizer import load_tokenizer
+from neva_pack.text import load_tokenizer
 from neva_pack.training import hf_batch, hf_collate, thd_collate
 from tests.dynamic_models import TOLERANCE, difference, loss_and_gradients, onevision_model, samples_alone
 from tests.dynamic_references import stand_in_tokenizer

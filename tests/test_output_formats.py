@@ -18,14 +18,14 @@ import pytest
 import torch
 
 from neva_pack.cli import main
-from neva_pack.dataset import PackedSeqDataset
-from neva_pack.files.indexed import bin_path, idx_path
+from neva_pack.reading import PackedSeqDataset
+from neva_pack.files import bin_path, idx_path
 from neva_pack.formats import FORMATS
-from neva_pack.paths import meta_path, packed_prefix, relative_name, skipped_path, stats_path, store_dir
-from neva_pack.report import RunReport
+from neva_pack.files import meta_path, packed_prefix, relative_name, skipped_path, stats_path, store_dir
+from neva_pack.commands import RunReport
 from neva_pack.sample_store import PROGRESS_FILE
-from neva_pack.sample_store.files import pool_images_path, pool_keys_path, segment_name
-from neva_pack.stats import format_summary
+from neva_pack.sample_store import pool_images_path, pool_keys_path, segment_name
+from neva_pack.commands import format_summary
 from tests.conftest import SAMPLE_DATA
 
 NEMO_GOLDEN = {
@@ -115,7 +115,7 @@ def test_both_formats_read_bit_identically_on_multi_image_text_only_and_two_size
 
 
 def test_asking_a_prefix_for_another_pack_size_is_an_error(mixed_runs):
-    from neva_pack.errors import InputError
+    from neva_pack.core import InputError
 
     assert len(PackedSeqDataset(packed_prefix(mixed_runs / "nemo", 1024), pack_size=1024)) > 0
     with pytest.raises(InputError, match="no prefix of pack size 2048"):
@@ -281,7 +281,7 @@ def test_a_compact_publish_reads_no_pool_file_back(tmp_path, monkeypatch):
 
     from neva_pack.formats import base
     from neva_pack.sample_store import SampleStore
-    from neva_pack.checksums import file_checksum
+    from neva_pack.files import file_checksum
 
     read = []
     monkeypatch.setattr(base, "file_checksum", lambda path: read.append(Path(path).name) or file_checksum(path))

@@ -263,7 +263,7 @@ IMAGE_POSITIONS = 49  # openai/clip-vit-base-patch32: 7 x 7 patches
 def budgeted_samples(tmp_path_factory):
     """The sample data packed under 2 images and one image's positions a pack (compact)."""
     from neva_pack.cli import main
-    from neva_pack.dataset import PackedSamples, PackedSeqDataset
+    from neva_pack.reading import PackedSamples, PackedSeqDataset
     from tests.conftest import SAMPLE_DATA
 
     out = tmp_path_factory.mktemp("budgets") / "out"

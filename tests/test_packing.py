@@ -7,9 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from neva_pack.packing import ALGORITHMS, pack
-from neva_pack.packing.algorithms import first_fit_shuffle
-from neva_pack.packing.budgets import NO_BUDGETS
-from neva_pack.packing.sum_of_squares import CTZ_TABLE, sum_of_squares_bins, sum_of_squares_reference
+from neva_pack.packing import first_fit_shuffle
+from neva_pack.packing import NO_BUDGETS
+from neva_pack.packing import CTZ_TABLE, sum_of_squares_bins, sum_of_squares_reference
 
 CAPACITY = 64
 lengths_strategy = st.lists(st.integers(min_value=1, max_value=CAPACITY), min_size=0, max_size=300)
@@ -225,8 +225,8 @@ def test_near_optimal_beats_ffd_on_llava_like_data_and_mixes_lengths():
 
 
 def test_the_summary_suggests_near_optimal_when_it_saves_more_than_one_percent():
-    from neva_pack.pipeline.pack import better_algorithm
-    from neva_pack.stats import format_summary
+    from neva_pack.pipeline import better_algorithm
+    from neva_pack.commands import format_summary
 
     lengths = llava_like_lengths(20_000)
     plan = pack(lengths, 4096, algorithm="shuffle_and_pack")
@@ -235,8 +235,8 @@ def test_the_summary_suggests_near_optimal_when_it_saves_more_than_one_percent()
     assert suggestion.packs == pack(lengths, 4096, algorithm="near_optimal").num_bins
     near_optimal = pack(lengths, 4096, algorithm="near_optimal")
     assert better_algorithm(lengths, near_optimal, algorithm="near_optimal", seed=0, max_samples_per_pack=None) is None
-    from neva_pack.report import RunReport
-    from neva_pack.stats import PackingArrays, packing_stats
+    from neva_pack.commands import RunReport
+    from neva_pack.commands import PackingArrays, packing_stats
 
     arrays = PackingArrays(capacity=4096, offsets=plan.offsets, lengths=lengths[plan.indices], num_images=None,
                            image_positions=None, pack_images=np.zeros(plan.num_bins, dtype=np.int64))  # fmt: skip

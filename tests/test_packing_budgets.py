@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from neva_pack.packing import ALGORITHMS, pack
-from neva_pack.packing.budgets import visual_budgets
-from neva_pack.packing.sum_of_squares import CTZ_TABLE, sum_of_squares_bins, sum_of_squares_reference
+from neva_pack.packing import visual_budgets
+from neva_pack.packing import CTZ_TABLE, sum_of_squares_bins, sum_of_squares_reference
 
 CAPACITY = 64
 ALL = sorted(ALGORITHMS)

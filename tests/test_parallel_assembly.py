@@ -14,10 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from neva_pack import parallel_assembly, sample_stream
+from neva_pack.assembly import parallel as parallel_assembly
+
+from neva_pack.samples import stream as sample_stream
 from neva_pack.cli import main
 from neva_pack.formats import declared_files
-from neva_pack.paths import meta_path, packed_prefixes
+from neva_pack.files import meta_path, packed_prefixes
 from tests.test_throughput import GOLDEN, run_golden
 
 
@@ -61,7 +63,7 @@ def test_compact_output_is_the_same_from_workers(workloads, tmp_path, sample_tok
 def test_packs_read_and_handed_to_the_writer_in_groups_of_any_size_give_the_golden_bytes(
     name, per_read, per_handoff, workloads, tmp_path, sample_tokenizer_path, mistral_tokenizer_path, monkeypatch
 ):
-    from neva_pack import assemble
+    from neva_pack.assembly import assemble
     from neva_pack.formats import nemo
 
     monkeypatch.setattr(assemble, "PACKS_PER_READ", per_read)
@@ -75,7 +77,7 @@ def test_cut_and_padded_samples_read_in_groups_give_the_packs_read_one_by_one(
 ):
     """Samples cut for the smaller pack size and padded to a multiple, read a pack at a time and
     in groups (PACKS_PER_READ 3 straddles packs with and without images): the same bytes."""
-    from neva_pack import assemble
+    from neva_pack.assembly import assemble
 
     def run(output_dir: Path) -> dict[str, bytes]:
         code = main(["preprocess", "--quiet", *map(str, workloads["image"]), "--tokenizer_path", str(sample_tokenizer_path),

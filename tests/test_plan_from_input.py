@@ -15,15 +15,15 @@ import numpy as np
 import pytest
 
 from neva_pack.cli import main
-from neva_pack.encoders import resolve_encoder
-from neva_pack.image_ids import dynamic_image_run
-from neva_pack.images import ImageSource, dynamic_processor
-from neva_pack.plan import explore
-from neva_pack.plan_input import DECODE_SKIPS_NOTE, laid_out_lengths
-from neva_pack.record_stream import iter_raw_records
+from neva_pack.families import resolve_encoder
+from neva_pack.families import dynamic_image_run
+from neva_pack.families import ImageSource, dynamic_processor
+from neva_pack.commands import explore
+from neva_pack.pipeline import DECODE_SKIPS_NOTE, laid_out_lengths
+from neva_pack.records import iter_raw_records
 from neva_pack.samples import SampleBuilder, Skipped
-from neva_pack.templates import load_template
-from neva_pack.tokenizer import load_tokenizer
+from neva_pack.text import load_template
+from neva_pack.text import load_tokenizer
 from tests.conftest import ROOT, SAMPLE_DATA
 from tests.image_zoo import MPL, SKIMAGE, random_rgb
 
@@ -115,7 +115,7 @@ def test_a_dynamic_layout_is_the_built_sample_without_decoding(dynamic_data, enc
 @pytest.mark.parametrize("max_seq_length", [300, 580, 700, 4096])
 def test_a_fixed_layout_is_the_built_sample_without_decoding(sample_dataset, max_seq_length):
     from neva_pack.config import PackConfig, SampleConfig
-    from neva_pack.pipeline.builder import sample_builder_for
+    from neva_pack.pipeline import sample_builder_for
 
     sample = SampleConfig(
         data_path=sample_dataset["data_path"], image_folder=sample_dataset["image_folder"],

@@ -11,7 +11,7 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from neva_pack.record_stream import iter_raw_records
+from neva_pack.records import iter_raw_records
 from neva_pack.records import RecordLimits
 
 STRINGS = st.one_of(

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from neva_pack.errors import InputError
-from neva_pack.record_stream import count_records, iter_raw_records
+from neva_pack.core import InputError
+from neva_pack.records import count_records, iter_raw_records
 from neva_pack.records import RawRecord, RecordError, parse_record
 
 GOOD = {
@@ -122,7 +122,7 @@ SOUP = st.text(alphabet=st.sampled_from('[]{}",\\ a1:\n\t\r\f\ufeffü'), max_siz
 
 def scanner_count(path) -> int | None:
     """The scanner's own count (count_records without the fast path), None where it refuses the file."""
-    from neva_pack.list_scanner import ListScanner
+    from neva_pack.records import ListScanner
     from neva_pack.records import MAX_RECORD_DEPTH_LIMIT, RecordLimits
 
     try:
@@ -136,7 +136,7 @@ def scanner_count(path) -> int | None:
 @given(text=st.one_of(SOUP, SOUP.map(lambda t: f"[{t}]"), SOUP.map(lambda t: f'[{{"a": "{t}"}}, [{t}]]')),
        chunk=st.integers(1, 9))  # fmt: skip
 def test_property_the_fast_count_is_the_scanners_or_none(tmp_path_factory, text, chunk):
-    import neva_pack.list_count as list_count
+    import neva_pack.records.list_count as list_count
 
     path = tmp_path_factory.mktemp("count") / "data.json"
     path.write_text(text, encoding="utf-8")
@@ -154,7 +154,7 @@ def test_property_the_fast_count_is_the_scanners_or_none(tmp_path_factory, text,
        indent=st.sampled_from([None, 1]), chunk=st.integers(1, 9))  # fmt: skip
 def test_property_the_fast_count_counts_every_plain_list(tmp_path_factory, values, indent, chunk):
     """Lists of arrays, objects and strings (any nesting, escapes) never need the scanner."""
-    import neva_pack.list_count as list_count
+    import neva_pack.records.list_count as list_count
 
     path = tmp_path_factory.mktemp("count") / "data.json"
     path.write_text(json.dumps(values, indent=indent, ensure_ascii=False), encoding="utf-8")
@@ -164,7 +164,7 @@ def test_property_the_fast_count_counts_every_plain_list(tmp_path_factory, value
 
 
 def test_the_fast_count_leaves_numbers_and_broken_lists_to_the_scanner(tmp_path):
-    from neva_pack.list_count import count_list_records
+    from neva_pack.records import count_list_records
 
     for text, records in [('[1, {"a": 2}]', 2), ("\ufeff[{}]", 1), ('[{"a": "]"}, "x\\"y"]', 2)]:
         path = tmp_path / "data.json"
@@ -194,7 +194,7 @@ def sorted_ranges(count: int, cuts: list[int]) -> list[tuple[int, int]]:
 
 def scanner_starts(path) -> list[int]:
     """File offsets where the sequential scanner starts each record."""
-    from neva_pack.list_scanner import ListScanner
+    from neva_pack.records import ListScanner
     from neva_pack.records import RecordLimits
 
     with open(path, "rb") as f:
@@ -213,9 +213,9 @@ def test_property_ranged_reading_is_the_sequential_scan(tmp_path_factory, values
     """Seeking to checkpoints gives the very records (indices, values, skips and their reasons) that
     the sequential scan gives for the same ranges, and the checkpoints are where the scanner starts
     those records; whatever the chunk sizes of the counting pass and of the reader."""
-    import neva_pack.list_count as list_count
-    import neva_pack.record_stream as record_stream
-    from neva_pack.record_stream import index_records
+    import neva_pack.records.list_count as list_count
+    import neva_pack.records.stream as record_stream
+    from neva_pack.records import index_records
     from neva_pack.records import RecordLimits
 
     path = tmp_path_factory.mktemp("ranges") / "data.json"
@@ -238,8 +238,8 @@ def test_property_ranged_reading_is_the_sequential_scan(tmp_path_factory, values
 
 def test_a_reader_with_offsets_delimits_only_the_records_after_a_checkpoint(tmp_path, monkeypatch):
     """What the offsets are for: a worker that wants records 90..91 of 100 does not scan 0..89."""
-    from neva_pack.list_scanner import ListScanner
-    from neva_pack.record_stream import index_records
+    from neva_pack.records import ListScanner
+    from neva_pack.records import index_records
 
     path = tmp_path / "data.json"
     path.write_text(json.dumps([{"n": n, "text": "x" * n} for n in range(100)], indent=1))
@@ -253,9 +253,9 @@ def test_a_reader_with_offsets_delimits_only_the_records_after_a_checkpoint(tmp_
 
 
 def test_a_checkpoint_inside_the_read_buffer_is_reached_without_a_seek(tmp_path, monkeypatch):
-    import neva_pack.record_stream as record_stream
-    from neva_pack.list_scanner import ListScanner
-    from neva_pack.record_stream import index_records
+    import neva_pack.records.stream as record_stream
+    from neva_pack.records import ListScanner
+    from neva_pack.records import index_records
 
     path = tmp_path / "data.json"
     path.write_text(json.dumps([{"n": n} for n in range(40)], separators=(",", ":")))  # 8 bytes a record
@@ -278,7 +278,7 @@ def test_a_checkpoint_inside_the_read_buffer_is_reached_without_a_seek(tmp_path,
 
 def test_jsonl_and_lists_the_fast_pass_refuses_are_read_sequentially(tmp_path):
     """No offsets where the compiled pass cannot vouch for the record starts: the reader delimits all."""
-    from neva_pack.record_stream import index_records
+    from neva_pack.records import index_records
 
     values = [{"n": n} for n in range(9)]
     cases = {
@@ -298,7 +298,7 @@ def test_jsonl_and_lists_the_fast_pass_refuses_are_read_sequentially(tmp_path):
 
 def test_after_a_seek_a_broken_list_is_reported_by_its_byte_offset(tmp_path):
     """Lines before a checkpoint are never counted: the error names the byte, not a wrong line."""
-    from neva_pack.record_stream import RecordIndex
+    from neva_pack.records import RecordIndex
 
     path = tmp_path / "data.json"
     text = '[\n{"a": 1},\n{"b": 2},\n{"c": 3} {"d": 4}]'
@@ -334,7 +334,7 @@ def test_property_fast_record_pattern_delimits_as_the_scanner(tmp_path_factory, 
     """The one-call pattern finds the records the byte-by-byte scanner finds, with the same
     values and reasons: brackets and braces open and close levels alike in both (a mismatched
     pair is then refused by json.loads, in both), and depth is counted the same way."""
-    from neva_pack.list_scanner import ListScanner
+    from neva_pack.records import ListScanner
     from neva_pack.records import RecordLimits
 
     path = tmp_path_factory.mktemp("fast") / "data.json"

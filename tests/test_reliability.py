@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from neva_pack import paths
+from neva_pack.files import paths
 from neva_pack.cli import main
-from neva_pack.files.indexed import bin_path, idx_path
+from neva_pack.files import bin_path, idx_path
 from neva_pack.sample_store import PROGRESS_FILE
-from neva_pack.paths import meta_path, packed_prefix, plan_path, relative_name, skipped_path, stats_path
+from neva_pack.files import meta_path, packed_prefix, plan_path, relative_name, skipped_path, stats_path
 from tests.conftest import SAMPLE_DATA
 
 RECORDS = json.loads((SAMPLE_DATA / "llava_sample.json").read_text())
@@ -174,10 +174,10 @@ def test_verify_checks_invariants_beyond_checksums(uninterrupted, tmp_path, caps
 
     import numpy as np
 
-    from neva_pack import paths
-    from neva_pack.checksums import file_checksum
+    from neva_pack.files import paths
+    from neva_pack.files import file_checksum
     from neva_pack.formats import nemo
-    from neva_pack.formats.meta import read_meta
+    from neva_pack.formats import read_meta
 
     out = tmp_path / "copy"
     shutil.copytree(uninterrupted, out)
@@ -203,7 +203,7 @@ def test_verify_reports_checksums_first_and_counts_every_problem(uninterrupted, 
 
     import numpy as np
 
-    from neva_pack import verify as verification
+    from neva_pack.commands import verify as verification
     from neva_pack.formats import nemo
 
     out = tmp_path / "copy"
@@ -233,7 +233,7 @@ def test_verify_stops_at_a_structure_it_cannot_read(uninterrupted, tmp_path, mon
     read, nothing the pack checks found is reported, and the packs do not count as checked."""
     import shutil
 
-    from neva_pack import verify as verification
+    from neva_pack.commands import verify as verification
     from neva_pack.formats import nemo
 
     out = tmp_path / "copy"

@@ -15,11 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from neva_pack import paths
+from neva_pack.files import paths
 from neva_pack.cli import main
-from neva_pack.files.indexed import bin_path, idx_path
+from neva_pack.files import bin_path, idx_path
 from neva_pack.sample_store import PROGRESS_FILE, part_dir
-from neva_pack.sample_store.files import (
+from neva_pack.sample_store import (
     segment_name,
     pool_images_path,
     pool_keys_path,
@@ -28,7 +28,7 @@ from neva_pack.sample_store.files import (
     segment_skipped_path,
     segment_text_prefix,
 )
-from neva_pack.verify import verify
+from neva_pack.commands import verify
 from tests.conftest import SAMPLE_DATA
 
 RECORDS = json.loads((SAMPLE_DATA / "llava_sample.json").read_text())

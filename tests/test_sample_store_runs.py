@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from neva_pack.errors import InputError
+from neva_pack.core import InputError
 from neva_pack.sample_store import PROGRESS_FILE, SampleStore, SampleStoreWriter, stored_batch
-from neva_pack.files.indexed import bin_path
-from neva_pack.sample_store.files import RUN_VALUES, segment_text_prefix
+from neva_pack.files import bin_path
+from neva_pack.sample_store import RUN_VALUES, segment_text_prefix
 from neva_pack.samples import Sample
 
 SHAPE = (3, 2, 2)
@@ -111,7 +111,7 @@ RUN = [5, 6, 6, 7]
 def test_a_stored_image_run_that_leaves_its_sample_is_refused_on_read(tmp_path):
     """A store whose text file was altered (an image start moved past the sample's end) is not
     read back as tokens: the elided positions would land in another sample."""
-    from neva_pack.files.indexed import IndexedReader
+    from neva_pack.files import IndexedReader
 
     store_writer = writer(tmp_path, RUN)
     store_writer.append(sample(0, [10, 11, 5, 6, 6, 7, 12], [IGNORE] * 7, [2], len(RUN)))
@@ -148,7 +148,7 @@ def test_the_image_run_and_ignore_index_are_recorded_and_checked_on_resume(tmp_p
     store_writer.commit(1)
     progress = json.loads((tmp_path / PROGRESS_FILE).read_text())
     assert progress["image_run"] == [[5, 1], [6, 2], [7, 1]] and progress["ignore_index"] == IGNORE
-    from neva_pack.errors import ConfigError
+    from neva_pack.core import ConfigError
 
     with pytest.raises(ConfigError, match="image_run"):
         writer(tmp_path, [5, 6, 7], resume=True)

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from neva_pack.records import RawRecord
-from neva_pack.image_ids import image_run_for
+from neva_pack.families import image_run_for
 from neva_pack.samples import Sample, Skipped
-from neva_pack.tokenizer import load_tokenizer
+from neva_pack.text import load_tokenizer
 from tests.conftest import SAMPLE_DATA
 from tests.test_templates import make_builder
 
@@ -23,7 +23,7 @@ def image_record(n_images=1, question="What is shown?"):
 
 
 def builder_with_images(tokenizer_path, template="v1", **kwargs):
-    from neva_pack.images import ImageSource
+    from neva_pack.families import ImageSource
 
     builder = make_builder(tokenizer_path, template, **kwargs)
     builder.image_source = ImageSource(SAMPLE_DATA / "images")

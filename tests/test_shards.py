@@ -7,13 +7,13 @@ import shutil
 import numpy as np
 import pytest
 
-from neva_pack import paths
+from neva_pack.files import paths
 from neva_pack.cli import main
-from neva_pack.errors import ConfigError
+from neva_pack.core import ConfigError
 from neva_pack.formats import declared_files
-from neva_pack.files.indexed import bin_path, idx_path
+from neva_pack.files import bin_path, idx_path
 from neva_pack.sample_store import PROGRESS_FILE, part_dir
-from neva_pack.sample_store.files import (
+from neva_pack.sample_store import (
     pool_images_path,
     pool_keys_path,
     segment_name,
@@ -21,8 +21,8 @@ from neva_pack.sample_store.files import (
     segment_skipped_path,
     segment_text_prefix,
 )
-from neva_pack.shards import resolve_shards, shard_range
-from neva_pack.paths import meta_path, packed_prefix, plan_path, skipped_path, stats_path, store_dir
+from neva_pack.records import resolve_shards, shard_range
+from neva_pack.files import meta_path, packed_prefix, plan_path, skipped_path, stats_path, store_dir
 from tests.conftest import SAMPLE_DATA
 
 RECORDS = json.loads((SAMPLE_DATA / "llava_sample.json").read_text())
@@ -92,7 +92,7 @@ def pool_bytes(output_dir):
 def test_compact_and_padded_outputs_joined_from_parts_are_those_of_a_run_without_shards(dataset, tmp_path, extra):
     """Every image of the records is in parts 0, 1 and 2 alike (the sample records twice): each part
     stores it, the join keeps the first, and the pool is the unsharded run's, index for index."""
-    from neva_pack.verify import verify
+    from neva_pack.commands import verify
 
     plain, out = tmp_path / "plain", tmp_path / "out"
     assert main(command(dataset, plain, *extra)) == 0
@@ -236,7 +236,7 @@ def test_the_final_step_checks_the_skip_fraction_of_the_whole_run(tmp_path, caps
 
 def test_a_part_locks_only_itself_and_overwrite_removes_only_what_a_part_holds(dataset, tmp_path, capsys):
     """Shards of one run write the same output directory at once: a part must not take its lock."""
-    from neva_pack.pipeline.ownership import OutputLock
+    from neva_pack.pipeline import OutputLock
 
     out = tmp_path / "out"
     out.mkdir()

@@ -9,14 +9,14 @@ import pytest
 
 from neva_pack.cli import main
 from neva_pack.pipeline import ownership
-from neva_pack.dataset import PackedSeqDataset
-from neva_pack.errors import ConfigError
-from neva_pack.files.indexed import bin_path, idx_path
-from neva_pack.paths import meta_path, packed_prefix, plan_path, relative_name, skipped_path, stats_path
-from neva_pack.plan import explore, load_lengths
-from neva_pack.pipeline.skipped import size_skip_details, write_size_skipped
+from neva_pack.reading import PackedSeqDataset
+from neva_pack.core import ConfigError
+from neva_pack.files import bin_path, idx_path
+from neva_pack.files import meta_path, packed_prefix, plan_path, relative_name, skipped_path, stats_path
+from neva_pack.commands import explore, load_lengths
+from neva_pack.pipeline import size_skip_details, write_size_skipped
 from neva_pack.packing import pack
-from neva_pack.report import (
+from neva_pack.commands import (
     AlgorithmSuggestion,
     BalanceReport,
     CountSummary,
@@ -26,7 +26,7 @@ from neva_pack.report import (
     RecordCounts,
     RunReport,
 )
-from neva_pack.stats import PackingArrays, format_summary, packing_stats, with_batch_size
+from neva_pack.commands import PackingArrays, format_summary, packing_stats, with_batch_size
 from tests.conftest import SAMPLE_DATA
 
 

@@ -9,12 +9,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from neva_pack.files.indexed import IndexedWriter
+from neva_pack.files import IndexedWriter
 from neva_pack.sample_store import STORE_TEXT_DTYPE, StoredBatch, stored_batch
-from neva_pack.pipeline.encode import record_stops
-from neva_pack import sample_stream
+from neva_pack.pipeline import record_stops
+from neva_pack.samples import stream as sample_stream
 from neva_pack.samples import Skipped
-from neva_pack.workers import passthrough
+from neva_pack.core import passthrough
 from tests.test_sample_store_runs import IGNORE, SHAPE, sample, samples_and_run, writer
 
 

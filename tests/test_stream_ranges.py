@@ -29,8 +29,8 @@ def builder(sample_tokenizer_path):
 @pytest.mark.parametrize("workers", [1, 2, 3, 7])
 @pytest.mark.parametrize(("start", "end", "every"), [(0, None, 1), (2, 19, 3), (5, 20, 4), (13, 17, 32)])
 def test_each_worker_reads_the_same_batches_by_offsets(builder, monkeypatch, workers, start, end, every):
-    from neva_pack import sample_stream
-    from neva_pack.record_stream import index_records
+    from neva_pack.samples import stream as sample_stream
+    from neva_pack.records import index_records
 
     index = index_records(SAMPLE_DATA / "llava_sample.json", every=every)
     assert index.offsets is not None

@@ -4,14 +4,14 @@ import numpy as np
 import pytest
 import sentencepiece
 
-from neva_pack.encoders import resolve_encoder
-from neva_pack.errors import ConfigError
-from neva_pack.images import ImagePreprocessor, ImageSource
+from neva_pack.families import resolve_encoder
+from neva_pack.core import ConfigError
+from neva_pack.families import ImagePreprocessor, ImageSource
 from neva_pack.records import RawRecord, RecordError, Turn
-from neva_pack.image_ids import image_run_for
+from neva_pack.families import image_run_for
 from neva_pack.samples import SampleBuilder
-from neva_pack.templates import TOKENIZATIONS, Piece, available_templates, load_template, render
-from neva_pack.tokenizer import load_tokenizer
+from neva_pack.text import TOKENIZATIONS, Piece, available_templates, load_template, render
+from neva_pack.text import load_tokenizer
 
 TURNS = (
     Turn("user", "<image>\nWhat is this?"),

@@ -21,10 +21,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from neva_pack.files.indexed import bin_path, idx_path
-from neva_pack.paths import packed_prefix
-from neva_pack.encoders import EncoderSpec, known_encoders, resolve_encoder
-from neva_pack.images import (
+from neva_pack.files import bin_path, idx_path
+from neva_pack.files import packed_prefix
+from neva_pack.families import EncoderSpec, known_encoders, resolve_encoder
+from neva_pack.families import (
     ImagePreprocessor,
     processor_class,
     decode_image,
@@ -34,7 +34,7 @@ from neva_pack.images import (
     normalisation_of,
     processor_halves,
 )
-from neva_pack.tokenizer import SentencePieceTokenizer
+from neva_pack.text import SentencePieceTokenizer
 
 SKIMAGE = importlib.resources.files("skimage") / "data"
 
@@ -259,8 +259,8 @@ def test_batches_arrive_in_input_order_for_any_number_of_workers(workers, sample
 
     from neva_pack.config import PreprocessConfig
     from neva_pack.pipeline import build_sample_builder
-    from neva_pack.sample_stream import SampleStream
-    from neva_pack.workers import passthrough
+    from neva_pack.samples import SampleStream
+    from neva_pack.core import passthrough
     from tests.conftest import SAMPLE_DATA
 
     config = PreprocessConfig(data_path=SAMPLE_DATA / "llava_sample.json", image_folder=SAMPLE_DATA / "images",
@@ -281,8 +281,8 @@ def test_a_small_first_message_per_worker_keeps_the_input_order(workers, sample_
 
     from neva_pack.config import PreprocessConfig
     from neva_pack.pipeline import build_sample_builder
-    from neva_pack.sample_stream import SampleStream
-    from neva_pack.workers import passthrough
+    from neva_pack.samples import SampleStream
+    from neva_pack.core import passthrough
     from tests.conftest import SAMPLE_DATA
 
     config = PreprocessConfig(data_path=SAMPLE_DATA / "llava_sample.json", image_folder=SAMPLE_DATA / "images",

@@ -53,15 +53,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nemo_tokenizer import build_nemo_specials_tokenizer
-from neva_pack.encoders import resolve_encoder
-from neva_pack.errors import ConfigError
-from neva_pack.images import ImagePreprocessor, ImageSource
+from neva_pack.families import resolve_encoder
+from neva_pack.core import ConfigError
+from neva_pack.families import ImagePreprocessor, ImageSource
 from neva_pack.records import IMAGE_PLACEHOLDER, RawRecord, RecordError, parse_record
-from neva_pack.image_ids import image_run_for, missing_nemo_specials
+from neva_pack.families import image_run_for, missing_nemo_specials
 from neva_pack.samples import SampleBuilder, truncation
-from neva_pack.templates import TOKENIZATIONS, available_templates, load_template
-from neva_pack.tokenizer import load_tokenizer
-from neva_pack.paths import meta_path, packed_prefix
+from neva_pack.text import TOKENIZATIONS, available_templates, load_template
+from neva_pack.text import load_tokenizer
+from neva_pack.files import meta_path, packed_prefix
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 RECORDS = {r["id"]: r for r in map(json.loads, (GOLDEN / "records.jsonl").read_text(encoding="utf-8").splitlines())}

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from sentencepiece import sentencepiece_model_pb2
 
 from nemo_tokenizer import build_nemo_specials_tokenizer
-from neva_pack.tokenizer import SentencePieceTokenizer, WordCache
+from neva_pack.text import SentencePieceTokenizer, WordCache
 
 FRAGMENTS = [
     " ", "  ", "\n", "\t", "xy z", " y z", "\x00", "▁", "▁▁", "é", "日本語", "🙂", "a\u0301", "\u200b", "\r\n",

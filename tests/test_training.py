@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from neva_pack.training import thd_batch
-from neva_pack.training.thd import image_embedding_index
+from neva_pack.training import image_embedding_index
 
 GOLDEN = Path(__file__).parent / "golden" / "bridge"
 
@@ -193,7 +193,7 @@ def test_fixed_length_refuses_what_does_not_fit(packs):
 
 def test_dataset_and_training_import_without_megatron():
     code = (
-        "import sys, neva_pack.dataset, neva_pack.training, neva_pack.packing.balance;"
+        "import sys, neva_pack.reading.dataset, neva_pack.training, neva_pack.packing.balance;"
         "sys.exit(any(name.startswith('megatron') for name in sys.modules))"
     )
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

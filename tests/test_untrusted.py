@@ -1,4 +1,4 @@
-"""neva_pack.untrusted: a file the tool did not write is read only if it is a regular file within
+"""neva_pack.files.untrusted: a file the tool did not write is read only if it is a regular file within
 its budget, and decoded with one line naming it when it is not what it should be."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import socket
 
 import pytest
 
-from neva_pack.errors import ConfigError, InputError
-from neva_pack.untrusted import FileRefused, compression_of, read_json, read_text, read_yaml, regular_file_bytes
+from neva_pack.core import ConfigError, InputError
+from neva_pack.files import FileRefused, compression_of, read_json, read_text, read_yaml, regular_file_bytes
 
 
 def test_a_regular_file_within_its_budget_is_read_whole(tmp_path):

@@ -10,11 +10,13 @@ import numpy as np
 import pytest
 import xxhash
 
-from neva_pack import checksums, paths
+from neva_pack.files import checksums
+
+from neva_pack.files import paths
 from neva_pack.cli import main
 from neva_pack.formats import nemo
-from neva_pack.files.indexed import bin_path
-from neva_pack.verify import verify
+from neva_pack.files import bin_path
+from neva_pack.commands import verify
 from tests.conftest import SAMPLE_DATA
 
 BIN = bin_path(paths.PACKED_NAME).name

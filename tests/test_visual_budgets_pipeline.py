@@ -8,8 +8,8 @@ import pytest
 
 from neva_pack.cli import main
 from neva_pack.formats import open_packed
-from neva_pack.paths import packed_prefix, skipped_path, stats_path
-from neva_pack.plan import explore, load_lengths
+from neva_pack.files import packed_prefix, skipped_path, stats_path
+from neva_pack.commands import explore, load_lengths
 from tests.conftest import SAMPLE_DATA
 
 IMAGE_POSITIONS = 49  # openai/clip-vit-base-patch32: 7 x 7 patches
@@ -93,9 +93,9 @@ def test_balance_reports_the_vision_encoders_overhead(tmp_path, capsys):
 
 
 def test_a_plan_table_from_before_the_columns_reads_and_stats_call_the_figures_unknown():
-    from neva_pack.plan_table import PlanTable
-    from neva_pack.report import RunReport
-    from neva_pack.stats import PackingArrays, format_summary, packing_stats
+    from neva_pack.packing import PlanTable
+    from neva_pack.commands import RunReport
+    from neva_pack.commands import PackingArrays, format_summary, packing_stats
 
     older = {"offsets": [0, 2, 3], "record_index": [0, 1, 2], "length": [100, 200, 50], "num_images": [1, 0, 2]}
     table = PlanTable.from_arrays({key: np.asarray(values) for key, values in older.items()})

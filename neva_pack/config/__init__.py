@@ -25,8 +25,11 @@ from neva_pack.config.options import Option, as_field_value, default_of, flag_of
 from neva_pack.config.pack import MAX_SEED, PackConfig
 from neva_pack.config.run import RunConfig, max_workers
 from neva_pack.config.sample import IMAGE_ASPECT_RATIOS, SampleConfig
-from neva_pack.errors import ConfigError
+from neva_pack.core import ConfigError
 from neva_pack.formats import FORMATS
+
+from neva_pack.config.options import GROUPS, NEMO, OURS, base_type, help_of
+from neva_pack.config.run import default_workers
 
 PARTS = {"sample": SampleConfig, "pack": PackConfig, "run": RunConfig}
 """PreprocessConfig's attribute -> the part's class, in the order flags are listed."""
@@ -171,9 +174,29 @@ def read_hparams(path: Path) -> dict:
     """The settings a NeMo-style YAML sets (``Option.hparams``), by setting name."""
     return _read_yaml(path, hparams_keys())
 
-
 __all__ = [
-    "IMAGE_ASPECT_RATIOS", "MAX_SEED", "NEMO_SECTION_KEYS", "PARTS", "Option",
-    "PackConfig", "PreprocessConfig", "RunConfig", "SampleConfig", "flag_of", "hparams_keys", "max_workers",
-    "meta_fields", "read_hparams", "required_settings", "settings",
-]  # fmt: skip
+    "GROUPS",
+    "IMAGE_ASPECT_RATIOS",
+    "MAX_SEED",
+    "NEMO",
+    "NEMO_SECTION_KEYS",
+    "OURS",
+    "Option",
+    "PARTS",
+    "PackConfig",
+    "PreprocessConfig",
+    "RunConfig",
+    "SampleConfig",
+    "as_field_value",
+    "base_type",
+    "default_workers",
+    "flag_of",
+    "help_of",
+    "hparams_keys",
+    "max_workers",
+    "meta_fields",
+    "options",
+    "read_hparams",
+    "required_settings",
+    "settings",
+]

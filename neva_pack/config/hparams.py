@@ -8,8 +8,8 @@ import difflib
 import re
 from pathlib import Path
 
-from neva_pack.errors import ConfigError
-from neva_pack.untrusted import read_yaml
+from neva_pack.core import ConfigError
+from neva_pack.files import read_yaml
 
 NEMO_SECTION_KEYS = {
     ("model", "data"): {

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from neva_pack.errors import ConfigError
+from neva_pack.core import ConfigError
 
 NEMO = "NeMo preprocess_dataset.py flags"
 OURS = "neva_pack flags"

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from neva_pack.config.options import NEMO, check_fields, option
-from neva_pack.errors import ConfigError
-from neva_pack.shards import resolve_shards
+from neva_pack.core import ConfigError
+from neva_pack.records import resolve_shards
 
 
 def usable_cpus() -> int:

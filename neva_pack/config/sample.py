@@ -8,11 +8,10 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from neva_pack import __version__
 from neva_pack.config.options import BUDGETS, NEMO, check_fields, option, options
-from neva_pack.defaults import IGNORE_INDEX
-from neva_pack.errors import ConfigError
-from neva_pack.images import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGE_DECODE_SECONDS, DEFAULT_MAX_IMAGE_PIXELS
+from neva_pack.core import IGNORE_INDEX, VERSION
+from neva_pack.core import ConfigError
+from neva_pack.families import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGE_DECODE_SECONDS, DEFAULT_MAX_IMAGE_PIXELS
 from neva_pack.records import (
     DEFAULT_MAX_CONVERSATION_CHARS,
     DEFAULT_MAX_IMAGES_PER_RECORD,
@@ -20,7 +19,7 @@ from neva_pack.records import (
     DEFAULT_MAX_RECORD_DEPTH,
     MAX_RECORD_DEPTH_LIMIT,
 )
-from neva_pack.templates import DEFAULT_TOKENIZATION, TOKENIZATIONS
+from neva_pack.text import DEFAULT_TOKENIZATION, TOKENIZATIONS
 
 IMAGE_ASPECT_RATIOS = ("square", "pad")
 MODEL = ("model",)
@@ -185,7 +184,7 @@ class SampleConfig:
             if spec.name == "data_path":
                 stat = self.data_path.resolve().stat()
                 out["data_size"], out["data_mtime_ns"] = stat.st_size, stat.st_mtime_ns
-        out["neva_pack"] = __version__
+        out["neva_pack"] = VERSION
         return out
 
     @classmethod

@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["fsync_close"]
+from neva_pack.files.checksums import data_extents, file_checksum
+from neva_pack.files.indexed import BIN_SUFFIX, DTYPE_CODES, IDX_SUFFIX, IndexedReader, IndexedWriter, bin_path, idx_path, is_index, read_index
+from neva_pack.files.output_file import OutputFile
+from neva_pack.files.paths import LOCK_FILE, META_SUFFIX, PACKED_NAME, PLAN_SUFFIX, TMP_SUFFIX, checkpoint_paths, meta_path, pack_size_of, packed_prefix, packed_prefixes, plan_path, prefix_file, relative_name, skipped_path, stats_path, store_dir, tmp_prefix, write_json_atomic
+from neva_pack.files.untrusted import FileRefused, MAX_OUTPUT_JSON_BYTES, MAX_OUTPUT_TABLE_BYTES, MAX_SETTINGS_BYTES, compression_of, open_file, open_regular, parse_yaml, read_bytes, read_json, read_text, read_yaml, regular_file_bytes
+from neva_pack.files.write_behind import WriteBehind
+
 
 
 def fsync_close(file) -> None:
@@ -14,3 +20,51 @@ def fsync_close(file) -> None:
     file.flush()
     os.fsync(file.fileno())
     file.close()
+
+__all__ = [
+    "BIN_SUFFIX",
+    "DTYPE_CODES",
+    "FileRefused",
+    "IDX_SUFFIX",
+    "IndexedReader",
+    "IndexedWriter",
+    "LOCK_FILE",
+    "MAX_OUTPUT_JSON_BYTES",
+    "MAX_OUTPUT_TABLE_BYTES",
+    "MAX_SETTINGS_BYTES",
+    "META_SUFFIX",
+    "OutputFile",
+    "PACKED_NAME",
+    "PLAN_SUFFIX",
+    "TMP_SUFFIX",
+    "WriteBehind",
+    "bin_path",
+    "checkpoint_paths",
+    "compression_of",
+    "data_extents",
+    "file_checksum",
+    "fsync_close",
+    "idx_path",
+    "is_index",
+    "meta_path",
+    "open_file",
+    "open_regular",
+    "pack_size_of",
+    "packed_prefix",
+    "packed_prefixes",
+    "parse_yaml",
+    "plan_path",
+    "prefix_file",
+    "read_bytes",
+    "read_index",
+    "read_json",
+    "read_text",
+    "read_yaml",
+    "regular_file_bytes",
+    "relative_name",
+    "skipped_path",
+    "stats_path",
+    "store_dir",
+    "tmp_prefix",
+    "write_json_atomic",
+]

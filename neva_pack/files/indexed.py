@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from neva_pack.errors import InputError
+from neva_pack.core import InputError
 from neva_pack.files.output_file import OutputFile
 
 INDEX_MAGIC = b"MMIDIDX\x00\x00"

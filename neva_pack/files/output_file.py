@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 
 from neva_pack.files.write_behind import WriteBehind
-from neva_pack.checksums import digest_of_first_bytes, hash_zeros
+from neva_pack.files.checksums import digest_of_first_bytes, hash_zeros
 
 
 class OutputFile:

@@ -11,18 +11,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from neva_pack.checksums import file_checksum
-from neva_pack.errors import ConfigError, InputError
+from neva_pack.files import file_checksum
+from neva_pack.core import ConfigError, InputError
 from neva_pack.formats import bridge, bridge_parquet, compact, energon, nemo
 from neva_pack.formats.base import PackedFormat
 from neva_pack.formats.meta import PackedMeta, checksum_problems, meta_checksum_ok, read_meta, read_meta_json
-from neva_pack.paths import META_SUFFIX, PACKED_NAME, meta_path, pack_size_of, packed_prefixes
+from neva_pack.files import META_SUFFIX, PACKED_NAME, meta_path, pack_size_of, packed_prefixes
 
-__all__ = [
-    "DEFAULT_FORMAT", "FORMATS", "NEMO_FORMAT", "PackedFormat", "check_dynamic_images", "checked_meta", "declared_files", "get_format",
-    "open_packed", "open_prefix", "output_format", "prefix_without_meta", "read_without_meta", "resolve_prefixes",
-    "temporary_files",
-]  # fmt: skip
+from neva_pack.formats.base import Checkpoint, PackReader, PackWriter, PrefixFiles, WriteSpec
+from neva_pack.formats.energon import IMAGES_MEMBER, Writer, dataset_path, decode, fetch_from, pack_index
+from neva_pack.formats.meta import Counts, ImageTokenIds, META_VERSION, Normalisation, ReadPack
+
 
 FORMATS: dict[str, PackedFormat] = {
     fmt.name: fmt for fmt in (nemo.FORMAT, compact.FORMAT, bridge.FORMAT, bridge_parquet.FORMAT, energon.FORMAT)
@@ -145,3 +144,42 @@ def checked_meta(prefix: Path, names=None) -> PackedMeta:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise InputError(f"{directory / problems[0]}{more}; neva-pack verify {directory} lists what is wrong")
     return meta
+
+__all__ = [
+    "Checkpoint",
+    "Counts",
+    "DEFAULT_FORMAT",
+    "FORMATS",
+    "IMAGES_MEMBER",
+    "ImageTokenIds",
+    "META_VERSION",
+    "NEMO_FORMAT",
+    "Normalisation",
+    "PackReader",
+    "PackWriter",
+    "PackedFormat",
+    "PackedMeta",
+    "PrefixFiles",
+    "ReadPack",
+    "WriteSpec",
+    "Writer",
+    "check_dynamic_images",
+    "checked_meta",
+    "checksum_problems",
+    "dataset_path",
+    "declared_files",
+    "decode",
+    "fetch_from",
+    "get_format",
+    "meta_checksum_ok",
+    "open_packed",
+    "open_prefix",
+    "output_format",
+    "pack_index",
+    "prefix_without_meta",
+    "read_meta",
+    "read_meta_json",
+    "read_without_meta",
+    "resolve_prefixes",
+    "temporary_files",
+]

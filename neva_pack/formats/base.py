@@ -15,7 +15,7 @@ stats, config and --overwrite ask the registry's format object. Its three parts:
 - ``PackReader``: packs out, as ``ReadPack``s, and the plan table: what verify, stats, convert and
   ``PackedSeqDataset`` read through, never through file names.
 
-Every format's prefix shares the names in ``neva_pack.paths`` (the prefix, ``<prefix>.meta.json``,
+Every format's prefix shares the names in ``neva_pack.files.paths`` (the prefix, ``<prefix>.meta.json``,
 the temporary prefix, the writer's checkpoint) and the helpers below (``WriteSpec``, ``Checkpoint``,
 ``publish``, ``prefix_files``, ``Limits``). A format names its own files ``<prefix><suffix>`` (or
 ``<prefix>.<name>/`` for a directory), so that each prefix of a multi-size run finds its own.
@@ -32,16 +32,16 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from neva_pack.checksums import file_checksum
-from neva_pack.errors import ConfigError, InputError
+from neva_pack.files import file_checksum
+from neva_pack.core import ConfigError, InputError
 from neva_pack.formats.meta import Normalisation, PackedMeta, ReadPack
-from neva_pack.image_run import ImageRun
-from neva_pack.paths import TMP_SUFFIX, checkpoint_paths, meta_path, prefix_file, relative_name, tmp_prefix, write_json_atomic
-from neva_pack.sample_store.image_pool import PoolSegment
+from neva_pack.core import ImageRun
+from neva_pack.files import TMP_SUFFIX, checkpoint_paths, meta_path, prefix_file, relative_name, tmp_prefix, write_json_atomic
+from neva_pack.sample_store import PoolSegment
 
 if TYPE_CHECKING:
-    from neva_pack.assemble import AssembledPack
-    from neva_pack.plan_table import PlanTable
+    from neva_pack.assembly import AssembledPack
+    from neva_pack.packing import PlanTable
 
 __all__ = [
     "Checkpoint", "Limits", "PackReader", "PackWriter", "PackedFormat", "PrefixFiles", "Problems", "WriteSpec",
@@ -219,7 +219,7 @@ def prefix_files(prefix: Path, suffixes: Sequence[str], plan_table_suffix: str) 
 
 def meta_is_of(path: Path, name: str) -> bool:
     """Whether ``path`` is a meta whose ``format`` field is ``name`` (by what it says, unchecked)."""
-    from neva_pack.untrusted import MAX_OUTPUT_JSON_BYTES, read_json
+    from neva_pack.files import MAX_OUTPUT_JSON_BYTES, read_json
 
     try:
         value = read_json(path, what="", max_bytes=MAX_OUTPUT_JSON_BYTES, error=InputError)
@@ -296,7 +296,7 @@ class Checkpoint:
 
     def _opened(self):
         """The checkpoint file opened as untrusted (a regular file within a budget)."""
-        from neva_pack.untrusted import MAX_OUTPUT_TABLE_BYTES, open_file
+        from neva_pack.files import MAX_OUTPUT_TABLE_BYTES, open_file
 
         return open_file(self.path, what="", max_bytes=MAX_OUTPUT_TABLE_BYTES, error=InputError)
 

@@ -39,15 +39,15 @@ from typing import Protocol
 
 import numpy as np
 
-from neva_pack.errors import InputError, parsing
+from neva_pack.core import InputError, parsing
 from neva_pack.formats.base import Checkpoint, Limits, PrefixFiles, WriteSpec, meta_is_of, publish
 from neva_pack.formats.meta import PackedMeta, ReadPack, read_meta
-from neva_pack.files.output_file import OutputFile
-from neva_pack.packing.alignment import real_positions, with_padding
-from neva_pack.paths import (
+from neva_pack.files import OutputFile
+from neva_pack.packing import real_positions, with_padding
+from neva_pack.files import (
     TMP_SUFFIX, checkpoint_paths, meta_path, pack_size_of, packed_prefix, plan_path, prefix_file, relative_name, tmp_prefix,
 )  # fmt: skip
-from neva_pack.plan_table import PlanTable, read_plan_table, write_plan_table
+from neva_pack.packing import PlanTable, read_plan_table, write_plan_table
 
 __all__ = [
     "FORMAT", "BridgeFormat", "NpyRows", "PreparedPacks", "Reader", "RowFile", "Rows", "Writer", "metadata_name", "read_rows",
@@ -457,7 +457,7 @@ class BridgeFormat:
 
 def _meta_size(path: Path) -> int | None:
     """max_seq_length of a meta, if there is one that says it."""
-    from neva_pack.untrusted import MAX_OUTPUT_JSON_BYTES, read_json
+    from neva_pack.files import MAX_OUTPUT_JSON_BYTES, read_json
 
     try:
         size = read_json(path, what="", max_bytes=MAX_OUTPUT_JSON_BYTES, error=InputError).get("max_seq_length")

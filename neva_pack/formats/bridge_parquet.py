@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from neva_pack.errors import ConfigError, parsing
+from neva_pack.core import ConfigError, parsing
 from neva_pack.formats.bridge import BridgeFormat, RowFile
 
 __all__ = ["FORMAT", "ParquetRows", "read_parquet_rows", "write_parquet_rows"]

@@ -24,7 +24,7 @@ Dynamic-resolution images (Qwen2-VL, LLaVA-NeXT / OneVision): the pool holds eac
 size (``images.StoredImage``, sample_store/image_pool.py), the meta's ``image_shape`` is null and its
 ``image_processor`` rebuilds the processor; a run is [start] patch x (L - delimiters) [end] of its
 image's own length L, and its first L - 1 positions are not stored either. The reader gives the
-pack's ``stored_images`` (no ``pixels``); ``neva_pack.dataset`` turns them into the model's inputs.
+pack's ``stored_images`` (no ``pixels``); ``neva_pack.reading.dataset`` turns them into the model's inputs.
 
 An image run is the same ids every time ([start] patch x N [end], from the meta) and its labels are
 the ignore value except at its last position (the next token may be trained: the plain template's
@@ -47,14 +47,14 @@ from pathlib import Path
 
 import numpy as np
 
-from neva_pack.errors import InputError, parsing
+from neva_pack.core import InputError, parsing
 from neva_pack.formats.base import Checkpoint, Limits, PrefixFiles, WriteSpec, meta_is_of, prefix_files, publish
 from neva_pack.formats.meta import PackedMeta, ReadPack, read_meta
-from neva_pack.files.output_file import OutputFile
-from neva_pack.packing.alignment import with_padding
-from neva_pack.paths import meta_path, prefix_file, relative_name
-from neva_pack.plan_table import PlanTable
-from neva_pack.sample_store.image_pool import ImagePool, PoolSegment
+from neva_pack.files import OutputFile
+from neva_pack.packing import with_padding
+from neva_pack.files import meta_path, prefix_file, relative_name
+from neva_pack.packing import PlanTable
+from neva_pack.sample_store import ImagePool, PoolSegment
 
 __all__ = ["FORMAT", "INDEX", "LABELS", "TOKENS", "CompactFormat", "PreparedPacks", "Reader", "Writer"]
 
@@ -277,7 +277,7 @@ class Reader:
 
         if self.pool.dynamic:
             raise ValueError(f"{self.prefix}: dynamic-resolution images have no one tensor shape; read the pack's "
-                             "stored_images and make the model's inputs with its processor (neva_pack.dataset.PackedSeqDataset)")  # fmt: skip
+                             "stored_images and make the model's inputs with its processor (neva_pack.reading.dataset.PackedSeqDataset)")  # fmt: skip
         a = self.arrays
         indices = a["image_indices"][int(a["image_offsets"][p]) : int(a["image_offsets"][p + 1])]
         if len(indices) == 0:  # as NeMo's layout: one zero image, never an empty tensor
@@ -485,7 +485,7 @@ class CompactFormat:
     check = staticmethod(check)
 
     def summary_line(self, data_prefix: str) -> str:
-        return f"{data_prefix} ({NAME}: read it with neva_pack.dataset.PackedSeqDataset)"
+        return f"{data_prefix} ({NAME}: read it with neva_pack.reading.dataset.PackedSeqDataset)"
 
 
 FORMAT = CompactFormat()

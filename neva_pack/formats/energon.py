@@ -39,7 +39,7 @@ image's run has its own length. Such a sample holds, after the four above::
 
 Energon's loaders then yield ``PackSample``s with ``stored_images`` (each image's uint8 parts, bit for
 bit as the sample store held them) and ``image_lengths``, ``pixels`` None; the model's inputs are made
-from them by the processor the meta records (``images.processor_from_record``, ``neva_pack.dataset``).
+from them by the processor the meta records (``images.processor_from_record``, ``neva_pack.reading.dataset``).
 
 Each distinct image (by content) is stored once per shard: the first pack of the shard that uses it
 carries it, later packs of the shard refer to it by that pack's number. References never leave a
@@ -69,7 +69,7 @@ from pathlib import Path
 
 import numpy as np
 
-from neva_pack.errors import parsing
+from neva_pack.core import parsing
 from neva_pack.formats.base import Checkpoint, Limits, PrefixFiles, WriteSpec, meta_is_of, prefix_files, publish
 from neva_pack.formats.energon_samples import (
     DYNAMIC_MEMBERS, IMAGE_LENGTHS_MEMBER, IMAGE_REFS_MEMBER, IMAGES_MEMBER, MEMBERS, carried_members, decode, fetch_from, image_key,
@@ -79,10 +79,10 @@ from neva_pack.formats.meta import PackedMeta, ReadPack, read_meta
 from neva_pack.formats.webdataset import (
     BLOCK, META_DIR, ShardIndex, ShardSamples, end_of_archive, member_header, npy_bytes, padded, sample_count, shard_name, write_nv_meta,
 )  # fmt: skip
-from neva_pack.packing.alignment import padded_view
-from neva_pack.paths import meta_path, prefix_file, relative_name
-from neva_pack.plan_table import PlanTable, read_plan_table, write_plan_table
-from neva_pack.sample_store.stored_image import StoredImage
+from neva_pack.packing import padded_view
+from neva_pack.files import meta_path, prefix_file, relative_name
+from neva_pack.packing import PlanTable, read_plan_table, write_plan_table
+from neva_pack.core import StoredImage
 
 __all__ = [
     "DATASET_SUFFIX", "DYNAMIC_MEMBERS", "FORMAT", "IMAGES_MEMBER", "IMAGE_REFS_MEMBER", "MEMBERS", "SHARD_BYTES", "EnergonFormat", "PreparedPack", "Reader", "Writer", "dataset_path",
@@ -309,7 +309,7 @@ class Writer:
     def publish(self, plan: PlanTable, extra_files: list[Path], meta: PackedMeta) -> PackedMeta:
         """Close the last shard; write the tar indexes, ``.nv-meta/`` and the plan table; rename the
         dataset into place; write the meta last."""
-        from neva_pack.checksums import file_checksum
+        from neva_pack.files import file_checksum
 
         if self._file is not None:
             self._close_shard()
@@ -394,7 +394,7 @@ class Reader:
 
         if self.image_shape is None:
             raise ValueError(f"{self.prefix}: dynamic-resolution images have no one tensor shape; read the pack's "
-                             "stored_images and make the model's inputs with its processor (neva_pack.dataset.PackedSeqDataset)")  # fmt: skip
+                             "stored_images and make the model's inputs with its processor (neva_pack.reading.dataset.PackedSeqDataset)")  # fmt: skip
         pixels = self.pack(p).pixels
         if len(pixels) == 0:  # as NeMo's layout: one zero image, never an empty tensor
             return torch.zeros((1, *self.image_shape), dtype=dtype or torch.float32, device=device)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from neva_pack.errors import parsing
+from neva_pack.core import parsing
 
 __all__ = [
     "BLOCK", "ENERGON_VERSION", "META_DIR", "ShardIndex", "ShardSamples", "end_of_archive", "file_store_of", "member_header", "npy_array", "npy_bytes", "padded", "read_members", "sample_count", "shard_name",

@@ -19,6 +19,15 @@ from neva_pack.packing import algorithms, kernels
 from neva_pack.packing.budgets import visual_budgets
 from neva_pack.packing.plan import PackingPlan
 
+from neva_pack.packing.algorithms import DEFAULT_CHUNK_SIZE, first_fit_shuffle
+from neva_pack.packing.alignment import aligned_capacity, alignment_multiple, fixed_row_length, padded_lengths, padded_view, real_positions, with_padding
+from neva_pack.packing.balance import DEFAULT_TOLERANCE, PackCosts, balance_order, reorder_plan, straggler_overhead
+from neva_pack.packing.budgets import NO_BUDGETS, budget_options, over_image_budget
+from neva_pack.packing.invariant_kernels import fast_pack_problems, pack_is_sound
+from neva_pack.packing.invariants import PackSpec, accounting_problem, pack_problems
+from neva_pack.packing.plan_table import PlanTable, read_plan_table, write_plan_table
+from neva_pack.packing.sum_of_squares import CTZ_TABLE, sum_of_squares_bins, sum_of_squares_reference
+
 ALGORITHMS: dict[str, Callable[..., Any]] = {
     "first_fit_decreasing": algorithms.first_fit_decreasing,
     "first_fit_shuffle": algorithms.first_fit_shuffle,
@@ -91,5 +100,39 @@ def _validated_lengths(lengths, capacity: int) -> np.ndarray:
             )
     return np.ascontiguousarray(array)
 
-
-__all__ = ["ALGORITHMS", "DEFAULT_ALGORITHM", "RECOMMENDED_ALGORITHM", "PackingPlan", "pack"]
+__all__ = [
+    "ALGORITHMS",
+    "CTZ_TABLE",
+    "DEFAULT_ALGORITHM",
+    "DEFAULT_CHUNK_SIZE",
+    "DEFAULT_TOLERANCE",
+    "NO_BUDGETS",
+    "PackCosts",
+    "PackSpec",
+    "PackingPlan",
+    "PlanTable",
+    "RECOMMENDED_ALGORITHM",
+    "accounting_problem",
+    "aligned_capacity",
+    "alignment_multiple",
+    "balance_order",
+    "budget_options",
+    "fast_pack_problems",
+    "first_fit_shuffle",
+    "fixed_row_length",
+    "over_image_budget",
+    "pack",
+    "pack_is_sound",
+    "pack_problems",
+    "padded_lengths",
+    "padded_view",
+    "read_plan_table",
+    "real_positions",
+    "reorder_plan",
+    "straggler_overhead",
+    "sum_of_squares_bins",
+    "sum_of_squares_reference",
+    "visual_budgets",
+    "with_padding",
+    "write_plan_table",
+]

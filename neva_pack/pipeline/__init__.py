@@ -24,32 +24,37 @@ from pathlib import Path
 
 import numpy as np
 
-from neva_pack import invariants
-from neva_pack import paths
-from neva_pack.assemble import rows_at
+from neva_pack.packing import invariants
+from neva_pack.files import paths
+from neva_pack.assembly import rows_at
 from neva_pack.config import PreprocessConfig
-from neva_pack.errors import InputError, OutputError
+from neva_pack.core import InputError, OutputError
 from neva_pack.formats import FORMATS, output_format
-from neva_pack.formats.base import WriteSpec
-from neva_pack.packing.alignment import aligned_capacity, padded_lengths
-from neva_pack.parallel_assembly import PackJob
+from neva_pack.formats import WriteSpec
+from neva_pack.packing import aligned_capacity, padded_lengths
+from neva_pack.assembly import PackJob
 from neva_pack.pipeline.builder import build_sample_builder, pack_spec
 from neva_pack.pipeline.encode import encode_samples, records_per_message, store_images
 from neva_pack.pipeline.ownership import prepare_output_dir
-from neva_pack.packing.budgets import over_image_budget
+from neva_pack.packing import over_image_budget
 from neva_pack.pipeline.pack import balance, pack_kept
 from neva_pack.pipeline.parts import content_fingerprint, encode_part, input_digest, join_parts
 from neva_pack.pipeline.report import packed_meta, run_report
 from neva_pack.pipeline.skipped import size_skip_details, too_many_skipped, write_run_skipped, write_size_skipped
 from neva_pack.pipeline.write import drop_store, plan_digest, remove_stale_tmp, resumed_prefix, write_packs
-from neva_pack.plan_table import PlanTable
-from neva_pack.record_stream import RecordIndex, index_records, record_ids
+from neva_pack.packing import PlanTable
+from neva_pack.records import RecordIndex, index_records, record_ids
 from neva_pack.records import IMAGES_NOT_HELD, OVER_IMAGE_BUDGET
-from neva_pack.report import RunReport
+from neva_pack.commands import RunReport
 from neva_pack.sample_store import SampleStore
 from neva_pack.samples import SampleBuilder
 
-__all__ = ["RunResult", "build_sample_builder", "preprocess"]
+from neva_pack.pipeline.builder import sample_builder_for
+from neva_pack.pipeline.encode import record_stops
+from neva_pack.pipeline.ownership import LOCK_FILE, OutputLock, entries, owned_outputs, remove
+from neva_pack.pipeline.pack import better_algorithm
+from neva_pack.pipeline.plan_input import DECODE_SKIPS_NOTE, laid_out_lengths, lengths_from_input
+
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -203,3 +208,22 @@ def _write_prefix(
         meta=packed_meta(config, builder, spec, report),
     )
     return report
+
+__all__ = [
+    "DECODE_SKIPS_NOTE",
+    "LOCK_FILE",
+    "OutputLock",
+    "RunResult",
+    "better_algorithm",
+    "build_sample_builder",
+    "entries",
+    "laid_out_lengths",
+    "lengths_from_input",
+    "owned_outputs",
+    "preprocess",
+    "record_stops",
+    "remove",
+    "sample_builder_for",
+    "size_skip_details",
+    "write_size_skipped",
+]

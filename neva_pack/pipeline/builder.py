@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import sys
 
-from neva_pack import invariants
+from neva_pack.packing import invariants
 from neva_pack.config import PackConfig, PreprocessConfig, SampleConfig
-from neva_pack.encoders import resolve_encoder
-from neva_pack.errors import ConfigError
+from neva_pack.families import resolve_encoder
+from neva_pack.core import ConfigError
 from neva_pack.formats import check_dynamic_images, output_format
-from neva_pack.image_ids import check_token_ids, dynamic_image_run, image_run_for, missing_nemo_specials
-from neva_pack.image_run import ImageRun
-from neva_pack.images import DynamicProcessor, ImagePreprocessor, ImageSource, dynamic_processor
+from neva_pack.families import check_token_ids, dynamic_image_run, image_run_for, missing_nemo_specials
+from neva_pack.core import ImageRun
+from neva_pack.families import DynamicProcessor, ImagePreprocessor, ImageSource, dynamic_processor
 from neva_pack.records import RecordLimits
 from neva_pack.samples import SampleBuilder
-from neva_pack.templates import load_template
-from neva_pack.tokenizer import load_tokenizer
+from neva_pack.text import load_template
+from neva_pack.text import load_tokenizer
 
 __all__ = ["build_sample_builder", "pack_spec", "sample_builder_for"]
 

@@ -12,10 +12,10 @@ from tqdm import tqdm
 
 from neva_pack.config import PreprocessConfig
 from neva_pack.pipeline.skipped import too_many_skipped, write_run_skipped
-from neva_pack.record_stream import RecordIndex
+from neva_pack.records import RecordIndex
 from neva_pack.sample_store import SampleStoreWriter, StoredBatch
-from neva_pack.sample_stream import SampleStream, received
-from neva_pack.workers import worker_messages
+from neva_pack.samples import SampleStream, received
+from neva_pack.core import worker_messages
 
 __all__ = ["StoreImages", "encode_samples", "images_in_shared_memory", "record_stops", "records_per_message", "store_images"]
 
@@ -52,8 +52,8 @@ def store_images(config, builder) -> StoreImages:
     family's run and the record of its processor (``builder.preprocessor``)."""
     if builder.image_run.positions is not None:
         return StoreImages(image_shape=tuple(builder.preprocessor.shape), image_run=builder.image_run.ids(), image_processor=None)
-    from neva_pack.encoders import resolve_encoder
-    from neva_pack.images.recorded import processor_record
+    from neva_pack.families import resolve_encoder
+    from neva_pack.families import processor_record
 
     record = processor_record(resolve_encoder(config.hf_vision_encoder), builder.preprocessor)
     return StoreImages(image_shape=None, image_run=builder.image_run, image_processor=record)

@@ -24,10 +24,10 @@ import shutil
 import socket
 from pathlib import Path
 
-from neva_pack import paths
-from neva_pack.errors import ConfigError, InputError
+from neva_pack.files import paths
+from neva_pack.core import ConfigError, InputError
 from neva_pack.formats import declared_files
-from neva_pack.paths import LOCK_FILE
+from neva_pack.files import LOCK_FILE
 from neva_pack.sample_store import PROGRESS_FILE, STORE_FORMAT, is_store_file, part_dir, part_of
 
 __all__ = [
@@ -195,7 +195,7 @@ def _store_problem(directory: Path) -> str | None:
 def _json_field(path: Path, field: str | None):
     """The value of ``field`` in a JSON object file (the object itself for None); None when the file
     is not one (read as untrusted: a regular file within a budget)."""
-    from neva_pack.untrusted import MAX_OUTPUT_JSON_BYTES, read_json
+    from neva_pack.files import MAX_OUTPUT_JSON_BYTES, read_json
 
     try:
         value = read_json(path, what="", max_bytes=MAX_OUTPUT_JSON_BYTES, error=InputError)

@@ -9,9 +9,9 @@ import numpy as np
 
 from neva_pack.config import PreprocessConfig
 from neva_pack.packing import RECOMMENDED_ALGORITHM, PackingPlan, pack
-from neva_pack.packing.budgets import budget_options
-from neva_pack.packing.balance import PackCosts, balance_order, reorder_plan, straggler_overhead
-from neva_pack.report import AlgorithmSuggestion, BalanceReport
+from neva_pack.packing import budget_options
+from neva_pack.packing import PackCosts, balance_order, reorder_plan, straggler_overhead
+from neva_pack.commands import AlgorithmSuggestion, BalanceReport
 
 __all__ = ["SUGGEST_WHEN_SAVING", "balance", "better_algorithm", "pack_kept"]
 

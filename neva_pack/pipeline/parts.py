@@ -1,4 +1,4 @@
-"""A sharded run's parts: each shard encodes a contiguous record range (neva_pack.shards) into its
+"""A sharded run's parts: each shard encodes a contiguous record range (neva_pack.records.shards) into its
 own part of the store; a final step checks the parts and joins them into the sample store.
 
     records     0 ........ 1428 ........ 2857 ........ 4285 ...   (--num_shards 7, 10,000 records)
@@ -28,10 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from neva_pack.config import PreprocessConfig
-from neva_pack.errors import ConfigError, InputError
+from neva_pack.core import ConfigError, InputError
 from neva_pack.pipeline.encode import encode_samples, records_per_message, store_images
 from neva_pack.pipeline.ownership import LOCK_FILE, is_part_file, prepare_part_dir
-from neva_pack.record_stream import index_records
+from neva_pack.records import index_records
 from neva_pack.sample_store import (
     PROGRESS_FILE,
     SampleStoreWriter,
@@ -45,8 +45,8 @@ from neva_pack.sample_store import (
     store_files_problem,
 )
 from neva_pack.samples import SampleBuilder
-from neva_pack.shards import shard_range
-from neva_pack.checksums import file_checksum
+from neva_pack.records import shard_range
+from neva_pack.files import file_checksum
 
 __all__ = ["Partition", "content_fingerprint", "encode_part", "input_digest", "join_parts"]
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from neva_pack import paths
-from neva_pack.errors import InputError
+from neva_pack.files import paths
+from neva_pack.core import InputError
 
 __all__ = ["size_skip_details", "too_many_skipped", "write_run_skipped", "write_size_skipped"]
 

@@ -11,17 +11,17 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from neva_pack import paths
+from neva_pack.files import paths
 from neva_pack.config import meta_fields
-from neva_pack.errors import InputError, OutputError
+from neva_pack.core import InputError, OutputError
 from neva_pack.formats import temporary_files
-from neva_pack.formats.base import Checkpoint
-from neva_pack.formats.meta import read_meta_json
+from neva_pack.formats import Checkpoint
+from neva_pack.formats import read_meta_json
 from neva_pack.packing import PackingPlan
-from neva_pack.parallel_assembly import PackJob, pack_batches
-from neva_pack.report import RunReport, read_report
+from neva_pack.assembly import PackJob, pack_batches
+from neva_pack.commands import RunReport, read_report
 from neva_pack.sample_store import check_settings
-from neva_pack.verify import verify
+from neva_pack.commands import verify
 
 __all__ = [
     "drop_store",

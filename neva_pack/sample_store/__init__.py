@@ -40,8 +40,16 @@ from neva_pack.sample_store.join import join_part
 from neva_pack.sample_store.reader import SampleStore, StoredTexts
 from neva_pack.sample_store.writer import SampleStoreWriter
 
+from neva_pack.sample_store.files import POOL_IMAGE_ROW, RUN_VALUES, pool_images_path, pool_keys_path, segment_image_refs_path, segment_name, segment_rows_path, segment_skipped_path, segment_text_prefix
+from neva_pack.sample_store.image_pool import ImagePool, PoolSegment, PoolWriter, image_key, pool_segment
+
 __all__ = [
+    "ImagePool",
+    "POOL_IMAGE_ROW",
     "PROGRESS_FILE",
+    "PoolSegment",
+    "PoolWriter",
+    "RUN_VALUES",
     "SAMPLE_ROW",
     "STORE_FORMAT",
     "STORE_TEXT_DTYPE",
@@ -54,11 +62,20 @@ __all__ = [
     "StoredTexts",
     "check_input",
     "check_settings",
+    "image_key",
     "is_store_file",
     "join_part",
     "part_dir",
     "part_of",
+    "pool_images_path",
+    "pool_keys_path",
+    "pool_segment",
     "read_progress",
+    "segment_image_refs_path",
+    "segment_name",
+    "segment_rows_path",
+    "segment_skipped_path",
+    "segment_text_prefix",
     "store_checksums_problem",
     "store_document",
     "store_files_problem",

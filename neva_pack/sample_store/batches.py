@@ -16,7 +16,7 @@ import numpy as np
 
 from neva_pack.sample_store.files import RUN_VALUES, SAMPLE_ROW, STORE_IMAGE_DTYPE, STORE_TEXT_DTYPE, TEXT_ITEMS, StoreRun
 from neva_pack.sample_store.image_pool import image_key
-from neva_pack.sample_store.stored_image import StoredImage
+from neva_pack.core import StoredImage
 
 __all__ = ["StoreDocument", "StoredBatch", "elided_ids", "elided_positions", "image_run_lengths", "store_document", "stored_batch"]
 

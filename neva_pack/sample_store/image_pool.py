@@ -22,9 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from neva_pack.files.output_file import OutputFile
+from neva_pack.files import OutputFile
 from neva_pack.sample_store.files import MAX_IMAGE_PARTS, POOL_IMAGE_ROW, pool_images_path, pool_keys_path, pool_shapes_path
-from neva_pack.sample_store.stored_image import StoredImage
+from neva_pack.core import StoredImage
 
 __all__ = [
     "KEY_BYTES", "ImagePool", "PoolSegment", "PoolWriter", "image_bytes", "image_key", "load_keys", "pool_row", "pool_segment",

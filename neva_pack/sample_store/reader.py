@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from neva_pack.errors import InputError
-from neva_pack.files.indexed import IndexedReader
+from neva_pack.core import InputError
+from neva_pack.files import IndexedReader
 from neva_pack.sample_store.batches import elided_positions
 from neva_pack.sample_store.checks import read_progress
 from neva_pack.sample_store.files import (

@@ -12,13 +12,18 @@ from neva_pack.training.hf import hf_batch, hf_collate
 from neva_pack.training.sampler import EpochPlan, PackedBatchSampler
 from neva_pack.training.thd import packed_seq_params, thd_batch, thd_collate
 
+from neva_pack.training.hf import HF_IGNORE_INDEX
+from neva_pack.training.thd import image_embedding_index
+
 __all__ = [
     "EpochPlan",
+    "HF_IGNORE_INDEX",
     "PackedBatchSampler",
     "cp_partition_index",
     "cp_slice",
     "hf_batch",
     "hf_collate",
+    "image_embedding_index",
     "packed_seq_params",
     "thd_batch",
     "thd_collate",

@@ -49,8 +49,8 @@ import functools
 import numpy as np
 import torch
 
-from neva_pack.dataset import position_ids_from_cu_seqlens
-from neva_pack.defaults import IGNORE_INDEX
+from neva_pack.reading import position_ids_from_cu_seqlens
+from neva_pack.core import IGNORE_INDEX
 from neva_pack.training.dynamic import batch_images, is_dynamic, mrope_rows, reads_dynamic_images
 
 __all__ = ["HF_IGNORE_INDEX", "hf_batch", "hf_collate", "image_run_starts"]

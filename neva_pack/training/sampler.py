@@ -35,8 +35,8 @@ import numpy as np
 from torch.utils.data import Sampler
 
 from neva_pack.packing import RECOMMENDED_ALGORITHM, pack
-from neva_pack.packing.balance import DEFAULT_TOLERANCE, PackCosts, balance_order
-from neva_pack.packing.budgets import visual_budgets
+from neva_pack.packing import DEFAULT_TOLERANCE, PackCosts, balance_order
+from neva_pack.packing import visual_budgets
 
 __all__ = ["FROM_META", "STATE_VERSION", "EpochPlan", "PackedBatchSampler"]
 

@@ -58,9 +58,9 @@ import functools
 import numpy as np
 import torch
 
-from neva_pack.defaults import IGNORE_INDEX, PAD_ID
-from neva_pack.dataset import position_ids_from_cu_seqlens
-from neva_pack.packing.alignment import fixed_row_length
+from neva_pack.core import IGNORE_INDEX, PAD_ID
+from neva_pack.reading import position_ids_from_cu_seqlens
+from neva_pack.packing import fixed_row_length
 from neva_pack.training.dynamic import batch_images, is_dynamic, mrope_rows, reads_dynamic_images
 
 MIN_MEGATRON_CORE = "0.10"

@@ -1,0 +1,125 @@
+"""What the dynamic-resolution families (anyres.py, native.py) share: the stored image, the
+processor's interface, and token counts read from an image file's header.
+
+An image's token count depends on its size only, and the size is in the file's header: reading
+it costs microseconds where decoding and resizing a photo costs tens to hundreds of milliseconds,
+so a packing plan can be made from headers before any pixel is decoded. The decoded image is
+then checked to have the size its header announced (``check_decoded_size``), so the count the
+plan used is the count the sample gets.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from typing import BinaryIO, Protocol
+
+import numpy as np
+from PIL import Image
+
+from neva_pack.families.decode import unreadable
+from neva_pack.records import RecordError
+from neva_pack.core import StoredImage
+
+__all__ = ["DynamicProcessor", "StoredImage", "check_decoded_size", "header_size", "planar_uint8", "tokens_from_header"]
+
+
+class DynamicProcessor(Protocol):
+    """The interface every dynamic-resolution family's processor offers (anyres, native)."""
+
+    counts_images_per_sample: bool
+    """Whether an image's count and stored parts depend on how many images its sample holds (OneVision)."""
+
+    def tokens_for_size(self, width: int, height: int) -> int:
+        """Sequence positions of an image of this size: arithmetic only, nothing decoded."""
+
+    def pixels_for_size(self, width: int, height: int) -> int:
+        """Pixels of the largest image the processor makes of one of this size (a pixel budget's measure)."""
+
+    def vision_cost_for_size(self, width: int, height: int) -> int:
+        """The vision encoder's attention cost of an image of this size, in patches² per encoder pass."""
+
+    def to_uint8(self, image: Image.Image) -> StoredImage:
+        """RGB image -> its stored uint8 parts (the worker's half)."""
+
+    def model_inputs(self, images: list[StoredImage]) -> dict[str, np.ndarray]:
+        """Stored images, in sample order -> the model's inputs, bit-identical to transformers' processor."""
+
+
+def planar_uint8(image: Image.Image) -> np.ndarray:
+    """An RGB PIL image -> uint8 (3, H, W), C-contiguous: a stored image's part.
+
+    PIL hands out each band on its own (its raw packer for "R", "G", "B"): one pass per band into
+    the planar array, where ``np.asarray`` would copy the interleaved pixels and a transpose copy
+    them again, strided (several times slower on a large image)."""
+    width, height = image.size
+    planes = np.empty((3, height, width), dtype=np.uint8)
+    for plane, band in zip(planes, "RGB"):
+        plane.reshape(-1)[:] = np.frombuffer(image.tobytes("raw", band), dtype=np.uint8)
+    return planes
+
+
+def header_size(data: bytes | str | os.PathLike | BinaryIO, name: str | None = None) -> tuple[int, int]:
+    """(width, height) of an image file from its header alone (PIL's ``open`` reads no pixel data).
+
+    ``data``: the file's bytes, its path, or a binary file object at its first byte (read only as far
+    as the header goes); ``name``: the image's name in a skip's detail (default: the path, or "image bytes").
+    The file's magic number picks PIL's plugin first (JPEG, PNG), which halves the cost of an open
+    that would otherwise try each plugin in turn; any other file is identified by PIL as usual.
+    Anything PIL cannot identify is an ``unreadable_image`` skip, as it would be when decoded.
+    (PIL warns, DecompressionBombWarning, of an image over ``Image.MAX_IMAGE_PIXELS``; the caller
+    checks its own pixel budget on the size returned.)"""
+    name = name or _name(data)
+    try:
+        if isinstance(data, bytes):
+            return _open_size(io.BytesIO(data), data[:8])
+        if hasattr(data, "read"):
+            head = data.read(8)
+            data.seek(0)
+            return _open_size(data, head)
+        with open(data, "rb") as f:
+            head = f.read(8)
+            f.seek(0)
+            return _open_size(f, head)
+    except Image.DecompressionBombError as exc:
+        raise RecordError("image_too_large", f"{name}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 -- PIL's plugins raise far more than OSError (decode.py)
+        raise unreadable(name, exc) from None
+
+
+def _open_size(stream, head: bytes) -> tuple[int, int]:
+    formats = next((names for magic, names in _MAGIC if head.startswith(magic)), None)
+    try:
+        with Image.open(stream, formats=formats) as image:
+            return image.size
+    except Image.UnidentifiedImageError:
+        if formats is None:
+            raise
+    stream.seek(0)
+    with Image.open(stream) as image:  # a file whose magic lies about its kind: PIL's full identification
+        return image.size
+
+
+_MAGIC = ((b"\xff\xd8\xff", ("JPEG",)), (b"\x89PNG\r\n\x1a\n", ("PNG",)))
+
+
+def tokens_from_header(data: bytes | str | os.PathLike, processor: DynamicProcessor) -> int:
+    """An image file's token count, from its header size (no decode)."""
+    width, height = header_size(data)
+    return processor.tokens_for_size(width, height)
+
+
+def check_decoded_size(image: Image.Image, expected: tuple[int, int], name: str) -> None:
+    """A decoded image must have the (width, height) its header gave the plan: else its token
+    count, and the pack it was planned into, would be wrong. Skipped with the two sizes."""
+    if tuple(image.size) != tuple(expected):
+        raise RecordError(
+            "unreadable_image",
+            f"{name}: decoded as {image.size[0]} x {image.size[1]}, its header said {expected[0]} x {expected[1]}",
+        )
+
+
+def _name(data) -> str:
+    if isinstance(data, bytes):
+        return "image bytes"
+    return "image file" if hasattr(data, "read") else os.fspath(data)

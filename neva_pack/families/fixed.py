@@ -1,0 +1,228 @@
+"""Fixed-resolution preprocessing (CLIP / SigLIP: one square crop per image), split in two halves.
+
+    RGB PIL --[pad]--> resize/crop --> uint8 (3, H, W)          in workers, stored
+    uint8 (3, H, W) --rescale/normalize--> float32 (3, H, W)    at write time
+
+Both halves give exactly transformers' image processor's bytes (its PIL backend), so the stored
+uint8 image normalised later is bit-identical to running the processor in one go, while the
+intermediate store holds 1 byte per value instead of NeMo's float32. For the settings it is proven
+on (every shipped encoder; tested over an image zoo), the geometry is a plain PIL resize + centre
+crop (FastGeometry), and the normalisation is core.Normalisation read from the settings:
+transformers is then never imported. Other settings go through the processor itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image
+
+from neva_pack.families.encoders import EncoderSpec
+from neva_pack.core import ConfigError
+from neva_pack.families.decode import DEFAULT_MAX_IMAGE_PIXELS, too_many_pixels
+from neva_pack.records import RecordError
+
+ASPECT_RATIOS = ("square", "pad")
+
+
+class ImagePreprocessor:
+    """The encoder's image processor, applied in the two halves described above."""
+
+    def __init__(self, encoder: EncoderSpec, aspect_ratio: str, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS):
+        if aspect_ratio not in ASPECT_RATIOS:
+            raise ConfigError(f"--image_aspect_ratio {aspect_ratio!r}: choose one of {', '.join(ASPECT_RATIOS)}")
+        self.encoder = encoder
+        self.aspect_ratio = aspect_ratio
+        self.max_pixels = max_pixels
+        self.shape = (3, *encoder.crop_size)
+        self.vision_cost = encoder.image_tokens**2
+        """Attention cost of one image in the encoder: patches² (one pass over its patches)."""
+        mean = encoder.preprocessor_config.get("image_mean", _CLIP_MEAN if encoder.processor == "clip" else _HALF)
+        self._pad_colour = tuple(int(channel * 255) for channel in mean)  # LLaVA's expand2square background
+        self._processors = None
+        self._geometry = fast_geometry(encoder)
+        self._normalisation = None
+
+    def _built(self):
+        """The two processors, built on first use: a process that never touches an image (the main
+        process of a text-only run) never imports transformers."""
+        if self._processors is None:
+            self._processors = processor_halves(self.encoder)
+        return self._processors
+
+    def __getstate__(self):
+        return {**self.__dict__, "_processors": None}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+
+    def check_size(self, size: tuple[int, int], name: str) -> None:
+        """image_too_large when padding (pad) or resizing would make more than ``max_pixels``,
+        checked before either runs: a 20000 x 1 image padded is 400 megapixels, and resized so its
+        shortest edge is 336 it is 336 x 6,720,000."""
+        width, height = size
+        if self.aspect_ratio == "pad" and width != height:
+            side = max(width, height)
+            if side * side > self.max_pixels:
+                raise RecordError("image_too_large", too_many_pixels(name, f"padded to {side} x {side}", side * side, self.max_pixels))
+            width = height = side
+        size = self.encoder.preprocessor_config.get("size")
+        shortest = size.get("shortest_edge") if isinstance(size, dict) else None  # an int size: the processor's to read
+        if shortest and min(width, height) > 0:
+            scale = shortest / min(width, height)
+            resized = (max(round(width * scale), shortest), max(round(height * scale), shortest))
+            if resized[0] * resized[1] > self.max_pixels:
+                what = f"resized to {resized[0]} x {resized[1]} (shortest edge {shortest})"
+                raise RecordError("image_too_large", too_many_pixels(name, what, resized[0] * resized[1], self.max_pixels))
+
+    def to_uint8(self, image: Image.Image) -> np.ndarray:
+        """RGB image -> (3, H, W) uint8 after padding (if ``pad``), resize and crop."""
+        if self.aspect_ratio == "pad":
+            image = expand_to_square(image, self._pad_colour)
+        if self._geometry is not None:
+            pixels = self._geometry.apply(image)
+        else:
+            geometry, _ = self._built()
+            pixels = geometry(images=image, return_tensors="np")["pixel_values"][0]
+        if pixels.shape != self.shape:
+            raise RuntimeError(f"image processor returned shape {pixels.shape}, expected {self.shape}")
+        return pixels.astype(np.uint8, copy=False)
+
+    def normalisation(self):
+        """The rescale factor, mean and std the processor applies (what a packed output's meta records,
+        and what every writer and reader normalises with: core.Normalisation). Read from the
+        encoder's settings when they spell them out; else asked of the processor (transformers)."""
+        if self._normalisation is None:
+            self._normalisation = normalisation_from_settings(self.encoder) or normalisation_of(self._built()[1])
+        return self._normalisation
+
+    def normalize(self, pixels: np.ndarray) -> np.ndarray:
+        """(N, 3, H, W) uint8 -> (N, 3, H, W) float32, rescaled and normalised as the processor does
+        (bit-identical: core.Normalisation, the one implementation)."""
+        return self.normalisation().apply(pixels)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FastGeometry:
+    """The processor's resize (+ centre crop) done directly on the PIL image.
+
+    The processor turns the PIL image into an array, back into a PIL image, resizes it with PIL
+    and slices the centre out; doing only the PIL resize and the slice gives the same bytes
+    (tested over an image zoo for every shipped encoder) without the round trips, or importing
+    transformers at all.
+    """
+
+    shortest_edge: int | None
+    """Resize so that the shorter side has this length (CLIP), or None to resize to ``size``."""
+    size: tuple[int, int]
+    """(height, width) to resize to when ``shortest_edge`` is None (SigLIP)."""
+    crop: tuple[int, int] | None
+    """(height, width) of the centre crop, or None."""
+    resample: int
+    """PIL resampling filter."""
+
+    def apply(self, image: Image.Image) -> np.ndarray:
+        width, height = image.size
+        if self.shortest_edge is None:
+            new_height, new_width = self.size
+        else:  # transformers' get_resize_output_image_size(default_to_square=False)
+            short, long = (width, height) if width <= height else (height, width)
+            new_short, new_long = self.shortest_edge, int(self.shortest_edge * long / short)
+            new_height, new_width = (new_long, new_short) if width <= height else (new_short, new_long)
+        pixels = np.asarray(image.resize((new_width, new_height), resample=self.resample))
+        if self.crop is not None:
+            top, left = (new_height - self.crop[0]) // 2, (new_width - self.crop[1]) // 2
+            pixels = pixels[top : top + self.crop[0], left : left + self.crop[1]]
+        return np.ascontiguousarray(pixels.transpose(2, 0, 1))
+
+
+def fast_geometry(encoder: EncoderSpec) -> FastGeometry | None:
+    """The fast path for the settings it is proven for; None (use the processor) for anything else."""
+    cfg = encoder.preprocessor_config
+    if set(cfg) - _FAST_KEYS or not cfg.get("do_resize", True) or not isinstance(cfg.get("resample"), int):
+        return None
+    size = cfg.get("size")
+    if encoder.processor == "clip" and isinstance(size, dict) and set(size) == {"shortest_edge"}:
+        if not cfg.get("do_center_crop", True):
+            return None
+        crop = encoder.crop_size
+        if min(crop) < 1 or max(crop) > size["shortest_edge"]:  # the processor would pad the crop
+            return None
+        return FastGeometry(shortest_edge=int(size["shortest_edge"]), size=crop, crop=crop, resample=cfg["resample"])
+    if encoder.processor == "siglip" and isinstance(size, dict) and set(size) == {"height", "width"}:
+        return FastGeometry(shortest_edge=None, size=(int(size["height"]), int(size["width"])), crop=None, resample=cfg["resample"])
+    return None
+
+
+def processor_halves(encoder: EncoderSpec):
+    """The encoder's transformers image processor as two processors: geometry (pad, resize, crop;
+    no rescale or normalise) and values (rescale and normalise only)."""
+    image_processor = processor_class(encoder.processor)
+    settings = {k: v for k, v in encoder.preprocessor_config.items() if k not in _NOT_PROCESSOR_KWARGS}
+    return (
+        image_processor(**{**settings, "do_rescale": False, "do_normalize": False}),
+        image_processor(**{**settings, "do_resize": False, "do_center_crop": False}),
+    )
+
+
+def normalisation_of(values_processor):
+    """The rescale factor, mean and std a transformers image processor applies (core.Normalisation)."""
+    from neva_pack.core import Normalisation
+
+    values = values_processor
+    scale = float(values.rescale_factor) if values.do_rescale else 1.0
+    mean = tuple(float(v) for v in values.image_mean) if values.do_normalize else (0.0, 0.0, 0.0)
+    std = tuple(float(v) for v in values.image_std) if values.do_normalize else (1.0, 1.0, 1.0)
+    return Normalisation(rescale_factor=scale, mean=mean, std=std)
+
+
+def normalisation_from_settings(encoder: EncoderSpec):
+    """The processor's rescale factor, mean and std read from the encoder's settings, when these spell
+    all of them out (every shipped encoder; tested equal to what the processor reports), so that the
+    main process never imports transformers; None (ask the processor) for anything else."""
+    from neva_pack.core import Normalisation
+
+    cfg = encoder.preprocessor_config
+    if set(cfg) - _FAST_KEYS or not (cfg.get("do_rescale", True) and cfg.get("do_normalize", True)):
+        return None
+    mean, std, scale = cfg.get("image_mean"), cfg.get("image_std"), cfg.get("rescale_factor")
+    if not (isinstance(mean, list) and isinstance(std, list) and len(mean) == len(std) == 3 and isinstance(scale, float)):
+        return None
+    return Normalisation(rescale_factor=scale, mean=tuple(float(v) for v in mean), std=tuple(float(v) for v in std))
+
+
+def expand_to_square(image: Image.Image, background: tuple[int, int, int]) -> Image.Image:
+    """Pad the shorter side to a square, image centred, as LLaVA's expand2square."""
+    width, height = image.size
+    if width == height:
+        return image
+    side = max(width, height)
+    canvas = Image.new(image.mode, (side, side), background)
+    canvas.paste(image, ((side - width) // 2, (side - height) // 2))
+    return canvas
+
+
+_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # transformers' OPENAI_CLIP_MEAN, the CLIP processor default
+_HALF = (0.5, 0.5, 0.5)  # the SigLIP processor default
+_NOT_PROCESSOR_KWARGS = {"image_processor_type", "processor_class", "feature_extractor_type", "auto_map"}
+_FAST_KEYS = _NOT_PROCESSOR_KWARGS | {
+    "do_resize", "size", "resample", "do_center_crop", "crop_size", "do_rescale", "rescale_factor", "do_normalize",
+    "image_mean", "image_std", "do_convert_rgb",
+}  # fmt: skip
+"""Settings the fast paths understand; any other key sends the image through the processor."""
+
+
+def processor_class(kind: str):
+    from transformers import models
+
+    if kind == "clip":
+        module = models.clip
+        names = ("CLIPImageProcessorPil", "CLIPImageProcessor")
+    else:
+        module = models.siglip
+        names = ("SiglipImageProcessorPil", "SiglipImageProcessor")
+    for name in names:  # transformers 5 names the numpy/PIL backend *Pil; 4.x has only the plain name
+        if hasattr(module, name):
+            return getattr(module, name)
+    raise ConfigError(f"the installed transformers has no {names[-1]}")

@@ -1,0 +1,185 @@
+"""Native-resolution images (Qwen2-VL, Qwen2.5-VL): each image keeps (nearly) its own size.
+
+    size --smart_resize--> (H, W), multiples of patch * merge       tokens = (H/patch)(W/patch) / merge^2
+    RGB PIL --resize to (W, H)--> uint8 (3, H, W)                      in workers, stored
+    uint8 --patchify, normalise--> float32 rows (H/p * W/p, 3 * t * p * p)   at read time
+
+``smart_resize`` rounds each side to the nearest multiple of ``patch_size * merge_size`` with
+Python's ``round`` (half to even: 70 / 28 = 2.5 -> 56), then, if the area leaves
+[min_pixels, max_pixels], scales both sides by the same factor (floor above the maximum, ceil
+below the minimum). Pixels are transformers' ``Qwen2VLImageProcessorPil`` (PIL resize, then its
+float ops), bit-identical (tested over an image zoo): a still image is repeated
+``temporal_patch_size`` times in every row, so the float rows cost 4 x 2 = 8 times the stored uint8
+image. transformers is never imported.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image
+
+from neva_pack.families.encoders import EncoderSpec
+from neva_pack.core import ConfigError
+from neva_pack.families.dynamic import StoredImage, planar_uint8
+
+__all__ = ["NativeProcessor", "NativeSettings", "smart_resize"]
+
+MAX_ASPECT_RATIO = 200
+"""The reference refuses an image whose long side is over 200 times its short side."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NativeSettings:
+    """The numbers that decide a native-resolution image's size, tokens and pixels."""
+
+    patch_size: int
+    """Vision transformer patch side in pixels (14)."""
+    merge_size: int
+    """Patches merged per side into one language-model token (2: 2 x 2 patches per token)."""
+    temporal_patch_size: int
+    """Frames per patch; a still image is repeated this many times (2)."""
+    min_pixels: int
+    """Smallest resized area (the checkpoints' 3136 = 56 x 56)."""
+    max_pixels: int
+    """Largest resized area (the checkpoints' 12,845,056; transformers' class default is 1,003,520)."""
+    resample: int
+    """PIL resampling filter of the resize (3, bicubic)."""
+
+    @property
+    def factor(self) -> int:
+        """Each resized side is a multiple of this (28)."""
+        return self.patch_size * self.merge_size
+
+
+def native_settings(encoder: EncoderSpec, *, min_pixels: int | None = None, max_pixels: int | None = None) -> NativeSettings:
+    """The settings of a Qwen2-VL encoder, read as its processor reads them (``min_pixels`` and
+    ``max_pixels`` over ``size``'s ``shortest_edge`` / ``longest_edge``); the keyword arguments
+    (``--min_pixels`` / ``--max_pixels``) override both."""
+    cfg = encoder.preprocessor_config
+    size = cfg.get("size") or {}
+    low = min_pixels or cfg.get("min_pixels") or size.get("shortest_edge") or size.get("min_pixels") or 56 * 56
+    high = max_pixels or cfg.get("max_pixels") or size.get("longest_edge") or size.get("max_pixels") or 28 * 28 * 1280
+    settings = NativeSettings(
+        patch_size=int(cfg.get("patch_size", encoder.patch_size)),
+        merge_size=int(cfg.get("merge_size", 2)),
+        temporal_patch_size=int(cfg.get("temporal_patch_size", 2)),
+        min_pixels=int(low),
+        max_pixels=int(high),
+        resample=int(cfg.get("resample", Image.Resampling.BICUBIC)),
+    )
+    if not 0 < settings.min_pixels <= settings.max_pixels:
+        raise ConfigError(f"--min_pixels {settings.min_pixels} / --max_pixels {settings.max_pixels}: need 0 < min <= max")
+    return settings
+
+
+def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """(height, width) of the resized image: both multiples of ``factor``, area within
+    [min_pixels, max_pixels] (up to the rounding to the factor), aspect ratio kept as closely as that
+    allows. ValueError for a side of 0 or an aspect ratio over 200 (the reference's own refusal)."""
+    if min(height, width) < 1 or max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
+        raise ValueError(f"{width} x {height}: the aspect ratio must be at most {MAX_ASPECT_RATIO}")
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt(height * width / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+class NativeProcessor:
+    """Qwen2-VL / Qwen2.5-VL images: token counts from sizes, uint8 in workers, model rows at read time."""
+
+    family = "native"
+    counts_images_per_sample = False
+    """Every image is counted and stored alike, however many its sample holds."""
+
+    def __init__(self, settings: NativeSettings, normalisation):
+        self.settings = settings
+        self.normalisation = normalisation
+        """core.Normalisation: the processor's rescale factor, mean and std."""
+
+    @classmethod
+    def from_encoder(cls, encoder: EncoderSpec, *, min_pixels: int | None = None, max_pixels: int | None = None) -> NativeProcessor:
+        from neva_pack.core import Normalisation
+
+        cfg = encoder.preprocessor_config
+        if not cfg.get("do_resize", True) or not cfg.get("do_rescale", True) or not cfg.get("do_normalize", True):
+            raise ConfigError(f"--hf_vision_encoder {encoder.name}: do_resize, do_rescale and do_normalize must be on")
+        normalisation = Normalisation(
+            rescale_factor=float(cfg.get("rescale_factor", 1 / 255)),
+            mean=tuple(float(v) for v in cfg.get("image_mean", _CLIP_MEAN)),
+            std=tuple(float(v) for v in cfg.get("image_std", _CLIP_STD)),
+        )
+        return cls(native_settings(encoder, min_pixels=min_pixels, max_pixels=max_pixels), normalisation)
+
+    def resized_size(self, width: int, height: int) -> tuple[int, int]:
+        """(height, width) the image is resized to."""
+        s = self.settings
+        return smart_resize(height, width, s.factor, s.min_pixels, s.max_pixels)
+
+    def grid_thw(self, width: int, height: int) -> tuple[int, int, int]:
+        """The image's ``image_grid_thw`` row: (1, H / patch, W / patch)."""
+        resized_height, resized_width = self.resized_size(width, height)
+        return 1, resized_height // self.settings.patch_size, resized_width // self.settings.patch_size
+
+    def tokens_for_size(self, width: int, height: int) -> int:
+        """t * h * w / merge^2 language-model positions (one ``<|image_pad|>`` each)."""
+        t, h, w = self.grid_thw(width, height)
+        return t * h * w // self.settings.merge_size**2
+
+    def pixels_for_size(self, width: int, height: int) -> int:
+        """Pixels of the resized image (what a worker holds besides the decoded one)."""
+        resized_height, resized_width = self.resized_size(width, height)
+        return resized_height * resized_width
+
+    def vision_cost_for_size(self, width: int, height: int) -> int:
+        """The vision encoder's attention cost of the image: its patches, squared (one pass over them all)."""
+        return (self.tokens_for_size(width, height) * self.settings.merge_size**2) ** 2
+
+    def to_uint8(self, image: Image.Image) -> StoredImage:
+        """RGB image -> the smart-resized uint8 (3, H, W) (PIL's resize, as the processor's)."""
+        width, height = image.size
+        resized_height, resized_width = self.resized_size(width, height)
+        resized = image.resize((resized_width, resized_height), resample=self.settings.resample)
+        return StoredImage(size=(width, height), parts=(planar_uint8(resized),), tokens=self.tokens_for_size(width, height))
+
+    def model_inputs(self, images: list[StoredImage]) -> dict[str, np.ndarray]:
+        """``pixel_values`` float32 (sum of patches, 3 * t * p * p) and ``image_grid_thw`` int64 (n, 3),
+        as transformers' processor returns them for these images in this order.
+
+        The uint8 pixels are put in row order first (a byte per value) and normalised straight into
+        the rows: no float image in between, no strided copy of floats, no concatenation."""
+        s = self.settings
+        p, t = s.patch_size, s.temporal_patch_size
+        grids = [(1, image.parts[0].shape[1] // p, image.parts[0].shape[2] // p) for image in images]
+        counts = [h * w for _, h, w in grids]
+        pixel_values = np.empty((sum(counts), 3 * t * p * p), dtype=np.float32)
+        start = 0
+        for image, count in zip(images, counts):
+            rows = pixel_values[start : start + count].reshape(count, 3, t * p, p)
+            self.normalisation.apply(self._patches_uint8(image.parts[0]).reshape(rows.shape), out=rows)
+            start += count
+        return {"pixel_values": pixel_values, "image_grid_thw": np.array(grids, dtype=np.int64).reshape(-1, 3)}
+
+    def _patches_uint8(self, pixels: np.ndarray) -> np.ndarray:
+        """uint8 (3, H, W) -> (patches, 3, t, p, p): merge block by merge block, each patch (channel,
+        time, row, column), a still image repeated over time."""
+        p, m, t = self.settings.patch_size, self.settings.merge_size, self.settings.temporal_patch_size
+        channels, height, width = pixels.shape
+        grid_h, grid_w = height // p, width // p
+        blocks = pixels.reshape(channels, grid_h // m, m, p, grid_w // m, m, p).transpose(1, 4, 2, 5, 0, 3, 6)
+        patches = np.empty((*blocks.shape[:5], t, p, p), dtype=np.uint8)
+        patches[...] = blocks[:, :, :, :, :, None]
+        return patches.reshape(grid_h * grid_w, channels, t, p, p)
+
+
+_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # the Qwen2-VL processor's defaults (OpenAI CLIP's)
+_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)

@@ -1,0 +1,14 @@
+"""Reading a packed output of any format back, as training does: ``PackedSeqDataset`` (NeMo's reader's
+items, plus the model inputs of a family's images).
+"""
+
+from neva_pack.reading.dataset import PackedSamples, PackedSeqDataset, collate, dynamic_pack_item, position_ids_from_cu_seqlens, sample_of_pack
+
+__all__ = [
+    "PackedSamples",
+    "PackedSeqDataset",
+    "collate",
+    "dynamic_pack_item",
+    "position_ids_from_cu_seqlens",
+    "sample_of_pack",
+]

@@ -1,0 +1,127 @@
+"""A sample's images in a dynamic-resolution family: counted from their headers, decoded after.
+
+An image's run length (its token count) is a function of its size, and the size is in the file's
+header, so the sample builder lays out a sample's ids (and truncates them) before any pixel is
+decoded; only the images that survive truncation are then decoded, from the same bytes, and each
+must have the size its header announced (else its count, and the plan made from it, would be wrong).
+A plan, which decodes nothing, reads each file's header only (``header_size_of``).
+
+OneVision counts and stores the images of a sample of several images differently (no tiles: one
+square image, base features + one newline), so an image's count depends on how many images its
+sample keeps: ``counted`` is told.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from neva_pack.families import (
+    DEFAULT_MAX_IMAGE_DECODE_SECONDS,
+    DEFAULT_MAX_IMAGE_PIXELS,
+    DynamicProcessor,
+    ImageSource,
+    StoredImage,
+    check_decoded_size,
+    decode_image,
+    header_size,
+)
+from neva_pack.families import too_many_pixels
+from neva_pack.records import RecordError
+
+__all__ = ["HeaderImage", "HeaderImages", "header_size_of"]
+
+
+def header_size_of(source: ImageSource, name: str) -> tuple[int, int]:
+    """(width, height) of a source's image from the first bytes of its file only (PIL reads as far as
+    the header goes), with ``ImageSource.read``'s skips for the file itself. A header PIL cannot read
+    this way is read again from the whole file, so the skip it makes is the one a build reports (the
+    same bytes, the same detail)."""
+    with source.open(name) as file:
+        try:
+            return header_size(file, name)
+        except RecordError:
+            pass
+    return header_size(source.read(name), name)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HeaderImage:
+    """One image of a record, read but not decoded."""
+
+    name: str
+    """The record's name for it."""
+    data: bytes | None
+    """The file's bytes, read once (the header's size and the decode both come from them); None when
+    read for a plan (its header only: never decoded)."""
+    size: tuple[int, int]
+    """(width, height) from the header."""
+    tokens: int
+    """Image features in the language model (the run's patch ids)."""
+    multi_image: bool
+    """Counted as one of several images of its sample (OneVision)."""
+
+
+class HeaderImages:
+    """Reads, counts and later decodes a sample's images for a dynamic-resolution processor."""
+
+    def __init__(
+        self,
+        processor: DynamicProcessor,
+        image_source: ImageSource,
+        max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+        max_image_decode_seconds: float = DEFAULT_MAX_IMAGE_DECODE_SECONDS,
+    ):
+        self.processor = processor
+        self.image_source = image_source
+        self.max_image_pixels = max_image_pixels
+        self.max_image_decode_seconds = max_image_decode_seconds
+        self._has_multi_image = processor.counts_images_per_sample
+
+    def read(self, names: tuple[str, ...] | list[str], header_only: bool = False) -> list[HeaderImage]:
+        """Each image's bytes and header size, checked against the pixel budget, and its count (no
+        decode); ``header_only``: the header's bytes only, for a plan (the image cannot be loaded)."""
+        multi_image = self._has_multi_image and len(names) > 1
+        images = []
+        for name in names:
+            if header_only:
+                data, size = None, header_size_of(self.image_source, name)
+            else:
+                data = self.image_source.read(name)
+                size = header_size(data, name)
+            images.append(self._counted(name, data, size, multi_image))
+        return images
+
+    def counted(self, image: HeaderImage, multi_image: bool) -> HeaderImage:
+        """The image counted as one of several (or as its sample's only image)."""
+        multi_image = self._has_multi_image and multi_image
+        return image if multi_image == image.multi_image else self._counted(image.name, image.data, image.size, multi_image)
+
+    def _counted(self, name: str, data: bytes | None, size: tuple[int, int], multi_image: bool) -> HeaderImage:
+        width, height = size
+        if width * height > self.max_image_pixels:
+            raise RecordError("image_too_large", too_many_pixels(name, f"{width} x {height}", width * height, self.max_image_pixels))
+        options = {"multi_image": True} if multi_image else {}
+        try:
+            pixels = self.processor.pixels_for_size(width, height, **options)
+            tokens = self.processor.tokens_for_size(width, height, **options)
+        except ValueError as exc:  # smart_resize refuses an aspect ratio over 200, as the reference does
+            raise RecordError("unreadable_image", f"{name}: {exc}") from None
+        if pixels > self.max_image_pixels:
+            what = f"{width} x {height} resized"
+            raise RecordError("image_too_large", too_many_pixels(name, what, pixels, self.max_image_pixels))
+        return HeaderImage(name=name, data=data, size=size, tokens=tokens, multi_image=multi_image)
+
+    def load(self, image: HeaderImage) -> StoredImage:
+        """Decode the image's bytes (decode_image's budgets), check the size against the header's, and
+        make its stored uint8 parts."""
+        if image.data is None:
+            raise ValueError(f"{image.name}: read for its header only, it cannot be decoded")
+        decoded = decode_image(image.data, image.name, self.max_image_pixels, self.max_image_decode_seconds)
+        check_decoded_size(decoded, image.size, image.name)
+        options = {"multi_image": True} if image.multi_image else {}
+        return self.processor.to_uint8(decoded, **options)
+
+    def vision_cost(self, image: HeaderImage) -> int:
+        """The vision encoder's cost of the image (patches² per encoder pass)."""
+        options = {"multi_image": True} if image.multi_image else {}
+        return self.processor.vision_cost_for_size(*image.size, **options)
