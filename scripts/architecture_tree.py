@@ -23,7 +23,7 @@ def first_sentence(path: Path) -> str:
 
 
 def line(indent: str, name: str, path: Path) -> str:
-    text = f"{indent}{name:<{24 - len(indent)}}{first_sentence(path)}"
+    text = f"{indent}{name:<{26 - len(indent)}}{first_sentence(path)}"
     return text if len(text) <= WIDTH else text[: WIDTH - 2].rstrip() + " …"
 
 
