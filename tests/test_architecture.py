@@ -24,25 +24,17 @@ MODULES = {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
 
 
 def imported(tree: ast.AST) -> list[str]:
-    """The neva_pack modules a module imports, at module level or in a function; ``if TYPE_CHECKING:``
-    blocks left out (they never run)."""
+    """The neva_pack modules a module imports, wherever the import statement stands: module level, in
+    a function, or under ``if TYPE_CHECKING:`` (a type-only import is still a dependency a reader
+    follows, and the cycle it closes is still a cycle of the design)."""
     found = []
-
-    def visit(node):
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and getattr(child.test, "id", getattr(child.test, "attr", None)) == "TYPE_CHECKING":
-                for statement in child.orelse:
-                    visit(ast.Module(body=[statement], type_ignores=[]))
-                continue
-            if isinstance(child, ast.Import):
-                found.extend(alias.name for alias in child.names)
-            elif isinstance(child, ast.ImportFrom) and child.module and child.level == 0:
-                for alias in child.names:
-                    submodule = f"{child.module}.{alias.name}"
-                    found.append(submodule if submodule in MODULES else child.module)
-            visit(child)
-
-    visit(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                submodule = f"{node.module}.{alias.name}"
+                found.append(submodule if submodule in MODULES else node.module)
     return [name for name in found if name in MODULES]
 
 
@@ -94,8 +86,10 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def test_the_cycle_finder_finds_a_cycle_through_a_function_level_import():
+def test_the_cycle_finder_finds_a_cycle_through_a_function_level_or_type_checking_import():
     tree = ast.parse("import os\ndef f():\n    from neva_pack.formats import nemo\n")
+    assert imported(tree) == ["neva_pack.formats.nemo"]
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from neva_pack.formats import nemo\n")
     assert imported(tree) == ["neva_pack.formats.nemo"]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
@@ -103,6 +97,60 @@ def test_the_cycle_finder_finds_a_cycle_through_a_function_level_import():
 
 def test_no_import_cycle_in_the_package():
     assert cycles(import_graph()) == []
+
+
+LAYERS = (
+    "core", "files", "records", "text", "families", "sample_store", "samples", "packing", "assembly",
+    "formats", "reading", "training", "config", "commands", "pipeline",
+)  # fmt: skip
+"""The layer packages from the bottom up (docs/architecture.md draws them): a package imports only
+packages before it. The root (``neva_pack/__init__.py``, ``cli.py``) stands above them all."""
+
+
+def package_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and MODULES[module].name == "__init__.py") else None
+
+
+def test_the_package_root_holds_only_the_public_face_and_the_command_line():
+    loose = sorted(path.name for path in PACKAGE.glob("*.py"))
+    assert loose == ["__init__.py", "__main__.py", "cli.py"]
+    packages = sorted(path.parent.name for path in PACKAGE.glob("*/__init__.py"))
+    assert sorted(LAYERS) == packages
+
+
+def test_every_package_imports_only_the_layers_below_it():
+    """No package-level cycle, lazy and TYPE_CHECKING imports counted: each layer reads only the ones
+    before it in LAYERS."""
+    climbing = set()
+    for name, targets in import_graph().items():
+        source = package_of(name)
+        if source is None:
+            continue
+        for target in targets:
+            dest = package_of(target)
+            if dest is not None and dest != source and LAYERS.index(dest) > LAYERS.index(source):
+                climbing.add(f"{name} -> {target}")
+    assert sorted(climbing) == []
+
+
+def test_every_package_has_a_face():
+    """Each package's __init__ declares ``__all__``, and every name in it is there."""
+    import importlib
+
+    for layer in LAYERS:
+        package = importlib.import_module(f"neva_pack.{layer}")
+        assert isinstance(package.__all__, list), layer
+        missing = [name for name in package.__all__ if not hasattr(package, name)]
+        assert missing == [], layer
+
+
+def test_the_public_face_names_the_documented_entry_points():
+    import neva_pack
+
+    for name in ("preprocess", "pack", "PackedSeqDataset", "open_packed", "PreprocessConfig", "hf_collate", "verify"):
+        assert name in neva_pack.__all__
+        assert getattr(neva_pack, name) is not None
 
 
 def test_no_module_outside_formats_imports_a_formats_own_module():
