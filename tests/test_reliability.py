@@ -203,7 +203,7 @@ def test_verify_reports_checksums_first_and_counts_every_problem(uninterrupted, 
 
     import numpy as np
 
-    from neva_pack.commands import verify as verification
+    import neva_pack.commands.verification as verification
     from neva_pack.formats import nemo
 
     out = tmp_path / "copy"
@@ -233,7 +233,7 @@ def test_verify_stops_at_a_structure_it_cannot_read(uninterrupted, tmp_path, mon
     read, nothing the pack checks found is reported, and the packs do not count as checked."""
     import shutil
 
-    from neva_pack.commands import verify as verification
+    import neva_pack.commands.verification as verification
     from neva_pack.formats import nemo
 
     out = tmp_path / "copy"
