@@ -225,6 +225,27 @@ def test_a_meta_of_an_unknown_format_or_newer_version_is_refused(tmp_path, name)
             open_packed(tmp_path)
 
 
+GOLDEN_METAS = SAMPLE_DATA.parent / "tests" / "golden" / "meta"
+"""Metas written by the code before PackedMeta nested its packing settings (``PackingSettings``): a
+fixed-crop nemo meta with every packing setting set, and a dynamic compact one with them unset."""
+
+
+@pytest.mark.parametrize("name", ["fixed", "dynamic"])
+def test_a_meta_written_before_the_nesting_reads_back_and_is_written_byte_identical(tmp_path, name):
+    """Metas already published must stay readable, and a meta written now must be the bytes an
+    older reader (and every checksum over the meta) expects: same flat keys, same order."""
+    from neva_pack.formats import meta_checksum_ok, read_meta_json
+
+    golden = GOLDEN_METAS / f"{name}.meta.json"
+    meta = read_meta(golden)
+    assert meta == PackedMeta.from_json(read_meta_json(golden))
+    assert meta_checksum_ok(meta.to_json())
+    rewritten = tmp_path / golden.name
+    paths.write_json_atomic(rewritten, meta.to_json())
+    assert rewritten.read_bytes() == golden.read_bytes()
+    assert list(meta.to_json()) == list(read_meta_json(golden))
+
+
 def test_normalisation_table_is_the_processors_float_ops_bit_for_bit():
     """All 256 values of every channel of every shipped encoder, against transformers itself."""
     from neva_pack.families import known_encoders, resolve_encoder
