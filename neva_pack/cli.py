@@ -171,7 +171,7 @@ def _run_preprocess(args) -> int:
         sized = len(result.reports) > 1
         for size, report in result.reports.items():
             if report.records.skipped:
-                report_file = skipped_path(Path(config.output_dir), size if sized else None)
+                report_file = skipped_path(Path(config.run.output_dir), size if sized else None)
                 print(f"error: --strict: {report.records.skipped} record(s) skipped; see {report_file}", file=sys.stderr)
     return result.exit_code
 
