@@ -256,29 +256,33 @@ def _planned_from_input(args):
 
     if args.output is not None:
         raise ConfigError(f"plan: {args.output} and --data_path: plan from an output or from the input, not both")
-    alignment = {"pad_to_multiple_of": args.pad_to_multiple_of, "context_parallel_size": args.context_parallel_size,
-                 "tensor_parallel_size": args.tensor_parallel_size, "sequence_parallel": args.sequence_parallel or None}  # fmt: skip
     config = config_from_args(
-        args, PLAN_INPUT_SETTINGS, output_dir=PLAN_OUTPUT_DIR, pack_sizes=args.pack_sizes,
-        **{name: value for name, value in alignment.items() if value is not None},
-    )  # fmt: skip
+        args, PLAN_INPUT_SETTINGS, output_dir=PLAN_OUTPUT_DIR, pack_sizes=args.pack_sizes, **_alignment_flags(args)
+    )
     return lengths_from_input(config.sample, config.pack, workers=config.run.num_workers)
+
+
+def _alignment_flags(args) -> dict:
+    """The plan's alignment flags that were given, by the preprocess setting each is."""
+    given = {"pad_to_multiple_of": args.pad_to_multiple_of, "context_parallel_size": args.context_parallel_size,
+             "tensor_parallel_size": args.tensor_parallel_size, "sequence_parallel": args.sequence_parallel or None}  # fmt: skip
+    return {name: value for name, value in given.items() if value is not None}
 
 
 def _plan_alignment(args) -> int | None:
     """The alignment multiple the plan flags ask for (the run's lcm rule), or None: the output's own."""
     from neva_pack.packing import alignment_multiple
 
-    sizes = {"pad_to_multiple_of": args.pad_to_multiple_of, "context_parallel_size": args.context_parallel_size,
-             "tensor_parallel_size": args.tensor_parallel_size}  # fmt: skip
-    for name, value in sizes.items():
-        if value is not None and value < 1:
+    flags = _alignment_flags(args)
+    for name, value in flags.items():
+        if name != "sequence_parallel" and value < 1:
             raise ConfigError(f"--{name} {value}: must be >= 1")
-    if all(value is None for value in sizes.values()) and not args.sequence_parallel:
+    if not flags:
         return None
     return alignment_multiple(
-        args.pad_to_multiple_of, args.context_parallel_size or 1, args.tensor_parallel_size or 1, args.sequence_parallel
-    )
+        flags.get("pad_to_multiple_of"), flags.get("context_parallel_size", 1), flags.get("tensor_parallel_size", 1),
+        flags.get("sequence_parallel", False),
+    )  # fmt: skip
 
 
 def _run_convert(args) -> int:

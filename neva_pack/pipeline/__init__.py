@@ -202,7 +202,7 @@ def _write_prefix(
     )
     remove_stale_tmp(prefix, spec.plan_digest)
     writer = fmt.writer(prefix, spec, resume=run.resume)
-    checks = pack_spec(config, builder, size)
+    checks = pack_spec(settings, builder, size)
     every = max(1, run.checkpoint_every // 10)
     job = PackJob(store=store, plan=plan, cuts=cuts, pad_to_multiple_of=multiple, checks=checks,
                   prepare=functools.partial(fmt.prepare, spec=spec))  # fmt: skip
