@@ -227,8 +227,9 @@ def test_a_meta_of_an_unknown_format_or_newer_version_is_refused(tmp_path, name)
 
 
 GOLDEN_METAS = SAMPLE_DATA.parent / "tests" / "golden" / "meta"
-"""Metas written by the code before PackedMeta nested its packing settings (``PackingSettings``): a
-fixed-crop nemo meta with every packing setting set, and a dynamic compact one with them unset."""
+"""Metas written by the code before PackedMeta nested its packing settings (``PackingSettings``; made at
+commit a7a448b: a flat ``PackedMeta(...)`` written with ``paths.write_json_atomic(path, meta.to_json())``):
+a fixed-crop nemo meta with every packing setting set, and a dynamic compact one with them unset."""
 
 
 GOLDEN_PACKING = {
