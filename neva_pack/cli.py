@@ -83,7 +83,11 @@ samples truncated or skipped at each size. The sample lengths come from
 """
 
 PLAN_INPUT_SETTINGS = {spec.name for spec, _ in options(SampleConfig)} | {"output_format", "num_workers"}
-"""The config fields ``plan --data_path`` takes: what makes a sample, and how many workers lay records out."""
+"""The config fields ``plan --data_path`` takes from --hparams_file and its flags: what makes a sample,
+and how many workers lay records out (its pack sizes and alignment are its own flags')."""
+PLAN_OUTPUT_DIR = Path(os.devnull)
+"""The output directory of ``plan --data_path``'s config: a plan writes nothing, but a run's config
+names where it would write (never opened)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -135,23 +139,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def config_from_args(args: argparse.Namespace):
-    """Field defaults (NeMo's for NeMo's flags) < --hparams_file < explicit flags."""
+def config_from_args(args: argparse.Namespace, names: set[str] | None = None, **given):
+    """The run's config from parsed arguments: field defaults (NeMo's for NeMo's flags) < --hparams_file
+    < explicit flags < ``given``. ``names``: the settings the command takes from the hparams file and
+    its flags (None: every one, as preprocess); ``given``: those the command decides itself (``plan``'s
+    candidate sizes and alignment). The one way both ``preprocess`` and ``plan --data_path`` build theirs,
+    so that the same flags make the same samples."""
     from neva_pack.config import PreprocessConfig, read_hparams, required_settings
 
+    names = PreprocessConfig.field_names() if names is None else names
     values = {}
     if args.hparams_file is not None:
-        values.update(read_hparams(args.hparams_file))
-    names = PreprocessConfig.field_names()
+        values.update({k: v for k, v in read_hparams(args.hparams_file).items() if k in names})
     values.update({k: v for k, v in vars(args).items() if k in names and v is not None})
-    from neva_pack.records import resolve_shards
+    if "num_shards" in names:
+        from neva_pack.records import resolve_shards
 
-    # inside a SLURM job array, the array is the sharding
-    values["num_shards"], values["shard_index"] = resolve_shards(values.get("num_shards"), values.get("shard_index"), os.environ)
+        # inside a SLURM job array, the array is the sharding
+        values["num_shards"], values["shard_index"] = resolve_shards(values.get("num_shards"), values.get("shard_index"), os.environ)
     for required in required_settings():
-        if values.get(required) is None:
+        if required in names and values.get(required) is None:
             raise ConfigError(f"--{required} is required")
-    return PreprocessConfig(**values)
+    return PreprocessConfig(**values, **given)
 
 
 def _run_preprocess(args) -> int:
@@ -171,7 +180,7 @@ def _run_preprocess(args) -> int:
         sized = len(result.reports) > 1
         for size, report in result.reports.items():
             if report.records.skipped:
-                report_file = skipped_path(Path(config.output_dir), size if sized else None)
+                report_file = skipped_path(Path(config.run.output_dir), size if sized else None)
                 print(f"error: --strict: {report.records.skipped} record(s) skipped; see {report_file}", file=sys.stderr)
     return result.exit_code
 
@@ -240,45 +249,40 @@ def _run_plan(args) -> int:
 
 
 def _planned_from_input(args):
-    """The input's records laid out with the sample flags (< --hparams_file < flags, as preprocess),
-    cut for the candidate sizes with the plan's alignment flags."""
-    from neva_pack.config import PackConfig, read_hparams
-    from neva_pack.config import as_field_value
-    from neva_pack.config import default_workers
+    """The input's records laid out as a preprocess run with the same sample flags would build them
+    (``config_from_args``: < --hparams_file < flags), cut for the candidate sizes with the plan's
+    alignment flags."""
     from neva_pack.pipeline import lengths_from_input
 
     if args.output is not None:
         raise ConfigError(f"plan: {args.output} and --data_path: plan from an output or from the input, not both")
-    values = {}
-    if args.hparams_file is not None:
-        values.update({k: v for k, v in read_hparams(args.hparams_file).items() if k in PLAN_INPUT_SETTINGS})
-    values.update({k: v for k, v in vars(args).items() if k in PLAN_INPUT_SETTINGS and v is not None})
-    if values.get("tokenizer_path") is None:
-        raise ConfigError("--tokenizer_path is required")
-    workers = values.pop("num_workers", None)
-    pack = {"output_format": values.pop("output_format", None), "pad_to_multiple_of": args.pad_to_multiple_of,
-            "context_parallel_size": args.context_parallel_size, "tensor_parallel_size": args.tensor_parallel_size,
-            "sequence_parallel": args.sequence_parallel or None}  # fmt: skip
-    fields = {spec.name: spec for spec, _ in options(SampleConfig)}
-    sample = SampleConfig(**{name: as_field_value(fields[name], value) for name, value in values.items()})
-    pack = PackConfig(pack_sizes=tuple(args.pack_sizes), **{k: v for k, v in pack.items() if v is not None})
-    return lengths_from_input(sample, pack, workers=default_workers() if workers is None else workers)
+    config = config_from_args(
+        args, PLAN_INPUT_SETTINGS, output_dir=PLAN_OUTPUT_DIR, pack_sizes=args.pack_sizes, **_alignment_flags(args)
+    )
+    return lengths_from_input(config.sample, config.pack, workers=config.run.num_workers)
+
+
+def _alignment_flags(args) -> dict:
+    """The plan's alignment flags that were given, by the preprocess setting each is."""
+    given = {"pad_to_multiple_of": args.pad_to_multiple_of, "context_parallel_size": args.context_parallel_size,
+             "tensor_parallel_size": args.tensor_parallel_size, "sequence_parallel": args.sequence_parallel or None}  # fmt: skip
+    return {name: value for name, value in given.items() if value is not None}
 
 
 def _plan_alignment(args) -> int | None:
     """The alignment multiple the plan flags ask for (the run's lcm rule), or None: the output's own."""
     from neva_pack.packing import alignment_multiple
 
-    sizes = {"pad_to_multiple_of": args.pad_to_multiple_of, "context_parallel_size": args.context_parallel_size,
-             "tensor_parallel_size": args.tensor_parallel_size}  # fmt: skip
-    for name, value in sizes.items():
-        if value is not None and value < 1:
+    flags = _alignment_flags(args)
+    for name, value in flags.items():
+        if name != "sequence_parallel" and value < 1:
             raise ConfigError(f"--{name} {value}: must be >= 1")
-    if all(value is None for value in sizes.values()) and not args.sequence_parallel:
+    if not flags:
         return None
     return alignment_multiple(
-        args.pad_to_multiple_of, args.context_parallel_size or 1, args.tensor_parallel_size or 1, args.sequence_parallel
-    )
+        flags.get("pad_to_multiple_of"), flags.get("context_parallel_size", 1), flags.get("tensor_parallel_size", 1),
+        flags.get("sequence_parallel", False),
+    )  # fmt: skip
 
 
 def _run_convert(args) -> int:

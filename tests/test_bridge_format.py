@@ -16,7 +16,7 @@ from neva_pack.files import paths
 from neva_pack.assembly import AssembledPack
 from neva_pack.formats import FORMATS, open_packed
 from neva_pack.formats import WriteSpec
-from neva_pack.formats import META_VERSION, Counts, ImageTokenIds, Normalisation, PackedMeta, read_meta
+from neva_pack.formats import META_VERSION, Counts, ImageTokenIds, Normalisation, PackedMeta, PackingSettings, read_meta
 from neva_pack.packing import padded_lengths
 from neva_pack.packing import PlanTable
 from neva_pack.commands import verify
@@ -55,8 +55,8 @@ def meta(size: int, multiple: int, packs: int) -> PackedMeta:
         normalisation=Normalisation(rescale_factor=1 / 255, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5)),
         tokenization="nemo", tokenizer="sample", vocab_size=32000, encoder="none", image_aspect_ratio="square", image_positions=1,
         image_token_ids=ImageTokenIds(patch=0, start=None, end=None), ignore_index=IGNORE, pad_id=EOS,
-        pad_to_multiple_of=multiple,
-        max_seq_length=size, algorithm="first_fit_shuffle", seed=0, max_samples_per_pack=None, balance_data_parallel=None,
+        packing=PackingSettings(pad_to_multiple_of=multiple, max_seq_length=size, algorithm="first_fit_shuffle", seed=0,
+                                max_samples_per_pack=None, balance_data_parallel=None),
         counts=Counts(records=20, samples=20, skipped=0, truncated=0, packs=packs, images=0),
     )  # fmt: skip
 

@@ -20,7 +20,7 @@ from neva_pack.families import resolve_encoder
 from neva_pack.core import ConfigError
 from neva_pack.formats import FORMATS, check_dynamic_images, open_prefix
 from neva_pack.formats import WriteSpec
-from neva_pack.formats import META_VERSION, Counts, ImageTokenIds, PackedMeta
+from neva_pack.formats import META_VERSION, Counts, ImageTokenIds, PackedMeta, PackingSettings
 from neva_pack.core import ImageRun
 from neva_pack.families import StoredImage, dynamic_processor
 from neva_pack.families import processor_from_record, processor_record, stored_vision_cost
@@ -113,8 +113,8 @@ def write_compact(output_dir: Path, store: SampleStore, capacity: int, algorithm
         format="?", version=META_VERSION, num_packs=len(packs), image_shape=None, normalisation=PROCESSOR.normalisation,
         dataset="hand.json", template="qwen2_vl", tokenization="hf", tokenizer="hand", vocab_size=64, encoder=QWEN.name,
         image_aspect_ratio="native", image_positions=None, image_token_ids=ImageTokenIds(patch=PATCH, start=START, end=END),
-        ignore_index=IGNORE, pad_id=0, pad_to_multiple_of=1, max_seq_length=capacity, algorithm=algorithm, seed=0,
-        max_samples_per_pack=None, balance_data_parallel=None,
+        ignore_index=IGNORE, pad_id=0, packing=PackingSettings(pad_to_multiple_of=1, max_seq_length=capacity, algorithm=algorithm,
+                                                               seed=0, max_samples_per_pack=None, balance_data_parallel=None),
         counts=Counts(records=len(store), samples=len(store), skipped=0, truncated=len(cuts), packs=len(packs),
                       images=int(sum(len(p.image_indices) for p in packs))),
     )  # fmt: skip

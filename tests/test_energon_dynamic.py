@@ -8,6 +8,8 @@ converts to compact and back with the same packs and the same tars. Images of tw
 and images shared between the packs of a shard survive a write, a stop and a resume.
 """
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -181,8 +183,9 @@ ANYRES_PACKS = [
 
 
 def anyres_meta(num_packs: int) -> PackedMeta:
-    return tiny_meta(num_packs).replace(image_shape=None, image_positions=None, image_token_ids=ImageTokenIds(patch=IMAGE, start=None, end=None),
-                                        pad_to_multiple_of=1, max_seq_length=16, image_processor=RECORD)  # fmt: skip
+    meta = tiny_meta(num_packs)
+    return meta.replace(image_shape=None, image_positions=None, image_token_ids=ImageTokenIds(patch=IMAGE, start=None, end=None),
+                        packing=dataclasses.replace(meta.packing, pad_to_multiple_of=1, max_seq_length=16), image_processor=RECORD)  # fmt: skip
 
 
 RECORD = {"family": "anyres", "encoder": "hand"}

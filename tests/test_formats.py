@@ -21,7 +21,7 @@ from neva_pack.assembly import AssembledPack
 from neva_pack.packing import padded_lengths
 from neva_pack.formats import FORMATS, open_packed, resolve_prefixes
 from neva_pack.formats import WriteSpec
-from neva_pack.formats import META_VERSION, Counts, ImageTokenIds, Normalisation, PackedMeta, read_meta
+from neva_pack.formats import META_VERSION, Counts, ImageTokenIds, Normalisation, PackedMeta, PackingSettings, read_meta
 from neva_pack.core import ImageRun
 from neva_pack.packing import PlanTable
 from neva_pack.sample_store import segment_name
@@ -78,8 +78,9 @@ def tiny_meta(num_packs: int) -> PackedMeta:
     return PackedMeta(
         format="?", version=META_VERSION, num_packs=num_packs, image_shape=SHAPE, normalisation=CLIP, dataset="tiny.json",
         template="plain", tokenization="nemo", tokenizer="hand", vocab_size=16, encoder="tiny", image_aspect_ratio="square", image_positions=2,
-        image_token_ids=ImageTokenIds(patch=PATCH, start=START, end=None), ignore_index=-1, pad_id=0, pad_to_multiple_of=4,
-        max_seq_length=8, algorithm="hand", seed=0, max_samples_per_pack=None, balance_data_parallel=None,
+        image_token_ids=ImageTokenIds(patch=PATCH, start=START, end=None), ignore_index=-1, pad_id=0,
+        packing=PackingSettings(pad_to_multiple_of=4, max_seq_length=8, algorithm="hand", seed=0, max_samples_per_pack=None,
+                                balance_data_parallel=None),
         counts=Counts(records=5, samples=5, skipped=0, truncated=0, packs=num_packs, images=3),
     )  # fmt: skip
 
@@ -223,6 +224,39 @@ def test_a_meta_of_an_unknown_format_or_newer_version_is_refused(tmp_path, name)
         paths.write_json_atomic(path, {**meta.to_json(), **change})
         with pytest.raises(InputError, match=message):
             open_packed(tmp_path)
+
+
+GOLDEN_METAS = SAMPLE_DATA.parent / "tests" / "golden" / "meta"
+"""Metas written by the code before PackedMeta nested its packing settings (``PackingSettings``; made at
+commit a7a448b: a flat ``PackedMeta(...)`` written with ``paths.write_json_atomic(path, meta.to_json())``):
+a fixed-crop nemo meta with every packing setting set, and a dynamic compact one with them unset."""
+
+
+GOLDEN_PACKING = {
+    "fixed": PackingSettings(pad_to_multiple_of=8, max_seq_length=4096, algorithm="first_fit_decreasing", seed=7,
+                             max_samples_per_pack=16, balance_data_parallel=2, max_images_per_pack=4,
+                             max_image_tokens_per_pack=2304),
+    "dynamic": PackingSettings(pad_to_multiple_of=1, max_seq_length=8192, algorithm="first_fit_shuffle", seed=0,
+                               max_samples_per_pack=None, balance_data_parallel=None),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN_PACKING))
+def test_a_meta_written_before_the_nesting_reads_back_and_is_written_byte_identical(tmp_path, name):
+    """Metas already published must stay readable, and a meta written now must be the bytes an
+    older reader (and every checksum over the meta) expects: same flat keys, same order."""
+    from neva_pack.formats import meta_checksum_ok, read_meta_json
+
+    golden = GOLDEN_METAS / f"{name}.meta.json"
+    meta = read_meta(golden)
+    assert meta.packing == GOLDEN_PACKING[name]
+    assert meta.max_seq_length == meta.packing.max_seq_length and meta.seed == meta.packing.seed  # read as before
+    assert meta == PackedMeta.from_json(read_meta_json(golden))
+    assert meta_checksum_ok(meta.to_json())
+    rewritten = tmp_path / golden.name
+    paths.write_json_atomic(rewritten, meta.to_json())
+    assert rewritten.read_bytes() == golden.read_bytes()
+    assert list(meta.to_json()) == list(read_meta_json(golden))
 
 
 def test_normalisation_table_is_the_processors_float_ops_bit_for_bit():

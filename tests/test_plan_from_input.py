@@ -208,6 +208,21 @@ def test_plan_takes_an_output_or_the_input_not_both(sample_dataset, tmp_path, ca
     assert "not both" in capsys.readouterr().err
 
 
+def test_plan_from_the_input_reads_the_hparams_file_as_preprocess_does(sample_dataset, tmp_path, capsys):
+    """plan --data_path builds its config as preprocess does: the hparams file's sample settings apply
+    (below the flags), its parallel sizes do not (the plan's alignment is its own flags')."""
+    hparams = tmp_path / "hparams.yaml"
+    hparams.write_text("model:\n  context_parallel_size: 4\n  data:\n    conv_template: nvgpt\n")
+    flags = ["--data_path", str(sample_dataset["data_path"]), "--image_folder", str(sample_dataset["image_folder"]),
+             "--tokenizer_path", str(sample_dataset["tokenizer_path"]), "--num_workers", "0", "--pack_sizes", "600", "2048",
+             "--json"]  # fmt: skip
+    tables = []
+    for extra in (["--hparams_file", str(hparams)], ["--conv_template", "nvgpt"], [], ["--hparams_file", str(hparams), "--conv_template", "plain"]):
+        assert main(["plan", *flags, *extra]) == 0
+        tables.append([{k: v for k, v in row.items() if k != "seconds"} for row in json.loads(capsys.readouterr().out)])
+    assert tables[0] == tables[1] != tables[2] == tables[3]
+
+
 def test_explore_on_laid_out_samples_honours_image_budgets(dynamic_data):
     builder = dynamic_builder(dynamic_data, "Qwen/Qwen2-VL-7B-Instruct", "qwen2_vl", 4_096)
     planned = laid_out_lengths(builder, dynamic_data["data"])

@@ -45,7 +45,7 @@ def convert(source: Path, dest: Path, to: str, progress: bool = True) -> list[Pa
         if meta.format == to:
             raise ConfigError(f"{prefix}: already in the {to} format")
         try:  # what the source holds must fit the target (its limits, formats/base.py)
-            target.check_settings(max_seq_length=meta.max_seq_length, ignore_index=meta.ignore_index, vocab_size=meta.vocab_size)
+            target.check_settings(max_seq_length=meta.packing.max_seq_length, ignore_index=meta.ignore_index, vocab_size=meta.vocab_size)
         except ConfigError as exc:
             raise ConfigError(f"{prefix}: cannot be converted to {to} ({exc})") from None
         if meta.dynamic and meta.counts.images and target.holds_images and not target.holds_dynamic_images:

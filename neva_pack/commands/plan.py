@@ -119,9 +119,9 @@ def load_lengths(path: Path) -> SampleLengths:
         return SampleLengths(
             lengths=table.length[input_order].astype(np.int64),
             truncated=int(meta.counts.truncated),
-            cut_at=int(meta.max_seq_length),
+            cut_at=int(meta.packing.max_seq_length),
             source=str(reader.prefix),
-            pad_to_multiple_of=int(meta.pad_to_multiple_of),
+            pad_to_multiple_of=int(meta.packing.pad_to_multiple_of),
             num_images=table.num_images[input_order],
             image_tokens=None if table.image_tokens is None else table.image_tokens[input_order],
         )

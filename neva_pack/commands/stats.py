@@ -366,11 +366,12 @@ def _load_prefix(prefix: Path) -> tuple[RunReport, PackingArrays]:
     reader = open_prefix(prefix, meta)
     table = reader.plan_table()
     reader.close()
-    multiple = int(meta.pad_to_multiple_of)
+    packing = meta.packing
+    multiple = int(packing.pad_to_multiple_of)
     arrays = PackingArrays(
         padded_lengths=table.padded_length if multiple > 1 else None,
         pad_to_multiple_of=multiple,
-        capacity=int(meta.max_seq_length),
+        capacity=int(packing.max_seq_length),
         offsets=table.offsets,
         lengths=table.length,
         num_images=table.num_images,
@@ -378,14 +379,14 @@ def _load_prefix(prefix: Path) -> tuple[RunReport, PackingArrays]:
         pack_images=per_pack_sum(table.num_images, table.offsets),
         image_tokens=table.image_tokens,
         vision_cost=table.vision_cost,
-        max_images_per_pack=meta.max_images_per_pack,
-        max_image_tokens_per_pack=meta.max_image_tokens_per_pack,
+        max_images_per_pack=packing.max_images_per_pack,
+        max_image_tokens_per_pack=packing.max_image_tokens_per_pack,
     )
     if stats_file.is_file():
         return _moved_to(read_report(stats_file), prefix), arrays
     report = _report_of(
         arrays, prefix, list(meta.crop_size or ()), dataset=meta.dataset, records=_records_from_meta(meta),
-        algorithm=meta.algorithm, seed=meta.seed, image_positions=arrays.image_positions, output_format=meta.format,
+        algorithm=packing.algorithm, seed=packing.seed, image_positions=arrays.image_positions, output_format=meta.format,
     )  # fmt: skip
     return report, arrays
 

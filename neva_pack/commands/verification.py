@@ -244,7 +244,7 @@ def _image_run_problems(pack, plan, first: int, last: int, image_run) -> list[st
 def pack_spec(meta: PackedMeta) -> invariants.PackSpec:
     """What the meta says every pack satisfies."""
     return invariants.PackSpec(
-        max_seq_length=int(meta.max_seq_length),
+        max_seq_length=int(meta.packing.max_seq_length),
         ignore_index=int(meta.ignore_index),
         image_run=meta.image_run,
         pad_id=int(meta.pad_id),

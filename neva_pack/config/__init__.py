@@ -45,7 +45,9 @@ class PreprocessConfig:
         PreprocessConfig(data_path=..., tokenizer_path=..., output_dir=..., seed=3)
 
     Every field of a part also reads through the whole: ``config.seed`` is ``config.pack.seed``
-    (field names are unique across the parts).
+    (field names are unique across the parts), for whoever holds a config in hand (the Python API,
+    tests). The pipeline says which part it reads (``config.pack.seed``): its stages are handed a
+    part, or less, never the whole.
     """
 
     sample: SampleConfig

@@ -15,7 +15,7 @@ from neva_pack.files import file_checksum
 from neva_pack.core import ConfigError, InputError
 from neva_pack.formats import bridge, bridge_parquet, compact, energon, nemo
 from neva_pack.formats.base import PackedFormat
-from neva_pack.formats.meta import PackedMeta, checksum_problems, meta_checksum_ok, read_meta, read_meta_json
+from neva_pack.formats.meta import PackedMeta, PackingSettings, checksum_problems, meta_checksum_ok, read_meta, read_meta_json
 from neva_pack.files import META_SUFFIX, PACKED_NAME, meta_path, pack_size_of, packed_prefixes
 
 from neva_pack.formats.base import Checkpoint, PackReader, PackWriter, PrefixFiles, WriteSpec
@@ -106,9 +106,9 @@ def open_packed(path: Path, pack_size: int | None = None):
     if pack_size is None:
         return open_prefix(max(prefixes, key=lambda p: pack_size_of(p) or 0))
     metas = {prefix: read_meta(meta_path(prefix)) for prefix in prefixes}
-    chosen = [prefix for prefix, meta in metas.items() if meta.max_seq_length == pack_size]
+    chosen = [prefix for prefix, meta in metas.items() if meta.packing.max_seq_length == pack_size]
     if not chosen:
-        sizes = ", ".join(str(meta.max_seq_length) for meta in metas.values())
+        sizes = ", ".join(str(meta.packing.max_seq_length) for meta in metas.values())
         raise InputError(f"{path}: no prefix of pack size {pack_size} (sizes: {sizes})")
     return open_prefix(chosen[0], metas[chosen[0]])
 
@@ -159,6 +159,7 @@ __all__ = [
     "PackWriter",
     "PackedFormat",
     "PackedMeta",
+    "PackingSettings",
     "PrefixFiles",
     "ReadPack",
     "WriteSpec",

@@ -270,8 +270,8 @@ class Writer:
         tmp = self._checkpoint.tmp
         ids, mask = np.fromfile(self._paths[0], dtype="<i8"), np.fromfile(self._paths[1], dtype=np.uint8)
         lists = {name: np.asarray(values, dtype=np.int64) for name, values in self._lists.items()}
-        size = meta.max_seq_length
-        self.rows.write(prefix_file(tmp, self.rows.tmp_suffix), rows_of(ids, mask, lists, (meta.pad_to_multiple_of or 1) > 1))
+        size = meta.packing.max_seq_length
+        self.rows.write(prefix_file(tmp, self.rows.tmp_suffix), rows_of(ids, mask, lists, (meta.packing.pad_to_multiple_of or 1) > 1))
         prefix_file(tmp, METADATA_TMP).write_text(json.dumps([packing_metadata(lists, size)]), encoding="utf-8")
         write_plan_table(plan_path(tmp), plan)
         output_dir = self.prefix.parent

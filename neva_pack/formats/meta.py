@@ -54,6 +54,45 @@ class Counts:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class PackingSettings:
+    """How the packs were made: what a reader, a trainer (alignment, budgets, rank balance) and a
+    resume (which must pack the same way) need to know of the packing. The meta file keeps these as
+    flat keys in this order (between ``pad_id`` and ``image_token_ids``): nesting them here changed no
+    byte of it, so metas written before read as they always did."""
+
+    pad_to_multiple_of: int
+    """Each sample's positions are rounded up to a multiple of this (1: no padding)."""
+    max_seq_length: int
+    """Pack capacity in positions."""
+    algorithm: str
+    """Packing algorithm."""
+    seed: int
+    """Packing seed."""
+    max_samples_per_pack: int | None
+    """Cap on samples per pack, if any."""
+    balance_data_parallel: int | None
+    """Packs ordered so every N consecutive packs cost alike (--balance_data_parallel), if asked."""
+    max_images_per_pack: int | None = None
+    """Cap on images per pack, if any (--max_images_per_pack)."""
+    max_image_tokens_per_pack: int | None = None
+    """Cap on image tokens per pack, if any (--max_image_tokens_per_pack)."""
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        """The meta keys these settings are written under, in the order they are written."""
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def from_json(cls, data: dict) -> "PackingSettings":
+        """The settings among a flat mapping's keys (a meta file's, or the writing settings by meta key);
+        a budget added within the meta's version may be absent (written without it: None)."""
+        return cls(**{name: data[name] for name in cls.keys() if name not in _OPTIONAL_FIELDS or name in data})
+
+    def to_json(self) -> dict:
+        return {name: getattr(self, name) for name in self.keys()}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PackedMeta:
     """The contents of ``<prefix>.meta.json``."""
 
@@ -90,22 +129,8 @@ class PackedMeta:
     """Label of untrained positions (and of padding)."""
     pad_id: int
     """Token id of padding positions."""
-    pad_to_multiple_of: int
-    """Each sample's positions are rounded up to a multiple of this (1: no padding)."""
-    max_seq_length: int
-    """Pack capacity in positions."""
-    algorithm: str
-    """Packing algorithm."""
-    seed: int
-    """Packing seed."""
-    max_samples_per_pack: int | None
-    """Cap on samples per pack, if any."""
-    max_images_per_pack: int | None = None
-    """Cap on images per pack, if any (--max_images_per_pack)."""
-    max_image_tokens_per_pack: int | None = None
-    """Cap on image tokens per pack, if any (--max_image_tokens_per_pack)."""
-    balance_data_parallel: int | None
-    """Packs ordered so every N consecutive packs cost alike (--balance_data_parallel), if asked."""
+    packing: PackingSettings
+    """How the packs were made (written as flat keys: ``PackingSettings``)."""
     counts: Counts
     """What the run read, packed and skipped."""
     layout: dict = field(default_factory=dict)
@@ -133,6 +158,40 @@ class PackedMeta:
         positions = None if self.image_positions is None else int(self.image_positions)
         return ImageRun(positions=positions, patch_id=int(ids.patch), start_id=ids.start, end_id=ids.end)
 
+    # The packing settings read through the meta, as when they were its own fields: readers of a meta
+    # (reading/, training/) ask for ``meta.max_seq_length``; code that builds one says ``meta.packing``.
+    @property
+    def pad_to_multiple_of(self) -> int:
+        return self.packing.pad_to_multiple_of
+
+    @property
+    def max_seq_length(self) -> int:
+        return self.packing.max_seq_length
+
+    @property
+    def algorithm(self) -> str:
+        return self.packing.algorithm
+
+    @property
+    def seed(self) -> int:
+        return self.packing.seed
+
+    @property
+    def max_samples_per_pack(self) -> int | None:
+        return self.packing.max_samples_per_pack
+
+    @property
+    def balance_data_parallel(self) -> int | None:
+        return self.packing.balance_data_parallel
+
+    @property
+    def max_images_per_pack(self) -> int | None:
+        return self.packing.max_images_per_pack
+
+    @property
+    def max_image_tokens_per_pack(self) -> int | None:
+        return self.packing.max_image_tokens_per_pack
+
     def replace(self, **changes) -> "PackedMeta":
         return dataclasses.replace(self, **changes)
 
@@ -149,8 +208,7 @@ class PackedMeta:
             data["image_processor"] = self.image_processor
         for name in _PLAIN_FIELDS:
             data[name] = getattr(self, name)
-        for name in _OPTIONAL_FIELDS:
-            data[name] = getattr(self, name)
+        data.update(self.packing.to_json())
         data["image_token_ids"] = dataclasses.asdict(self.image_token_ids)
         data["counts"] = dataclasses.asdict(self.counts)
         data["layout"] = self.layout
@@ -168,7 +226,7 @@ class PackedMeta:
         if data["version"] < META_VERSION:
             raise InputError(f"{where}: written by an older neva_pack (meta version {data['version']}); "
                              "run it again with --overwrite")  # fmt: skip
-        known = {"crop_size", "meta_checksum", *(f.name for f in dataclasses.fields(cls))}
+        known = {"crop_size", "meta_checksum", *PackingSettings.keys(), *(f.name for f in dataclasses.fields(cls))} - {"packing"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise InputError(f"{where}: unknown field(s) {', '.join(unknown)}")
@@ -187,8 +245,8 @@ class PackedMeta:
                 layout=dict(data["layout"]),
                 checksums=dict(checksums["files"]),
                 image_processor=None if data.get("image_processor") is None else dict(data["image_processor"]),
+                packing=PackingSettings.from_json(data),
                 **{name: data[name] for name in _PLAIN_FIELDS},
-                **{name: data[name] for name in _OPTIONAL_FIELDS if name in data},
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise InputError(f"{where}: malformed ({exc.__class__.__name__}: {exc})") from None
@@ -202,13 +260,13 @@ class PackedMeta:
 
 _PLAIN_FIELDS = (
     "dataset", "template", "tokenization", "tokenizer", "vocab_size", "encoder", "image_aspect_ratio", "image_positions",
-    "ignore_index", "pad_id", "pad_to_multiple_of", "max_seq_length", "algorithm", "seed", "max_samples_per_pack",
-    "balance_data_parallel",
+    "ignore_index", "pad_id",
 )  # fmt: skip
+"""The meta's own fields written as they are, in this order; the packing settings' keys follow them."""
 
 
 _OPTIONAL_FIELDS = ("max_images_per_pack", "max_image_tokens_per_pack")
-"""Settings added within the meta's version: a meta without them was written without them (None)."""
+"""Packing settings added within the meta's version: a meta without them was written without them (None)."""
 
 
 def _self_checksum(data: dict) -> str:

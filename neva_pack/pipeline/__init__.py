@@ -27,7 +27,7 @@ import numpy as np
 from neva_pack.packing import invariants
 from neva_pack.files import paths
 from neva_pack.assembly import rows_at
-from neva_pack.config import PreprocessConfig
+from neva_pack.config import PreprocessConfig, SampleConfig
 from neva_pack.core import InputError, OutputError
 from neva_pack.formats import FORMATS, output_format
 from neva_pack.formats import WriteSpec
@@ -73,125 +73,143 @@ class RunResult:
 
 
 def preprocess(config: PreprocessConfig, progress: bool = True) -> RunResult:
+    """The whole run: the only place, with the stage wiring below, that sees the whole config; each
+    stage is handed its part (``config.sample`` / ``config.pack`` / ``config.run``) or less."""
     started = time.perf_counter()
     builder = build_sample_builder(config)
-    if config.num_shards is not None and config.shard_index is not None:
-        return RunResult(reports={}, exit_code=0, notes=(encode_part(config, builder, progress),))
-    with prepare_output_dir(config, keep_store=config.num_shards is not None) as lock:
+    run = config.run
+    if run.num_shards is not None and run.shard_index is not None:
+        note = encode_part(config.sample, run, builder, progress, resume_fingerprint=config.sample_fingerprint())
+        return RunResult(reports={}, exit_code=0, notes=(note,))
+    with prepare_output_dir(run, _inputs(config.sample), keep_store=run.num_shards is not None) as lock:
         return _run(config, builder, lock.path.parent, progress, started)
+
+
+def _inputs(sample: SampleConfig) -> dict[str, Path | None]:
+    """The run's inputs by flag: what --overwrite must refuse to delete (``ownership.owned_outputs``)."""
+    return {"data_path": sample.data_path, "image_folder": sample.image_folder, "tokenizer_path": sample.tokenizer_path}
 
 
 def _run(config: PreprocessConfig, builder: SampleBuilder, output_dir: Path, progress: bool, started) -> RunResult:
     """Every stage, while the output directory's lock is held. With --num_shards (and no
     --shard_index) this is the final step of a sharded run: the parts are checked and joined
     into the sample store instead of encoding, and the rest is the same."""
-    digest = input_digest(config.data_path)
+    sample, run, sizes = config.sample, config.run, config.pack.sizes
+    digest = input_digest(sample.data_path)
     store_directory = paths.store_dir(output_dir)
-    if config.resume and not store_directory.exists():
-        published = _published(config, output_dir, digest)
+    if run.resume and not store_directory.exists():
+        published = _published({size: config.write_settings(size) for size in sizes}, output_dir, digest, sample.data_path)
         if published is not None:  # every prefix was published (and the store dropped) before: nothing to redo
-            return published
-    index = index_records(config.data_path, every=records_per_message(config), progress=progress)
+            return _result(published, run.strict)
+    index = index_records(sample.data_path, every=records_per_message(sample), progress=progress)
     total = index.count
-    if config.num_shards is None:
-        encode_samples(config, builder, store_directory, output_dir, index, progress, input_digest=digest)
+    resume_fingerprint = config.sample_fingerprint()
+    if run.num_shards is None:
+        encode_samples(sample, run, builder, store_directory, output_dir, index, progress, input_digest=digest,
+                       fingerprint=resume_fingerprint)  # fmt: skip
     else:
-        resume_fingerprint = config.sample_fingerprint()
-        fingerprint = content_fingerprint(config, builder, total, resume_fingerprint, digest)
-        images = store_images(config, builder)
+        fingerprint = content_fingerprint(sample, builder, total, resume_fingerprint, digest)
+        images = store_images(sample, builder)
         join_parts(
-            store_directory, config.num_shards, total, fingerprint, images.image_shape, resume_fingerprint,
-            image_run=images.image_run, ignore_index=config.ignore_index, data_path=config.data_path,
+            store_directory, run.num_shards, total, fingerprint, images.image_shape, resume_fingerprint,
+            image_run=images.image_run, ignore_index=sample.ignore_index, data_path=sample.data_path,
             image_processor=images.image_processor,
         )  # fmt: skip
     store = SampleStore(store_directory)
     write_run_skipped(store.skipped_files(), output_dir)
     skipped = sum(store.skipped_by_reason.values())
-    if config.num_shards is not None and skipped > config.max_skip_fraction * total:  # each part checked only its own
-        raise too_many_skipped(config.max_skip_fraction, skipped, f"the {total}", output_dir)
+    if run.num_shards is not None and skipped > run.max_skip_fraction * total:  # each part checked only its own
+        raise too_many_skipped(run.max_skip_fraction, skipped, f"the {total}", output_dir)
     if total == 0:
-        raise InputError(f"--data_path {config.data_path}: holds no records (an empty file, an empty list [] or only blank lines)")
+        raise InputError(f"--data_path {sample.data_path}: holds no records (an empty file, an empty list [] or only blank lines)")
     if len(store) == 0 and store.skipped_by_reason.get(IMAGES_NOT_HELD) == total:
         holding = " or ".join(name for name, fmt in FORMATS.items() if fmt.holds_images)
-        raise InputError(f"every record of {config.data_path} has images, which --output_format {config.output_format} "
+        raise InputError(f"every record of {sample.data_path} has images, which --output_format {config.pack.output_format} "
                          f"cannot hold (text only): use --output_format {holding}")  # fmt: skip
     if len(store) == 0:
         raise InputError(
-            f"none of the {total} record(s) of {config.data_path} could be used; reasons in {output_dir / paths.SKIPPED_FILE}"
+            f"none of the {total} record(s) of {sample.data_path} could be used; reasons in {output_dir / paths.SKIPPED_FILE}"
         )
     reports = {}
-    for size in config.sizes:
+    for size in sizes:
         reports[size] = _write_prefix(config, builder, store, index, size, output_dir, progress, started, digest)
-    if config.drop_store:
-        drop_store(output_dir, [paths.packed_prefix(output_dir, size if len(config.sizes) > 1 else None) for size in config.sizes])
-    strict_failure = config.strict and any(report.records.skipped > 0 for report in reports.values())
+    if run.drop_store:
+        drop_store(output_dir, [paths.packed_prefix(output_dir, size if len(sizes) > 1 else None) for size in sizes])
+    return _result(reports, run.strict)
+
+
+def _result(reports: dict[int, RunReport], strict: bool) -> RunResult:
+    """The run's result: with --strict, exit 1 when any pack size skipped a record."""
+    strict_failure = strict and any(report.records.skipped > 0 for report in reports.values())
     return RunResult(reports=reports, exit_code=1 if strict_failure else 0)
 
 
-def _published(config, output_dir: Path, digest: str) -> RunResult | None:
+def _published(settings: dict[int, dict], output_dir: Path, digest: str, data_path: Path) -> dict[int, RunReport] | None:
     """--resume where the sample store is gone (--drop_store after a complete run): the reports of the
-    published prefixes when every pack size was published from this very input with these settings;
+    published prefixes when every pack size (``settings``: size -> its writing settings,
+    ``PreprocessConfig.write_settings``) was published from this very input with these settings;
     None when one is missing (the run starts the store again)."""
     reports = {}
-    for size in config.sizes:
-        named_size = size if len(config.sizes) > 1 else None
+    for size, written in settings.items():
+        named_size = size if len(settings) > 1 else None
         prefix = paths.packed_prefix(output_dir, named_size)
-        report = resumed_prefix(prefix, paths.stats_path(output_dir, named_size), config.write_settings(size),
-                                digest, config.data_path)  # fmt: skip
+        report = resumed_prefix(prefix, paths.stats_path(output_dir, named_size), written, digest, data_path)
         if report is None:
             return None
         reports[size] = report
-    strict_failure = config.strict and any(report.records.skipped > 0 for report in reports.values())
-    return RunResult(reports=reports, exit_code=1 if strict_failure else 0)
+    return reports
 
 
 def _write_prefix(
-    config, builder, store, index: RecordIndex, size: int, output_dir: Path, progress: bool, started, digest: str
-) -> RunReport:
-    """Pack the store for one pack size and publish its prefix (skipped when --resume finds it complete)."""
+    config: PreprocessConfig, builder, store, index: RecordIndex, size: int, output_dir: Path, progress: bool, started,
+    digest: str,
+) -> RunReport:  # fmt: skip
+    """Pack the store for one pack size and publish its prefix (skipped when --resume finds it complete):
+    the wiring of one size's stages (pack, assemble and write, report, meta), each given its part of
+    the config."""
+    sample, settings, run = config.sample, config.pack, config.run
     total = index.count
-    named_size = size if len(config.sizes) > 1 else None
+    named_size = size if len(settings.sizes) > 1 else None
     prefix = paths.packed_prefix(output_dir, named_size)
     stats_file = paths.stats_path(output_dir, named_size)
-    settings = config.write_settings(size)
-    if config.resume:
-        published = resumed_prefix(prefix, stats_file, settings, digest, config.data_path)
+    written = config.write_settings(size)
+    if run.resume:
+        published = resumed_prefix(prefix, stats_file, written, digest, sample.data_path)
         if published is not None:
             return published  # published before the interruption, with these settings
-    multiple = config.alignment
-    rows, cuts, unsupervised = rows_at(store, aligned_capacity(size, multiple), config.ignore_index)
+    multiple = settings.alignment
+    rows, cuts, unsupervised = rows_at(store, aligned_capacity(size, multiple), sample.ignore_index)
     padded = padded_lengths(rows["length"], multiple)  # what is packed (== length when multiple is 1)
-    over_budget = np.setdiff1d(over_image_budget(rows, config.max_images_per_pack, config.max_image_tokens_per_pack), unsupervised)
+    over_budget = np.setdiff1d(over_image_budget(rows, settings.max_images_per_pack, settings.max_image_tokens_per_pack), unsupervised)
     size_skips = {"no_supervised_tokens": unsupervised, OVER_IMAGE_BUDGET: over_budget}  # this size's own skips, by reason
     kept = np.setdiff1d(np.arange(len(rows), dtype=np.int64), np.concatenate([unsupervised, over_budget]))
     if len(kept) == 0:
         raise InputError(f"pack size {size}: the cut leaves none of the {len(rows)} sample(s) a trained label"
                          + (" within the visual budgets (--max_images_per_pack / --max_image_tokens_per_pack)" if len(over_budget) else ""))  # fmt: skip
-    plan = pack_kept(config, padded, rows, kept, size)
-    plan, balance_report = balance(config, plan, rows)
-    fmt = output_format(config.output_format)
+    plan = pack_kept(settings, padded, rows, kept, size)
+    plan, balance_report = balance(settings, plan, rows)
+    fmt = output_format(settings.output_format)
     dynamic = store.dynamic
     spec = WriteSpec(
         image_shape=None if dynamic else tuple(builder.preprocessor.shape),
         normalisation=builder.preprocessor.normalisation if dynamic else builder.preprocessor.normalisation(),
-        pad_id=config.pad_id,
-        ignore_index=config.ignore_index,
+        pad_id=settings.pad_id,
+        ignore_index=sample.ignore_index,
         pool=tuple(store.pool_segments),
-        plan_digest=plan_digest(plan, padded, settings),
+        plan_digest=plan_digest(plan, padded, written),
         image_run=builder.image_run,
         image_processor=store.image_processor,
     )
     remove_stale_tmp(prefix, spec.plan_digest)
-    writer = fmt.writer(prefix, spec, resume=config.resume)
-    checks = pack_spec(config, builder, size)
-    every = max(1, config.checkpoint_every // 10)
+    writer = fmt.writer(prefix, spec, resume=run.resume)
+    checks = pack_spec(settings, builder, size)
+    every = max(1, run.checkpoint_every // 10)
     job = PackJob(store=store, plan=plan, cuts=cuts, pad_to_multiple_of=multiple, checks=checks,
                   prepare=functools.partial(fmt.prepare, spec=spec))  # fmt: skip
-    write_packs(job, writer, every, progress, fmt.needs_pixels, config.num_workers)
+    write_packs(job, writer, every, progress, fmt.needs_pixels, run.num_workers)
     report = run_report(
-        config, builder, store, rows, plan, padded, kept, {reason: len(skips) for reason, skips in size_skips.items()},
-        balance_report, total, prefix,
-        time.perf_counter() - started,
+        settings, builder, store, rows, plan, padded, kept, {reason: len(skips) for reason, skips in size_skips.items()},
+        balance_report, total, prefix, time.perf_counter() - started, data_path=sample.data_path,
     ).replace(input_digest=digest)  # fmt: skip
     problem = invariants.accounting_problem(total, report.records.packed, report.records.skipped)
     if problem is not None:
@@ -199,13 +217,14 @@ def _write_prefix(
     skipped_file = paths.skipped_path(output_dir, named_size)
     own_records = {reason: np.sort(store.rows["record_index"][skips]).astype(np.int64) for reason, skips in size_skips.items()}
     every_own = np.sort(np.concatenate(list(own_records.values())))
-    ids = record_ids(config.data_path, every_own, builder.record_limits, index) if len(every_own) else {}
-    write_size_skipped(output_dir / paths.SKIPPED_FILE, skipped_file, own_records, ids, size_skip_details(size, config.max_images_per_pack, config.max_image_tokens_per_pack))
+    ids = record_ids(sample.data_path, every_own, builder.record_limits, index) if len(every_own) else {}
+    details = size_skip_details(size, settings.max_images_per_pack, settings.max_image_tokens_per_pack)
+    write_size_skipped(output_dir / paths.SKIPPED_FILE, skipped_file, own_records, ids, details)
     paths.write_json_atomic(stats_file, report.to_json())
     writer.publish(
         PlanTable.of(rows, plan, multiple),
         extra_files=[stats_file, skipped_file],
-        meta=packed_meta(config, builder, spec, report),
+        meta=packed_meta(sample, config.meta_settings(report.max_seq_length), builder, spec, report),
     )
     return report
 

@@ -113,11 +113,11 @@ def _dynamic_images(sample: SampleConfig, tokenizer, encoder, fmt) -> tuple[Dyna
     return processor, image_run
 
 
-def pack_spec(config: PreprocessConfig, builder: SampleBuilder, size: int) -> invariants.PackSpec:
+def pack_spec(pack: PackConfig, builder: SampleBuilder, size: int) -> invariants.PackSpec:
     """What every pack of this run must satisfy (checked before each is written)."""
     return invariants.PackSpec(
         max_seq_length=size,
-        ignore_index=config.ignore_index,
+        ignore_index=builder.ignore_index,
         image_run=builder.image_run,
-        pad_id=config.pad_id,
+        pad_id=pack.pad_id,
     )

@@ -24,6 +24,7 @@ import shutil
 import socket
 from pathlib import Path
 
+from neva_pack.config import RunConfig
 from neva_pack.files import paths
 from neva_pack.core import ConfigError, InputError
 from neva_pack.formats import declared_files
@@ -206,19 +207,20 @@ def _json_field(path: Path, field: str | None):
     return value if field is None else value.get(field)
 
 
-def prepare_output_dir(config, keep_store: bool = False) -> OutputLock:
+def prepare_output_dir(run: RunConfig, inputs: dict[str, Path | None], keep_store: bool = False) -> OutputLock:
     """Lock the output directory for this run (returned, held) after checking what is in it:
     a non-empty directory is refused (untouched) unless --resume or --overwrite, and these touch
-    only what neva-pack recognises as its own output. With ``keep_store`` (the final step of a
-    sharded run) the sample store, where the parts are, is expected and never removed."""
-    output_dir = Path(config.output_dir)
+    only what neva-pack recognises as its own output, never one of the run's ``inputs`` (flag ->
+    path: ``owned_outputs``). With ``keep_store`` (the final step of a sharded run) the sample
+    store, where the parts are, is expected and never removed."""
+    output_dir = Path(run.output_dir)
     if output_dir.exists() and not output_dir.is_dir():
         raise ConfigError(f"--output_dir {output_dir}: exists and is not a directory")
     store = paths.store_dir(output_dir)
 
     def refuse_if_not_empty():
         names = [name for name in entries(output_dir) if not (keep_store and name == store.name)]
-        if names and not (config.resume or config.overwrite):
+        if names and not (run.resume or run.overwrite):
             raise ConfigError(
                 f"--output_dir {output_dir}: not empty ({names[0]}{', ...' if len(names) > 1 else ''}); "
                 "pass --resume to continue an interrupted run or --overwrite to replace it"
@@ -232,11 +234,10 @@ def prepare_output_dir(config, keep_store: bool = False) -> OutputLock:
         raise ConfigError(f"--output_dir {output_dir}: cannot write ({exc.strerror or exc})") from None
     try:
         refuse_if_not_empty()  # another run may have written here before this one got the lock
-        inputs = {"data_path": config.data_path, "image_folder": config.image_folder, "tokenizer_path": config.tokenizer_path}
-        owned = owned_outputs(output_dir, inputs if config.overwrite else {})
+        owned = owned_outputs(output_dir, inputs if run.overwrite else {})
         if keep_store:
             owned = [path for path in owned if path != store]
-        if config.overwrite:
+        if run.overwrite:
             remove(owned)
     except BaseException:
         lock.release()
@@ -244,15 +245,15 @@ def prepare_output_dir(config, keep_store: bool = False) -> OutputLock:
     return lock
 
 
-def prepare_part_dir(config) -> OutputLock:
+def prepare_part_dir(run: RunConfig) -> OutputLock:
     """--num_shards N --shard_index i: lock shard i's part directory (returned, held) after checking it.
     The parts of a run are written at the same time by several nodes, so each locks only its own
     part, which is its own output: non-empty needs --resume, or --overwrite (which removes what a
     part holds, and refuses anything else)."""
-    output_dir = Path(config.output_dir)
+    output_dir = Path(run.output_dir)
     if output_dir.exists() and not output_dir.is_dir():
         raise ConfigError(f"--output_dir {output_dir}: exists and is not a directory")
-    part = part_dir(paths.store_dir(output_dir), config.num_shards, config.shard_index)
+    part = part_dir(paths.store_dir(output_dir), run.num_shards, run.shard_index)
     try:
         part.mkdir(parents=True, exist_ok=True)
         lock = OutputLock(part).acquire()
@@ -260,9 +261,9 @@ def prepare_part_dir(config) -> OutputLock:
         raise ConfigError(f"--output_dir {output_dir}: cannot write ({exc.strerror or exc})") from None
     try:
         names = entries(part)
-        if names and not (config.resume or config.overwrite):
+        if names and not (run.resume or run.overwrite):
             raise ConfigError(f"{part}: this shard was started before; pass --resume to continue it or --overwrite to redo it")
-        if names and config.overwrite:
+        if names and run.overwrite:
             strangers = [name for name in names if not is_part_file(name)]
             if strangers:
                 raise ConfigError(f"{part}: holds {strangers[0]}, which a store part does not; move it away (nothing was deleted)")

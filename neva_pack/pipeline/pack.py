@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from neva_pack.config import PreprocessConfig
+from neva_pack.config import PackConfig
 from neva_pack.packing import RECOMMENDED_ALGORITHM, PackingPlan, pack
 from neva_pack.packing import budget_options
 from neva_pack.packing import PackCosts, balance_order, reorder_plan, straggler_overhead
@@ -21,16 +21,16 @@ BALANCE_STREAM = 1
 """Second number of the balance generator's seed, (seed, 1): independent of the packer's stream."""
 
 
-def balance(config: PreprocessConfig, plan: PackingPlan, rows: np.ndarray) -> tuple[PackingPlan, BalanceReport | None]:
+def balance(settings: PackConfig, plan: PackingPlan, rows: np.ndarray) -> tuple[PackingPlan, BalanceReport | None]:
     """With --balance_data_parallel N: the plan's packs reordered so that every N consecutive packs
     cost alike (the LM's attention and the vision encoder's, from the rows' ``vision_cost``), and the
     straggler overheads before (the packer's order) and after."""
-    group = config.balance_data_parallel
+    group = settings.balance_data_parallel
     if not group:
         return plan, None
     chosen = rows[plan.indices]
     costs = PackCosts.of(chosen["length"], plan.offsets, chosen["num_images"], chosen["vision_cost"])
-    order = balance_order(costs, group, np.random.default_rng((config.seed, BALANCE_STREAM)))
+    order = balance_order(costs, group, np.random.default_rng((settings.seed, BALANCE_STREAM)))
     overheads = {
         f"{name}_overhead_{when}": straggler_overhead(getattr(costs, name), group, arrangement)
         for name in ("attention", "tokens", "images", "vision")
@@ -39,12 +39,13 @@ def balance(config: PreprocessConfig, plan: PackingPlan, rows: np.ndarray) -> tu
     return reorder_plan(plan, order), BalanceReport(data_parallel=group, **overheads)
 
 
-def pack_kept(config: PreprocessConfig, padded: np.ndarray, rows: np.ndarray, kept: np.ndarray, size: int) -> PackingPlan:
+def pack_kept(settings: PackConfig, padded: np.ndarray, rows: np.ndarray, kept: np.ndarray, size: int) -> PackingPlan:
     """The plan of the samples ``kept`` at this size, its indices into the store's rows (all of
     them when none is left out: the same plan as packing every row), within the visual budgets."""
     plan = pack(
-        padded[kept], size, algorithm=config.packing_algorithm, seed=config.seed, max_samples_per_pack=config.max_samples_per_pack,
-        **budget_options(rows[kept], config.max_images_per_pack, config.max_image_tokens_per_pack),
+        padded[kept], size, algorithm=settings.packing_algorithm, seed=settings.seed,
+        max_samples_per_pack=settings.max_samples_per_pack,
+        **budget_options(rows[kept], settings.max_images_per_pack, settings.max_image_tokens_per_pack),
     )  # fmt: skip
     return replace(plan, indices=kept[plan.indices])
 

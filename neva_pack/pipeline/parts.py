@@ -27,7 +27,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from neva_pack.config import PreprocessConfig
+from neva_pack.config import RunConfig, SampleConfig
 from neva_pack.core import ConfigError, InputError
 from neva_pack.pipeline.encode import encode_samples, records_per_message, store_images
 from neva_pack.pipeline.ownership import LOCK_FILE, is_part_file, prepare_part_dir
@@ -71,57 +71,62 @@ class Partition:
         return dataclasses.asdict(self)
 
 
-def encode_part(config: PreprocessConfig, builder: SampleBuilder, progress: bool) -> str:
+def encode_part(
+    sample: SampleConfig, run: RunConfig, builder: SampleBuilder, progress: bool, *, resume_fingerprint: dict
+) -> str:  # fmt: skip
     """--num_shards N --shard_index i: encode shard i's record range into its own part of the sample
-    store; --resume / --overwrite touch only that part. Returns the line that tells the user what next."""
-    output_dir = Path(config.output_dir)
+    store; --resume / --overwrite touch only that part. ``resume_fingerprint``: the run's sample
+    fingerprint (``PreprocessConfig.sample_fingerprint``), of which the part records the content
+    version. Returns the line that tells the user what next."""
+    output_dir = Path(run.output_dir)
     if output_dir.exists() and not output_dir.is_dir():
         raise ConfigError(f"--output_dir {output_dir}: exists and is not a directory")
-    index = index_records(config.data_path, every=records_per_message(config), progress=progress)
+    index = index_records(sample.data_path, every=records_per_message(sample), progress=progress)
     total = index.count
-    first, end = shard_range(total, config.num_shards, config.shard_index)
-    with prepare_part_dir(config) as lock:
+    first, end = shard_range(total, run.num_shards, run.shard_index)
+    with prepare_part_dir(run) as lock:
         part = lock.path.parent
-        resume_fingerprint = config.sample_fingerprint()
         partition = Partition(
-            num_shards=config.num_shards,
-            shard_index=config.shard_index,
+            num_shards=run.num_shards,
+            shard_index=run.shard_index,
             total_records=total,
             first_record=first,
             end_record=end,
-            fingerprint=content_fingerprint(config, builder, total, resume_fingerprint),
+            fingerprint=content_fingerprint(sample, builder, total, resume_fingerprint),
         )
         extra = {"partition": partition.to_json()}
-        encode_samples(config, builder, part, part, index, progress, first=first, end=end, extra=extra,
+        encode_samples(sample, run, builder, part, part, index, progress, first=first, end=end, extra=extra,
                        fingerprint=partition.fingerprint, input_digest=partition.fingerprint["data"])  # fmt: skip
     return (
-        f"shard {config.shard_index} of {config.num_shards}: records {first}..{end - 1} encoded into {part}; "
+        f"shard {run.shard_index} of {run.num_shards}: records {first}..{end - 1} encoded into {part}; "
         f"once every shard is done, run the same command without --shard_index to pack"
     )
 
 
-def content_fingerprint(config, builder, total_records: int, resume_fingerprint: dict, data_digest: str | None = None) -> dict:
+def content_fingerprint(
+    sample: SampleConfig, builder, total_records: int, resume_fingerprint: dict, data_digest: str | None = None
+) -> dict:  # fmt: skip
     """What decides the samples, by content (no absolute path, no mtime): the resume fingerprint
     (``PreprocessConfig.sample_fingerprint``) with its locations and names replaced by content digests
     (``data_digest``: the input's ``input_digest`` where the caller has it already)."""
-    locations = set(config.sample.location_keys())
+    locations = set(sample.location_keys())
     template = {k: v for k, v in dataclasses.asdict(builder.template).items() if k != "name"}
     return {
-        "data": input_digest(config.data_path) if data_digest is None else data_digest,
+        "data": input_digest(sample.data_path) if data_digest is None else data_digest,
         "records": total_records,
-        "tokenizer": _tokenizer_digest(Path(config.tokenizer_path)),
+        "tokenizer": _tokenizer_digest(Path(sample.tokenizer_path)),
         "template": _text_digest(json.dumps(template, sort_keys=True, default=str)),
-        "encoder": _encoder_digest(config, builder),
+        "encoder": _encoder_digest(sample, builder),
         "image_ids": [builder.image_run.patch_id, builder.image_run.start_id, builder.image_run.end_id],
         "image_positions": builder.image_run.positions,
         **{k: v for k, v in resume_fingerprint.items() if k not in locations and k != "image_ids"},
     }
 
 
-def _encoder_digest(config, builder) -> str:
+def _encoder_digest(sample: SampleConfig, builder) -> str:
     """The image processor by content: a fixed crop's encoder settings, or a dynamic family's processor
     record (``images.processor_record``: encoder settings plus the pixel bounds and arithmetic it resolved)."""
-    images = store_images(config, builder)
+    images = store_images(sample, builder)
     if images.image_processor is not None:
         return _text_digest(json.dumps(images.image_processor, sort_keys=True))
     encoder = builder.preprocessor.encoder
