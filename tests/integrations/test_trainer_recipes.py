@@ -1,0 +1,197 @@
+"""The recipes of docs/training_hugging_face.md, run as they are written: transformers' ``Trainer`` and
+TRL's ``SFTTrainer`` train tiny randomly initialised LLaVA (CLIP tower, fixed 224 px crops) and
+Qwen2.5-VL (native resolution, mRoPE) models on real neva_pack outputs for 3 steps on CPU (float64).
+
+Each test takes its recipe's python block out of the page and executes it, supplying the variables the
+block documents (``output_dir``, ``model``, ``tokenizer``, ``checkpoints``, ``settings``): the page
+cannot drift from what runs. The first step's loss must be our packed-equals-unpacked proof's for the
+same batch: the samples of the pack the trainer drew, each run alone through the model, their summed
+next-token loss over their trained targets (for Qwen the model computing its own mRoPE ids, as its
+processor's output would feed it). The steps must run (finite losses, vision tower and language model
+changed). The settings each trainer needs are shown to be needed: without them the trainer itself fails.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from neva_pack.cli import main
+from neva_pack.formats import open_packed
+from neva_pack.integrations import check_sft_config, check_training_arguments, sft_config, sft_data, trainer_data, training_arguments
+from neva_pack.reading import PackedSamples, PackedSeqDataset
+from neva_pack.text import load_tokenizer
+from neva_pack.training import HF_IGNORE_INDEX, hf_collate
+from tests.conftest import SAMPLE_DATA
+from tests.dynamic_models import TEXT, loss_and_gradients, samples_alone
+from tests.dynamic_references import hf_tokenizer, stand_in_tokenizer
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGE = ROOT / "docs" / "training_hugging_face.md"
+TOLERANCE = 1e-6
+"""The trainers' losses run in float32 (ForCausalLMLoss upcasts the logits; TRL's fused head scores in
+float32): the step-0 loss equals the float64 proof to float32 precision."""
+
+
+def recipe(name: str) -> str:
+    """The python block of the page whose first line is ``# recipe: <name>``."""
+    blocks = re.findall(r"```python\n(.*?)```", PAGE.read_text(encoding="utf-8"), flags=re.S)
+    [block] = [block for block in blocks if block.startswith(f"# recipe: {name}\n")]
+    return block
+
+
+def run_recipe(name: str, **given) -> dict:
+    namespace = dict(given)
+    exec(compile(recipe(name), f"{PAGE.name}: {name}", "exec"), namespace)
+    return namespace
+
+
+def settings() -> dict:
+    """The test's own TrainingArguments: what a user chooses (steps, precision, logging), on CPU."""
+    return {"use_cpu": True, "max_steps": 3, "report_to": [], "save_strategy": "no", "bf16": False, "seed": 0,
+            "learning_rate": 1e-3, "logging_steps": 1, "disable_tqdm": True}  # fmt: skip
+
+
+def preprocess(folder: Path, records: list[dict], images: Path, *flags: str) -> Path:
+    (folder / "data.json").write_text(json.dumps(records))
+    output = folder / "out"
+    assert main(["preprocess", "--quiet", "--data_path", str(folder / "data.json"), "--image_folder", str(images),
+                 "--tokenizer_path", str(folder / "tok"), "--output_format", "compact", "--num_workers", "0",
+                 "--output_dir", str(output), *flags]) == 0  # fmt: skip
+    return output
+
+
+@pytest.fixture(scope="module")
+def llava_run(tmp_path_factory):
+    """8 sample_data conversations (photos, one text-only) with the stand-in tokenizer as LLaVA's, CLIP-B/32
+    224 px crops (49 features an image), 512-position packs; a tiny LlavaForConditionalGeneration."""
+    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
+
+    folder = tmp_path_factory.mktemp("llava_recipe")
+    (folder / "tok").mkdir()
+    stand_in_tokenizer(folder / "tok", "llama")
+    records = json.loads((SAMPLE_DATA / "llava_sample.json").read_text())[:8]
+    output = preprocess(folder, records, SAMPLE_DATA / "images", "--conv_template", "v1", "--max_seq_length", "512",
+                        "--hf_vision_encoder", "openai/clip-vit-base-patch32", "--tokenization", "llava")  # fmt: skip
+    tokenizer = load_tokenizer(folder / "tok")
+    torch.manual_seed(0)
+    text = LlamaConfig(**{**TEXT, "vocab_size": tokenizer.vocab_size}, max_position_embeddings=1024, initializer_range=0.3)
+    vision = CLIPVisionConfig(image_size=224, patch_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                              num_attention_heads=2)  # fmt: skip
+    config = LlavaConfig(vision_config=vision, text_config=text, image_token_id=tokenizer.token_to_id("<image>"),
+                         vision_feature_layer=-1, vision_feature_select_strategy="default")  # fmt: skip
+    config._attn_implementation = "sdpa"
+    return output, LlavaForConditionalGeneration(config).double(), hf_tokenizer(folder / "tok")
+
+
+@pytest.fixture(scope="module")
+def qwen_run(tmp_path_factory):
+    """6 conversations (4 with an image of its own size, 2 text-only) with the stand-in tokenizer, the shipped
+    Qwen2.5-VL processor at up to 16 merged patches an image, 160-position packs; a tiny Qwen2_5_VL model
+    (2 vision blocks, one of them windowed)."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    folder = tmp_path_factory.mktemp("qwen_recipe")
+    (folder / "tok").mkdir()
+    stand_in_tokenizer(folder / "tok", "qwen")
+    (folder / "img").mkdir()
+    rng = np.random.default_rng(0)
+    for k, (width, height) in enumerate([(120, 90), (60, 140), (100, 100)]):
+        Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(folder / "img" / f"i{k}.png")
+    records = [{"id": str(k), "conversations": [{"from": "human", "value": "<image>\nWhat is this?" if k % 3 else "Hello there"},
+                                                {"from": "gpt", "value": "A picture of things " * (k + 1)}],
+                **({"image": f"i{k % 3}.png"} if k % 3 else {})} for k in range(6)]  # fmt: skip
+    output = preprocess(folder, records, folder / "img", "--conv_template", "qwen2_vl", "--max_seq_length", "160",
+                        "--hf_vision_encoder", "Qwen/Qwen2.5-VL-7B-Instruct", "--max_pixels", "12544")  # fmt: skip
+    tokenizer = load_tokenizer(folder / "tok")
+    ids = {name: tokenizer.token_to_id(f"<|{token}|>") for name, token in
+           (("image_token_id", "image_pad"), ("video_token_id", "video_pad"), ("vision_start_token_id", "vision_start"),
+            ("vision_end_token_id", "vision_end"))}  # fmt: skip
+    torch.manual_seed(0)
+    config = Qwen2_5_VLConfig(
+        text_config={**TEXT, "vocab_size": tokenizer.vocab_size, "bos_token_id": None, "eos_token_id": None,
+                     "rope_parameters": {"rope_type": "default", "mrope_section": [1, 1, 2]}},
+        vision_config={"depth": 2, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2, "out_hidden_size": 16,
+                       "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "window_size": 56,
+                       "fullatt_block_indexes": [1]},
+        **ids,
+    )  # fmt: skip
+    config._attn_implementation = "sdpa"
+    return output, Qwen2_5_VLForConditionalGeneration(config).double(), hf_tokenizer(folder / "tok")
+
+
+def llava_proof(model, output: Path, p: int) -> tuple[float, int]:
+    """Pack ``p``'s samples one by one (``PackedSamples``, one-sample rows), float64: the summed next-token
+    loss and the number of trained targets (as tests/test_hf_batch.py proves packed == unpacked)."""
+    packs = PackedSeqDataset(output)
+    samples, collate = PackedSamples(packs), hf_collate(packs, image_token_id=model.config.image_token_id)
+    total, targets = 0.0, 0
+    with torch.no_grad():
+        for j in range(int(samples.offsets[p]), int(samples.offsets[p + 1])):
+            row = collate([samples[j]])
+            inputs = {key: row[key] for key in ("input_ids", "position_ids", "pixel_values") if key in row}
+            logits = model(**inputs, use_cache=False).logits[0]
+            total += float(F.cross_entropy(logits, row["shift_labels"][0], ignore_index=HF_IGNORE_INDEX, reduction="sum"))
+            targets += int(row["shift_labels"].ne(HF_IGNORE_INDEX).sum())
+    return total, targets
+
+
+def qwen_proof(model, output: Path, p: int) -> tuple[float, int]:
+    """Pack ``p``'s samples alone as Qwen's own processor would feed them (the model computing its mRoPE
+    ids), float64: their summed loss and trained targets (tests/dynamic_models.py)."""
+    packs = PackedSeqDataset(output)
+    alone = samples_alone(open_packed(output).pack(p), packs.sample_images(p), packs.processor, "native", model.config.image_token_id)
+    total, _ = loss_and_gradients(model, alone)
+    return total, sum(int(targets.ne(HF_IGNORE_INDEX).sum()) for _, targets in alone)
+
+
+PROOFS = {"llava": ("llava_run", llava_proof), "qwen2_5_vl": ("qwen_run", qwen_proof)}
+
+
+def train_recipe(name: str, run, proof, tmp_path) -> None:
+    output, initial, tokenizer = run
+    model = copy.deepcopy(initial)  # the fixture's model stays as initialised, for the proof
+    calls = []
+    model.register_forward_hook(lambda module, args, kwargs, out: calls.append((kwargs, out.loss.detach())), with_kwargs=True)
+    before = {key: value.detach().clone() for key, value in model.named_parameters()}
+    given = {"output_dir": output, "model": model, "checkpoints": tmp_path / "checkpoints", "settings": settings()}
+    if name == "TRL SFTTrainer":
+        given["tokenizer"] = tokenizer
+    namespace = run_recipe(name, **given)
+    assert namespace["trainer"].state.global_step == 3 and len(calls) == 3
+    assert all(math.isfinite(float(loss)) for _, loss in calls)
+
+    # the first row: the pack the trainer drew (one pack a row), found by its ids
+    packs = namespace["packs"]
+    collate = hf_collate(packs, image_token_id=initial.config.image_token_id)
+    first = calls[0][0]["input_ids"]
+    [p] = [p for p in range(len(packs)) if torch.equal(collate([packs[p]])["input_ids"], first)]
+    total, targets = proof(initial, output, p)
+    assert targets == int(calls[0][0]["shift_labels"].ne(HF_IGNORE_INDEX).sum())
+    assert abs(float(calls[0][1]) - total / targets) <= TOLERANCE * total / targets
+
+    changed = {key for key, value in model.named_parameters() if not torch.equal(value.detach(), before[key])}
+    assert any("visual" in key or "vision_tower" in key for key in changed)
+    assert "lm_head.weight" in changed and any("language_model" in key for key in changed)
+
+
+@pytest.mark.parametrize("family", PROOFS)
+def test_the_trainer_recipe_trains_on_packs_with_the_loss_of_the_proof(family, request, tmp_path):
+    fixture, proof = PROOFS[family]
+    train_recipe("transformers Trainer", request.getfixturevalue(fixture), proof, tmp_path)
+
+
+@pytest.mark.parametrize("family", PROOFS)
+def test_the_trl_recipe_trains_on_packs_with_the_loss_of_the_proof(family, request, tmp_path):
+    fixture, proof = PROOFS[family]
+    train_recipe("TRL SFTTrainer", request.getfixturevalue(fixture), proof, tmp_path)
