@@ -195,3 +195,79 @@ def test_the_trainer_recipe_trains_on_packs_with_the_loss_of_the_proof(family, r
 def test_the_trl_recipe_trains_on_packs_with_the_loss_of_the_proof(family, request, tmp_path):
     fixture, proof = PROOFS[family]
     train_recipe("TRL SFTTrainer", request.getfixturevalue(fixture), proof, tmp_path)
+
+
+# --- the settings packs need: each refused in one line by ours, and shown needed by the trainer itself ---
+
+
+def one_line(error: pytest.ExceptionInfo) -> str:
+    message = str(error.value)
+    assert "\n" not in message
+    return message
+
+
+def test_the_trainer_needs_the_columns_kept(llava_run, tmp_path):
+    """With remove_unused_columns=True (its default) the Trainer strips our items to the model's forward
+    arguments before hf_collate reads them; ours refuse it in one line, given or in built arguments."""
+    from transformers import Trainer, TrainingArguments
+
+    output, initial, _ = llava_run
+    packs = PackedSeqDataset(output)
+    given = {**settings(), "output_dir": tmp_path, "max_steps": 1}
+    with pytest.raises(ValueError) as refused:
+        training_arguments(**given, remove_unused_columns=True)
+    assert "remove_unused_columns=True" in one_line(refused) and "set remove_unused_columns=False" in one_line(refused)
+    with pytest.raises(ValueError, match="remove_unused_columns=True breaks training on packs"):
+        check_training_arguments(TrainingArguments(**given))
+    check_training_arguments(training_arguments(**given))
+    trainer = Trainer(model=copy.deepcopy(initial), args=TrainingArguments(**given), **trainer_data(packs, initial.config.image_token_id))
+    with pytest.raises(KeyError, match="cu_seqlens"):
+        trainer.train()
+
+
+TRL_SETTINGS = {
+    "remove_unused_columns": (True, ValueError, "No columns in the dataset match"),
+    "dataset_kwargs": (None, KeyError, "text"),  # TRL tokenizes the index rows as text
+    "packing": (True, ValueError, "custom data collator is not supported"),
+    "padding_free": (True, ValueError, "custom data collator is not supported"),
+}
+
+
+@pytest.mark.parametrize("name", TRL_SETTINGS)
+def test_trl_needs_each_setting(llava_run, tmp_path, name):
+    from trl import SFTConfig, SFTTrainer
+
+    from neva_pack.integrations.trl import REQUIRED
+
+    value, failure, message = TRL_SETTINGS[name]
+    output, initial, tokenizer = llava_run
+    given = {**settings(), "output_dir": str(tmp_path), "max_steps": 1}
+    with pytest.raises(ValueError) as refused:
+        sft_config(**given, **{name: value})
+    assert one_line(refused).startswith(f"{name}={value!r} breaks training on packs")
+    args = SFTConfig(**{**given, **REQUIRED, name: value})
+    with pytest.raises(ValueError, match=f"{name}={value!r} breaks training on packs"):
+        check_sft_config(args)
+    with pytest.raises(failure, match=message):
+        SFTTrainer(model=copy.deepcopy(initial), args=args, processing_class=tokenizer,
+                   **sft_data(PackedSeqDataset(output), image_token_id=initial.config.image_token_id)).train()  # fmt: skip
+
+
+def test_trl_takes_the_index_dataset_not_the_torch_one(llava_run, tmp_path):
+    """SFTTrainer refuses a torch dataset; sft_data's rows are item indices (no ``image`` key for TRL to
+    take as vision data) that PackRows reads back, in the order the batch gives them."""
+    from trl import SFTTrainer
+
+    output, initial, tokenizer = llava_run
+    packs = PackedSeqDataset(output)
+    args = sft_config(**settings(), output_dir=str(tmp_path))
+    check_sft_config(args)
+    assert args.dataset_kwargs == {"skip_prepare_dataset": True} and not args.packing and not args.padding_free
+    with pytest.raises(TypeError, match="must be a `Dataset` or `IterableDataset`, got `PackedSeqDataset`"):
+        SFTTrainer(model=copy.deepcopy(initial), args=args, processing_class=tokenizer, train_dataset=packs,
+                   data_collator=hf_collate(packs))  # fmt: skip
+    data = sft_data(packs, image_token_id=initial.config.image_token_id)
+    assert data["train_dataset"].column_names == ["index"] and data["train_dataset"]["index"] == list(range(len(packs)))
+    expected = hf_collate(packs, image_token_id=initial.config.image_token_id)([packs[2], packs[0]])
+    row = data["data_collator"]([{"index": 2}, {"index": 0}])
+    assert row.keys() == expected.keys() and all(torch.equal(torch.as_tensor(row[k]), torch.as_tensor(expected[k])) for k in row)
