@@ -8,10 +8,11 @@ themselves (``transformers.Trainer`` with ``accelerate``, ``trl``) are imported 
 called, so that importing neva_pack never needs them (``pip install 'neva-pack[hf]'`` or ``[trl]``).
 """
 
-from neva_pack.integrations.hf_trainer import check_training_arguments, trainer_data, training_arguments
+from neva_pack.integrations.hf_trainer import NoCacheRows, check_training_arguments, trainer_data, training_arguments
 from neva_pack.integrations.trl import PackRows, check_sft_config, sft_config, sft_data
 
 __all__ = [
+    "NoCacheRows",
     "PackRows",
     "check_sft_config",
     "check_training_arguments",

@@ -4,8 +4,9 @@
     trainer = Trainer(model=model, args=args, **trainer_data(packs, image_token_id=model.config.image_token_id))
 
 The Trainer takes ``PackedSeqDataset`` (or ``PackedSamples``) as it is, a torch dataset, and
-``hf_collate`` lays each batch's items end to end in one row (``training/hf.py``). One setting must
-change from its default: ``remove_unused_columns=True`` wraps the collate in transformers'
+``hf_collate`` lays each batch's items end to end in one row (``training/hf.py``), which
+``NoCacheRows`` hands the model with ``use_cache=False`` (with a cache, the model builds no packed mask).
+One setting must change from its default: ``remove_unused_columns=True`` wraps the collate in transformers'
 ``RemoveColumnsCollator``, which keeps only the keys the model's ``forward`` names, so our items reach
 ``hf_collate`` without ``tokens`` or ``cu_seqlens`` and the first step fails. The loss needs no setting:
 the batch carries ``shift_labels``, which the model's ``ForCausalLMLoss`` uses as they are and from
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from neva_pack.training import hf_collate
 
-__all__ = ["REQUIRED", "check_training_arguments", "trainer_data", "training_arguments"]
+__all__ = ["REQUIRED", "NoCacheRows", "check_training_arguments", "trainer_data", "training_arguments"]
 
 REQUIRED = {"remove_unused_columns": False}
 """The TrainingArguments packs need, against the Trainer's defaults."""
@@ -55,8 +56,22 @@ def training_arguments(**settings):
         raise ImportError(f"the Hugging Face Trainer needs accelerate: pip install 'neva-pack[hf]' ({error})") from error
 
 
+class NoCacheRows:
+    """A ``data_collator``: ``collate``'s row with ``use_cache=False``, which the Trainer passes on to the
+    model. The Trainer calls ``model(**batch)`` as it is, and a model whose config says ``use_cache=True``
+    (the default) builds a cache and, with it, no packed mask from the restarting positions: Qwen2.5-VL
+    then lets a row's samples attend to each other (tests/integrations/). TRL sets it itself."""
+
+    def __init__(self, collate):
+        self.collate = collate
+
+    def __call__(self, items: list[dict]) -> dict:
+        return {**self.collate(items), "use_cache": False}
+
+
 def trainer_data(dataset, image_token_id: int | None = None) -> dict:
     """``train_dataset`` and ``data_collator`` for ``Trainer(...)``: the dataset as it is (packs or
-    ``PackedSamples``) and ``hf_collate`` with its meta's ignore value and image run; ``image_token_id``
-    (the model's ``config.image_token_id``) replaces every image run's feature positions."""
-    return {"train_dataset": dataset, "data_collator": hf_collate(dataset, image_token_id=image_token_id)}
+    ``PackedSamples``) and ``hf_collate`` with its meta's ignore value and image run, its rows carrying
+    ``use_cache=False`` (``NoCacheRows``); ``image_token_id`` (the model's ``config.image_token_id``)
+    replaces every image run's feature positions."""
+    return {"train_dataset": dataset, "data_collator": NoCacheRows(hf_collate(dataset, image_token_id=image_token_id))}

@@ -74,14 +74,14 @@ def preprocess(folder: Path, records: list[dict], images: Path, *flags: str) -> 
 @pytest.fixture(scope="module")
 def llava_run(tmp_path_factory):
     """8 sample_data conversations (photos, one text-only) with the stand-in tokenizer as LLaVA's, CLIP-B/32
-    224 px crops (49 features an image), 512-position packs; a tiny LlavaForConditionalGeneration."""
+    224 px crops (49 features an image), 384-position packs (3, 3 and 2 samples); a tiny LlavaForConditionalGeneration."""
     from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
 
     folder = tmp_path_factory.mktemp("llava_recipe")
     (folder / "tok").mkdir()
     stand_in_tokenizer(folder / "tok", "llama")
     records = json.loads((SAMPLE_DATA / "llava_sample.json").read_text())[:8]
-    output = preprocess(folder, records, SAMPLE_DATA / "images", "--conv_template", "v1", "--max_seq_length", "512",
+    output = preprocess(folder, records, SAMPLE_DATA / "images", "--conv_template", "v1", "--max_seq_length", "384",
                         "--hf_vision_encoder", "openai/clip-vit-base-patch32", "--tokenization", "llava")  # fmt: skip
     tokenizer = load_tokenizer(folder / "tok")
     torch.manual_seed(0)
@@ -97,7 +97,7 @@ def llava_run(tmp_path_factory):
 @pytest.fixture(scope="module")
 def qwen_run(tmp_path_factory):
     """6 conversations (4 with an image of its own size, 2 text-only) with the stand-in tokenizer, the shipped
-    Qwen2.5-VL processor at up to 16 merged patches an image, 160-position packs; a tiny Qwen2_5_VL model
+    Qwen2.5-VL processor at up to 16 merged patches an image, 192-position packs (3 samples each); a tiny Qwen2_5_VL model
     (2 vision blocks, one of them windowed)."""
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
@@ -111,7 +111,7 @@ def qwen_run(tmp_path_factory):
     records = [{"id": str(k), "conversations": [{"from": "human", "value": "<image>\nWhat is this?" if k % 3 else "Hello there"},
                                                 {"from": "gpt", "value": "A picture of things " * (k + 1)}],
                 **({"image": f"i{k % 3}.png"} if k % 3 else {})} for k in range(6)]  # fmt: skip
-    output = preprocess(folder, records, folder / "img", "--conv_template", "qwen2_vl", "--max_seq_length", "160",
+    output = preprocess(folder, records, folder / "img", "--conv_template", "qwen2_vl", "--max_seq_length", "192",
                         "--hf_vision_encoder", "Qwen/Qwen2.5-VL-7B-Instruct", "--max_pixels", "12544")  # fmt: skip
     tokenizer = load_tokenizer(folder / "tok")
     ids = {name: tokenizer.token_to_id(f"<|{token}|>") for name, token in
@@ -130,14 +130,14 @@ def qwen_run(tmp_path_factory):
     return output, Qwen2_5_VLForConditionalGeneration(config).double(), hf_tokenizer(folder / "tok")
 
 
-def llava_proof(model, output: Path, p: int) -> tuple[float, int]:
-    """Pack ``p``'s samples one by one (``PackedSamples``, one-sample rows), float64: the summed next-token
-    loss and the number of trained targets (as tests/test_hf_batch.py proves packed == unpacked)."""
+def llava_proof(model, output: Path, indices: list[int]) -> tuple[float, int]:
+    """The samples ``indices`` one by one (``PackedSamples``, one-sample rows), float64: their summed
+    next-token loss and their trained targets (as tests/test_hf_batch.py proves packed == unpacked)."""
     packs = PackedSeqDataset(output)
     samples, collate = PackedSamples(packs), hf_collate(packs, image_token_id=model.config.image_token_id)
     total, targets = 0.0, 0
     with torch.no_grad():
-        for j in range(int(samples.offsets[p]), int(samples.offsets[p + 1])):
+        for j in indices:
             row = collate([samples[j]])
             inputs = {key: row[key] for key in ("input_ids", "position_ids", "pixel_values") if key in row}
             logits = model(**inputs, use_cache=False).logits[0]
@@ -146,11 +146,16 @@ def llava_proof(model, output: Path, p: int) -> tuple[float, int]:
     return total, targets
 
 
-def qwen_proof(model, output: Path, p: int) -> tuple[float, int]:
-    """Pack ``p``'s samples alone as Qwen's own processor would feed them (the model computing its mRoPE
-    ids), float64: their summed loss and trained targets (tests/dynamic_models.py)."""
+def qwen_proof(model, output: Path, indices: list[int]) -> tuple[float, int]:
+    """The samples ``indices`` alone as Qwen's own processor would feed them (the model computing its
+    mRoPE ids), float64: their summed loss and trained targets (tests/dynamic_models.py)."""
     packs = PackedSeqDataset(output)
-    alone = samples_alone(open_packed(output).pack(p), packs.sample_images(p), packs.processor, "native", model.config.image_token_id)
+    reader, offsets = open_packed(output), PackedSamples(packs).offsets
+    alone = []
+    for j in indices:
+        p = int(np.searchsorted(offsets, j, side="right")) - 1
+        runs = samples_alone(reader.pack(p), packs.sample_images(p), packs.processor, "native", model.config.image_token_id)
+        alone.append(runs[j - int(offsets[p])])
     total, _ = loss_and_gradients(model, alone)
     return total, sum(int(targets.ne(HF_IGNORE_INDEX).sum()) for _, targets in alone)
 
@@ -158,43 +163,90 @@ def qwen_proof(model, output: Path, p: int) -> tuple[float, int]:
 PROOFS = {"llava": ("llava_run", llava_proof), "qwen2_5_vl": ("qwen_run", qwen_proof)}
 
 
-def train_recipe(name: str, run, proof, tmp_path) -> None:
+def samples_of_row(row: dict, output: Path, image_token_id: int) -> list[int]:
+    """The samples a trainer's row holds, in order: each stretch between its ``cu_seq_lens_q`` bounds
+    is the ids of exactly one sample of the output."""
+    packs = PackedSeqDataset(output)
+    samples, collate = PackedSamples(packs), hf_collate(packs, image_token_id=image_token_id)
+    ids = [collate([samples[j]])["input_ids"][0] for j in range(len(samples))]
+    bounds, found = row["cu_seq_lens_q"].tolist(), []
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        [j] = [j for j, one in enumerate(ids) if torch.equal(one, row["input_ids"][0, start:end])]
+        found.append(j)
+    return found
+
+
+def train_recipe(name: str, run, proof, tmp_path, **more) -> list[int]:
+    """Run the page's recipe ``name`` for 3 steps; check the first step's loss against ``proof`` and that
+    the steps trained. Returns the first row's samples."""
     output, initial, tokenizer = run
     model = copy.deepcopy(initial)  # the fixture's model stays as initialised, for the proof
     calls = []
     model.register_forward_hook(lambda module, args, kwargs, out: calls.append((kwargs, out.loss.detach())), with_kwargs=True)
     before = {key: value.detach().clone() for key, value in model.named_parameters()}
-    given = {"output_dir": output, "model": model, "checkpoints": tmp_path / "checkpoints", "settings": settings()}
+    given = {"output_dir": output, "model": model, "checkpoints": tmp_path / "checkpoints", "settings": settings(), **more}
     if name == "TRL SFTTrainer":
         given["tokenizer"] = tokenizer
     namespace = run_recipe(name, **given)
     assert namespace["trainer"].state.global_step == 3 and len(calls) == 3
     assert all(math.isfinite(float(loss)) for _, loss in calls)
 
-    # the first row: the pack the trainer drew (one pack a row), found by its ids
-    packs = namespace["packs"]
-    collate = hf_collate(packs, image_token_id=initial.config.image_token_id)
-    first = calls[0][0]["input_ids"]
-    [p] = [p for p in range(len(packs)) if torch.equal(collate([packs[p]])["input_ids"], first)]
-    total, targets = proof(initial, output, p)
+    first = samples_of_row(calls[0][0], output, initial.config.image_token_id)
+    assert len(first) >= 2  # samples that could see each other, were the row wrong
+    total, targets = proof(initial, output, first)
     assert targets == int(calls[0][0]["shift_labels"].ne(HF_IGNORE_INDEX).sum())
     assert abs(float(calls[0][1]) - total / targets) <= TOLERANCE * total / targets
 
     changed = {key for key, value in model.named_parameters() if not torch.equal(value.detach(), before[key])}
     assert any("visual" in key or "vision_tower" in key for key in changed)
     assert "lm_head.weight" in changed and any("language_model" in key for key in changed)
+    return first
 
 
 @pytest.mark.parametrize("family", PROOFS)
 def test_the_trainer_recipe_trains_on_packs_with_the_loss_of_the_proof(family, request, tmp_path):
     fixture, proof = PROOFS[family]
-    train_recipe("transformers Trainer", request.getfixturevalue(fixture), proof, tmp_path)
+    run = request.getfixturevalue(fixture)
+    first = train_recipe("transformers Trainer", run, proof, tmp_path)
+    offsets = PackedSamples(PackedSeqDataset(run[0])).offsets
+    assert any(first == list(range(offsets[p], offsets[p + 1])) for p in range(len(offsets) - 1))  # one whole pack
 
 
 @pytest.mark.parametrize("family", PROOFS)
 def test_the_trl_recipe_trains_on_packs_with_the_loss_of_the_proof(family, request, tmp_path):
     fixture, proof = PROOFS[family]
-    train_recipe("TRL SFTTrainer", request.getfixturevalue(fixture), proof, tmp_path)
+    run = request.getfixturevalue(fixture)
+    first = train_recipe("TRL SFTTrainer", run, proof, tmp_path)
+    offsets = PackedSamples(PackedSeqDataset(run[0])).offsets
+    assert any(first == list(range(offsets[p], offsets[p + 1])) for p in range(len(offsets) - 1))  # one whole pack
+
+
+@pytest.mark.parametrize("family", PROOFS)
+def test_the_multipack_recipe_trains_on_rows_the_sampler_plans(family, request, tmp_path):
+    """PackedSamples + PackedBatchSampler in a Trainer: the first row is the sampler's first row of epoch 0."""
+    from neva_pack.training import PackedBatchSampler
+
+    fixture, proof = PROOFS[family]
+    run = request.getfixturevalue(fixture)
+    capacity = {"llava": 320, "qwen2_5_vl": 256}[family]  # two samples a row or more
+    first = train_recipe("Trainer with packs planned every epoch", run, proof, tmp_path, capacity=capacity)
+    samples = PackedSamples(PackedSeqDataset(run[0]))
+    sampler = PackedBatchSampler.for_samples(samples, capacity=capacity, num_replicas=1, rank=None, seed=settings()["seed"])
+    assert first == list(sampler.plan_epoch(0).batch(0, rank=0))
+
+
+def test_a_row_needs_use_cache_false_which_the_trainer_collate_carries(qwen_run):
+    """The Trainer calls ``model(**batch)``; with the config's ``use_cache=True`` Qwen2.5-VL builds no
+    packed mask and a row's samples see each other. ``trainer_data``'s collate says ``use_cache=False``."""
+    output, model, _ = qwen_run
+    packs = PackedSeqDataset(output)
+    row = trainer_data(packs, image_token_id=model.config.image_token_id)["data_collator"]([packs[0]])
+    assert row["use_cache"] is False and model.config.text_config.use_cache
+    total, targets = qwen_proof(model, output, samples_of_row(row, output, model.config.image_token_id))
+    with torch.no_grad():
+        assert abs(float(model(**row).loss) - total / targets) <= TOLERANCE * total / targets
+        cached = float(model(**{**row, "use_cache": True}).loss)
+    assert abs(cached - total / targets) > 1e-5 * total / targets
 
 
 # --- the settings packs need: each refused in one line by ours, and shown needed by the trainer itself ---
