@@ -19,7 +19,8 @@ What TRL 1.x does, and why each piece is needed (``trl/trainer/sft_trainer.py``)
   restarting, ``cu_seq_lens_*``);
 - ``remove_unused_columns=False``: otherwise the index column, not a model argument, is dropped;
 - its loss is a fused LM head that scores ``shift_labels`` as given when the batch has them (ours
-  does), divided by the Trainer's ``num_items_in_batch``: the mean per-sample next-token loss.
+  does), divided by the Trainer's ``num_items_in_batch``: the mean per-sample next-token loss; its
+  ``compute_loss`` passes ``use_cache=False`` itself (the Trainer's rows need ``NoCacheRows``).
 
 ``processing_class`` must still be a tokenizer or processor (TRL loads one from the model's name
 otherwise); with these settings it tokenizes nothing and is saved with the checkpoints.

@@ -323,3 +323,19 @@ def test_trl_takes_the_index_dataset_not_the_torch_one(llava_run, tmp_path):
     expected = hf_collate(packs, image_token_id=initial.config.image_token_id)([packs[2], packs[0]])
     row = data["data_collator"]([{"index": 2}, {"index": 0}])
     assert row.keys() == expected.keys() and all(torch.equal(torch.as_tensor(row[k]), torch.as_tensor(expected[k])) for k in row)
+
+
+def test_without_trl_the_functions_name_the_extra_in_one_line(llava_run, monkeypatch):
+    """The trainers are optional: importing neva_pack.integrations needs neither, calling a TRL function
+    without them says what to install."""
+    import subprocess
+    import sys
+
+    loaded = "import sys, neva_pack.integrations; print(sorted({'trl', 'accelerate', 'datasets'} & set(sys.modules)))"
+    assert subprocess.run([sys.executable, "-c", loaded], capture_output=True, text=True, cwd=ROOT, check=True).stdout.strip() == "[]"
+    monkeypatch.setitem(sys.modules, "trl", None)
+    monkeypatch.setitem(sys.modules, "datasets", None)
+    for call in (lambda: sft_config(output_dir="unused"), lambda: sft_data(PackedSeqDataset(llava_run[0]))):
+        with pytest.raises(ImportError) as missing:
+            call()
+        assert "pip install 'neva-pack[trl]'" in one_line(missing)
