@@ -1,15 +1,16 @@
-"""The recipes of docs/training_hugging_face.md, run as they are written: transformers' ``Trainer`` and
-TRL's ``SFTTrainer`` train tiny randomly initialised LLaVA (CLIP tower, fixed 224 px crops) and
-Qwen2.5-VL (native resolution, mRoPE) models on real neva_pack outputs for 3 steps on CPU (float64).
+"""The recipes of docs/training_hugging_face.md, run as they are written: transformers' ``Trainer`` (on
+packs, and on samples with ``PackedBatchSampler`` planning the rows) and TRL's ``SFTTrainer`` train tiny
+randomly initialised LLaVA (CLIP tower, fixed 224 px crops) and Qwen2.5-VL (native resolution, mRoPE)
+models on real neva_pack outputs for 3 steps on CPU (float64).
 
 Each test takes its recipe's python block out of the page and executes it, supplying the variables the
-block documents (``output_dir``, ``model``, ``tokenizer``, ``checkpoints``, ``settings``): the page
-cannot drift from what runs. The first step's loss must be our packed-equals-unpacked proof's for the
-same batch: the samples of the pack the trainer drew, each run alone through the model, their summed
+block documents (``output_dir``, ``model``, ``tokenizer``, ``checkpoints``, ``settings``, ``capacity``):
+the page cannot drift from what runs. The first step's loss must be our packed-equals-unpacked proof's
+for the same row: the row's samples (two or more), each run alone through the model, their summed
 next-token loss over their trained targets (for Qwen the model computing its own mRoPE ids, as its
 processor's output would feed it). The steps must run (finite losses, vision tower and language model
-changed). The settings each trainer needs are shown to be needed: without them the trainer itself fails.
-"""
+changed). The settings each trainer needs are shown to be needed: without them the trainer itself
+fails, or trains on another loss."""
 
 from __future__ import annotations
 
