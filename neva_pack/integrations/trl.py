@@ -12,8 +12,8 @@ What TRL 1.x does, and why each piece is needed (``trl/trainer/sft_trainer.py``)
   refuses a tokenizer, re-runs a processor per row and keeps only chat columns). Our items carry an
   ``image`` tensor, so the dataset TRL sees holds pack indices only (``index``), and ``PackRows``
   reads each batch's packs and hands them to ``hf_collate``;
-- ``dataset_kwargs={"skip_prepare_dataset": True}``: otherwise it tokenizes, truncates and packs the
-  rows itself;
+- ``dataset_kwargs={"skip_prepare_dataset": True}``: otherwise it prepares the rows again (tokenizes,
+  truncates, packs), as text it does not find in ours;
 - ``packing=False`` and ``padding_free=False``: its own packing and padding-free modes refuse a custom
   collator (and vision data); ``hf_collate`` already gives the padding-free row (``position_ids``
   restarting, ``cu_seq_lens_*``);
@@ -31,7 +31,6 @@ from __future__ import annotations
 import numpy as np
 
 from neva_pack.integrations.hf_trainer import REQUIRED as TRAINER_REQUIRED
-from neva_pack.integrations.hf_trainer import _WHY as TRAINER_WHY
 from neva_pack.training import hf_collate
 
 __all__ = ["INDEX_COLUMN", "REQUIRED", "PackRows", "check_sft_config", "sft_config", "sft_data"]
@@ -43,9 +42,8 @@ REQUIRED = {**TRAINER_REQUIRED, "dataset_kwargs": {"skip_prepare_dataset": True}
 """The SFTConfig settings packs need, against TRL's defaults."""
 
 _WHY = {
-    **TRAINER_WHY,
     "remove_unused_columns": f"it drops the {INDEX_COLUMN!r} column, not a model argument, that PackRows reads",
-    "dataset_kwargs": "without skip_prepare_dataset TRL tokenizes and truncates the rows again",
+    "dataset_kwargs": "without skip_prepare_dataset TRL prepares the rows again, as text to tokenize",
     "packing": "TRL's own packing refuses a custom data collator; the packs are already packed",
     "padding_free": "TRL's padding-free mode refuses a custom data collator; hf_collate already gives that row",
 }
