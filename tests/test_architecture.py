@@ -101,7 +101,7 @@ def test_no_import_cycle_in_the_package():
 
 LAYERS = (
     "core", "files", "records", "text", "families", "sample_store", "samples", "packing", "assembly",
-    "formats", "reading", "training", "config", "commands", "pipeline",
+    "formats", "reading", "training", "integrations", "config", "commands", "pipeline",
 )  # fmt: skip
 """The layer packages from the bottom up (docs/architecture.md draws them): a package imports only
 packages before it. The root (``neva_pack/__init__.py``, ``cli.py``) stands above them all."""
