@@ -136,6 +136,17 @@ def test_token_counts_and_grids_equal_the_processors_on_a_grid_of_sizes(max_pixe
         assert ours.tokens_for_size(width, height) == patches // 4, (width, height)
 
 
+@pytest.mark.slow
+def test_token_counts_equal_the_processors_on_every_size_up_to_600():
+    """Every (width, height) of 1..600 (360,000 sizes; the aspect limit of 200 excluded)."""
+    ours = dynamic_processor(resolve_encoder(ENCODER))
+    theirs = reference_processor()
+    for width in range(1, 601):
+        for height in range(1, 601):
+            if max(width, height) / min(width, height) <= 200:
+                assert ours.tokens_for_size(width, height) == theirs.get_number_of_image_patches(height, width, {}) // 4, (width, height)
+
+
 def test_known_counts_at_the_checkpoints_bounds():
     """640 x 480: 20 x 15 tokens; a tiny image is scaled up to min_pixels (256 x 256: 64 tokens); a 4K frame
     fits under max_pixels as it is, each side rounded to 32 (2160 / 32 = 67.5: half to even, 68); 8000 x 6000
@@ -171,7 +182,9 @@ def test_pixels_are_bit_identical_to_the_processor_over_the_zoo(name):
     assert np.array_equal(got["image_grid_thw"], together["image_grid_thw"])
 
 
-@pytest.mark.parametrize("size", [(272, 304), (304, 272), (255, 257), (257, 255), (80, 48), (4097, 4096), (6000, 31)])
+@pytest.mark.parametrize(
+    "size", [(272, 304), (304, 272), (255, 257), (257, 255), (80, 48), (6000, 31), pytest.param((4097, 4096), marks=pytest.mark.slow)]
+)
 def test_pixels_on_both_sides_of_the_rounding_and_the_bounds(size):
     """Half-way sides (272 = 8.5 x 32 rounds to 256, 304 = 9.5 x 32 to 320), just under / over the
     256 x 256 minimum and the 4,096 x 4,096 maximum, an elongated strip."""
