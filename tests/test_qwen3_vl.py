@@ -8,7 +8,7 @@ and a tiny random ``Qwen3VLForConditionalGeneration`` (float64, deepstack on) tr
 real run through ``hf_collate`` gets the samples' one-by-one loss and gradients to 1e-9, while wrong rows
 (positions not restarting, a transposed grid, two images swapped) move them far more.
 
-Tokenizer: the stand-in tokenizers/golden/dynamic/tokenizer.json (a small byte-level BPE carrying Qwen's
+Tokenizer: the stand-in tests/golden/dynamic/tokenizer.json (a small byte-level BPE carrying Qwen's
 special tokens; Qwen3-VL's tokenizer has the same ones): no Qwen tokenizer is reachable offline."""
 
 from __future__ import annotations
@@ -391,8 +391,10 @@ def model_and_data(run, tokenizer_dir):
 
 def test_the_run_verifies_and_records_the_encoder(run):
     assert not verify(paths.packed_prefix(run), progress=False).problems
-    meta = PackedSeqDataset(run).meta
-    assert meta.image_processor["encoder"] == ENCODER or ENCODER in json.dumps(meta.image_processor)
+    record = PackedSeqDataset(run).meta.image_processor
+    assert (record["family"], record["encoder"], record["patch_size"]) == ("native", ENCODER, 16)
+    assert (record["min_pixels"], record["max_pixels"]) == (65536, 16777216)
+    assert record["preprocessor_config"] == resolve_encoder(ENCODER).preprocessor_config
 
 
 def test_every_samples_positions_equal_get_rope_index_on_the_sample_alone(model_and_data):
