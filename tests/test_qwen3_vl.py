@@ -419,30 +419,28 @@ def test_every_samples_positions_equal_get_rope_index_on_the_sample_alone(model_
     assert checked == 10
 
 
-def _packs_with_images(dataset, count=3):
-    packs = [p for p in range(len(dataset)) if dataset.sample_images(p).sum()][:count]
+@pytest.fixture(scope="module")
+def proof(model_and_data):
+    """Packs of the run holding images (several, of several sizes), as one ``hf_collate`` row, and the
+    loss and gradients of their samples run one by one as the model's processor would feed them (the
+    model computing its own mRoPE ids from ``mm_token_type_ids``)."""
+    model, dataset, reader, image = model_and_data
+    packs = [p for p in range(len(dataset)) if dataset.sample_images(p).sum()][:3]
     assert sum(int(dataset.sample_images(p).sum()) for p in packs) >= 3
-    return packs
-
-
-def test_a_tiny_qwen3_vl_trained_on_packed_rows_through_hf_collate_gets_the_samples_loss_and_gradients(model_and_data):
-    model, dataset, reader, image = model_and_data
-    packs = _packs_with_images(dataset)
     batch = hf_collate(dataset, image)([dataset[p] for p in packs])
+    alone = [run for p in packs for run in samples_alone(reader.pack(p), dataset.sample_images(p), dataset.processor, "native", image)]
+    return model, batch, batch["shift_labels"][0], loss_and_gradients(model, alone), image
+
+
+def test_a_tiny_qwen3_vl_trained_on_packed_rows_through_hf_collate_gets_the_samples_loss_and_gradients(proof):
+    model, batch, targets, reference, _ = proof
     assert batch["position_ids"].shape == (4, 1, batch["input_ids"].shape[1]) and batch["pixel_values"].shape[1] == 1536
-    alone = [run for p in packs for run in samples_alone(reader.pack(p), dataset.sample_images(p), dataset.processor, "native", image)]
-    reference = loss_and_gradients(model, alone)
     assert any(name.startswith("model.visual.deepstack_merger_list") for name in reference[1])  # deepstack trained
-    assert difference(loss_and_gradients(model, [(batch, batch["shift_labels"][0])]), reference) < TOLERANCE
+    assert difference(loss_and_gradients(model, [(batch, targets)]), reference) < TOLERANCE
 
 
-def test_wrong_rows_fail_clearly(model_and_data):
-    model, dataset, reader, image = model_and_data
-    packs = _packs_with_images(dataset)
-    batch = hf_collate(dataset, image)([dataset[p] for p in packs])
-    targets = batch["shift_labels"][0]
-    alone = [run for p in packs for run in samples_alone(reader.pack(p), dataset.sample_images(p), dataset.processor, "native", image)]
-    reference = loss_and_gradients(model, alone)
+def test_wrong_rows_fail_clearly(proof):
+    model, batch, targets, reference, image = proof
     # positions not restarting: the row's mRoPE ids as one sequence's, text row counting on
     ids = batch["input_ids"][0]
     whole = torch.from_numpy(mrope_position_ids((ids == image).numpy(), batch["image_grid_thw"].numpy()))[:, None]
