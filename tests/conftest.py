@@ -29,8 +29,11 @@ def _use_this_checkouts_templates() -> None:
     import sys
 
     folder = ROOT / "templates"
-    if Path(str(importlib.resources.files("neva_pack.yaml_templates"))).resolve() == folder.resolve():
-        return
+    try:
+        if Path(str(importlib.resources.files("neva_pack.yaml_templates"))).resolve() == folder.resolve():
+            return
+    except ModuleNotFoundError:  # no install at all: the checkout's folder is the only one
+        pass
     spec = importlib.util.spec_from_file_location(
         "neva_pack.yaml_templates", folder / "__init__.py", submodule_search_locations=[str(folder)]
     )
