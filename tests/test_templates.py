@@ -43,6 +43,7 @@ CHATML = (
     "<|im_end|>\n<|im_start|>assistant\n⟦A cat.<|im_end|>\n⟧<|im_start|>user\nSure?<|im_end|>\n"
     "<|im_start|>assistant\n⟦Yes.<|im_end|>\n⟧"
 )
+CHATML_NO_SYSTEM = CHATML.removeprefix("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n")
 YI_34B = (
     "<|im_start|>user\n<image>\nWhat is this?<|im_end|>\n<|im_start|>assistant\n⟦A cat.<|im_end|>\n⟧"
     "<|im_start|>user\nSure?<|im_end|>\n<|im_start|>assistant\n⟦Yes.<|im_end|>⟧"  # NeMo strips the final newline
@@ -76,6 +77,8 @@ GOLDEN = {
     ("llava_mistral_instruct", "llava"): "<bos>[INST] <image>\nWhat is this? [/INST]⟦ A cat. <eos>⟧[INST] Sure? [/INST]⟦ Yes. <eos>⟧",
     ("qwen2_vl", "nemo"): CHATML,  # Qwen2-VL's chat template; <image> is the image run of <|vision_start|>...
     ("qwen2_vl", "llava"): CHATML,
+    ("qwen3_vl", "nemo"): CHATML_NO_SYSTEM,  # Qwen3-VL's chat template writes no default system block
+    ("qwen3_vl", "llava"): CHATML_NO_SYSTEM,
     ("qwen_1_5", "nemo"): CHATML,  # LLaVA-NeXT / OneVision's conv_qwen
     ("qwen_1_5", "llava"): CHATML,
     ("chatml", "nemo"): CHATML,
