@@ -30,8 +30,8 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from neva_pack.families.encoders import EncoderSpec
-from neva_pack.core import ConfigError
+from neva_pack.core import ConfigError, ImageRun
+from neva_pack.families.base import EncoderSpec, FamilyOptions, Join, RunRequest, model_image_run, refuse_layout_options, restarting_positions
 from neva_pack.families.dynamic import StoredImage, planar_uint8
 from neva_pack.families.fixed import expand_to_square
 
@@ -146,6 +146,15 @@ class AnyresProcessor:
     """LLaVA-NeXT / OneVision images: token counts from sizes, uint8 in workers, model tiles at read time."""
 
     family = "anyres"
+    image_tokens = (None, "<image>", None)
+    """(start, patch, end) of an image run as transformers' models spell it: one ``<image>`` per feature."""
+    models = "LLaVA-NeXT / OneVision"
+    own_size = True
+    option_names = ("arithmetic",)
+    """The family's own option (``--tokenization llava`` picks LLaVA's arithmetic), as ``options`` records it."""
+    batch_keys = {"pixel_values": Join.IMAGES, "image_sizes": Join.IMAGES, "batch_num_images": Join.SAMPLES}
+    """Each image's tiles (padded to the batch's most), its (height, width), and (OneVision only)
+    each sample's image count, which tells its model which images are tiled."""
 
     def __init__(self, settings: AnyresSettings, normalisation, *, arithmetic: str = "transformers"):
         if arithmetic not in ARITHMETICS:
@@ -155,6 +164,12 @@ class AnyresProcessor:
         """core.Normalisation: the processor's rescale factor, mean and std."""
         self.arithmetic = arithmetic
         self._pinpoints = _PinpointOrder(settings.pinpoints)
+
+    @classmethod
+    def from_options(cls, encoder: EncoderSpec, options: FamilyOptions) -> AnyresProcessor:
+        """LLaVA's own arithmetic under ``--tokenization llava`` (its llava_arch counts), else the HF models'."""
+        refuse_layout_options(encoder, options)
+        return cls.from_encoder(encoder, arithmetic="llava" if options.tokenization == "llava" else "transformers")
 
     @classmethod
     def from_encoder(cls, encoder: EncoderSpec, *, arithmetic: str = "transformers") -> AnyresProcessor:
@@ -169,6 +184,14 @@ class AnyresProcessor:
             std=tuple(float(v) for v in cfg["image_std"]),
         )
         return cls(anyres_settings(encoder), normalisation, arithmetic=arithmetic)
+
+    def options(self) -> dict:
+        """Whose token arithmetic the counts follow."""
+        return {"arithmetic": self.arithmetic}
+
+    def image_run(self, tokenizer, request: RunRequest) -> ImageRun:
+        """``<image>`` x tokens, its id from the tokenizer (no start or end of its own)."""
+        return model_image_run(tokenizer, self.image_tokens, self.models, request)
 
     @property
     def counts_images_per_sample(self) -> bool:
@@ -227,6 +250,10 @@ class AnyresProcessor:
         passes = 1 if multi_image and self.settings.max_num_patches is not None else 1 + self.tiles(width, height)
         return passes * self.settings.features_per_side**4
 
+    def vision_cost_of_stored(self, size: tuple[int, int], parts: int) -> int:
+        """An image stored as one part is a OneVision multi-image sample's square: one encoder pass."""
+        return self.vision_cost_for_size(*size, multi_image=parts == 1)
+
     def _truncate(self, value: float) -> int:
         return int(value) if self.arithmetic == "llava" else int(round(value, 7))
 
@@ -256,6 +283,29 @@ class AnyresProcessor:
             self.normalisation.apply(stack, out=pixel_values[k, : len(stack)])
         sizes = np.array([(image.size[1], image.size[0]) for image in images], dtype=np.int64).reshape(-1, 2)
         return {"pixel_values": pixel_values, "image_sizes": sizes}
+
+    def sample_extras(self, tokens, images, num_images, patch_id) -> dict[str, np.ndarray]:
+        """OneVision's ``batch_num_images`` (each sample's image count: its model tiles an image only
+        when it is its sample's only one); none for LLaVA-NeXT. ValueError when the pack's ``<image>``
+        positions are not its images' tokens, or an image is stored tiled in a sample of several or
+        untiled alone in its sample."""
+        expected = sum(image.tokens for image in images)
+        found = int((np.asarray(tokens) == patch_id).sum())
+        if found != expected:
+            raise ValueError(f"{found} image positions in the pack, its images make {expected}")
+        if not self.counts_images_per_sample:
+            return {}
+        counts = np.asarray(num_images, dtype=np.int64)
+        alone = np.repeat(counts == 1, counts)
+        for k, (image, single) in enumerate(zip(images, alone)):
+            if (len(image.parts) == 1) == bool(single):
+                state = "untiled" if len(image.parts) == 1 else "tiled"
+                raise ValueError(f"image {k} of the pack is stored {state} in a sample of {'one image' if single else 'several'}")
+        return {"batch_num_images": counts.copy()}
+
+    def position_ids(self, tokens, cu_seqlens, real_lengths, num_images, inputs, patch_id) -> np.ndarray:
+        """(L,): 0, 1, ... restarting at every sample, its padding included."""
+        return restarting_positions(cu_seqlens)
 
     def _tiles_uint8(self, image: StoredImage) -> np.ndarray:
         """uint8 (1 + tiles, 3, S, S): the base image, then the padded grid's tiles row by row."""

@@ -28,9 +28,9 @@ from neva_pack.samples.header_images import HeaderImage, HeaderImages, header_si
 from neva_pack.families import check_token_ids
 from neva_pack.core import ImageRun
 from neva_pack.families import (
+    ModelFamily,
     DEFAULT_MAX_IMAGE_DECODE_SECONDS,
     DEFAULT_MAX_IMAGE_PIXELS,
-    DynamicProcessor,
     ImagePreprocessor,
     ImageSource,
     StoredImage,
@@ -172,7 +172,7 @@ class SampleBuilder:
         tokenizer: Tokenizer,
         template: Template,
         image_source: ImageSource,
-        preprocessor: ImagePreprocessor | DynamicProcessor,
+        preprocessor: ImagePreprocessor | ModelFamily,
         image_run: ImageRun,
         max_seq_length: int,
         truncate: bool = True,
@@ -189,7 +189,7 @@ class SampleBuilder:
         """``text_only``: the output holds no image, so a record with images is skipped (``images_not_held``).
 
         ``preprocessor``: a fixed-crop ImagePreprocessor with a fixed ``image_run``, or a dynamic-resolution
-        family's processor (``images.dynamic_processor``) with a dynamic one (``image_ids.dynamic_image_run``)."""
+        family object (``families.model_family``) with a dynamic one (its ``image_run``)."""
         if image_run.dynamic == isinstance(preprocessor, ImagePreprocessor):
             raise ConfigError("a dynamic-resolution processor needs a dynamic image run, a fixed-crop one a fixed run")
         self.tokenizer = tokenizer
