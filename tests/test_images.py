@@ -12,8 +12,8 @@ from PIL import Image
 
 from neva_pack.families import known_encoders, resolve_encoder
 from neva_pack.core import ConfigError
-from neva_pack.families import ImagePreprocessor, ImageSource, decode_image, expand_to_square
-from neva_pack.families.fixed import crop_size, encoder_tokens
+from neva_pack.families import ImageSource, decode_image
+from neva_pack.families.fixed import crop_size, encoder_tokens, expand_to_square, ImagePreprocessor
 from neva_pack.records import RecordError
 
 SKIMAGE = importlib.resources.files("skimage") / "data"

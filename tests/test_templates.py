@@ -6,8 +6,8 @@ import sentencepiece
 
 from neva_pack.families import resolve_encoder
 from neva_pack.core import ConfigError
-from neva_pack.families import ImagePreprocessor, ImageSource
-from neva_pack.families.fixed import encoder_tokens
+from neva_pack.families import ImageSource
+from neva_pack.families.fixed import encoder_tokens, ImagePreprocessor
 from neva_pack.records import RawRecord, RecordError, Turn
 from neva_pack.families import image_run_for
 from neva_pack.samples import SampleBuilder

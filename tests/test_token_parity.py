@@ -55,8 +55,8 @@ from hypothesis import strategies as st
 from nemo_tokenizer import build_nemo_specials_tokenizer
 from neva_pack.families import resolve_encoder
 from neva_pack.core import ConfigError
-from neva_pack.families import ImagePreprocessor, ImageSource
-from neva_pack.families.fixed import encoder_tokens
+from neva_pack.families import ImageSource
+from neva_pack.families.fixed import encoder_tokens, ImagePreprocessor
 from neva_pack.records import IMAGE_PLACEHOLDER, RawRecord, RecordError, parse_record
 from neva_pack.families import image_run_for, missing_nemo_specials
 from neva_pack.samples import SampleBuilder, truncation

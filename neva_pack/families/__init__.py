@@ -20,17 +20,6 @@ names of one family's module (its settings, its arithmetic) are imported from th
 from neva_pack.families.base import EncoderSpec, FamilyOptions, Join, ModelFamily, RunRequest, restarting_positions
 from neva_pack.families.decode import DEFAULT_MAX_IMAGE_DECODE_SECONDS, DEFAULT_MAX_IMAGE_PIXELS, decode_image, too_many_pixels
 from neva_pack.families.dynamic import StoredImage, check_decoded_size, header_size, tokens_from_header
-from neva_pack.families.fixed import (
-    ASPECT_RATIOS,
-    FastGeometry,
-    ImagePreprocessor,
-    expand_to_square,
-    fast_geometry,
-    normalisation_from_settings,
-    normalisation_of,
-    processor_class,
-    processor_halves,
-)
 from neva_pack.families.image_ids import check_token_ids, image_run_for, missing_nemo_specials
 from neva_pack.families.model_inputs import pack_model_inputs, stored_vision_cost
 from neva_pack.families.registry import (
@@ -48,16 +37,13 @@ from neva_pack.families.registry import (
 from neva_pack.families.source import DEFAULT_MAX_IMAGE_BYTES, ImageSource
 
 __all__ = [
-    "ASPECT_RATIOS",
     "DEFAULT_MAX_IMAGE_BYTES",
     "DEFAULT_MAX_IMAGE_DECODE_SECONDS",
     "DEFAULT_MAX_IMAGE_PIXELS",
     "EncoderSpec",
     "FAMILIES",
     "FamilyOptions",
-    "FastGeometry",
     "IMAGE_DELIMITER_PIECES",
-    "ImagePreprocessor",
     "ImageSource",
     "Join",
     "ModelFamily",
@@ -68,19 +54,13 @@ __all__ = [
     "decode_image",
     "dynamic_image_run",
     "dynamic_processor",
-    "expand_to_square",
-    "fast_geometry",
     "header_size",
     "image_run_for",
     "known_encoders",
     "missing_nemo_specials",
     "model_family",
-    "normalisation_from_settings",
-    "normalisation_of",
     "pack_model_inputs",
-    "processor_class",
     "processor_from_record",
-    "processor_halves",
     "processor_record",
     "registered_batch_keys",
     "resolve_encoder",
