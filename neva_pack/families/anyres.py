@@ -30,8 +30,8 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from neva_pack.core import ConfigError, ImageRun
-from neva_pack.families.base import EncoderSpec, FamilyOptions, Join, RunRequest, model_image_run, refuse_layout_options, restarting_positions
+from neva_pack.core import ConfigError
+from neva_pack.families.base import EncoderSpec, FamilyBase, FamilyOptions, Join, refuse_layout_options
 from neva_pack.families.dynamic import StoredImage, planar_uint8
 from neva_pack.families.fixed import expand_to_square
 
@@ -142,14 +142,13 @@ class _PinpointOrder:
         return best
 
 
-class AnyresProcessor:
+class AnyresProcessor(FamilyBase):
     """LLaVA-NeXT / OneVision images: token counts from sizes, uint8 in workers, model tiles at read time."""
 
     family = "anyres"
     image_tokens = (None, "<image>", None)
     """(start, patch, end) of an image run as transformers' models spell it: one ``<image>`` per feature."""
     models = "LLaVA-NeXT / OneVision"
-    own_size = True
     option_names = ("arithmetic",)
     """The family's own option (``--tokenization llava`` picks LLaVA's arithmetic), as ``options`` records it."""
     batch_keys = {"pixel_values": Join.IMAGES, "image_sizes": Join.IMAGES, "batch_num_images": Join.SAMPLES}
@@ -164,6 +163,23 @@ class AnyresProcessor:
         """core.Normalisation: the processor's rescale factor, mean and std."""
         self.arithmetic = arithmetic
         self._pinpoints = _PinpointOrder(settings.pinpoints)
+
+    @staticmethod
+    def model_settings(directory, model_config: dict, read) -> dict:
+        """The anyres token arithmetic's settings from a checkpoint directory's config.json and
+        processor_config.json (the latter wins, as when transformers builds the processor)."""
+        processor_file = directory / "processor_config.json"
+        processor_config = read(processor_file) if processor_file.exists() else {}
+        vision = model_config.get("vision_config") or {}
+        found = {
+            "image_size": vision.get("image_size"),
+            "vision_feature_select_strategy": model_config.get("vision_feature_select_strategy"),
+            "vision_aspect_ratio": model_config.get("vision_aspect_ratio"),
+        }
+        for key in ("vision_feature_select_strategy", "num_additional_image_tokens", "num_image_tokens", "vision_aspect_ratio"):
+            if key in processor_config:
+                found[key] = processor_config[key]
+        return {key: value for key, value in found.items() if value is not None}
 
     @classmethod
     def from_options(cls, encoder: EncoderSpec, options: FamilyOptions) -> AnyresProcessor:
@@ -188,10 +204,6 @@ class AnyresProcessor:
     def options(self) -> dict:
         """Whose token arithmetic the counts follow."""
         return {"arithmetic": self.arithmetic}
-
-    def image_run(self, tokenizer, request: RunRequest) -> ImageRun:
-        """``<image>`` x tokens, its id from the tokenizer (no start or end of its own)."""
-        return model_image_run(tokenizer, self.image_tokens, self.models, request)
 
     @property
     def counts_images_per_sample(self) -> bool:
@@ -302,10 +314,6 @@ class AnyresProcessor:
                 state = "untiled" if len(image.parts) == 1 else "tiled"
                 raise ValueError(f"image {k} of the pack is stored {state} in a sample of {'one image' if single else 'several'}")
         return {"batch_num_images": counts.copy()}
-
-    def position_ids(self, tokens, cu_seqlens, real_lengths, num_images, inputs, patch_id) -> np.ndarray:
-        """(L,): 0, 1, ... restarting at every sample, its padding included."""
-        return restarting_positions(cu_seqlens)
 
     def _tiles_uint8(self, image: StoredImage) -> np.ndarray:
         """uint8 (1 + tiles, 3, S, S): the base image, then the padded grid's tiles row by row."""

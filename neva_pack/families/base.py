@@ -21,7 +21,7 @@ import numpy as np
 
 from neva_pack.core import ConfigError, ImageRun, StoredImage
 
-__all__ = ["EncoderSpec", "FamilyOptions", "Join", "ModelFamily", "RunRequest", "model_image_run", "refuse_layout_options", "restarting_positions"]
+__all__ = ["EncoderSpec", "FamilyBase", "FamilyOptions", "Join", "ModelFamily", "RunRequest", "model_image_run", "refuse_layout_options", "restarting_positions"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -152,7 +152,58 @@ class ModelFamily(Protocol):
         alone and its padding continuing from its largest id + 1."""
 
     def options(self) -> dict:
-        """The family's own options as resolved (what rebuilds it with the encoder: registry.family_record)."""
+        """The family's own options as resolved (what rebuilds it with the encoder: registry.processor_record)."""
+
+    settings_patch_size: ClassVar[bool]
+    """A checkpoint's preprocessor_config.json names the patch size (read before its config.json's)."""
+
+    @staticmethod
+    def check_settings_file(settings: dict, processor: str, path) -> None:
+        """ConfigError, one line, for a checkpoint's preprocessor_config.json the family cannot honour."""
+
+    @staticmethod
+    def model_settings(directory, model_config: dict, read) -> dict:
+        """What the family's counts need beyond the processor's settings, read from a checkpoint
+        directory (``read``: a JSON file -> dict, within the settings budget): ``EncoderSpec.model_config``."""
+
+
+class FamilyBase:
+    """What most families answer alike (base.ModelFamily's defaults): a family module's class derives
+    from it and decides the rest; what it decides otherwise, it overrides."""
+
+    option_names: ClassVar[tuple[str, ...]] = ()
+    own_size: ClassVar[bool] = True
+    counts_images_per_sample = False
+    settings_patch_size: ClassVar[bool] = False
+
+    def options(self) -> dict:
+        """None of its own."""
+        return {}
+
+    def image_run(self, tokenizer, request: RunRequest) -> ImageRun:
+        """The model's own (start, patch, end) tokens from the tokenizer (``model_image_run``)."""
+        return model_image_run(tokenizer, self.image_tokens, self.models, request)
+
+    def vision_cost_of_stored(self, size: tuple[int, int], parts: int) -> int:
+        """The image's size decides its cost, however it is stored."""
+        return self.vision_cost_for_size(*size)
+
+    def sample_extras(self, tokens, images, num_images, patch_id) -> dict[str, np.ndarray]:
+        """None: every image is read alike, whatever its sample holds."""
+        return {}
+
+    def position_ids(self, tokens, cu_seqlens, real_lengths, num_images, inputs, patch_id) -> np.ndarray:
+        """(L,): 0, 1, ... restarting at every sample, its padding included."""
+        return restarting_positions(cu_seqlens)
+
+    @staticmethod
+    def check_settings_file(settings: dict, processor: str, path) -> None:
+        """Any settings the processor reads will do."""
+
+    @staticmethod
+    def model_settings(directory, model_config: dict, read) -> dict:
+        """None beyond the processor's settings."""
+        return {}
 
 
 def model_image_run(tokenizer, tokens: tuple[str | None, str, str | None], models: str, request: RunRequest) -> ImageRun:

@@ -19,7 +19,7 @@ import numpy as np
 from PIL import Image
 
 from neva_pack.core import ConfigError, ImageRun
-from neva_pack.families.base import EncoderSpec, FamilyOptions, Join, RunRequest, restarting_positions
+from neva_pack.families.base import EncoderSpec, FamilyBase, FamilyOptions, Join, RunRequest
 from neva_pack.families.decode import DEFAULT_MAX_IMAGE_PIXELS, too_many_pixels
 from neva_pack.families.image_ids import NEMO_IM_END, NEMO_IM_START, image_run_for
 from neva_pack.records import RecordError
@@ -32,7 +32,7 @@ __all__ = [
 ASPECT_RATIOS = ("square", "pad")
 
 
-class ImagePreprocessor:
+class ImagePreprocessor(FamilyBase):
     """The fixed-crop family: the encoder's image processor, applied in the two halves described
     above; every image one (3, H, W) crop and one run of ``encoder_tokens`` positions.
 
@@ -43,9 +43,7 @@ class ImagePreprocessor:
     models = "CLIP / SigLIP"
     image_tokens = (NEMO_IM_START, None, NEMO_IM_END)
     """NeMo's delimiters where the tokenizer has them; the patch token is the template's (``image_run``)."""
-    option_names = ()
     own_size = False
-    counts_images_per_sample = False
     batch_keys = {"pixel_values": Join.IMAGES}
     """One normalised crop per image."""
 
@@ -66,6 +64,19 @@ class ImagePreprocessor:
         self._geometry = fast_geometry(encoder)
         self._normalisation = None
 
+    @staticmethod
+    def check_settings_file(settings: dict, processor: str, path) -> None:
+        """Every image must come out at one (height, width): a center crop gives it (CLIP), or a resize
+        to a height and width; a resize of the shortest edge alone, or none, keeps each image's aspect."""
+        size = settings.get("size", 224)
+        to_box = isinstance(size, dict) and "height" in size or (processor == "siglip" and isinstance(size, int))
+        if (processor == "clip" and settings.get("do_center_crop", True)) or (settings.get("do_resize", True) and to_box):
+            return
+        raise ConfigError(
+            f"{path}: do_center_crop/do_resize/size give images of varying shape (no crop, and no resize to a height "
+            'and width); packed images have one shape: set do_center_crop to true or size to {"height": H, "width": W}'
+        )
+
     @classmethod
     def from_options(cls, encoder: EncoderSpec, options: FamilyOptions) -> ImagePreprocessor:
         """The crop of the encoder's settings (ConfigError when a settings file asks for another)."""
@@ -74,10 +85,6 @@ class ImagePreprocessor:
                 f"crop_size {list(options.crop_size)} disagrees with {encoder.name}'s processor ({list(crop_size(encoder))})"
             )
         return cls(encoder, options.aspect_ratio, max_pixels=options.max_image_pixels or DEFAULT_MAX_IMAGE_PIXELS)
-
-    def options(self) -> dict:
-        """None: the crop is the encoder's (an output's meta records its shape)."""
-        return {}
 
     def image_run(self, tokenizer, request: RunRequest) -> ImageRun:
         """NeMo's delimited run where the convention and the tokenizer have it, else explicit ids
@@ -100,21 +107,9 @@ class ImagePreprocessor:
         """Every image: ``vision_cost``."""
         return self.vision_cost
 
-    def vision_cost_of_stored(self, size: tuple[int, int], parts: int) -> int:
-        """Every image: ``vision_cost``."""
-        return self.vision_cost
-
     def model_inputs(self, images: np.ndarray) -> dict[str, np.ndarray]:
         """uint8 (N, 3, H, W) crops -> ``pixel_values`` float32, normalised as the processor does."""
         return {"pixel_values": self.normalize(np.asarray(images).reshape(-1, *self.shape))}
-
-    def sample_extras(self, tokens, images, num_images, patch_id) -> dict[str, np.ndarray]:
-        """None: every image is read alike."""
-        return {}
-
-    def position_ids(self, tokens, cu_seqlens, real_lengths, num_images, inputs, patch_id) -> np.ndarray:
-        """(L,): 0, 1, ... restarting at every sample, its padding included."""
-        return restarting_positions(cu_seqlens)
 
     def _built(self):
         """The two processors, built on first use: a process that never touches an image (the main

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from neva_pack.core import ConfigError, ImageRun
-from neva_pack.families.base import EncoderSpec, FamilyOptions, Join, RunRequest, model_image_run, refuse_layout_options
+from neva_pack.core import ConfigError
+from neva_pack.families.base import EncoderSpec, FamilyBase, FamilyOptions, Join, refuse_layout_options
 from neva_pack.families.dynamic import StoredImage, planar_uint8
 
 __all__ = ["NativeProcessor", "NativeSettings", "mrope_position_ids", "smart_resize"]
@@ -102,21 +102,20 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
     return h_bar, w_bar
 
 
-class NativeProcessor:
+class NativeProcessor(FamilyBase):
     """Qwen2-VL / Qwen2.5-VL images: token counts from sizes, uint8 in workers, model rows at read time."""
 
     family = "native"
-    counts_images_per_sample = False
-    """Every image is counted and stored alike, however many its sample holds."""
     image_tokens = ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>")
     """(start, patch, end) of an image run as the models' tokenizers spell them: one ``<|image_pad|>``
     per merged patch between ``<|vision_start|>`` and ``<|vision_end|>``."""
     models = "Qwen2-VL / Qwen2.5-VL"
-    own_size = True
     option_names = ("min_pixels", "max_pixels")
     """The family's own options (``--min_pixels`` / ``--max_pixels``), as ``options`` records them."""
     batch_keys = {"pixel_values": Join.IMAGES, "image_grid_thw": Join.IMAGES}
     """Patch rows of every image end to end, and one (t, h, w) row per image."""
+    settings_patch_size = True
+    """Its preprocessor_config.json names the patch size (a checkpoint's config.json may not)."""
 
     def __init__(self, settings: NativeSettings, normalisation):
         self.settings = settings
@@ -147,10 +146,6 @@ class NativeProcessor:
         """``min_pixels`` / ``max_pixels`` as resolved (the flags, or the encoder's settings)."""
         return {"min_pixels": self.settings.min_pixels, "max_pixels": self.settings.max_pixels}
 
-    def image_run(self, tokenizer, request: RunRequest) -> ImageRun:
-        """``<|vision_start|>`` ``<|image_pad|>`` x tokens ``<|vision_end|>``, ids from the tokenizer."""
-        return model_image_run(tokenizer, self.image_tokens, self.models, request)
-
     def resized_size(self, width: int, height: int) -> tuple[int, int]:
         """(height, width) the image is resized to."""
         s = self.settings
@@ -174,10 +169,6 @@ class NativeProcessor:
     def vision_cost_for_size(self, width: int, height: int) -> int:
         """The vision encoder's attention cost of the image: its patches, squared (one pass over them all)."""
         return (self.tokens_for_size(width, height) * self.settings.merge_size**2) ** 2
-
-    def vision_cost_of_stored(self, size: tuple[int, int], parts: int) -> int:
-        """Every image is one part, one pass: its size decides."""
-        return self.vision_cost_for_size(*size)
 
     def to_uint8(self, image: Image.Image) -> StoredImage:
         """RGB image -> the smart-resized uint8 (3, H, W) (PIL's resize, as the processor's)."""
@@ -215,10 +206,6 @@ class NativeProcessor:
         patches[...] = blocks[:, :, :, :, :, None]
         return patches.reshape(grid_h * grid_w, channels, t, p, p)
 
-
-    def sample_extras(self, tokens, images, num_images, patch_id) -> dict[str, np.ndarray]:
-        """None: the positions check each image's run against its grid (``position_ids``)."""
-        return {}
 
     def position_ids(self, tokens, cu_seqlens, real_lengths, num_images, inputs, patch_id) -> np.ndarray:
         """(3, L): each sample's mRoPE ids alone; its padding continues from its largest id + 1."""

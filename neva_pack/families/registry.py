@@ -97,14 +97,14 @@ def _from_directory(directory: Path, patch_size: int | None) -> EncoderSpec:
             "(CLIPImageProcessor, SiglipImageProcessor, LlavaNextImageProcessor, LlavaOnevisionImageProcessor "
             "or Qwen2VLImageProcessor)"
         )
-    if PROCESSOR_FAMILIES[processor] == "fixed":
-        _check_fixed_shape(settings, processor, config_file)
+    family = FAMILIES[PROCESSOR_FAMILIES[processor]]
+    family.check_settings_file(settings, processor, config_file)
     model_file = directory / "config.json"
     model_config = _read(model_file) if model_file.exists() else {}
     vision = model_config.get("vision_config") or {}
     if not isinstance(vision, dict):
         raise ConfigError(f"{model_file}: vision_config {vision!r:.60}: expected an object, got {type(vision).__name__}")
-    if patch_size is None and processor == "qwen2_vl":
+    if patch_size is None and family.settings_patch_size:
         patch_size = settings.get("patch_size")
         if patch_size is not None and not _positive_int(patch_size):
             raise ConfigError(f"{config_file}: patch_size {patch_size!r:.60}: expected a positive integer")
@@ -118,28 +118,11 @@ def _from_directory(directory: Path, patch_size: int | None) -> EncoderSpec:
             f"--hf_vision_encoder {directory}: patch size unknown (no config.json with patch_size); "
             "pass --patch_dim or set model.mm_cfg.vision_encoder.patch_dim in --hparams_file"
         )
-    extra = _model_settings(directory, model_config) if PROCESSOR_FAMILIES[processor] == "anyres" else {}
+    extra = family.model_settings(directory, model_config, _read)
     return EncoderSpec(
         name=str(directory), processor=processor, family=PROCESSOR_FAMILIES[processor], preprocessor_config=settings,
         patch_size=int(patch_size), model_config=extra,
     )
-
-
-def _model_settings(directory: Path, model_config: dict) -> dict:
-    """The anyres token arithmetic's settings from a checkpoint directory's config.json and
-    processor_config.json (the latter wins, as when transformers builds the processor)."""
-    processor_file = directory / "processor_config.json"
-    processor_config = _read(processor_file) if processor_file.exists() else {}
-    vision = model_config.get("vision_config") or {}
-    found = {
-        "image_size": vision.get("image_size"),
-        "vision_feature_select_strategy": model_config.get("vision_feature_select_strategy"),
-        "vision_aspect_ratio": model_config.get("vision_aspect_ratio"),
-    }
-    for key in ("vision_feature_select_strategy", "num_additional_image_tokens", "num_image_tokens", "vision_aspect_ratio"):
-        if key in processor_config:
-            found[key] = processor_config[key]
-    return {key: value for key, value in found.items() if value is not None}
 
 
 def _read(path: Path) -> dict:
@@ -179,19 +162,6 @@ def check_settings(settings: dict, path) -> None:
         refuse("image_processor_type", "a class name")
 
 
-def _check_fixed_shape(settings: dict, processor: str, path) -> None:
-    """Every image must come out at one (height, width): a center crop gives it (CLIP), or a resize
-    to a height and width; a resize of the shortest edge alone, or none, keeps each image's aspect."""
-    size = settings.get("size", 224)
-    to_box = isinstance(size, dict) and "height" in size or (processor == "siglip" and isinstance(size, int))
-    if (processor == "clip" and settings.get("do_center_crop", True)) or (settings.get("do_resize", True) and to_box):
-        return
-    raise ConfigError(
-        f"{path}: do_center_crop/do_resize/size give images of varying shape (no crop, and no resize to a height "
-        'and width); packed images have one shape: set do_center_crop to true or size to {"height": H, "width": W}'
-    )
-
-
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -221,6 +191,7 @@ def _shipped():
 IMAGE_DELIMITER_PIECES = tuple((start, end) for cls in FAMILIES.values() for start, _, end in [cls.image_tokens] if start and end)
 """Special pieces that open and close an image run, as a one-call prompt writes an image (each
 family's start and end tokens, where its runs have both)."""
+
 
 def registered_batch_keys() -> dict[str, Join]:
     """Every family's model-input keys, each with how it joins a batch (what batches items alone by;
