@@ -9,7 +9,7 @@
                    output's record
     model_inputs.py  a pack's model inputs, put together from what its family gives
     image_ids.py   a fixed-length run's ids (NeMo's delimiters) and the checks of a run's ids
-    dynamic.py     header sizes and token counts from headers, planar uint8 parts
+    headers.py     header sizes and token counts from headers, planar uint8 parts
     source.py      ImageSource: a folder or a .tar archive, names confined to it, budgets before reading
     decode.py      decode_image: bytes -> RGB PIL image, pixel budget from the header, decode-time budget
 
@@ -19,7 +19,7 @@ names of one family's module (its settings, its arithmetic) are imported from th
 
 from neva_pack.families.base import EncoderSpec, FamilyOptions, Join, ModelFamily, RunRequest, restarting_positions
 from neva_pack.families.decode import DEFAULT_MAX_IMAGE_DECODE_SECONDS, DEFAULT_MAX_IMAGE_PIXELS, decode_image, too_many_pixels
-from neva_pack.families.dynamic import StoredImage, check_decoded_size, header_size, tokens_from_header
+from neva_pack.families.headers import StoredImage, check_decoded_size, header_size, tokens_from_header
 from neva_pack.families.image_ids import check_token_ids, image_run_for, missing_nemo_specials
 from neva_pack.families.model_inputs import pack_model_inputs, stored_vision_cost
 from neva_pack.families.registry import (

@@ -32,7 +32,7 @@ from PIL import Image
 
 from neva_pack.core import ConfigError
 from neva_pack.families.base import EncoderSpec, FamilyBase, FamilyOptions, Join, refuse_layout_options
-from neva_pack.families.dynamic import StoredImage, planar_uint8
+from neva_pack.families.headers import StoredImage, planar_uint8
 from neva_pack.families.fixed import expand_to_square
 
 __all__ = ["ARITHMETICS", "AnyresProcessor", "AnyresSettings", "anyres_settings", "select_best_resolution"]

@@ -31,7 +31,7 @@ from PIL import Image
 
 from neva_pack.core import ConfigError
 from neva_pack.families.base import EncoderSpec, FamilyBase, FamilyOptions, Join, refuse_layout_options
-from neva_pack.families.dynamic import StoredImage, planar_uint8
+from neva_pack.families.headers import StoredImage, planar_uint8
 
 __all__ = ["NativeProcessor", "NativeSettings", "mrope_position_ids", "smart_resize"]
 
