@@ -136,11 +136,13 @@ class ModelFamily(Protocol):
         """``vision_cost_for_size`` of an image as a pool records it (its size and number of parts)."""
 
     def to_uint8(self, image) -> StoredImage:
-        """RGB PIL image -> its stored uint8 parts (the worker's half)."""
+        """RGB PIL image -> its stored uint8 parts (the worker's half): a StoredImage, or for a family
+        of one crop (``own_size`` False) the one uint8 (3, H, W) array the formats stack."""
 
     def model_inputs(self, images: list[StoredImage]) -> dict[str, np.ndarray]:
         """Stored images, in sample order -> the model's pixel tensors and per-image metadata under the
-        model's own key names, bit-identical to transformers' processor."""
+        model's own key names, bit-identical to transformers' processor (a family of one crop: from
+        its uint8 (N, 3, H, W) stack)."""
 
     def sample_extras(self, tokens: np.ndarray, images: list[StoredImage], num_images: np.ndarray, patch_id: int) -> dict[str, np.ndarray]:
         """The per-sample inputs the model needs beyond the images' (keyed as ``batch_keys``), after
