@@ -126,7 +126,7 @@ def image_floor(data_path: Path, image_folder: Path) -> tuple[float, float, int]
     from PIL import Image
 
     from neva_pack.families import resolve_encoder
-    from neva_pack.families import expand_to_square, fast_geometry, normalisation_from_settings
+    from neva_pack.families.fixed import expand_to_square, fast_geometry, normalisation_from_settings
 
     encoder = resolve_encoder(ENCODER)
     geometry, normalisation = fast_geometry(encoder), normalisation_from_settings(encoder)

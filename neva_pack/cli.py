@@ -76,8 +76,8 @@ samples truncated or skipped at each size. The sample lengths come from
   template and tokenizer, and each image's token count read from its file's header, by the same
   sample builder a preprocess run uses (the same sample flags give the same lengths):
     neva-pack plan --data_path data.json --image_folder images/ --tokenizer_path tok/ \\
-        --conv_template qwen2_vl --hf_vision_encoder Qwen/Qwen2-VL-7B-Instruct --output_format compact \\
-        --max_pixels 1003520 --pack_sizes 4096 8192 16384 --max_image_tokens_per_pack 8192
+        --conv_template llava_mistral_instruct --hf_vision_encoder llava-hf/llava-v1.6-mistral-7b-hf \\
+        --output_format compact --pack_sizes 4096 8192 16384 --max_image_tokens_per_pack 8192
   Records a run would skip for a reason known before decoding are counted by reason; skips that
   only decoding finds (corrupt image data, a size other than the header's) are not predicted.
 """

@@ -19,7 +19,7 @@ import torch
 from neva_pack.reading import dynamic_pack_item
 from neva_pack.families import resolve_encoder
 from neva_pack.families import dynamic_processor
-from neva_pack.families import mrope_position_ids
+from neva_pack.families.native import mrope_position_ids
 from neva_pack.training import cp_partition_index, cp_slice, hf_batch, thd_batch
 from tests.dynamic_models import (
     TEXT,

@@ -16,7 +16,8 @@ import pytest
 from neva_pack.cli import main
 from neva_pack.reading import PackedSeqDataset, collate, position_ids_from_cu_seqlens
 from neva_pack.families import resolve_encoder
-from neva_pack.families import ImagePreprocessor, decode_image
+from neva_pack.families import decode_image
+from neva_pack.families.fixed import ImagePreprocessor
 from neva_pack.sample_store import SampleStore
 from neva_pack.files import bin_path, idx_path
 from neva_pack.formats import FORMATS

@@ -262,7 +262,7 @@ def test_a_meta_written_before_the_nesting_reads_back_and_is_written_byte_identi
 def test_normalisation_table_is_the_processors_float_ops_bit_for_bit():
     """All 256 values of every channel of every shipped encoder, against transformers itself."""
     from neva_pack.families import known_encoders, resolve_encoder
-    from neva_pack.families import ImagePreprocessor, processor_halves
+    from neva_pack.families.fixed import ImagePreprocessor, processor_halves
 
     for name in known_encoders(family="fixed"):
         pre = ImagePreprocessor(resolve_encoder(name), "square")

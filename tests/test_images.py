@@ -12,7 +12,8 @@ from PIL import Image
 
 from neva_pack.families import known_encoders, resolve_encoder
 from neva_pack.core import ConfigError
-from neva_pack.families import ImagePreprocessor, ImageSource, decode_image, expand_to_square
+from neva_pack.families import ImageSource, decode_image
+from neva_pack.families.fixed import crop_size, encoder_tokens, expand_to_square, ImagePreprocessor
 from neva_pack.records import RecordError
 
 SKIMAGE = importlib.resources.files("skimage") / "data"
@@ -99,7 +100,7 @@ def test_a_2x1_image_is_processed(clip336):
 
 def test_siglip_resizes_without_crop():
     siglip = resolve_encoder("google/siglip-so400m-patch14-384")
-    assert siglip.crop_size == (384, 384) and siglip.image_tokens == 729
+    assert crop_size(siglip) == (384, 384) and encoder_tokens(siglip) == 729
     image = decode_image(photo_bytes("coffee.png"), "coffee.png")
     pre = ImagePreprocessor(siglip, "square")
     out = pre.normalize(pre.to_uint8(image)[None])
@@ -111,7 +112,7 @@ def test_siglip_resizes_without_crop():
                      ("google/siglip-so400m-patch14-384", 729)]
 )
 def test_image_token_counts_of_well_known_encoders(name, tokens):
-    assert resolve_encoder(name).image_tokens == tokens
+    assert encoder_tokens(resolve_encoder(name)) == tokens
     assert name in known_encoders()
 
 
@@ -123,7 +124,7 @@ def test_local_encoder_directory(tmp_path, clip336):
         resolve_encoder(str(tmp_path))
     (tmp_path / "config.json").write_text(json.dumps({"vision_config": {"patch_size": 14}}))
     spec = resolve_encoder(str(tmp_path))
-    assert spec.processor == "clip" and spec.image_tokens == 576
+    assert spec.processor == "clip" and encoder_tokens(spec) == 576
 
 
 def test_unknown_encoder_never_downloads():

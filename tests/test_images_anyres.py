@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from neva_pack.families import known_encoders, resolve_encoder
 from neva_pack.core import ConfigError
-from neva_pack.families import ARITHMETICS, AnyresProcessor, dynamic_processor, select_best_resolution, tokens_from_header
+from neva_pack.families import dynamic_processor, tokens_from_header
+from neva_pack.families.anyres import ARITHMETICS, AnyresProcessor, select_best_resolution
 from tests.image_zoo import random_rgb, synthetic, zoo_images
 
 V16 = ("llava-hf/llava-v1.6-vicuna-7b-hf", "llava-hf/llava-v1.6-mistral-7b-hf")

@@ -13,7 +13,9 @@ from hypothesis import strategies as st
 
 from neva_pack.families import known_encoders, resolve_encoder
 from neva_pack.core import ConfigError
-from neva_pack.families import NativeProcessor, dynamic_processor, smart_resize, tokens_from_header
+from neva_pack.families import dynamic_processor, tokens_from_header
+from neva_pack.families.fixed import encoder_tokens
+from neva_pack.families.native import NativeProcessor, smart_resize
 from tests.image_zoo import random_rgb, synthetic, zoo_images
 
 QWEN = ("Qwen/Qwen2-VL-7B-Instruct", "Qwen/Qwen2.5-VL-7B-Instruct")
@@ -42,7 +44,7 @@ def test_shipped_settings_are_the_released_preprocessor_config(name):
     processor = dynamic_processor(encoder)
     assert isinstance(processor, NativeProcessor) and processor.settings.max_pixels == 12845056
     with pytest.raises(ConfigError, match="dynamic-resolution"):
-        encoder.image_tokens  # the fixed-crop pipeline refuses it in one line
+        encoder_tokens(encoder)  # the fixed-crop pipeline refuses it in one line
 
 
 def test_rounding_is_python_round_half_to_even():

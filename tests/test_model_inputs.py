@@ -13,6 +13,8 @@ from neva_pack.reading import dynamic_pack_item, sample_of_pack
 from neva_pack.families import resolve_encoder
 from neva_pack.families import dynamic_processor
 from neva_pack.families import pack_model_inputs, restarting_positions
+from neva_pack.families import FAMILIES, FamilyOptions, Join, ModelFamily, model_family, registered_batch_keys
+from neva_pack.core import ConfigError
 from tests.dynamic_packs import IMAGE, VISION_START, build_pack, photo
 from tests.test_mrope import _tiny
 
@@ -130,3 +132,37 @@ def test_images_that_disagree_with_the_placeholders_are_refused(qwen, next_proce
         pack_model_inputs(tokens=np.where(pack.tokens == IMAGE, VISION_START, pack.tokens)[:-1], cu_seqlens=[0, len(pack.tokens) - 1],
                           cu_seqlens_unpadded=[0, len(pack.tokens) - 1], num_images=counts, stored_images=pack.stored_images,
                           processor=next_processor, patch_id=IMAGE)  # fmt: skip
+
+
+def test_every_family_answers_the_one_protocol():
+    """Each registered family class offers every member of ``ModelFamily``, and its record options
+    are its own: nothing outside families/ needs to know which family it holds."""
+    members = [name for name in vars(ModelFamily) if not name.startswith("_")]
+    members += list(ModelFamily.__annotations__)
+    assert {"image_run", "tokens_for_size", "to_uint8", "model_inputs", "position_ids", "batch_keys"} <= set(members)
+    for name, cls in FAMILIES.items():
+        missing = [member for member in members if not hasattr(cls, member)]
+        assert not missing, f"{name}: {missing}"
+        assert cls.family == name and set(cls.option_names) <= {"arithmetic", "min_pixels", "max_pixels"}
+        assert all(isinstance(join, Join) for join in cls.batch_keys.values())
+
+
+def test_every_key_of_an_item_is_declared_by_its_family(qwen, next_processor):
+    """A reader item's model inputs are exactly what its family declares (and position_ids), so that
+    training joins them without naming a family."""
+    for processor, family in ((qwen, "native"), (next_processor, "anyres")):
+        pack, counts = build_pack([[4, processor.to_uint8(photo("coffee")), 3], [9]], family, 8)
+        item = dynamic_pack_item(pack, counts, processor, IMAGE)
+        carried = set(item) - {"cu_seqlens", "cu_seqlens_unpadded", "num_images", "tokens", "labels", "position_ids"}
+        assert carried and carried <= set(processor.batch_keys)
+        assert all(registered_batch_keys()[key] is processor.batch_keys[key] for key in carried)
+
+
+def test_an_option_of_another_family_is_refused_naming_its_flags(next_processor):
+    with pytest.raises(ConfigError, match="--min_pixels / --max_pixels: .* is not a Qwen2-VL / Qwen2.5-VL encoder"):
+        dynamic_processor(resolve_encoder(NEXT), min_pixels=1000)
+    with pytest.raises(ConfigError, match="--min_pixels / --max_pixels"):
+        model_family(resolve_encoder("openai/clip-vit-large-patch14-336"), FamilyOptions(max_pixels=1000))
+    with pytest.raises(ConfigError, match="--use_im_start_end / --image_aspect_ratio"):
+        model_family(resolve_encoder(QWEN), FamilyOptions(aspect_ratio="pad"))
+    assert model_family(resolve_encoder(NEXT), FamilyOptions(tokenization="llava")).options() == {"arithmetic": "llava"}

@@ -1,4 +1,4 @@
-"""mRoPE position ids of one sample (neva_pack.families.mrope) == transformers' Qwen2-VL and Qwen2.5-VL
+"""mRoPE position ids of one sample (neva_pack.families.native) == transformers' Qwen2-VL and Qwen2.5-VL
 ``get_rope_index`` on that sample alone, on tiny randomly initialised models (no hub)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from neva_pack.families import mrope_position_ids
+from neva_pack.families.native import mrope_position_ids
 
 IMAGE = 7  # the tiny vocabulary's <|image_pad|>
 

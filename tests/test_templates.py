@@ -6,7 +6,8 @@ import sentencepiece
 
 from neva_pack.families import resolve_encoder
 from neva_pack.core import ConfigError
-from neva_pack.families import ImagePreprocessor, ImageSource
+from neva_pack.families import ImageSource
+from neva_pack.families.fixed import encoder_tokens, ImagePreprocessor
 from neva_pack.records import RawRecord, RecordError, Turn
 from neva_pack.families import image_run_for
 from neva_pack.samples import SampleBuilder
@@ -178,7 +179,7 @@ def make_builder(tokenizer_path, template, max_seq_length=4096, tokenization="ne
         template=load_template(template, tokenization),
         image_source=ImageSource(None),
         preprocessor=ImagePreprocessor(encoder, "square"),
-        image_run=image_run_for(tokenizer, encoder.image_tokens, tokenization=tokenization),
+        image_run=image_run_for(tokenizer, encoder_tokens(encoder), tokenization=tokenization),
         max_seq_length=max_seq_length,
         tokenization=tokenization,
         **kwargs,

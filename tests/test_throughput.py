@@ -24,14 +24,14 @@ from PIL import Image
 from neva_pack.files import bin_path, idx_path
 from neva_pack.files import packed_prefix
 from neva_pack.families import EncoderSpec, known_encoders, resolve_encoder
-from neva_pack.families import (
+from neva_pack.families import decode_image
+from neva_pack.families.fixed import (
     ImagePreprocessor,
-    processor_class,
-    decode_image,
     expand_to_square,
     fast_geometry,
     normalisation_from_settings,
     normalisation_of,
+    processor_class,
     processor_halves,
 )
 from neva_pack.text import SentencePieceTokenizer
@@ -119,10 +119,10 @@ def test_settings_outside_the_proven_ones_go_through_the_processor(zoo):
     clip = resolve_encoder("openai/clip-vit-large-patch14-336")
     for change in ({"size": 336}, {"resample": None}, {"do_pad": True}, {"crop_size": {"height": 400, "width": 400}},
                    {"rescale_factor": 1}, {"image_mean": 0.5}):  # fmt: skip
-        odd = EncoderSpec(name="odd", processor="clip", preprocessor_config={**clip.preprocessor_config, **change},
+        odd = EncoderSpec(name="odd", processor="clip", family="fixed", preprocessor_config={**clip.preprocessor_config, **change},
                           patch_size=14)  # fmt: skip
         assert fast_geometry(odd) is None or normalisation_from_settings(odd) is None, change
-    plain = EncoderSpec(name="plain", processor="clip", preprocessor_config={**clip.preprocessor_config, "do_pad": False},
+    plain = EncoderSpec(name="plain", processor="clip", family="fixed", preprocessor_config={**clip.preprocessor_config, "do_pad": False},
                         patch_size=14)  # fmt: skip
     pre = ImagePreprocessor(plain, "square")
     image = zoo["coffee.png (RGB 600x400)"]

@@ -55,7 +55,8 @@ from hypothesis import strategies as st
 from nemo_tokenizer import build_nemo_specials_tokenizer
 from neva_pack.families import resolve_encoder
 from neva_pack.core import ConfigError
-from neva_pack.families import ImagePreprocessor, ImageSource
+from neva_pack.families import ImageSource
+from neva_pack.families.fixed import encoder_tokens, ImagePreprocessor
 from neva_pack.records import IMAGE_PLACEHOLDER, RawRecord, RecordError, parse_record
 from neva_pack.families import image_run_for, missing_nemo_specials
 from neva_pack.samples import SampleBuilder, truncation
@@ -95,7 +96,7 @@ def make_builder(tokenizer_path: Path, template: str, tokenization: str) -> Samp
         image_source=ImageSource(None),
         preprocessor=ImagePreprocessor(ENCODER, "square"),
         image_run=image_run_for(
-            tokenizer, ENCODER.image_tokens, tokenization=tokenization, patch_token=loaded.image_patch_token
+            tokenizer, encoder_tokens(ENCODER), tokenization=tokenization, patch_token=loaded.image_patch_token
         ),
         max_seq_length=CONTEXT,
         tokenization=tokenization,
@@ -122,8 +123,8 @@ def expand_llava_images(line: dict, patch_id: int) -> dict:
     for token, label in zip(line["tokens"], line["labels"]):
         label = -1 if label == LLAVA_IMAGE else label
         if token == LLAVA_IMAGE:
-            tokens += [patch_id] * ENCODER.image_tokens
-            labels += [-1] * (ENCODER.image_tokens - 1) + [label]
+            tokens += [patch_id] * encoder_tokens(ENCODER)
+            labels += [-1] * (encoder_tokens(ENCODER) - 1) + [label]
         else:
             tokens.append(token)
             labels.append(label)
@@ -410,11 +411,11 @@ def test_typed_nemo_specials_are_spelled_as_text(tokenizer_paths):
 
 def test_missing_nemo_image_tokens_are_named_with_the_way_out(mistral_tokenizer_path, sample_tokenizer_path):
     plain = load_tokenizer(mistral_tokenizer_path)
-    image_run = image_run_for(plain, ENCODER.image_tokens, tokenization="nemo")
+    image_run = image_run_for(plain, encoder_tokens(ENCODER), tokenization="nemo")
     message = missing_nemo_specials(plain, "nemo", image_run)
     assert "<extra_id_4>/<extra_id_5>" in message and "--tokenization llava" in message
     assert missing_nemo_specials(plain, "llava", image_run_for(plain, 576, tokenization="llava")) is None
-    explicit = image_run_for(plain, ENCODER.image_tokens, start_id=5, end_id=6)
+    explicit = image_run_for(plain, encoder_tokens(ENCODER), start_id=5, end_id=6)
     assert missing_nemo_specials(plain, "nemo", explicit) is None
     nemo = load_tokenizer(sample_tokenizer_path)
     assert missing_nemo_specials(nemo, "nemo", image_run_for(nemo, 576)) is None

@@ -92,12 +92,12 @@ class SampleConfig:
     preprocessing, the default since the command line is NeMo's) or llava (LLaVA-1.5's)."""
     min_pixels: int | None = option(
         None, minimum=1, fingerprint_when_set=True,
-        help="Qwen2-VL / Qwen2.5-VL: smallest resized image area in pixels (default: the encoder's preprocessor_config)",
+        help="native-resolution encoders: smallest resized image area in pixels (default: the encoder's preprocessor_config)",
     )  # fmt: skip
     """Native-resolution encoders (Qwen2-VL): the smallest area an image is resized to (smart_resize)."""
     max_pixels: int | None = option(
         None, minimum=1, fingerprint_when_set=True,
-        help="Qwen2-VL / Qwen2.5-VL: largest resized image area in pixels (default: the encoder's preprocessor_config)",
+        help="native-resolution encoders: largest resized image area in pixels (default: the encoder's preprocessor_config)",
     )  # fmt: skip
     """Native-resolution encoders (Qwen2-VL): the largest area an image is resized to (the released
     checkpoints' 12,845,056; transformers' class default 1,003,520)."""

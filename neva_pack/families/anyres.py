@@ -30,9 +30,9 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from neva_pack.families.encoders import EncoderSpec
 from neva_pack.core import ConfigError
-from neva_pack.families.dynamic import StoredImage, planar_uint8
+from neva_pack.families.base import EncoderSpec, FamilyBase, FamilyOptions, Join, refuse_layout_options
+from neva_pack.families.headers import StoredImage, planar_uint8
 from neva_pack.families.fixed import expand_to_square
 
 __all__ = ["ARITHMETICS", "AnyresProcessor", "AnyresSettings", "anyres_settings", "select_best_resolution"]
@@ -142,10 +142,18 @@ class _PinpointOrder:
         return best
 
 
-class AnyresProcessor:
+class AnyresProcessor(FamilyBase):
     """LLaVA-NeXT / OneVision images: token counts from sizes, uint8 in workers, model tiles at read time."""
 
     family = "anyres"
+    image_tokens = (None, "<image>", None)
+    """(start, patch, end) of an image run as transformers' models spell it: one ``<image>`` per feature."""
+    models = "LLaVA-NeXT / OneVision"
+    option_names = ("arithmetic",)
+    """The family's own option (``--tokenization llava`` picks LLaVA's arithmetic), as ``options`` records it."""
+    batch_keys = {"pixel_values": Join.IMAGES, "image_sizes": Join.IMAGES, "batch_num_images": Join.SAMPLES}
+    """Each image's tiles (padded to the batch's most), its (height, width), and (OneVision only)
+    each sample's image count, which tells its model which images are tiled."""
 
     def __init__(self, settings: AnyresSettings, normalisation, *, arithmetic: str = "transformers"):
         if arithmetic not in ARITHMETICS:
@@ -155,6 +163,29 @@ class AnyresProcessor:
         """core.Normalisation: the processor's rescale factor, mean and std."""
         self.arithmetic = arithmetic
         self._pinpoints = _PinpointOrder(settings.pinpoints)
+
+    @staticmethod
+    def model_settings(directory, model_config: dict, read) -> dict:
+        """The anyres token arithmetic's settings from a checkpoint directory's config.json and
+        processor_config.json (the latter wins, as when transformers builds the processor)."""
+        processor_file = directory / "processor_config.json"
+        processor_config = read(processor_file) if processor_file.exists() else {}
+        vision = model_config.get("vision_config") or {}
+        found = {
+            "image_size": vision.get("image_size"),
+            "vision_feature_select_strategy": model_config.get("vision_feature_select_strategy"),
+            "vision_aspect_ratio": model_config.get("vision_aspect_ratio"),
+        }
+        for key in ("vision_feature_select_strategy", "num_additional_image_tokens", "num_image_tokens", "vision_aspect_ratio"):
+            if key in processor_config:
+                found[key] = processor_config[key]
+        return {key: value for key, value in found.items() if value is not None}
+
+    @classmethod
+    def from_options(cls, encoder: EncoderSpec, options: FamilyOptions) -> AnyresProcessor:
+        """LLaVA's own arithmetic under ``--tokenization llava`` (its llava_arch counts), else the HF models'."""
+        refuse_layout_options(encoder, options)
+        return cls.from_encoder(encoder, arithmetic="llava" if options.tokenization == "llava" else "transformers")
 
     @classmethod
     def from_encoder(cls, encoder: EncoderSpec, *, arithmetic: str = "transformers") -> AnyresProcessor:
@@ -169,6 +200,10 @@ class AnyresProcessor:
             std=tuple(float(v) for v in cfg["image_std"]),
         )
         return cls(anyres_settings(encoder), normalisation, arithmetic=arithmetic)
+
+    def options(self) -> dict:
+        """Whose token arithmetic the counts follow."""
+        return {"arithmetic": self.arithmetic}
 
     @property
     def counts_images_per_sample(self) -> bool:
@@ -227,6 +262,10 @@ class AnyresProcessor:
         passes = 1 if multi_image and self.settings.max_num_patches is not None else 1 + self.tiles(width, height)
         return passes * self.settings.features_per_side**4
 
+    def vision_cost_of_stored(self, size: tuple[int, int], parts: int) -> int:
+        """An image stored as one part is a OneVision multi-image sample's square: one encoder pass."""
+        return self.vision_cost_for_size(*size, multi_image=parts == 1)
+
     def _truncate(self, value: float) -> int:
         return int(value) if self.arithmetic == "llava" else int(round(value, 7))
 
@@ -256,6 +295,25 @@ class AnyresProcessor:
             self.normalisation.apply(stack, out=pixel_values[k, : len(stack)])
         sizes = np.array([(image.size[1], image.size[0]) for image in images], dtype=np.int64).reshape(-1, 2)
         return {"pixel_values": pixel_values, "image_sizes": sizes}
+
+    def sample_extras(self, tokens, images, num_images, patch_id) -> dict[str, np.ndarray]:
+        """OneVision's ``batch_num_images`` (each sample's image count: its model tiles an image only
+        when it is its sample's only one); none for LLaVA-NeXT. ValueError when the pack's ``<image>``
+        positions are not its images' tokens, or an image is stored tiled in a sample of several or
+        untiled alone in its sample."""
+        expected = sum(image.tokens for image in images)
+        found = int((np.asarray(tokens) == patch_id).sum())
+        if found != expected:
+            raise ValueError(f"{found} image positions in the pack, its images make {expected}")
+        if not self.counts_images_per_sample:
+            return {}
+        counts = np.asarray(num_images, dtype=np.int64)
+        alone = np.repeat(counts == 1, counts)
+        for k, (image, single) in enumerate(zip(images, alone)):
+            if (len(image.parts) == 1) == bool(single):
+                state = "untiled" if len(image.parts) == 1 else "tiled"
+                raise ValueError(f"image {k} of the pack is stored {state} in a sample of {'one image' if single else 'several'}")
+        return {"batch_num_images": counts.copy()}
 
     def _tiles_uint8(self, image: StoredImage) -> np.ndarray:
         """uint8 (1 + tiles, 3, S, S): the base image, then the padded grid's tiles row by row."""

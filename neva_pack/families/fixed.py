@@ -18,16 +18,34 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from neva_pack.families.encoders import EncoderSpec
-from neva_pack.core import ConfigError
+from neva_pack.core import ConfigError, ImageRun
+from neva_pack.families.base import EncoderSpec, FamilyBase, FamilyOptions, Join, RunRequest
 from neva_pack.families.decode import DEFAULT_MAX_IMAGE_PIXELS, too_many_pixels
+from neva_pack.families.image_ids import NEMO_IM_END, NEMO_IM_START, image_run_for
 from neva_pack.records import RecordError
+
+__all__ = [
+    "ASPECT_RATIOS", "FastGeometry", "ImagePreprocessor", "crop_size", "encoder_tokens", "expand_to_square", "fast_geometry",
+    "normalisation_from_settings", "normalisation_of", "processor_class", "processor_halves",
+]  # fmt: skip
 
 ASPECT_RATIOS = ("square", "pad")
 
 
-class ImagePreprocessor:
-    """The encoder's image processor, applied in the two halves described above."""
+class ImagePreprocessor(FamilyBase):
+    """The fixed-crop family: the encoder's image processor, applied in the two halves described
+    above; every image one (3, H, W) crop and one run of ``encoder_tokens`` positions.
+
+    It answers the family interface (base.ModelFamily) with constants where the others compute from
+    the size; its stored part is one uint8 (3, H, W) array, which the formats hold as one stack."""
+
+    family = "fixed"
+    models = "CLIP / SigLIP"
+    image_tokens = (NEMO_IM_START, None, NEMO_IM_END)
+    """NeMo's delimiters where the tokenizer has them; the patch token is the template's (``image_run``)."""
+    own_size = False
+    batch_keys = {"pixel_values": Join.IMAGES}
+    """One normalised crop per image."""
 
     def __init__(self, encoder: EncoderSpec, aspect_ratio: str, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS):
         if aspect_ratio not in ASPECT_RATIOS:
@@ -35,14 +53,63 @@ class ImagePreprocessor:
         self.encoder = encoder
         self.aspect_ratio = aspect_ratio
         self.max_pixels = max_pixels
-        self.shape = (3, *encoder.crop_size)
-        self.vision_cost = encoder.image_tokens**2
+        self.shape = (3, *crop_size(encoder))
+        self.encoder_tokens = encoder_tokens(encoder)
+        """Sequence positions one image's features occupy: (H / patch) * (W / patch)."""
+        self.vision_cost = self.encoder_tokens**2
         """Attention cost of one image in the encoder: patches² (one pass over its patches)."""
         mean = encoder.preprocessor_config.get("image_mean", _CLIP_MEAN if encoder.processor == "clip" else _HALF)
         self._pad_colour = tuple(int(channel * 255) for channel in mean)  # LLaVA's expand2square background
         self._processors = None
         self._geometry = fast_geometry(encoder)
         self._normalisation = None
+
+    @staticmethod
+    def check_settings_file(settings: dict, processor: str, path) -> None:
+        """Every image must come out at one (height, width): a center crop gives it (CLIP), or a resize
+        to a height and width; a resize of the shortest edge alone, or none, keeps each image's aspect."""
+        size = settings.get("size", 224)
+        to_box = isinstance(size, dict) and "height" in size or (processor == "siglip" and isinstance(size, int))
+        if (processor == "clip" and settings.get("do_center_crop", True)) or (settings.get("do_resize", True) and to_box):
+            return
+        raise ConfigError(
+            f"{path}: do_center_crop/do_resize/size give images of varying shape (no crop, and no resize to a height "
+            'and width); packed images have one shape: set do_center_crop to true or size to {"height": H, "width": W}'
+        )
+
+    @classmethod
+    def from_options(cls, encoder: EncoderSpec, options: FamilyOptions) -> ImagePreprocessor:
+        """The crop of the encoder's settings (ConfigError when a settings file asks for another)."""
+        if options.crop_size is not None and tuple(options.crop_size) != crop_size(encoder):
+            raise ConfigError(
+                f"crop_size {list(options.crop_size)} disagrees with {encoder.name}'s processor ({list(crop_size(encoder))})"
+            )
+        return cls(encoder, options.aspect_ratio, max_pixels=options.max_image_pixels or DEFAULT_MAX_IMAGE_PIXELS)
+
+    def image_run(self, tokenizer, request: RunRequest) -> ImageRun:
+        """NeMo's delimited run where the convention and the tokenizer have it, else explicit ids
+        (``image_ids.image_run_for``)."""
+        convention = {} if request.tokenization is None else {"tokenization": request.tokenization}
+        return image_run_for(
+            tokenizer, self.encoder_tokens, use_im_start_end=request.use_im_start_end, patch_id=request.patch_id,
+            start_id=request.start_id, end_id=request.end_id, patch_token=request.patch_token, **convention,
+        )  # fmt: skip
+
+    def tokens_for_size(self, width: int, height: int) -> int:
+        """Every image: ``encoder_tokens``."""
+        return self.encoder_tokens
+
+    def pixels_for_size(self, width: int, height: int) -> int:
+        """The largest image padding and resizing make (what ``check_size`` holds to the budget)."""
+        return max((pixels for _, pixels in self._made(width, height)), default=width * height)
+
+    def vision_cost_for_size(self, width: int, height: int) -> int:
+        """Every image: ``vision_cost``."""
+        return self.vision_cost
+
+    def model_inputs(self, images: np.ndarray) -> dict[str, np.ndarray]:
+        """uint8 (N, 3, H, W) crops -> ``pixel_values`` float32, normalised as the processor does."""
+        return {"pixel_values": self.normalize(np.asarray(images).reshape(-1, *self.shape))}
 
     def _built(self):
         """The two processors, built on first use: a process that never touches an image (the main
@@ -61,20 +128,26 @@ class ImagePreprocessor:
         """image_too_large when padding (pad) or resizing would make more than ``max_pixels``,
         checked before either runs: a 20000 x 1 image padded is 400 megapixels, and resized so its
         shortest edge is 336 it is 336 x 6,720,000."""
-        width, height = size
+        for what, pixels in self._made(*size):
+            if pixels > self.max_pixels:
+                raise RecordError("image_too_large", too_many_pixels(name, what, pixels, self.max_pixels))
+
+    def _made(self, width: int, height: int) -> list[tuple[str, int]]:
+        """(what, pixels) of the images padding (pad) and a resize of the shortest edge make, in order."""
+        made = []
         if self.aspect_ratio == "pad" and width != height:
             side = max(width, height)
+            made.append((f"padded to {side} x {side}", side * side))
             if side * side > self.max_pixels:
-                raise RecordError("image_too_large", too_many_pixels(name, f"padded to {side} x {side}", side * side, self.max_pixels))
+                return made
             width = height = side
         size = self.encoder.preprocessor_config.get("size")
         shortest = size.get("shortest_edge") if isinstance(size, dict) else None  # an int size: the processor's to read
         if shortest and min(width, height) > 0:
             scale = shortest / min(width, height)
             resized = (max(round(width * scale), shortest), max(round(height * scale), shortest))
-            if resized[0] * resized[1] > self.max_pixels:
-                what = f"resized to {resized[0]} x {resized[1]} (shortest edge {shortest})"
-                raise RecordError("image_too_large", too_many_pixels(name, what, resized[0] * resized[1], self.max_pixels))
+            made.append((f"resized to {resized[0]} x {resized[1]} (shortest edge {shortest})", resized[0] * resized[1]))
+        return made
 
     def to_uint8(self, image: Image.Image) -> np.ndarray:
         """RGB image -> (3, H, W) uint8 after padding (if ``pad``), resize and crop."""
@@ -146,7 +219,7 @@ def fast_geometry(encoder: EncoderSpec) -> FastGeometry | None:
     if encoder.processor == "clip" and isinstance(size, dict) and set(size) == {"shortest_edge"}:
         if not cfg.get("do_center_crop", True):
             return None
-        crop = encoder.crop_size
+        crop = crop_size(encoder)
         if min(crop) < 1 or max(crop) > size["shortest_edge"]:  # the processor would pad the crop
             return None
         return FastGeometry(shortest_edge=int(size["shortest_edge"]), size=crop, crop=crop, resample=cfg["resample"])
@@ -190,6 +263,36 @@ def normalisation_from_settings(encoder: EncoderSpec):
     if not (isinstance(mean, list) and isinstance(std, list) and len(mean) == len(std) == 3 and isinstance(scale, float)):
         return None
     return Normalisation(rescale_factor=scale, mean=tuple(float(v) for v in mean), std=tuple(float(v) for v in std))
+
+
+def crop_size(encoder: EncoderSpec) -> tuple[int, int]:
+    """(height, width) of every processed image: CLIP's centre crop, else the resize's size.
+    ConfigError for an encoder of another family, whose images have no one size."""
+    if encoder.family != "fixed":
+        raise ConfigError(
+            f"--hf_vision_encoder {encoder.name}: a dynamic-resolution encoder ({encoder.processor}); each image has "
+            "its own size and token count, which this command does not handle (use the fixed-crop encoders)"
+        )
+    cfg = encoder.preprocessor_config
+    if encoder.processor == "clip" and cfg.get("do_center_crop", True):
+        crop = cfg.get("crop_size", 224)
+        return _height_width(crop)
+    return _height_width(cfg.get("size", 224))
+
+
+def encoder_tokens(encoder: EncoderSpec) -> int:
+    """Sequence positions one image's features occupy: (H / patch) * (W / patch) of the crop."""
+    height, width = crop_size(encoder)
+    return (height // encoder.patch_size) * (width // encoder.patch_size)
+
+
+def _height_width(size) -> tuple[int, int]:
+    if isinstance(size, int):
+        return size, size
+    if "height" in size:
+        return int(size["height"]), int(size["width"])
+    return int(size["shortest_edge"]), int(size["shortest_edge"])
+
 
 
 def expand_to_square(image: Image.Image, background: tuple[int, int, int]) -> Image.Image:

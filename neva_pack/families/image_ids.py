@@ -1,7 +1,8 @@
-"""Which ids an image run is written with, for a tokenizer and a tokenization convention: NeMo's
-<extra_id_4>/<extra_id_5> delimited run where the tokenizer has them, else explicit ids; for the
-dynamic-resolution families, the model's own image tokens (``dynamic_image_run``); and the checks
-that those ids, the pad id and the ignore index can be stored and trained as they mean.
+"""Which ids a fixed-length image run is written with, for a tokenizer and a tokenization convention:
+NeMo's <extra_id_4>/<extra_id_5> delimited run where the tokenizer has them, else explicit ids; and
+the checks that a run's ids, the pad id and the ignore index can be stored and trained as they mean.
+(A family whose images each have their own length spells its run with the model's own tokens:
+``base.model_image_run``.)
 """
 
 from __future__ import annotations
@@ -12,25 +13,10 @@ from neva_pack.core import ImageRun
 from neva_pack.text import DEFAULT_TOKENIZATION, TOKENIZATIONS
 from neva_pack.text import Tokenizer
 
-__all__ = [
-    "DYNAMIC_IMAGE_TOKENS", "IMAGE_DELIMITER_PIECES", "NEMO_IM_END", "NEMO_IM_START", "check_token_ids",
-    "dynamic_image_run", "image_run_for", "missing_nemo_specials",
-]  # fmt: skip
+__all__ = ["NEMO_IM_END", "NEMO_IM_START", "check_token_ids", "image_run_for", "missing_nemo_specials"]
 
 NEMO_IM_START = "<extra_id_4>"
 NEMO_IM_END = "<extra_id_5>"
-
-DYNAMIC_IMAGE_TOKENS = {
-    "native": ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>"),
-    "anyres": (None, "<image>", None),
-}
-"""(start, patch, end) token of an image run per dynamic-resolution family, as the models' tokenizers
-spell them: Qwen2-VL / Qwen2.5-VL ``<|vision_start|>`` + one ``<|image_pad|>`` per merged patch +
-``<|vision_end|>``; LLaVA-NeXT / OneVision (transformers' models) one ``<image>`` per feature."""
-
-IMAGE_DELIMITER_PIECES = ((NEMO_IM_START, NEMO_IM_END), DYNAMIC_IMAGE_TOKENS["native"][::2])
-"""Special pieces that open and close an image run, as a one-call prompt writes an image."""
-
 
 def image_run_for(
     tokenizer: Tokenizer,
@@ -65,35 +51,6 @@ def image_run_for(
     if positions - delimiters < 1:
         raise ConfigError(f"an image of {encoder_tokens} positions cannot hold its start/end tokens")
     return ImageRun(positions=positions, patch_id=patch_id, start_id=start_id, end_id=end_id)
-
-
-def dynamic_image_run(
-    tokenizer: Tokenizer,
-    family: str,
-    patch_id: int | None = None,
-    start_id: int | None = None,
-    end_id: int | None = None,
-) -> ImageRun:
-    """The image run of a dynamic-resolution family (``EncoderSpec.family`` "native" or "anyres"),
-    each image its own length, with the model's image tokens from the tokenizer; an id given
-    explicitly replaces the token's. ConfigError, one line, for a tokenizer lacking one."""
-    tokens = DYNAMIC_IMAGE_TOKENS[family]
-    given = (start_id, patch_id, end_id)
-    ids = []
-    for token, explicit in zip(tokens, given):
-        found = explicit if explicit is not None or token is None else tokenizer.token_to_id(token)
-        if found is None and token is not None:
-            wanted = "/".join(t for t in tokens if t is not None)
-            raise ConfigError(
-                f"tokenizer {tokenizer.name} has no {token}: a {_FAMILY_MODELS[family]} image is spelled with "
-                f"{wanted}; use the model's own tokenizer (or give the ids: --image_patch_id/--image_start_id/--image_end_id)"
-            )
-        ids.append(found)
-    start, patch, end = ids
-    return ImageRun(positions=None, patch_id=patch, start_id=start, end_id=end)
-
-
-_FAMILY_MODELS = {"native": "Qwen2-VL / Qwen2.5-VL", "anyres": "LLaVA-NeXT / OneVision"}
 
 
 def missing_nemo_specials(tokenizer: Tokenizer, tokenization: str, image_run: ImageRun) -> str | None:

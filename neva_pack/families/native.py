@@ -11,6 +11,14 @@ below the minimum). Pixels are transformers' ``Qwen2VLImageProcessorPil`` (PIL r
 float ops), bit-identical (tested over an image zoo): a still image is repeated
 ``temporal_patch_size`` times in every row, so the float rows cost 4 x 2 = 8 times the stored uint8
 image. transformers is never imported.
+
+On read, a pack's language model positions are multimodal rotary ids (mRoPE), three rows (temporal,
+height, width). Text positions advance by one on all three rows. An image whose language-model grid
+is h' x w' (``image_grid_thw`` h and w over the merge size), starting at text position ``st``, takes
+(st, st + i, st + j) for its token at row i, column j, in row-major order; the text after it starts
+at ``st + max(h', w')``. Every sample starts at 0, so the ids of a sample inside a pack are those of
+the sample alone: what transformers' ``get_rope_index`` gives for it (Qwen2-VL and Qwen2.5-VL agree
+for still images; tested against both); a sample's padding continues from its largest id + 1.
 """
 
 from __future__ import annotations
@@ -21,11 +29,11 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from neva_pack.families.encoders import EncoderSpec
 from neva_pack.core import ConfigError
-from neva_pack.families.dynamic import StoredImage, planar_uint8
+from neva_pack.families.base import EncoderSpec, FamilyBase, FamilyOptions, Join, refuse_layout_options
+from neva_pack.families.headers import StoredImage, planar_uint8
 
-__all__ = ["NativeProcessor", "NativeSettings", "smart_resize"]
+__all__ = ["NativeProcessor", "NativeSettings", "mrope_position_ids", "smart_resize"]
 
 MAX_ASPECT_RATIO = 200
 """The reference refuses an image whose long side is over 200 times its short side."""
@@ -94,17 +102,31 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
     return h_bar, w_bar
 
 
-class NativeProcessor:
+class NativeProcessor(FamilyBase):
     """Qwen2-VL / Qwen2.5-VL images: token counts from sizes, uint8 in workers, model rows at read time."""
 
     family = "native"
-    counts_images_per_sample = False
-    """Every image is counted and stored alike, however many its sample holds."""
+    image_tokens = ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>")
+    """(start, patch, end) of an image run as the models' tokenizers spell them: one ``<|image_pad|>``
+    per merged patch between ``<|vision_start|>`` and ``<|vision_end|>``."""
+    models = "Qwen2-VL / Qwen2.5-VL"
+    option_names = ("min_pixels", "max_pixels")
+    """The family's own options (``--min_pixels`` / ``--max_pixels``), as ``options`` records them."""
+    batch_keys = {"pixel_values": Join.IMAGES, "image_grid_thw": Join.IMAGES}
+    """Patch rows of every image end to end, and one (t, h, w) row per image."""
+    settings_patch_size = True
+    """Its preprocessor_config.json names the patch size (a checkpoint's config.json may not)."""
 
     def __init__(self, settings: NativeSettings, normalisation):
         self.settings = settings
         self.normalisation = normalisation
         """core.Normalisation: the processor's rescale factor, mean and std."""
+
+    @classmethod
+    def from_options(cls, encoder: EncoderSpec, options: FamilyOptions) -> NativeProcessor:
+        """``--min_pixels`` / ``--max_pixels`` over the encoder's settings."""
+        refuse_layout_options(encoder, options)
+        return cls.from_encoder(encoder, min_pixels=options.min_pixels, max_pixels=options.max_pixels)
 
     @classmethod
     def from_encoder(cls, encoder: EncoderSpec, *, min_pixels: int | None = None, max_pixels: int | None = None) -> NativeProcessor:
@@ -119,6 +141,10 @@ class NativeProcessor:
             std=tuple(float(v) for v in cfg.get("image_std", _CLIP_STD)),
         )
         return cls(native_settings(encoder, min_pixels=min_pixels, max_pixels=max_pixels), normalisation)
+
+    def options(self) -> dict:
+        """``min_pixels`` / ``max_pixels`` as resolved (the flags, or the encoder's settings)."""
+        return {"min_pixels": self.settings.min_pixels, "max_pixels": self.settings.max_pixels}
 
     def resized_size(self, width: int, height: int) -> tuple[int, int]:
         """(height, width) the image is resized to."""
@@ -179,6 +205,57 @@ class NativeProcessor:
         patches = np.empty((*blocks.shape[:5], t, p, p), dtype=np.uint8)
         patches[...] = blocks[:, :, :, :, :, None]
         return patches.reshape(grid_h * grid_w, channels, t, p, p)
+
+
+    def position_ids(self, tokens, cu_seqlens, real_lengths, num_images, inputs, patch_id) -> np.ndarray:
+        """(3, L): each sample's mRoPE ids alone; its padding continues from its largest id + 1."""
+        tokens = np.asarray(tokens, dtype=np.int64)
+        bounds = np.asarray(cu_seqlens, dtype=np.int64)
+        counts = np.asarray(num_images, dtype=np.int64)
+        grids = inputs["image_grid_thw"]
+        out = np.empty((3, int(bounds[-1])), dtype=np.int64)
+        first = np.concatenate([[0], np.cumsum(counts)])
+        for k in range(len(counts)):
+            start, end, length = int(bounds[k]), int(bounds[k + 1]), int(real_lengths[k])
+            mask = tokens[start : start + length] == patch_id
+            sample = mrope_position_ids(mask, grids[first[k] : first[k + 1]], self.settings.merge_size)
+            out[:, start : start + length] = sample
+            following = int(sample.max(initial=-1)) + 1
+            out[:, start + length : end] = np.arange(following, following + end - start - length)
+        return out
+
+
+def mrope_position_ids(image_mask: np.ndarray, image_grid_thw: np.ndarray, merge_size: int = 2) -> np.ndarray:
+    """int64 (3, L) mRoPE position ids of one sample (the module's docstring).
+
+    ``image_mask``: bool (L,), True where the token is an image placeholder (``<|image_pad|>``);
+    each maximal run of them is one image, in order. ``image_grid_thw``: int (n, 3), one row per
+    run, as the processor returns it. ValueError when the runs and the grids disagree (count or
+    length): the positions would silently be those of other images.
+    """
+    mask = np.asarray(image_mask, dtype=bool).reshape(-1)
+    grids = np.asarray(image_grid_thw, dtype=np.int64).reshape(-1, 3)
+    edges = np.flatnonzero(np.diff(np.concatenate(([False], mask, [False])).astype(np.int8)))
+    starts, ends = edges[0::2], edges[1::2]
+    if len(starts) != len(grids):
+        raise ValueError(f"{len(starts)} image token runs but {len(grids)} image_grid_thw rows")
+    out = np.empty((3, mask.size), dtype=np.int64)
+    position = 0  # the next text position
+    cursor = 0  # the next token index
+    for (t, h, w), start, end in zip(grids.tolist(), starts.tolist(), ends.tolist()):
+        rows, columns = h // merge_size, w // merge_size
+        if end - start != t * rows * columns:
+            raise ValueError(f"an image token run of {end - start} tokens at {start}, but its grid {t} x {h} x {w} makes {t * rows * columns}")
+        out[:, cursor:start] = np.arange(position, position + start - cursor)
+        position += start - cursor
+        temporal, row, column = np.meshgrid(np.arange(t), np.arange(rows), np.arange(columns), indexing="ij")
+        out[0, start:end] = temporal.reshape(-1) + position
+        out[1, start:end] = row.reshape(-1) + position
+        out[2, start:end] = column.reshape(-1) + position
+        position += max(rows, columns)
+        cursor = end
+    out[:, cursor:] = np.arange(position, position + mask.size - cursor)
+    return out
 
 
 _CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # the Qwen2-VL processor's defaults (OpenAI CLIP's)

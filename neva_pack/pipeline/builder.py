@@ -7,12 +7,12 @@ import sys
 
 from neva_pack.packing import invariants
 from neva_pack.config import PackConfig, PreprocessConfig, SampleConfig
-from neva_pack.families import resolve_encoder
 from neva_pack.core import ConfigError
 from neva_pack.formats import check_dynamic_images, output_format
-from neva_pack.families import check_token_ids, dynamic_image_run, image_run_for, missing_nemo_specials
 from neva_pack.core import ImageRun
-from neva_pack.families import DynamicProcessor, ImagePreprocessor, ImageSource, dynamic_processor
+from neva_pack.families import (
+    FamilyOptions, ImageSource, ModelFamily, RunRequest, check_token_ids, missing_nemo_specials, model_family, resolve_encoder,
+)  # fmt: skip
 from neva_pack.records import RecordLimits
 from neva_pack.samples import SampleBuilder
 from neva_pack.text import load_template
@@ -34,10 +34,7 @@ def sample_builder_for(sample: SampleConfig, pack: PackConfig, *, strict: bool =
     template = load_template(sample.conv_template, sample.tokenization)
     encoder = resolve_encoder(sample.hf_vision_encoder, sample.patch_dim)
     fmt = output_format(pack.output_format)
-    if encoder.family == "fixed":
-        preprocessor, image_run = _fixed_images(sample, pack.sizes, strict, tokenizer, template, encoder)
-    else:
-        preprocessor, image_run = _dynamic_images(sample, tokenizer, encoder, fmt)
+    preprocessor, image_run = _family_images(sample, pack.sizes, strict, tokenizer, template, encoder, fmt)
     fmt.check_settings(vocab_size=tokenizer.vocab_size)
     check_token_ids(image_run, tokenizer.vocab_size, pad_id=pack.pad_id, ignore_index=sample.ignore_index)
     image_source = ImageSource(
@@ -63,27 +60,41 @@ def sample_builder_for(sample: SampleConfig, pack: PackConfig, *, strict: bool =
     )
 
 
-def _fixed_images(
-    sample: SampleConfig, sizes: tuple[int, ...], strict: bool, tokenizer, template, encoder
-) -> tuple[ImagePreprocessor, ImageRun]:  # fmt: skip
-    """A fixed-crop encoder (CLIP, SigLIP): one crop and one run length for every image."""
-    if sample.min_pixels is not None or sample.max_pixels is not None:
-        raise ConfigError(f"--min_pixels / --max_pixels: {encoder.name} is a fixed-crop encoder, not a Qwen2-VL one")
-    if sample.crop_size is not None and tuple(sample.crop_size) != encoder.crop_size:
-        raise ConfigError(
-            f"crop_size {list(sample.crop_size)} disagrees with {encoder.name}'s processor ({list(encoder.crop_size)})"
-        )
-    preprocessor = ImagePreprocessor(encoder, sample.image_aspect_ratio, max_pixels=sample.max_image_pixels)
-    image_run = image_run_for(
-        tokenizer,
-        encoder.image_tokens,
+def _family_images(
+    sample: SampleConfig, sizes: tuple[int, ...], strict: bool, tokenizer, template, encoder, fmt
+) -> tuple[ModelFamily, ImageRun]:  # fmt: skip
+    """The encoder's family with the command line's image options, and its image run for this
+    tokenizer: one crop and one run length for every image, or each image its own size and run
+    (only outputs that hold such images)."""
+    options = FamilyOptions(
+        aspect_ratio=sample.image_aspect_ratio,
+        max_image_pixels=sample.max_image_pixels,
+        crop_size=None if sample.crop_size is None else tuple(sample.crop_size),
         use_im_start_end=sample.use_im_start_end,
+        tokenization=sample.tokenization,
+        min_pixels=sample.min_pixels,
+        max_pixels=sample.max_pixels,
+    )
+    family = model_family(encoder, options)
+    if family.own_size:
+        check_dynamic_images(fmt.name, encoder.name)
+    request = RunRequest(
         patch_id=sample.image_patch_id,
         start_id=sample.image_start_id,
         end_id=sample.image_end_id,
+        use_im_start_end=sample.use_im_start_end,
         tokenization=sample.tokenization,
         patch_token=template.image_patch_token,
     )
+    image_run = family.image_run(tokenizer, request)
+    if image_run.positions is not None:
+        _check_fixed_run(image_run, sample, sizes, strict, tokenizer)
+    return family, image_run
+
+
+def _check_fixed_run(image_run: ImageRun, sample: SampleConfig, sizes: tuple[int, ...], strict: bool, tokenizer) -> None:
+    """A run of one length for every image: NeMo's convention without NeMo's image tokens is a
+    warning (an error under ``--strict``), and every pack size must hold a run and a token more."""
     problem = missing_nemo_specials(tokenizer, sample.tokenization, image_run)
     if problem is not None:
         if strict:
@@ -94,23 +105,6 @@ def _fixed_images(
             f"--pack_sizes {list(sizes)}: every size must hold an image run ({image_run.positions} positions) "
             "and a token more, or a sample cut for it could be left empty"
         )
-    return preprocessor, image_run
-
-
-def _dynamic_images(sample: SampleConfig, tokenizer, encoder, fmt) -> tuple[DynamicProcessor, ImageRun]:
-    """A dynamic-resolution encoder (LLaVA-NeXT / OneVision anyres, Qwen2-VL native): each image its own
-    size and run length, spelled with the model's image tokens; only outputs that hold such images."""
-    check_dynamic_images(fmt.name, encoder.name)
-    if sample.use_im_start_end or sample.image_aspect_ratio != "square":
-        raise ConfigError(
-            f"--use_im_start_end / --image_aspect_ratio: {encoder.name}'s processor decides how its images are laid out"
-        )
-    arithmetic = "llava" if sample.tokenization == "llava" else "transformers"  # LLaVA's llava_arch counts, or the HF models'
-    processor = dynamic_processor(encoder, arithmetic=arithmetic, min_pixels=sample.min_pixels, max_pixels=sample.max_pixels)
-    image_run = dynamic_image_run(
-        tokenizer, encoder.family, patch_id=sample.image_patch_id, start_id=sample.image_start_id, end_id=sample.image_end_id
-    )
-    return processor, image_run
 
 
 def pack_spec(pack: PackConfig, builder: SampleBuilder, size: int) -> invariants.PackSpec:

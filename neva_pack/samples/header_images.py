@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from neva_pack.families import (
+    ModelFamily,
     DEFAULT_MAX_IMAGE_DECODE_SECONDS,
     DEFAULT_MAX_IMAGE_PIXELS,
-    DynamicProcessor,
     ImageSource,
     StoredImage,
     check_decoded_size,
@@ -66,7 +66,7 @@ class HeaderImages:
 
     def __init__(
         self,
-        processor: DynamicProcessor,
+        processor: ModelFamily,
         image_source: ImageSource,
         max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
         max_image_decode_seconds: float = DEFAULT_MAX_IMAGE_DECODE_SECONDS,

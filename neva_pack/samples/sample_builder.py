@@ -30,9 +30,8 @@ from neva_pack.core import ImageRun
 from neva_pack.families import (
     DEFAULT_MAX_IMAGE_DECODE_SECONDS,
     DEFAULT_MAX_IMAGE_PIXELS,
-    DynamicProcessor,
-    ImagePreprocessor,
     ImageSource,
+    ModelFamily,
     StoredImage,
     decode_image,
 )
@@ -172,7 +171,7 @@ class SampleBuilder:
         tokenizer: Tokenizer,
         template: Template,
         image_source: ImageSource,
-        preprocessor: ImagePreprocessor | DynamicProcessor,
+        preprocessor: ModelFamily,
         image_run: ImageRun,
         max_seq_length: int,
         truncate: bool = True,
@@ -188,9 +187,9 @@ class SampleBuilder:
     ):
         """``text_only``: the output holds no image, so a record with images is skipped (``images_not_held``).
 
-        ``preprocessor``: a fixed-crop ImagePreprocessor with a fixed ``image_run``, or a dynamic-resolution
-        family's processor (``images.dynamic_processor``) with a dynamic one (``image_ids.dynamic_image_run``)."""
-        if image_run.dynamic == isinstance(preprocessor, ImagePreprocessor):
+        ``preprocessor``: the family object (``families.model_family``) with its ``image_run``: a fixed
+        run for a family of one crop, a dynamic one for a family whose images each have their own size."""
+        if image_run.dynamic != preprocessor.own_size:
             raise ConfigError("a dynamic-resolution processor needs a dynamic image run, a fixed-crop one a fixed run")
         self.tokenizer = tokenizer
         self.text_only = text_only

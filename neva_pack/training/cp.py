@@ -24,9 +24,8 @@ fixed-length rows are rounded down to a multiple of the alignment (``thd_batch``
   the embedding rows its positions use), in placeholder order; ``image_embedding_index`` renumbered
   to them (``k * image_positions + j``: row j of the rank's k-th image); ``batch_image_index`` the
   index of each in the whole batch's images; ``num_images`` per sample counts the rank's images;
-- a dynamic-resolution batch's images (``pixel_values``, its per-image key, OneVision's
-  ``batch_num_images``) whole on every rank: its vision encoder runs over the batch's images
-  before the sequence is split;
+- a batch's model inputs (every key a family declares: ``families.registered_batch_keys``) whole
+  on every rank: the vision encoder runs over the batch's images before the sequence is split;
 - counts that add up over the CP group: ``num_target_tokens`` and ``num_targets`` count the
   supervised positions the rank holds; ``num_samples`` the samples whose first position it holds
   (rank 0, which takes every segment's first chunk). Summing them over data-parallel and
@@ -39,12 +38,12 @@ from __future__ import annotations
 
 import torch
 
-from neva_pack.training.dynamic import IMAGE_KEYS, SAMPLE_KEYS
+from neva_pack.families import registered_batch_keys
 from neva_pack.training.thd import packed_seq_params
 
-WHOLE_ROW_KEYS = ("cu_seqlens", "cu_seqlens_padded", "pixel_values", *IMAGE_KEYS, *SAMPLE_KEYS)
+WHOLE_ROW_KEYS = ("cu_seqlens", "cu_seqlens_padded", *registered_batch_keys())
 """Never sliced, even when their shape happens to end in (1, T): the (1, n + 1) boundary keys and a
-dynamic-resolution batch's images."""
+batch's model inputs (the families' declared keys)."""
 
 
 def cp_partition_index(cu_seqlens: torch.Tensor, cp_size: int, cp_rank: int) -> torch.Tensor:
@@ -92,7 +91,7 @@ def cp_slice(batch: dict, cp_size: int, cp_rank: int) -> dict:
 
 
 def _images(batch: dict, share: dict) -> dict:
-    if "images" not in batch:  # a dynamic-resolution batch: pixel_values stay whole
+    if "images" not in batch:  # no stack of fixed crops: the model inputs stay whole
         return {}
     images = batch["images"]
     if "image_embedding_index" not in batch:

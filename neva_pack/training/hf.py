@@ -27,7 +27,8 @@ model's image token id, image by image: ``pixel_values`` holds the batch's image
 order, and ``image_token_id`` replaces every position of every image run (its start and end ids
 included, ``meta.image_positions`` per image) by that id.
 
-Dynamic-resolution outputs (items with ``pixel_values``; neva_pack/training/dynamic.py):
+Outputs of a family whose images each have their own size (items carrying the family's model inputs,
+joined as it declares: neva_pack/training/model_keys.py), for example:
 
     Qwen2-VL / 2.5-VL   pixel_values (sum of patches, 1176), image_grid_thw (N, 3),
                         position_ids (4, 1, T): row 0 the text positions restarting per sample (what
@@ -51,7 +52,7 @@ import torch
 
 from neva_pack.reading import position_ids_from_cu_seqlens
 from neva_pack.core import IGNORE_INDEX
-from neva_pack.training.dynamic import batch_images, is_dynamic, mrope_rows, reads_dynamic_images
+from neva_pack.training.model_keys import dataset_batch_keys, join_model_inputs, position_rows
 
 __all__ = ["HF_IGNORE_INDEX", "hf_batch", "hf_collate", "image_run_starts"]
 
@@ -66,6 +67,7 @@ def hf_batch(
     image_run: np.ndarray | None = None,
     image_patch_id: int | None = None,
     ignore_index: int = IGNORE_INDEX,
+    batch_keys=None,
 ) -> dict:
     """One flattened row from ``PackedSeqDataset`` items (packs, or one-sample items of
     ``PackedSamples``), in order.
@@ -74,29 +76,31 @@ def hf_batch(
     (int32, the samples' boundaries in the row, alignment padding included in its sample),
     max_length_q/k (int), and pixel_values ((N, 3, H, W), in placeholder order) when the packs hold
     images. ``image_token_id`` needs ``image_run``, the ids of one image run as the output spells
-    it (``meta.image_run.ids()``; ``hf_collate(dataset)`` reads it). Items of a dynamic-resolution
-    output give the keys of the module docstring; ``image_token_id`` then needs ``image_patch_id``.
+    it (``meta.image_run.ids()``; ``hf_collate(dataset)`` reads it). Items that carry a family's model
+    inputs give them joined as ``batch_keys`` declares (a family's ``batch_keys``; None: every
+    registered family's); where each image's run has its own length, ``image_token_id`` needs
+    ``image_patch_id`` instead of ``image_run``.
     """
     if not packs:
         raise ValueError("hf_batch needs at least one pack")
-    dynamic = is_dynamic(packs[0])
-    if image_token_id is not None and dynamic and image_patch_id is None:
-        raise ValueError("image_token_id needs image_patch_id for a dynamic-resolution output (hf_collate(dataset, image_token_id) reads it)")
-    if image_token_id is not None and not dynamic and image_run is None:
+    stacked = "image" in packs[0]  # the formats' stack of fixed crops (an image-less pack: one zero image)
+    if image_token_id is not None and not stacked and image_patch_id is None:
+        raise ValueError("image_token_id needs image_patch_id where each image's run has its own length (hf_collate(dataset, image_token_id) reads it)")
+    if image_token_id is not None and stacked and image_run is None:
         raise ValueError("image_token_id needs image_run (the meta's run: hf_collate(dataset, image_token_id) reads it)")
     tokens, targets, bounds, images = [], [], [0], []
     for item in packs:
         cu = item["cu_seqlens"].long()
         pack_tokens = item["tokens"].long()
         count = int(item["num_images"].sum())
-        if image_token_id is not None and dynamic:
+        if image_token_id is not None and not stacked:
             pack_tokens = torch.where(pack_tokens == image_patch_id, image_token_id, pack_tokens)
         elif image_token_id is not None and count:
             pack_tokens = _with_image_token(pack_tokens, np.asarray(image_run, dtype=np.int64), count, image_token_id)
         tokens.append(pack_tokens)
         targets.append(item["labels"].long())
         bounds += (bounds[-1] + cu[1:]).tolist()
-        if not dynamic:
+        if stacked:
             images.append(item["image"][:count])  # not the zero image of an image-less pack
     cu_seq_lens = torch.tensor(bounds, dtype=torch.int32)
     shift_labels = torch.cat(targets)
@@ -114,11 +118,11 @@ def hf_batch(
         "max_length_q": longest,
         "max_length_k": longest,
     }
-    if dynamic:
-        rows = mrope_rows(packs)
-        if rows is not None:
-            batch["position_ids"] = torch.cat([batch["position_ids"], rows])[:, None]
-        batch.update(batch_images(packs))
+    rows = position_rows(packs)
+    if rows is not None:
+        batch["position_ids"] = torch.cat([batch["position_ids"], rows])[:, None]
+    batch.update(join_model_inputs(packs, batch_keys))
+    if not stacked:
         return batch
     pixels = torch.cat(images)
     if len(pixels):
@@ -163,14 +167,16 @@ def image_run_starts(tokens: np.ndarray, run: np.ndarray) -> np.ndarray:
 
 def hf_collate(dataset, image_token_id: int | None = None):
     """A DataLoader collate_fn: ``hf_batch`` with the dataset meta's ignore value and image run
-    (its patch id for a dynamic-resolution output: one whose meta records its processor, or a dataset
-    read with one)."""
+    (its patch id where each image's run has its own length), and the model-input keys of the
+    dataset's family."""
     meta = dataset.meta
-    dynamic = reads_dynamic_images(dataset)
+    run = meta.image_run
+    own_lengths = run.positions is None
     return functools.partial(
         hf_batch,
         image_token_id=image_token_id,
-        image_run=None if dynamic else meta.image_run.ids(),
-        image_patch_id=meta.image_run.patch_id if dynamic else None,
+        image_run=None if own_lengths else run.ids(),
+        image_patch_id=run.patch_id if own_lengths else None,
         ignore_index=int(meta.ignore_index),
+        batch_keys=dataset_batch_keys(dataset),
     )

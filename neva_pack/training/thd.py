@@ -61,7 +61,7 @@ import torch
 from neva_pack.core import IGNORE_INDEX, PAD_ID
 from neva_pack.reading import position_ids_from_cu_seqlens
 from neva_pack.packing import fixed_row_length
-from neva_pack.training.dynamic import batch_images, is_dynamic, mrope_rows, reads_dynamic_images
+from neva_pack.training.model_keys import dataset_batch_keys, join_model_inputs, position_rows
 
 MIN_MEGATRON_CORE = "0.10"
 """First Megatron-Core whose PackedSeqParams has the padded cu_seqlens fields."""
@@ -78,6 +78,7 @@ def thd_batch(
     ignore_index: int = IGNORE_INDEX,
     pad_id: int = PAD_ID,
     with_packed_seq_params: bool = True,
+    batch_keys=None,
 ) -> dict:
     """One THD batch from ``PackedSeqDataset`` items, packs concatenated in order.
 
@@ -102,12 +103,12 @@ def thd_batch(
     (zero-length segments). ``thd_collate(dataset)`` fills these from the dataset, with the observed
     maximum of samples in a pack.
 
-    Items of a dynamic-resolution output (``pixel_values`` instead of ``image``) give
-    ``pixel_values`` and ``image_grid_thw`` (Qwen) or ``image_sizes`` (LLaVA-NeXT / OneVision) of all
-    packs in placeholder order (neva_pack/training/dynamic.py), OneVision's ``batch_num_images`` (per
-    sample, as ``num_images``), and no ``images``; Qwen's
-    ``position_ids`` are the items' mRoPE rows, (3, 1, T) (a fixed row's extra padding continuing from
-    the last sample's largest id + 1). ``image_run`` is then not used.
+    Items that carry a family's model inputs instead of ``image`` give those keys joined as
+    ``batch_keys`` declares (a family's ``batch_keys``; None: every registered family's), for
+    example ``pixel_values`` and per-image metadata of all packs in placeholder order and per-sample
+    counts (neva_pack/training/model_keys.py), and no ``images``; items whose ``position_ids`` are
+    rows (a family's multimodal positions) give them as (rows, 1, T) (a fixed row's extra padding
+    continuing from the last sample's largest id + 1). ``image_run`` is then not used.
     """
     if not packs:
         raise ValueError("thd_batch needs at least one pack")
@@ -133,7 +134,7 @@ def thd_batch(
         real_bounds += (real_bounds[-1] + real[1:]).tolist()
         tokens.append(pack_tokens)
         labels.append(pack_labels)
-        if not is_dynamic(item):
+        if "image" in item:  # the formats' stack of fixed crops
             images.append(item["image"][: int(item["num_images"].sum())])  # not the zero image of an image-less pack
         num_images.append(item["num_images"])
     cu_padded = torch.tensor(padded_bounds, dtype=torch.int32)
@@ -146,14 +147,13 @@ def thd_batch(
         "position_ids": position_ids_from_cu_seqlens(cu_padded)[None],
         "num_images": torch.cat(num_images),
     }
-    if is_dynamic(packs[0]):
-        batch.update(batch_images(packs))
-        rows = mrope_rows([_grown(item, extra) for item, extra in zip(packs, extras or [0] * len(packs))])
-        if rows is not None:
-            batch["position_ids"] = rows[:, None]
-    else:
+    batch.update(join_model_inputs(packs, batch_keys))
+    rows = position_rows([_grown(item, extra) for item, extra in zip(packs, extras or [0] * len(packs))])
+    if rows is not None:
+        batch["position_ids"] = rows[:, None]
+    if "image" in packs[0]:
         batch["images"] = torch.cat(images)
-    if image_run is not None and not is_dynamic(packs[0]):
+    if image_run is not None and "images" in batch:
         batch["image_embedding_index"] = image_embedding_index(tokens[0], image_run, len(batch["images"]))[None]
     max_seqlen = int(torch.diff(cu_padded).max())
     if fixed_length:
@@ -170,7 +170,7 @@ def thd_batch(
 
 
 def _grown(item: dict, extra: int) -> dict:
-    """``item`` with its mRoPE rows grown by ``extra`` positions continuing its last sample's."""
+    """``item`` with its position rows grown by ``extra`` positions continuing its last sample's."""
     positions = item.get("position_ids")
     if not extra or positions is None or positions.dim() != 2:
         return item
@@ -271,18 +271,19 @@ def packed_seq_params(batch: dict):
 
 def thd_collate(dataset, fixed_length: bool = False, with_packed_seq_params: bool = True):
     """A DataLoader collate_fn: ``thd_batch`` with the dataset's max_seq_length, alignment multiple,
-    image run (none for a dynamic-resolution output: each image its own), ignore index, pad id and
-    observed maximum of samples in a pack."""
+    image run (none where each image's run has its own length), ignore index, pad id, observed
+    maximum of samples in a pack, and the model-input keys of the dataset's family."""
     meta = dataset.meta
-    dynamic = reads_dynamic_images(dataset)
+    run = meta.image_run
     return functools.partial(
         thd_batch,
         fixed_length=fixed_length,
         max_seq_length=int(meta.max_seq_length),
         max_samples_per_pack=dataset.max_samples_in_a_pack,
         pad_to_multiple_of=int(meta.pad_to_multiple_of),
-        image_run=None if dynamic else meta.image_run.ids().tolist(),
+        image_run=None if run.positions is None else run.ids().tolist(),
         ignore_index=int(meta.ignore_index),
         pad_id=int(meta.pad_id),
         with_packed_seq_params=with_packed_seq_params,
+        batch_keys=dataset_batch_keys(dataset),
     )

@@ -1,5 +1,5 @@
-"""What the dynamic-resolution families (anyres.py, native.py) share: the stored image, the
-processor's interface, and token counts read from an image file's header.
+"""What the families whose images each have their own size share: the stored image's planar parts,
+and token counts read from an image file's header (the interface itself is base.ModelFamily).
 
 An image's token count depends on its size only, and the size is in the file's header: reading
 it costs microseconds where decoding and resizing a photo costs tens to hundreds of milliseconds,
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import io
 import os
-from typing import BinaryIO, Protocol
+from typing import BinaryIO
 
 import numpy as np
 from PIL import Image
@@ -21,29 +21,7 @@ from neva_pack.families.decode import unreadable
 from neva_pack.records import RecordError
 from neva_pack.core import StoredImage
 
-__all__ = ["DynamicProcessor", "StoredImage", "check_decoded_size", "header_size", "planar_uint8", "tokens_from_header"]
-
-
-class DynamicProcessor(Protocol):
-    """The interface every dynamic-resolution family's processor offers (anyres, native)."""
-
-    counts_images_per_sample: bool
-    """Whether an image's count and stored parts depend on how many images its sample holds (OneVision)."""
-
-    def tokens_for_size(self, width: int, height: int) -> int:
-        """Sequence positions of an image of this size: arithmetic only, nothing decoded."""
-
-    def pixels_for_size(self, width: int, height: int) -> int:
-        """Pixels of the largest image the processor makes of one of this size (a pixel budget's measure)."""
-
-    def vision_cost_for_size(self, width: int, height: int) -> int:
-        """The vision encoder's attention cost of an image of this size, in patches² per encoder pass."""
-
-    def to_uint8(self, image: Image.Image) -> StoredImage:
-        """RGB image -> its stored uint8 parts (the worker's half)."""
-
-    def model_inputs(self, images: list[StoredImage]) -> dict[str, np.ndarray]:
-        """Stored images, in sample order -> the model's inputs, bit-identical to transformers' processor."""
+__all__ = ["StoredImage", "check_decoded_size", "header_size", "planar_uint8", "tokens_from_header"]
 
 
 def planar_uint8(image: Image.Image) -> np.ndarray:
@@ -103,7 +81,7 @@ def _open_size(stream, head: bytes) -> tuple[int, int]:
 _MAGIC = ((b"\xff\xd8\xff", ("JPEG",)), (b"\x89PNG\r\n\x1a\n", ("PNG",)))
 
 
-def tokens_from_header(data: bytes | str | os.PathLike, processor: DynamicProcessor) -> int:
+def tokens_from_header(data: bytes | str | os.PathLike, processor) -> int:
     """An image file's token count, from its header size (no decode)."""
     width, height = header_size(data)
     return processor.tokens_for_size(width, height)
