@@ -66,5 +66,6 @@ __all__ = [
     "resolve_encoder",
     "restarting_positions",
     "stored_vision_cost",
+    "tokens_from_header",
     "too_many_pixels",
 ]
