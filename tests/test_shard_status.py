@@ -92,11 +92,10 @@ def test_two_processes_given_the_same_shard_cannot_both_write(dataset, tmp_path,
     out = tmp_path / "out"
     part = part_dir(store_dir(out), 4, 2)
     part.mkdir(parents=True)
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from neva_pack.pipeline import OutputLock; "
-         f"OutputLock({str(part)!r}).acquire(); print('held', flush=True); time.sleep(120)"],
-        env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    program = (f"import time; from neva_pack.pipeline import OutputLock; OutputLock({str(part)!r}).acquire(); "
+               "print('held', flush=True); time.sleep(120)")  # fmt: skip
+    holder = subprocess.Popen([sys.executable, "-c", program], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
     try:
         assert holder.stdout.readline().strip() == "held"
         capsys.readouterr()

@@ -104,8 +104,8 @@ class ShardsStatus:
         """What to do next: the redo line for parts of other settings, then the resubmission lines
         (the last line of the status), or the final step once every shard is done."""
         if self.done:
-            return [f"every shard is done: run the final step (the same command with --num_shards {self.num_shards} "
-                    "and no --shard_index)"]  # fmt: skip
+            final = f"the same command with --num_shards {self.num_shards} and no --shard_index"
+            return [f"every shard is done: run the final step ({final})"]
         out = []
         if self.redo:
             out.append(f"redo with this run's settings: {_redo(self.redo)} (made with other settings)")
@@ -128,12 +128,13 @@ def resubmit_lines(indexes, num_shards: int) -> list[str]:
     those task ids, a Kubernetes Indexed Job of that many completions whose pods pick their shard from
     NEVA_PACK_SHARD_INDEXES (``records.resolve_shards``), and Ray tasks."""
     listed = ",".join(str(i) for i in indexes)
+    command = f"(the shards' command, with --num_shards {num_shards} --resume)"
+    kubernetes = f"an Indexed Job of completions {len(indexes)} with env {SHARD_LIST_VARIABLE}={listed}"
+    ray = f"run_shard(config, index, {num_shards}) for index in [{', '.join(str(i) for i in indexes)}]"
     return [
-        f"resubmit with SLURM: sbatch --array={listed} ... (the shards' command, with --num_shards {num_shards} --resume)",
-        f"resubmit with Kubernetes: an Indexed Job of completions {len(indexes)} with env {SHARD_LIST_VARIABLE}={listed} "
-        f"(the shards' command, with --num_shards {num_shards} --resume)",
-        f"resubmit with Ray: run_shard(config, index, {num_shards}) for index in [{', '.join(str(i) for i in indexes)}] "
-        "(config with resume=True)",
+        f"resubmit with SLURM: sbatch --array={listed} ... {command}",
+        f"resubmit with Kubernetes: {kubernetes} {command}",
+        f"resubmit with Ray: {ray} (config with resume=True)",
     ]
 
 
