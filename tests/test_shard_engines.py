@@ -1,7 +1,7 @@
 """One shard runner, three engines: a SLURM job array (flags or SLURM_ARRAY_TASK_ID), a Kubernetes
 Indexed Job (JOB_COMPLETION_INDEX) and Ray tasks calling ``run_shard``, each followed by the final step,
-give the bytes of a run without shards, also when a shard is killed (SIGKILL, at a seeded step) and
-restarted with the same index; a final step with a shard left is refused with the resubmission line."""
+give the bytes of a run without shards, also when a shard is killed (SIGKILL, at a step of its
+writer drawn from a seeded generator) and restarted with the same index; a final step with a shard left is refused with the resubmission line."""
 
 import os
 import signal
@@ -120,31 +120,34 @@ def writer_steps(dataset, scratch, index, *extra) -> int:
 
 
 ENGINES = {
+    # the flags: --shard_index, resubmitted with --resume
+    "flags": lambda i: ({}, ("--shard_index", i), ("--shard_index", i, "--resume")),
     # a SLURM array task: --num_shards given, the index from SLURM_ARRAY_TASK_ID; resubmitted with --resume
-    "slurm": (lambda i: {"SLURM_ARRAY_TASK_ID": str(i), "SLURM_ARRAY_TASK_COUNT": "1"}, (), ("--resume",)),
+    "slurm": lambda i: ({"SLURM_ARRAY_TASK_ID": str(i), "SLURM_ARRAY_TASK_COUNT": "1"}, (), ("--resume",)),
     # a Kubernetes pod: the same command each time, --resume in it
-    "kubernetes": (lambda i: {"JOB_COMPLETION_INDEX": str(i)}, ("--resume",), ("--resume",)),
+    "kubernetes": lambda i: ({"JOB_COMPLETION_INDEX": str(i)}, ("--resume",), ("--resume",)),
 }
+"""engine -> shard index -> (its variables, the first run's flags, the restarted run's flags)."""
 
 
 @pytest.mark.parametrize("engine", sorted(ENGINES))
 def test_a_shard_killed_at_a_random_moment_and_restarted_gives_the_same_bytes(dataset, unsharded, tmp_path, monkeypatch, capsys, engine):
-    environ, first, again = ENGINES[engine]
-    rng = np.random.default_rng(32 + len(engine))
+    rng = np.random.default_rng([32, *map(ord, engine)])
     victim = int(rng.integers(SHARDS))
+    environ, first, again = ENGINES[engine](victim)
     steps = writer_steps(dataset, tmp_path / "scratch", victim)
     kill_at = int(rng.integers(1, steps + 1))
     out = tmp_path / "out"
     run_shards(dataset, out, [i for i in range(SHARDS) if i != victim])
-    killed = killed_run(command(dataset, out, "--num_shards", SHARDS, *first), kill_at, environ(victim))
+    killed = killed_run(command(dataset, out, "--num_shards", SHARDS, *first), kill_at, environ)
     assert killed.returncode == -signal.SIGKILL, (kill_at, steps, killed.stdout, killed.stderr)
     capsys.readouterr()
     assert finish(dataset, out) == 2  # refused while the shard is not done, naming it
     err = capsys.readouterr().err
     assert f"part_{victim:05d}_of_00008" in err and f"sbatch --array={victim} " in err, err
-    with monkeypatch.context() as pod:  # restarted: the same index
-        for name, value in environ(victim).items():
-            pod.setenv(name, value)
+    with monkeypatch.context() as restarted:  # the same index
+        for name, value in environ.items():
+            restarted.setenv(name, value)
         assert main(command(dataset, out, "--num_shards", SHARDS, *again)) == 0
     assert finish(dataset, out) == 0
     assert outputs(out) == unsharded
@@ -152,11 +155,13 @@ def test_a_shard_killed_at_a_random_moment_and_restarted_gives_the_same_bytes(da
 
 @pytest.fixture(scope="module")
 def ray_session():
+    """A Ray instance of this test's own (address="local": never one another process started)."""
     ray = pytest.importorskip("ray")
-    os.environ["PYTHONPATH"] = str(ROOT)  # the workers import neva_pack and the tests' kill switch from here
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    yield ray
-    ray.shutdown()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PYTHONPATH", str(ROOT))  # the workers import neva_pack and the tests' kill switch from here
+        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+        yield ray
+        ray.shutdown()
 
 
 def test_the_ray_recipe_gives_the_bytes_of_a_run_without_shards(ray_session, dataset, unsharded, tmp_path):
