@@ -4,6 +4,7 @@ The public face. Each name is imported from its layer on first use (PEP 562), so
 low layer (``neva_pack.core``, ``neva_pack.packing``) never drags in torch or the whole pipeline::
 
     from neva_pack import PreprocessConfig, preprocess      # the run (pipeline/)
+    from neva_pack import run_shard, finish_shards, shards_status   # a sharded run (SLURM, Kubernetes, Ray)
     from neva_pack import pack, PackingPlan                 # lengths -> bins (packing/)
     from neva_pack import open_packed, PackedSeqDataset     # reading any format back (formats/, reading/)
     from neva_pack import hf_collate, thd_collate, PackedBatchSampler, cp_slice   # training/
@@ -17,6 +18,9 @@ from neva_pack.core import VERSION as __version__
 _HOMES = {
     "PreprocessConfig": "neva_pack.config",
     "preprocess": "neva_pack.pipeline",
+    "run_shard": "neva_pack.pipeline",
+    "finish_shards": "neva_pack.pipeline",
+    "shards_status": "neva_pack.pipeline",
     "pack": "neva_pack.packing",
     "PackingPlan": "neva_pack.packing",
     "ALGORITHMS": "neva_pack.packing",

@@ -136,6 +136,17 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("dest", type=Path, help="directory to write the converted output to (new or empty)")
     convert.add_argument("--to", required=True, choices=sorted(FORMATS), help="target format")
     convert.add_argument("--quiet", action="store_true", help="no progress bar")
+    shards = sub.add_parser("shards", help="a sharded run's shards: which are done, and what to resubmit")
+    shards_sub = shards.add_subparsers(dest="shards_command", required=True)
+    status = shards_sub.add_parser(
+        "status", help="each shard done, running, stale, missing or made with other settings; the resubmission lines",
+        description="Each shard of a sharded run (--num_shards) in OUTPUT: done, running (holding its lock), stale "
+        "(started, no live holder: --resume continues it), missing, or made with other settings; then the lines that "
+        "resubmit exactly the stale and missing ones (SLURM, Kubernetes, Ray). Exit 0 when every shard is done, 1 if not.",
+    )  # fmt: skip
+    status.add_argument("output", type=Path, help="the sharded run's --output_dir")
+    status.add_argument("--num_shards", type=int, help="the run's --num_shards (default: read from its parts)")
+    status.add_argument("--json", action="store_true", help="print the status as JSON")
     return parser
 
 
@@ -293,8 +304,20 @@ def _run_convert(args) -> int:
     return 0
 
 
+def _run_shards(args) -> int:
+    """``shards status``: one line per shard and the resubmission lines (or JSON); exit 1 until every
+    shard is done, so that a script can wait on it."""
+    import json
+
+    from neva_pack.pipeline import shards_status
+
+    status = shards_status(args.output, args.num_shards)
+    print(json.dumps(status.to_json(), indent=2) if args.json else "\n".join(status.lines()))
+    return 0 if status.done else 1
+
+
 COMMANDS = {"preprocess": _run_preprocess, "stats": _run_stats, "plan": _run_plan, "verify": _run_verify,
-            "convert": _run_convert}  # fmt: skip
+            "convert": _run_convert, "shards": _run_shards}  # fmt: skip
 
 
 class Terminated(BaseException):

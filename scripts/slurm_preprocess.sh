@@ -27,7 +27,8 @@ COMMAND=(
   --quiet
 )
 
-# 1. the shards: one array task each (add --resume to resubmit failed tasks: --array=3,7)
+# 1. the shards: one array task each (add --resume to resubmit failed tasks: --array=3,7;
+#    `neva-pack shards status $OUTPUT_DIR` prints that line for exactly the shards left)
 ENCODE_JOB=$(sbatch --parsable --job-name=neva-pack-encode --array=0-$((SHARDS - 1)) \
   --nodes=1 --ntasks=1 --cpus-per-task=32 --time=04:00:00 \
   --wrap="${COMMAND[*]} --num_shards $SHARDS --num_workers 32")

@@ -4,6 +4,9 @@
     encode.py      records --DataLoader workers--> StoredBatch messages --> sample store segments
                    (committed at checkpoints), the skip fraction checked as records are read
     parts.py       a sharded run: one shard's part encoded, or the final step joining every part
+                   (run_shard / finish_shards below: what each engine's task and final job call)
+    shard_status.py  each shard done, running, stale, missing or made with other settings, and the
+                   lines that resubmit the ones left (``neva-pack shards status``)
     pack.py        per pack size: the store's lengths --pack()--> PackingPlan, balanced over ranks
     write.py       packs assembled and checked (in workers for large plans) --format writer
                    (checkpointed)--> packed_seq_dataset[_<size>].*; resume checks of a prefix
@@ -17,6 +20,7 @@ checkpoint; the result is byte-identical to an uninterrupted run.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from dataclasses import dataclass
@@ -28,7 +32,7 @@ from neva_pack.packing import invariants
 from neva_pack.files import paths
 from neva_pack.assembly import rows_at
 from neva_pack.config import PreprocessConfig, SampleConfig
-from neva_pack.core import InputError, OutputError
+from neva_pack.core import ConfigError, InputError, OutputError
 from neva_pack.formats import FORMATS, output_format
 from neva_pack.formats import WriteSpec
 from neva_pack.packing import aligned_capacity, padded_lengths
@@ -54,6 +58,7 @@ from neva_pack.pipeline.encode import record_stops
 from neva_pack.pipeline.ownership import LOCK_FILE, OutputLock, entries, owned_outputs, remove
 from neva_pack.pipeline.pack import better_algorithm
 from neva_pack.pipeline.plan_input import DECODE_SKIPS_NOTE, laid_out_lengths, lengths_from_input
+from neva_pack.pipeline.shard_status import ShardState, ShardsStatus, shards_status
 
 
 
@@ -83,6 +88,33 @@ def preprocess(config: PreprocessConfig, progress: bool = True) -> RunResult:
         return RunResult(reports={}, exit_code=0, notes=(note,))
     with prepare_output_dir(run, _inputs(config.sample), keep_store=run.num_shards is not None) as lock:
         return _run(config, builder, lock.path.parent, progress, started)
+
+
+def run_shard(config: PreprocessConfig, index: int, num_shards: int, progress: bool = True) -> RunResult:
+    """Encode shard ``index`` of ``num_shards`` into its own part of ``config.run.output_dir``'s sample
+    store: what a SLURM array task, a Kubernetes Indexed Job's pod or a Ray task runs (``preprocess``
+    with --num_shards and --shard_index; the config's own are replaced). Give the config
+    ``resume=True`` where an engine restarts a failed shard with the same arguments (a Kubernetes pod,
+    a Ray task retried): the restart continues from the part's last committed segment, and a shard
+    never started starts. Then ``finish_shards`` joins the parts."""
+    return preprocess(_sharded(config, num_shards, index), progress)
+
+
+def finish_shards(config: PreprocessConfig, num_shards: int | None = None, progress: bool = True) -> RunResult:
+    """The final step of a sharded run, once every shard is done: check the parts, join them, pack and
+    write (``preprocess`` with --num_shards and no --shard_index; ``num_shards`` defaults to the
+    config's). The output is byte-identical to a run without shards; a shard not done is refused,
+    naming it, with the lines that resubmit the missing ones."""
+    num_shards = config.run.num_shards if num_shards is None else num_shards
+    if num_shards is None:
+        raise ConfigError("finish_shards: give num_shards (the run's --num_shards)")
+    return preprocess(_sharded(config, num_shards, None), progress)
+
+
+def _sharded(config: PreprocessConfig, num_shards: int, index: int | None) -> PreprocessConfig:
+    """The config with this shard's split (validated by RunConfig as the flags are)."""
+    run = dataclasses.replace(config.run, num_shards=num_shards, shard_index=index)
+    return PreprocessConfig(sample=config.sample, pack=config.pack, run=run)
 
 
 def _inputs(sample: SampleConfig) -> dict[str, Path | None]:
@@ -233,16 +265,21 @@ __all__ = [
     "LOCK_FILE",
     "OutputLock",
     "RunResult",
+    "ShardState",
+    "ShardsStatus",
     "better_algorithm",
     "build_sample_builder",
     "entries",
+    "finish_shards",
     "laid_out_lengths",
     "lengths_from_input",
     "owned_outputs",
     "preprocess",
     "record_stops",
     "remove",
+    "run_shard",
     "sample_builder_for",
+    "shards_status",
     "size_skip_details",
     "write_size_skipped",
 ]

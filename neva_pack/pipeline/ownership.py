@@ -32,8 +32,8 @@ from neva_pack.files import LOCK_FILE
 from neva_pack.sample_store import PROGRESS_FILE, STORE_FORMAT, is_store_file, part_dir, part_of
 
 __all__ = [
-    "LOCK_FILE", "OutputLock", "entries", "is_part_file", "output_paths", "owned_outputs", "prepare_output_dir",
-    "prepare_part_dir", "remove",
+    "LOCK_FILE", "OutputLock", "entries", "is_part_file", "lock_holder", "output_paths", "owned_outputs",
+    "prepare_output_dir", "prepare_part_dir", "remove",
 ]  # fmt: skip
 
 
@@ -84,6 +84,24 @@ class OutputLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def lock_holder(directory: Path) -> str | None:
+    """Who holds ``directory``'s lock right now ("pid 12 on node3, started ..."), or None when no live
+    process does (a lock file a killed run left behind is not held: the kernel dropped its lock).
+    Asked with a shared, non-blocking flock taken and dropped at once, and never the file removed: a
+    run starting in that instant is refused as if another run held the directory, and can start again."""
+    try:
+        fd = os.open(Path(directory) / LOCK_FILE, os.O_RDONLY | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return os.pread(fd, 512, 0).decode("utf-8", "replace").strip() or "unknown"
+    finally:
+        os.close(fd)  # closing drops the shared lock when it was taken
+    return None
 
 
 def is_part_file(name: str) -> bool:

@@ -30,7 +30,8 @@ from pathlib import Path
 from neva_pack.config import RunConfig, SampleConfig
 from neva_pack.core import ConfigError, InputError
 from neva_pack.pipeline.encode import encode_samples, records_per_message, store_images
-from neva_pack.pipeline.ownership import LOCK_FILE, is_part_file, prepare_part_dir
+from neva_pack.pipeline.ownership import LOCK_FILE, is_part_file, lock_holder, prepare_part_dir
+from neva_pack.pipeline.shard_status import resubmit_lines
 from neva_pack.records import index_records
 from neva_pack.sample_store import (
     PROGRESS_FILE,
@@ -207,17 +208,13 @@ def _check_parts(store_directory: Path, num_shards: int, total: int, fingerprint
     if foreign:
         raise InputError(f"{store_directory}: {', '.join(foreign)} belong to a run with another --num_shards; "
                          f"remove them (this run has --num_shards {num_shards})")  # fmt: skip
+    unfinished = _unfinished(store_directory, num_shards, total)
+    if unfinished:
+        raise unfinished
     parts = []
     for index in range(num_shards):
         path = part_dir(store_directory, num_shards, index)
-        first, end = shard_range(total, num_shards, index)
         progress = _read_part(path)
-        if progress is None:
-            raise InputError(f"{path.name} (records {first}..{end - 1}) is missing: run the same command with "
-                             f"--shard_index {index}")  # fmt: skip
-        if not progress.get("complete"):
-            raise InputError(f"{path.name} (records {first}..{end - 1}) is incomplete: finish it with "
-                             f"--shard_index {index} --resume")  # fmt: skip
         partition = progress.get("partition") or {}
         for key, value in sorted(fingerprint.items()):
             if partition.get("fingerprint", {}).get(key) != value:
@@ -248,6 +245,39 @@ def _check_parts(store_directory: Path, num_shards: int, total: int, fingerprint
         if problem is not None:
             raise _damaged(path, partition, problem)
     return [(path, progress) for path, progress, _ in parts]
+
+
+def _unfinished(store_directory: Path, num_shards: int, total: int) -> InputError | None:
+    """The refusal of a final step run before every shard finished (None when each part is complete):
+    one line naming the first part left and what it needs, every shard left, and the lines that
+    resubmit exactly the missing and stale ones on each engine (``shard_status.resubmit_lines``)."""
+    left, resubmit, problems = [], [], []
+    for index in range(num_shards):
+        path = part_dir(store_directory, num_shards, index)
+        first, end = shard_range(total, num_shards, index)
+        progress = _read_part(path)
+        if progress is not None and progress.get("complete"):
+            continue
+        holder = lock_holder(path) if path.is_dir() else None
+        if holder is not None:
+            problems.append(f"{path.name} (records {first}..{end - 1}) is running ({holder}): wait for it to end")
+            left.append(f"{index} (running)")
+            continue
+        started = progress is not None or (path.is_dir() and any(p.name != LOCK_FILE for p in path.iterdir()))
+        if not started:
+            problems.append(f"{path.name} (records {first}..{end - 1}) is missing: run the same command with "
+                            f"--shard_index {index}")  # fmt: skip
+            left.append(f"{index} (missing)")
+        else:
+            committed = "" if progress is not None else " (nothing committed)"
+            problems.append(f"{path.name} (records {first}..{end - 1}) is incomplete{committed}: finish it with "
+                            f"--shard_index {index} --resume")  # fmt: skip
+            left.append(f"{index} (stale)")
+        resubmit.append(index)
+    if not left:
+        return None
+    lines = "; ".join(resubmit_lines(resubmit, num_shards)) if resubmit else "nothing to resubmit"
+    return InputError(f"{problems[0]}; {len(left)} of the {num_shards} shards are not done: {', '.join(left)}; {lines}")
 
 
 def _read_part(path: Path) -> dict | None:

@@ -6,7 +6,7 @@ run's record ranges (``shards``).
 from neva_pack.records.conversation import Conversation, DEFAULT_MAX_CONVERSATION_CHARS, DEFAULT_MAX_IMAGES_PER_RECORD, DEFAULT_MAX_RECORD_BYTES, DEFAULT_MAX_RECORD_DEPTH, IMAGES_NOT_HELD, IMAGE_PLACEHOLDER, MAX_RECORD_DEPTH_LIMIT, OVER_IMAGE_BUDGET, RawRecord, RecordError, RecordLimits, SKIP_REASONS, Turn, parse_record
 from neva_pack.records.list_count import count_list_records
 from neva_pack.records.list_scanner import ListScanner
-from neva_pack.records.shards import resolve_shards, shard_range
+from neva_pack.records.shards import SHARD_LIST_VARIABLE, resolve_shards, shard_range
 from neva_pack.records.stream import RecordIndex, count_records, index_records, iter_raw_records, record_ids
 
 __all__ = [
@@ -24,6 +24,7 @@ __all__ = [
     "RecordError",
     "RecordIndex",
     "RecordLimits",
+    "SHARD_LIST_VARIABLE",
     "SKIP_REASONS",
     "Turn",
     "count_list_records",
