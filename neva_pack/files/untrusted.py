@@ -14,6 +14,7 @@ Every failure is a ``FileRefused`` carrying why in one phrase and what kind of f
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import stat
@@ -26,6 +27,8 @@ __all__ = [
     "MAX_OUTPUT_JSON_BYTES",
     "MAX_OUTPUT_TABLE_BYTES",
     "MAX_SETTINGS_BYTES",
+    "MAX_YAML_CHARS",
+    "MAX_YAML_NODES",
     "FileRefused",
     "compression_of",
     "open_file",
@@ -153,7 +156,20 @@ def read_json(path: str | Path, *, what: str, max_bytes: int = MAX_SETTINGS_BYTE
         raise error(f"{_label(what, path)}: invalid JSON ({exc})") from None
 
 
-def read_yaml(path: str | Path, *, what: str, max_bytes: int = MAX_SETTINGS_BYTES,
+MAX_YAML_CHARS = 256 << 10
+"""Budget of a YAML settings file (a template is ~1 KB, a NeMo hparams file ~20 KB). YAML is parsed in
+pure Python at a few hundred bytes of memory and tens of microseconds per node: a 5 MB file took
+2.4 GB and 72 s; this bound keeps the worst file under a few seconds and a few hundred MB."""
+
+MAX_YAML_NODES = 20_000
+"""Budget of a YAML document's values (nodes) counted with every alias expanded; a NeMo hparams file
+has a few hundred. An alias is a reference, so nested aliases ("billion laughs": ten of ten of ten
+...) parse small but expand exponentially in whoever walks the value (validation, JSON, checksums):
+3.1 GB and 40 s for one hparams file. Nodes are counted as the parser makes them (it stops at the
+budget) and, with aliases expanded, on the node graph before any Python value is made."""
+
+
+def read_yaml(path: str | Path, *, what: str, max_bytes: int = MAX_YAML_CHARS,
               error: type[NevaPackError] = ConfigError) -> object:  # fmt: skip
     """The file's YAML value (``yaml.safe_load``: no Python objects); invalid YAML is one line
     with the parser's problem and its line."""
@@ -161,11 +177,24 @@ def read_yaml(path: str | Path, *, what: str, max_bytes: int = MAX_SETTINGS_BYTE
 
 
 def parse_yaml(text: str, label: str, error: type[NevaPackError] = ConfigError) -> object:
-    """YAML text (of a file named by ``label``) -> its value, or one line saying what is wrong where."""
+    """YAML text (of a file named by ``label``) -> its value, or one line saying what is wrong where.
+
+    ``yaml.safe_load``'s value, once the text is within ``MAX_YAML_CHARS`` and its document within
+    ``MAX_YAML_NODES`` nodes with aliases expanded (a recursive alias never is)."""
     import yaml
 
+    if len(text) > MAX_YAML_CHARS:
+        raise error(f"{label}: {len(text):,} characters, more than the {MAX_YAML_CHARS:,} a YAML settings file may hold")
+    too_many = error(f"{label}: YAML holds more than {MAX_YAML_NODES:,} values (aliases expanded), "
+                     "more than a settings file has")  # fmt: skip
+    loader = _counting_loader()(text)
     try:
-        return yaml.safe_load(text)
+        node = loader.get_single_node()
+        if node is not None and _expanded_nodes(node, MAX_YAML_NODES) > MAX_YAML_NODES:
+            raise too_many
+        return None if node is None else loader.construct_document(node)
+    except _TooManyNodes:
+        raise too_many from None
     except RecursionError:
         raise error(f"{label}: invalid YAML (nested too deep)") from None
     except yaml.MarkedYAMLError as exc:
@@ -173,6 +202,62 @@ def parse_yaml(text: str, label: str, error: type[NevaPackError] = ConfigError) 
         raise error(f"{label}: invalid YAML ({exc.problem or exc.context}{where})") from None
     except yaml.YAMLError as exc:
         raise error(f"{label}: invalid YAML ({' '.join(str(exc).split())})") from None
+    finally:
+        loader.dispose()
+
+
+class _TooManyNodes(Exception):
+    """The parser made more than ``MAX_YAML_NODES`` nodes."""
+
+
+@functools.cache
+def _counting_loader():
+    """``yaml.SafeLoader`` that stops composing after ``MAX_YAML_NODES`` nodes (made once, on first
+    use: yaml is imported only by what reads YAML)."""
+    import yaml
+
+    class CountingLoader(yaml.SafeLoader):
+        def __init__(self, stream):
+            super().__init__(stream)
+            self.composed = 0
+
+        def compose_node(self, parent, index):
+            self.composed += 1
+            if self.composed > MAX_YAML_NODES:
+                raise _TooManyNodes()
+            return super().compose_node(parent, index)
+
+    return CountingLoader
+
+
+def _expanded_nodes(root, limit: int) -> int:
+    """Nodes under ``root`` with each alias expanded (memoised per node, so linear in the graph);
+    more than ``limit`` once it is known to exceed it, or a node that contains itself."""
+    import yaml
+
+    counted: dict[int, int] = {}
+    inside: set[int] = set()
+
+    def count(node) -> int:
+        key = id(node)
+        if key in counted:
+            return counted[key]
+        if key in inside:
+            return limit + 1
+        if isinstance(node, yaml.ScalarNode):
+            return 1
+        inside.add(key)
+        children = (part for pair in node.value for part in pair) if isinstance(node, yaml.MappingNode) else node.value
+        total = 1
+        for child in children:
+            total += count(child)
+            if total > limit:
+                break
+        inside.discard(key)
+        counted[key] = total
+        return total
+
+    return count(root)
 
 
 def _label(what: str, path) -> str:
