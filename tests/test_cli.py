@@ -103,3 +103,14 @@ def test_wrapper_script_runs_as_nemo_users_call_it(tmp_path):
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "model.data.data_prefix=" in result.stdout
+
+
+def test_a_parquet_data_path_is_refused_before_any_work(sample_dataset, tmp_path, capsys):
+    data = tmp_path / "llava.parquet"
+    data.write_bytes(b"PAR1" + bytes(200))
+    code = main(["preprocess", "--quiet", "--data_path", str(data), "--tokenizer_path",
+                 str(sample_dataset["tokenizer_path"]), "--output_dir", str(tmp_path / "o"), "--num_workers", "0"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith(f"neva-pack: error: --data_path {data}: a Parquet file, not JSON or JSONL")
+    assert not any((tmp_path / "o").rglob("*"))  # nothing written

@@ -24,6 +24,7 @@ from typing import Literal
 from neva_pack.core import ConfigError, NevaPackError
 
 __all__ = [
+    "ANY_SIZE",
     "MAX_OUTPUT_JSON_BYTES",
     "MAX_OUTPUT_TABLE_BYTES",
     "MAX_SETTINGS_BYTES",
@@ -48,6 +49,10 @@ MAX_OUTPUT_JSON_BYTES = 256 << 20
 """Budget of a JSON file of an output or a store (meta, stats, progress): they are KBs to a few MBs."""
 MAX_OUTPUT_TABLE_BYTES = 1 << 36
 """Budget of a table of an output read as a stream (plan table, skipped list): GBs at most."""
+
+ANY_SIZE = 1 << 62
+"""The budget of a file read as a stream whatever its size (an input's records, an output's data
+files): only its kind is checked, so a FIFO or device in its place is refused instead of hanging."""
 
 FailureKind = Literal["missing", "not_regular", "too_large", "unreadable"]
 

@@ -20,6 +20,8 @@ from pathlib import Path
 import numba
 import numpy as np
 
+from neva_pack.records.stream import open_input
+
 __all__ = ["READ_CHUNK", "count_list_records", "index_list_records"]
 
 READ_CHUNK = 16 << 20
@@ -45,7 +47,7 @@ def index_list_records(path: Path, every: int) -> tuple[int, np.ndarray] | None:
     found = np.zeros(READ_CHUNK // every + 2 if every else 0, dtype=np.int64)
     parts = []
     base = 0
-    with open(path, "rb", buffering=0) as f:
+    with open_input(path) as f:
         while size := f.readinto(buffer):
             noted = _scan(view[:size], state, base, every, found)
             if state[_PHASE] == _UNSURE:
