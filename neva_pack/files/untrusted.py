@@ -21,7 +21,7 @@ import stat
 from pathlib import Path
 from typing import Literal
 
-from neva_pack.core import ConfigError, NevaPackError
+from neva_pack.core import ConfigError, InputError, NevaPackError
 
 __all__ = [
     "ANY_SIZE",
@@ -33,6 +33,7 @@ __all__ = [
     "FileRefused",
     "compression_of",
     "open_file",
+    "open_output",
     "open_regular",
     "parse_yaml",
     "read_bytes",
@@ -40,6 +41,7 @@ __all__ = [
     "read_text",
     "read_yaml",
     "regular_file_bytes",
+    "regular_output",
 ]
 
 MAX_SETTINGS_BYTES = 16 << 20
@@ -263,6 +265,28 @@ def _expanded_nodes(root, limit: int) -> int:
         return total
 
     return count(root)
+
+
+def regular_output(path: str | Path) -> Path:
+    """``path`` (as a Path) once it is a regular file or missing, for a reader of an output of ours
+    that opens the file itself (``np.memmap``, ``np.fromfile``, a tar shard, a library): a FIFO in
+    its place would block that open forever, a device would read without end. ``InputError`` in one
+    line saying what is there instead; a missing file is left to the reader, which names it its way."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return Path(path)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise InputError(f"{path}: not a regular file ({_kind_of(info.st_mode)})")
+    return Path(path)
+
+
+def open_output(path: str | Path):
+    """A file of an output of ours opened for reading in binary (the caller closes it), whatever its
+    size, once it is a regular file: ``open_regular``'s checks, ``InputError`` in one line."""
+    return open_file(path, what="", max_bytes=ANY_SIZE, error=InputError)
 
 
 def _label(what: str, path) -> str:

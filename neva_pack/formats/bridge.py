@@ -42,7 +42,7 @@ import numpy as np
 from neva_pack.core import InputError, parsing
 from neva_pack.formats.base import Checkpoint, Limits, PrefixFiles, WriteSpec, meta_is_of, publish
 from neva_pack.formats.meta import PackedMeta, ReadPack, read_meta
-from neva_pack.files import OutputFile
+from neva_pack.files import OutputFile, open_output, regular_output
 from neva_pack.packing import real_positions, with_padding
 from neva_pack.files import (
     TMP_SUFFIX, checkpoint_paths, meta_path, pack_size_of, packed_prefix, plan_path, prefix_file, relative_name, tmp_prefix,
@@ -141,7 +141,7 @@ def write_rows(path: Path, rows: list[dict]) -> None:
 
 def read_rows(path: Path) -> "NpyRows":
     """The rows of a ``.npy``, unpickled with only what an object array of dicts needs."""
-    with parsing(path), open(path, "rb") as f:
+    with parsing(path), open_output(path) as f:
         version = np.lib.format.read_magic(f)
         read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
         shape, _, dtype = read_header(f)
@@ -394,7 +394,7 @@ def check(reader: Reader, result) -> None:
             return
     try:
         with parsing(reader.metadata_path):
-            metadata = json.loads(reader.metadata_path.read_text(encoding="utf-8"))
+            metadata = json.loads(regular_output(reader.metadata_path).read_text(encoding="utf-8"))
             if not (isinstance(metadata, list) and metadata and set(metadata[-1]) == set(METADATA_KEYS)):
                 raise ValueError("not a list of Bridge's packing metadata")
     except InputError as exc:
