@@ -69,6 +69,7 @@ def test_text_must_be_utf8_and_a_compressed_file_is_named_as_such(tmp_path):
     ("a: *missing\n", "invalid YAML (found undefined alias 'missing' at line 1, column 4)"),
     ("a: !!python/object:os.system x\n", "invalid YAML (could not determine a constructor for the tag"),
     ("[" * 20_000 + "]" * 20_000, "invalid YAML (nested too deep)"),
+    ("\x00ame: x\n", "invalid YAML (unacceptable character #x0000"),
 ])  # fmt: skip
 def test_invalid_yaml_is_one_line_with_where(tmp_path, text, says):
     path = tmp_path / "h.yaml"

@@ -194,8 +194,9 @@ def parse_yaml(text: str, label: str, error: type[NevaPackError] = ConfigError) 
         raise error(f"{label}: {len(text):,} characters, more than the {MAX_YAML_CHARS:,} a YAML settings file may hold")
     too_many = error(f"{label}: YAML holds more than {MAX_YAML_NODES:,} values (aliases expanded), "
                      "more than a settings file has")  # fmt: skip
-    loader = _counting_loader()(text)
+    loader = None
     try:
+        loader = _counting_loader()(text)  # its reader refuses some characters already
         node = loader.get_single_node()
         if node is not None and _expanded_nodes(node, MAX_YAML_NODES) > MAX_YAML_NODES:
             raise too_many
@@ -210,7 +211,8 @@ def parse_yaml(text: str, label: str, error: type[NevaPackError] = ConfigError) 
     except yaml.YAMLError as exc:
         raise error(f"{label}: invalid YAML ({' '.join(str(exc).split())})") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 class _TooManyNodes(Exception):
