@@ -19,6 +19,16 @@ from neva_pack.formats import FORMATS
 from neva_pack.packing import ALGORITHMS, DEFAULT_ALGORITHM, RECOMMENDED_ALGORITHM
 
 
+class OneLineErrors(argparse.ArgumentParser):
+    """An argument parser whose errors are one line and exit code 2, as every other bad argument's
+    (docs/bad_input.md): argparse's default prints the whole usage first, 45 lines for
+    ``preprocess``, which buries the one line that says what is wrong. Subcommand parsers are of the
+    same class (argparse makes them of the parent's)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}; see {self.prog} --help\n")
+
+
 def add_preprocess_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per config field (``neva_pack.config``: name, help, section, choices from the field's
     Option), NeMo's section first; the command line's own flags (--hparams_file, --quiet) beside them.
@@ -60,7 +70,7 @@ PREPROCESS_HELP = "tokenize, preprocess images, pack, write packed_seq_dataset"
 def preprocess_parser(prog: str = "neva-pack preprocess") -> argparse.ArgumentParser:
     """The ``preprocess`` command's flags on a parser of their own (what ``neva-pack preprocess``
     and ``scripts/preprocess_dataset.py`` accept)."""
-    parser = argparse.ArgumentParser(prog=prog, description=PREPROCESS_HELP)
+    parser = OneLineErrors(prog=prog, description=PREPROCESS_HELP)
     add_preprocess_flags(parser)
     return parser
 
@@ -91,7 +101,7 @@ names where it would write (never opened)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrors(
         prog="neva-pack", description="Sequence packing for multimodal (NeVA / LLaVA) fine-tuning."
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks")

@@ -238,3 +238,67 @@ def test_a_rows_file_that_would_run_code_is_refused_with_one_line(tmp_path):
     path.write_bytes(header + pickle.dumps(print))
     with pytest.raises(InputError, match="training_256.npy: damaged .*builtins.print"):
         open_packed(tmp_path)
+
+
+def _rows_file_with(tmp_path, payload: bytes):
+    write_golden_packs(tmp_path, "bridge", "size256_mult1")
+    path = tmp_path / "training_256.npy"
+    header = path.read_bytes()[: path.read_bytes().index(b"\n") + 1]
+    path.write_bytes(header + payload)
+    return path
+
+
+def test_a_rows_file_whose_pickle_would_run_a_command_never_runs_it(tmp_path):
+    """A pickle calls whatever global it names: ``os.system`` here, refused before it is called."""
+    import pickle
+
+    from neva_pack.core import InputError
+
+    marker = tmp_path / "ran"
+
+    class Exploit:
+        def __reduce__(self):
+            import os
+
+            return os.system, (f"touch {marker}",)
+
+    _rows_file_with(tmp_path, pickle.dumps([{"input_ids": Exploit()}], protocol=2))
+    with pytest.raises(InputError) as error:
+        open_packed(tmp_path)
+    assert "training_256.npy: damaged" in str(error.value) and "system is not part of a packed SFT file" in str(error.value)
+    assert "\n" not in str(error.value) and not marker.exists()
+
+
+def test_a_rows_file_asking_numpy_for_a_huge_array_is_refused_before_allocating(tmp_path):
+    """numpy's own ``_reconstruct`` allocates the shape it is handed: 10**12 elements from a few bytes."""
+    import pickle
+    import time
+
+    from neva_pack.core import InputError
+
+    class Huge:
+        def __reduce__(self):
+            from numpy._core.multiarray import _reconstruct
+
+            return _reconstruct, (np.ndarray, (10**12,), b"b")
+
+    _rows_file_with(tmp_path, pickle.dumps(Huge(), protocol=3))
+    started = time.perf_counter()
+    with pytest.raises(InputError, match=r"training_256.npy: damaged .*not as np.save writes one"):
+        open_packed(tmp_path)
+    assert time.perf_counter() - started < 5
+
+
+@pytest.mark.parametrize("spec", ["V1000000000", "U8", [("a", "O")]])
+def test_a_rows_file_with_another_dtype_is_refused(tmp_path, spec):
+    import pickle
+
+    from neva_pack.core import InputError
+
+    class Odd:
+        def __reduce__(self):
+            return np.dtype, (spec, False, True)
+
+    _rows_file_with(tmp_path, pickle.dumps(Odd(), protocol=2))
+    with pytest.raises(InputError, match=r"training_256.npy: damaged .*is not part of a packed SFT file"):
+        open_packed(tmp_path)

@@ -9,6 +9,7 @@ parsing of each file can tell: it must still refuse with one line).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -309,3 +310,102 @@ def test_stats_of_a_moved_output_names_where_it_is_now(neva_pack, outputs, tmp_p
     assert report["data_prefix"] == str(packed_prefix(moved))
     assert report["packing"] == json.loads(stats_file(moved).read_text())["packing"]
     assert np.isfinite(report["packing"]["efficiency"])
+
+
+# A FIFO in place of any file of an output: opening it for reading waits for a writer forever. Every
+# reader of an output (verify, stats, open_packed / PackedSeqDataset) looks at what a path is before
+# it opens it. Each format's sweep runs in a process of its own, so a hang anywhere (a thread
+# included) is a timeout of that process, not of the test session.
+
+_FIFO_SWEEP = r"""
+import contextlib, io, json, os, shutil, signal, sys
+from pathlib import Path
+from neva_pack.cli import main
+from neva_pack.core import NevaPackError
+from neva_pack.reading import PackedSeqDataset
+
+class Hung(BaseException):
+    pass
+
+def hung(signum, frame):
+    raise Hung()
+
+signal.signal(signal.SIGALRM, hung)
+source, work = Path(sys.argv[1]), Path(sys.argv[2])
+
+def outcome(run):
+    signal.alarm(30)
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            code = run()
+        return {"code": code, "err": err.getvalue()}
+    except Hung:
+        return {"hung": True}
+    except NevaPackError as error:
+        return {"refused": str(error)}
+    except BaseException as error:
+        return {"traceback": f"{type(error).__name__}: {error}"}
+    finally:
+        signal.alarm(0)
+
+def read_all():
+    dataset = PackedSeqDataset(work)
+    for p in range(len(dataset)):
+        dataset[p]
+    return 0
+
+results = {}
+for path in sorted(p for p in source.rglob("*") if p.is_file()):
+    name = path.relative_to(source).as_posix()
+    if name.startswith("packed_seq_dataset/"):
+        continue  # the sample store: the run's intermediate, not what the readers read
+    shutil.rmtree(work, ignore_errors=True)
+    shutil.copytree(source, work)
+    (work / name).unlink()
+    os.mkfifo(work / name)
+    results[name] = {
+        "verify": outcome(lambda: main(["verify", "--quiet", str(work)])),
+        "stats": outcome(lambda: main(["stats", str(work)])),
+        "reader": outcome(read_all),
+    }
+print(json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def every_format(outputs, tmp_path_factory):
+    """nemo and compact from ``outputs``; energon of the same data; bridge of text-only records."""
+    root = outputs["root"]
+    if importlib.util.find_spec("megatron.energon") is not None and not (root / "energon").exists():
+        preprocess(outputs["data"], root / "energon", "--output_format", "energon")
+    records = json.loads((SAMPLE_DATA / "llava_sample.json").read_text())
+    for record in records:
+        record.pop("image", None)
+        record["conversations"][0]["value"] = record["conversations"][0]["value"].replace("<image>", "").strip() or "Hi"
+    text_only = root / "text_only.json"
+    text_only.write_text(json.dumps(records))
+    if not (root / "bridge").exists():
+        preprocess(text_only, root / "bridge", "--output_format", "bridge")
+    return root
+
+
+@pytest.mark.parametrize("fmt", ["nemo", "compact", "energon", "bridge"])
+def test_a_fifo_in_place_of_any_output_file_is_refused_not_waited_on(every_format, tmp_path, fmt):
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    if not (every_format / fmt).exists():
+        pytest.skip(f"{fmt} needs its library")
+    result = subprocess.run([sys.executable, "-c", _FIFO_SWEEP, str(every_format / fmt), str(tmp_path / "work")],
+                            capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = json.loads(result.stdout.strip().splitlines()[-1])
+    assert results
+    for name, by_tool in results.items():
+        for tool, seen in by_tool.items():
+            assert "hung" not in seen and "traceback" not in seen, (name, tool, seen)
+            message = seen.get("refused") or seen.get("err", "")
+            assert message.count("\n") <= 1 or tool == "verify", (name, tool, message)

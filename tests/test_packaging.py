@@ -15,3 +15,13 @@ def test_every_subpackage_is_declared_for_a_regular_install():
         if "__pycache__" not in init.parts
     }  # fmt: skip
     assert on_disk <= declared, sorted(on_disk - declared)
+
+
+def test_the_trainer_recipes_extra_installs_accelerate_and_the_recipe_says_so():
+    """The Hugging Face Trainer needs accelerate, which transformers does not pull in: the ``hf``
+    extra declares it, and the page of the recipes names the extra."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(requirement.startswith("accelerate>=") for requirement in extras["hf"])
+    page = (ROOT / "docs" / "training_hugging_face.md").read_text()
+    assert 'pip install ".[hf]"' in page
+    assert page.index('pip install ".[hf]"') < page.index("from transformers import Trainer")

@@ -348,3 +348,57 @@ def test_property_fast_record_pattern_delimits_as_the_scanner(tmp_path_factory, 
     fast = delimited(True)
     assert delimited(False) == fast
     assert len(fast) == len(texts)
+
+
+def _parquet_head() -> bytes:
+    return b"PAR1\x15\x04\x15\x10\x15\x14L\x15\x02\x15\x00\x12\x00\x00"
+
+
+@pytest.mark.parametrize("name, head, says", [
+    ("data.parquet", _parquet_head(), "a Parquet file, not JSON or JSONL; convert it to JSONL first"),
+    ("data.csv", b"id,image,conversations\n1,a.jpg,\"[]\"\n", "starts with 'id,image,conversations' (a CSV file?)"),
+    ("data.json.gz", b"\x1f\x8b\x08\x00\x00\x00\x00\x00", "a gzip-compressed file; decompress it first"),
+    ("data.jsonl.zst", b"\x28\xb5\x2f\xfd\x04\x00", "a zstd-compressed file"),
+    ("data.json.bz2", b"BZh91AY&SY", "a bzip2-compressed file"),
+    ("data.json.xz", b"\xfd7zXZ\x00\x00\x04", "a xz-compressed file"),
+    ("data.zip", b"PK\x03\x04\x14\x00", "a zip archive, not JSON or JSONL"),
+    ("data.txt", b"\n  hello world\n{\"id\": 1}\n", "starts with 'hello world' (not JSON or JSONL)"),
+])  # fmt: skip
+def test_an_input_that_is_not_json_is_refused_in_one_line_before_any_record(tmp_path, name, head, says):
+    """A Parquet or CSV --data_path was read as JSON lines: every record skipped as malformed_json."""
+    path = tmp_path / name
+    path.write_bytes(head + b"x" * 100)
+    for read in (count_records, lambda p: list(iter_raw_records(p))):
+        with pytest.raises(InputError) as error:
+            read(path)
+        message = str(error.value)
+        assert message.startswith(f"--data_path {path}: ") and says in message and "\n" not in message
+
+
+@pytest.mark.parametrize("text", ["", "  \n", '{"id": 1}\n', '\ufeff[{"id": 1}]', ' \n\t{"id": 1}\n'])
+def test_json_and_jsonl_and_empty_inputs_are_still_read(tmp_path, text):
+    path = tmp_path / "data.jsonl"
+    path.write_text(text, encoding="utf-8")
+    assert count_records(path) == len(list(iter_raw_records(path)))
+
+
+def test_a_fifo_as_data_path_is_refused_at_once_not_waited_on(tmp_path):
+    """Opening a FIFO for reading waits for a writer: the input is looked at before it is opened."""
+    import os
+    import signal
+
+    path = tmp_path / "data.jsonl"
+    os.mkfifo(path)
+
+    def hung(signum, frame):
+        raise TimeoutError("reading a FIFO --data_path hung")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(10)
+    try:
+        for read in (count_records, lambda p: list(iter_raw_records(p))):
+            with pytest.raises(InputError, match=rf"^--data_path {path}: not a regular file \(a FIFO\)$"):
+                read(path)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

@@ -203,3 +203,23 @@ def test_word_cache_is_bounded_and_exact_when_emptied(sample_tokenizer_path, ref
     for text in texts * 2:
         _check(tokenizer.encode(text), _protobuf_offsets(references["sample"][0], text), text)
         assert len(tokenizer.word_cache) <= 3 and all(len(word) <= 6 for word in tokenizer.word_cache)
+
+
+def test_a_tokenizer_json_file_stands_for_its_directory(hf_tokenizer_dir):
+    """``--tokenizer_path dir/tokenizer.json`` was read as a SentencePiece model (a protobuf parse
+    error): it is the Hugging Face tokenizer of its directory."""
+    from neva_pack.text import load_tokenizer
+
+    by_file, by_directory = load_tokenizer(hf_tokenizer_dir / "tokenizer.json"), load_tokenizer(hf_tokenizer_dir)
+    text = "USER: What is in the picture?\nASSISTANT: A cat on a mat."
+    assert by_file.encode(text).ids.tolist() == by_directory.encode(text).ids.tolist()
+    assert (by_file.bos_id, by_file.eos_id, by_file.control_ids) == (by_directory.bos_id, by_directory.eos_id, by_directory.control_ids)
+
+
+def test_another_json_file_as_tokenizer_path_says_to_give_the_directory(hf_tokenizer_dir):
+    from neva_pack.core import ConfigError
+    from neva_pack.text import load_tokenizer
+
+    path = hf_tokenizer_dir / "tokenizer_config.json"
+    with pytest.raises(ConfigError, match=rf"^--tokenizer_path {path}: a JSON file, not a tokenizer; give the Hugging Face tokenizer's directory"):
+        load_tokenizer(path)

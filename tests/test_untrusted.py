@@ -69,6 +69,7 @@ def test_text_must_be_utf8_and_a_compressed_file_is_named_as_such(tmp_path):
     ("a: *missing\n", "invalid YAML (found undefined alias 'missing' at line 1, column 4)"),
     ("a: !!python/object:os.system x\n", "invalid YAML (could not determine a constructor for the tag"),
     ("[" * 20_000 + "]" * 20_000, "invalid YAML (nested too deep)"),
+    ("\x00ame: x\n", "invalid YAML (unacceptable character #x0000"),
 ])  # fmt: skip
 def test_invalid_yaml_is_one_line_with_where(tmp_path, text, says):
     path = tmp_path / "h.yaml"
@@ -91,3 +92,73 @@ def test_invalid_json_is_one_line_with_line_and_column(tmp_path):
 ])  # fmt: skip
 def test_compression_is_known_by_its_magic_bytes(head, kind):
     assert compression_of(head) == kind
+
+
+def _billion_laughs(levels: int = 9, width: int = 10) -> str:
+    lines = ['a0: &a0 "lol"']
+    for level in range(1, levels + 1):
+        lines.append(f"a{level}: &a{level} [{', '.join([f'*a{level - 1}'] * width)}]")
+    return "\n".join(lines) + "\n"
+
+
+def test_nested_aliases_are_refused_quickly_without_expanding_them(tmp_path):
+    """A "billion laughs" hparams file parses small (aliases are references) but walking its value
+    visits 10**9 strings: refused in one line naming the file, at once, in little memory."""
+    import time
+    import tracemalloc
+
+    path = tmp_path / "h.yaml"
+    path.write_text(_billion_laughs())
+    tracemalloc.start()
+    started = time.perf_counter()
+    try:
+        with pytest.raises(ConfigError) as error:
+            read_yaml(path, what="--hparams_file")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    message = str(error.value)
+    assert message.startswith(f"--hparams_file {path}: YAML holds more than 20,000 values") and "\n" not in message
+    assert time.perf_counter() - started < 5 and peak < 20 << 20
+
+
+def test_a_template_with_nested_aliases_is_refused_naming_it(tmp_path):
+    from neva_pack.text import load_template
+
+    path = tmp_path / "t.yaml"
+    path.write_text(_billion_laughs())
+    with pytest.raises(ConfigError, match=r"^--conv_template .*t\.yaml: YAML holds more than"):
+        load_template(str(path))
+
+
+@pytest.mark.parametrize("text", ["a: &a [*a]\n", "a: &a {b: *a}\n"])
+def test_a_recursive_alias_is_refused(tmp_path, text):
+    path = tmp_path / "h.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match="YAML holds more than"):
+        read_yaml(path, what="--hparams_file")
+
+
+def test_aliases_within_budget_read_as_safe_load_reads_them(tmp_path):
+    import yaml
+
+    text = "base: &base {lr: 1.0e-4, sizes: [1, 2]}\nrun:\n  <<: *base\n  again: *base\nnothing:\n"
+    path = tmp_path / "h.yaml"
+    path.write_text(text)
+    assert read_yaml(path, what="") == yaml.safe_load(text)
+    path.write_text("")
+    assert read_yaml(path, what="") is None
+
+
+def test_a_yaml_file_over_its_size_budget_is_refused_unparsed(tmp_path):
+    path = tmp_path / "h.yaml"
+    path.write_text("- a\n" * 100_000)
+    with pytest.raises(ConfigError, match=r"^--hparams_file .*h\.yaml: 400,000 bytes, more than the 262,144 read at most$"):
+        read_yaml(path, what="--hparams_file")
+
+
+def test_a_yaml_file_of_too_many_values_is_refused_as_it_is_parsed(tmp_path):
+    path = tmp_path / "h.yaml"
+    path.write_text("[" + ",".join(["a"] * 60_000) + "]")
+    with pytest.raises(ConfigError, match=r"^--hparams_file .*h\.yaml: YAML holds more than 20,000 values"):
+        read_yaml(path, what="--hparams_file")

@@ -7,8 +7,11 @@ from neva_pack.core.defaults import IGNORE_INDEX, PAD_ID, VERSION
 from neva_pack.core.errors import ConfigError, InputError, NevaPackError, OutputError, parsing
 from neva_pack.core.image_run import ImageRun
 from neva_pack.core.normalisation import Normalisation
+from neva_pack.core.numba_cache import use_user_numba_cache
 from neva_pack.core.stored_image import StoredImage
 from neva_pack.core.workers import passthrough, worker_messages
+
+use_user_numba_cache()
 
 __all__ = [
     "ConfigError",
@@ -22,6 +25,7 @@ __all__ = [
     "StoredImage",
     "VERSION",
     "parsing",
+    "use_user_numba_cache",
     "passthrough",
     "worker_messages",
 ]

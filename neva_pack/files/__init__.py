@@ -10,7 +10,7 @@ from neva_pack.files.checksums import data_extents, file_checksum
 from neva_pack.files.indexed import BIN_SUFFIX, DTYPE_CODES, IDX_SUFFIX, IndexedReader, IndexedWriter, bin_path, idx_path, is_index, read_index
 from neva_pack.files.output_file import OutputFile
 from neva_pack.files.paths import LOCK_FILE, META_SUFFIX, PACKED_NAME, PLAN_SUFFIX, TMP_SUFFIX, checkpoint_paths, meta_path, pack_size_of, packed_prefix, packed_prefixes, plan_path, prefix_file, relative_name, skipped_path, stats_path, store_dir, tmp_prefix, write_json_atomic
-from neva_pack.files.untrusted import FileRefused, MAX_OUTPUT_JSON_BYTES, MAX_OUTPUT_TABLE_BYTES, MAX_SETTINGS_BYTES, compression_of, open_file, open_regular, parse_yaml, read_bytes, read_json, read_text, read_yaml, regular_file_bytes
+from neva_pack.files.untrusted import ANY_SIZE, FileRefused, MAX_OUTPUT_JSON_BYTES, MAX_OUTPUT_TABLE_BYTES, MAX_SETTINGS_BYTES, compression_of, open_file, open_output, open_regular, parse_yaml, read_bytes, read_json, read_text, read_yaml, regular_file_bytes, regular_output
 from neva_pack.files.write_behind import WriteBehind
 
 
@@ -22,6 +22,7 @@ def fsync_close(file) -> None:
     file.close()
 
 __all__ = [
+    "ANY_SIZE",
     "BIN_SUFFIX",
     "DTYPE_CODES",
     "FileRefused",
@@ -48,6 +49,7 @@ __all__ = [
     "is_index",
     "meta_path",
     "open_file",
+    "open_output",
     "open_regular",
     "pack_size_of",
     "packed_prefix",
@@ -61,6 +63,7 @@ __all__ = [
     "read_text",
     "read_yaml",
     "regular_file_bytes",
+    "regular_output",
     "relative_name",
     "skipped_path",
     "stats_path",

@@ -10,6 +10,8 @@ import errno
 import os
 from pathlib import Path
 
+from neva_pack.files.untrusted import regular_output
+
 __all__ = ["data_extents", "digest_of_first_bytes", "file_checksum", "hash_zeros"]
 
 _READ_CHUNK = 16 << 20
@@ -61,7 +63,7 @@ def file_checksum(path: Path) -> str:
 
     digest = xxhash.xxh3_128()
     view = memoryview(bytearray(_READ_CHUNK))
-    with open(path, "rb", buffering=0) as f:
+    with open(regular_output(path), "rb", buffering=0) as f:
         size = os.fstat(f.fileno()).st_size
         extents = data_extents(f.fileno(), size)
         f.seek(0)

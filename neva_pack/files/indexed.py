@@ -35,6 +35,7 @@ import numpy as np
 
 from neva_pack.core import InputError
 from neva_pack.files.output_file import OutputFile
+from neva_pack.files.untrusted import regular_output
 
 INDEX_MAGIC = b"MMIDIDX\x00\x00"
 INDEX_VERSION = 1
@@ -70,6 +71,8 @@ def idx_path(prefix: Path) -> Path:
 
 def is_index(path: Path) -> bool:
     """Whether ``path`` is a file that starts as a Megatron index does (its magic)."""
+    if not os.path.isfile(path):  # a FIFO would block the open
+        return False
     try:
         with open(path, "rb") as f:
             return f.read(len(INDEX_MAGIC)) == INDEX_MAGIC
@@ -273,7 +276,7 @@ class Index:
 def read_index(path: Path, multimodal: bool = False) -> Index:
     """The arrays of an .idx file; InputError naming the file if it is not one."""
     path = Path(path)
-    data = path.read_bytes()
+    data = regular_output(path).read_bytes()
     if len(data) < _HEADER.itemsize:
         raise InputError(f"{path}: {len(data)} bytes, too short for an IndexedDataset index")
     header = np.frombuffer(data, dtype=_HEADER, count=1)[0]
@@ -314,6 +317,7 @@ class IndexedReader:
         self.sequence_modes = self.index.sequence_modes
         self._map = None
         self._fd = None
+        regular_output(bin_path(prefix))
         if mmap:
             size = os.path.getsize(bin_path(prefix))
             self._map = np.memmap(bin_path(prefix), dtype=np.uint8, mode="r") if size else np.zeros(0, np.uint8)

@@ -14,21 +14,26 @@ Every failure is a ``FileRefused`` carrying why in one phrase and what kind of f
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import stat
 from pathlib import Path
 from typing import Literal
 
-from neva_pack.core import ConfigError, NevaPackError
+from neva_pack.core import ConfigError, InputError, NevaPackError
 
 __all__ = [
+    "ANY_SIZE",
     "MAX_OUTPUT_JSON_BYTES",
     "MAX_OUTPUT_TABLE_BYTES",
     "MAX_SETTINGS_BYTES",
+    "MAX_YAML_CHARS",
+    "MAX_YAML_NODES",
     "FileRefused",
     "compression_of",
     "open_file",
+    "open_output",
     "open_regular",
     "parse_yaml",
     "read_bytes",
@@ -36,6 +41,7 @@ __all__ = [
     "read_text",
     "read_yaml",
     "regular_file_bytes",
+    "regular_output",
 ]
 
 MAX_SETTINGS_BYTES = 16 << 20
@@ -45,6 +51,10 @@ MAX_OUTPUT_JSON_BYTES = 256 << 20
 """Budget of a JSON file of an output or a store (meta, stats, progress): they are KBs to a few MBs."""
 MAX_OUTPUT_TABLE_BYTES = 1 << 36
 """Budget of a table of an output read as a stream (plan table, skipped list): GBs at most."""
+
+ANY_SIZE = 1 << 62
+"""The budget of a file read as a stream whatever its size (an input's records, an output's data
+files): only its kind is checked, so a FIFO or device in its place is refused instead of hanging."""
 
 FailureKind = Literal["missing", "not_regular", "too_large", "unreadable"]
 
@@ -153,7 +163,20 @@ def read_json(path: str | Path, *, what: str, max_bytes: int = MAX_SETTINGS_BYTE
         raise error(f"{_label(what, path)}: invalid JSON ({exc})") from None
 
 
-def read_yaml(path: str | Path, *, what: str, max_bytes: int = MAX_SETTINGS_BYTES,
+MAX_YAML_CHARS = 256 << 10
+"""Budget of a YAML settings file (a template is ~1 KB, a NeMo hparams file ~20 KB). YAML is parsed in
+pure Python at a few hundred bytes of memory and tens of microseconds per node: a 5 MB file took
+2.4 GB and 72 s; this bound keeps the worst file under a few seconds and a few hundred MB."""
+
+MAX_YAML_NODES = 20_000
+"""Budget of a YAML document's values (nodes) counted with every alias expanded; a NeMo hparams file
+has a few hundred. An alias is a reference, so nested aliases ("billion laughs": ten of ten of ten
+...) parse small but expand exponentially in whoever walks the value (validation, JSON, checksums):
+3.1 GB and 40 s for one hparams file. Nodes are counted as the parser makes them (it stops at the
+budget) and, with aliases expanded, on the node graph before any Python value is made."""
+
+
+def read_yaml(path: str | Path, *, what: str, max_bytes: int = MAX_YAML_CHARS,
               error: type[NevaPackError] = ConfigError) -> object:  # fmt: skip
     """The file's YAML value (``yaml.safe_load``: no Python objects); invalid YAML is one line
     with the parser's problem and its line."""
@@ -161,11 +184,25 @@ def read_yaml(path: str | Path, *, what: str, max_bytes: int = MAX_SETTINGS_BYTE
 
 
 def parse_yaml(text: str, label: str, error: type[NevaPackError] = ConfigError) -> object:
-    """YAML text (of a file named by ``label``) -> its value, or one line saying what is wrong where."""
+    """YAML text (of a file named by ``label``) -> its value, or one line saying what is wrong where.
+
+    ``yaml.safe_load``'s value, once the text is within ``MAX_YAML_CHARS`` and its document within
+    ``MAX_YAML_NODES`` nodes with aliases expanded (a recursive alias never is)."""
     import yaml
 
+    if len(text) > MAX_YAML_CHARS:
+        raise error(f"{label}: {len(text):,} characters, more than the {MAX_YAML_CHARS:,} a YAML settings file may hold")
+    too_many = error(f"{label}: YAML holds more than {MAX_YAML_NODES:,} values (aliases expanded), "
+                     "more than a settings file has")  # fmt: skip
+    loader = None
     try:
-        return yaml.safe_load(text)
+        loader = _counting_loader()(text)  # its reader refuses some characters already
+        node = loader.get_single_node()
+        if node is not None and _expanded_nodes(node, MAX_YAML_NODES) > MAX_YAML_NODES:
+            raise too_many
+        return None if node is None else loader.construct_document(node)
+    except _TooManyNodes:
+        raise too_many from None
     except RecursionError:
         raise error(f"{label}: invalid YAML (nested too deep)") from None
     except yaml.MarkedYAMLError as exc:
@@ -173,6 +210,85 @@ def parse_yaml(text: str, label: str, error: type[NevaPackError] = ConfigError) 
         raise error(f"{label}: invalid YAML ({exc.problem or exc.context}{where})") from None
     except yaml.YAMLError as exc:
         raise error(f"{label}: invalid YAML ({' '.join(str(exc).split())})") from None
+    finally:
+        if loader is not None:
+            loader.dispose()
+
+
+class _TooManyNodes(Exception):
+    """The parser made more than ``MAX_YAML_NODES`` nodes."""
+
+
+@functools.cache
+def _counting_loader():
+    """``yaml.SafeLoader`` that stops composing after ``MAX_YAML_NODES`` nodes (made once, on first
+    use: yaml is imported only by what reads YAML)."""
+    import yaml
+
+    class CountingLoader(yaml.SafeLoader):
+        def __init__(self, stream):
+            super().__init__(stream)
+            self.composed = 0
+
+        def compose_node(self, parent, index):
+            self.composed += 1
+            if self.composed > MAX_YAML_NODES:
+                raise _TooManyNodes()
+            return super().compose_node(parent, index)
+
+    return CountingLoader
+
+
+def _expanded_nodes(root, limit: int) -> int:
+    """Nodes under ``root`` with each alias expanded (memoised per node, so linear in the graph);
+    more than ``limit`` once it is known to exceed it, or a node that contains itself."""
+    import yaml
+
+    counted: dict[int, int] = {}
+    inside: set[int] = set()
+
+    def count(node) -> int:
+        key = id(node)
+        if key in counted:
+            return counted[key]
+        if key in inside:
+            return limit + 1
+        if isinstance(node, yaml.ScalarNode):
+            return 1
+        inside.add(key)
+        children = (part for pair in node.value for part in pair) if isinstance(node, yaml.MappingNode) else node.value
+        total = 1
+        for child in children:
+            total += count(child)
+            if total > limit:
+                break
+        inside.discard(key)
+        counted[key] = total
+        return total
+
+    return count(root)
+
+
+def regular_output(path: str | Path) -> Path:
+    """``path`` (as a Path) once it is a regular file or missing, for a reader of an output of ours
+    that opens the file itself (``np.memmap``, ``np.fromfile``, a tar shard, a library): a FIFO in
+    its place would block that open forever, a device would read without end. ``InputError`` in one
+    line saying what is there instead; a missing file is left to the reader, which names it its way."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return Path(path)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise InputError(f"{path}: not a regular file ({_kind_of(info.st_mode)})")
+    return Path(path)
+
+
+def open_output(path: str | Path):
+    """A file of an output of ours opened for reading in binary (the caller closes it), whatever its
+    size, once it is a regular file: ``open_regular``'s checks, ``InputError`` in one line."""
+    return open_file(path, what="", max_bytes=ANY_SIZE, error=InputError)
 
 
 def _label(what: str, path) -> str:

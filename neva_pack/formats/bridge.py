@@ -42,7 +42,7 @@ import numpy as np
 from neva_pack.core import InputError, parsing
 from neva_pack.formats.base import Checkpoint, Limits, PrefixFiles, WriteSpec, meta_is_of, publish
 from neva_pack.formats.meta import PackedMeta, ReadPack, read_meta
-from neva_pack.files import OutputFile
+from neva_pack.files import OutputFile, open_output, regular_output
 from neva_pack.packing import real_positions, with_padding
 from neva_pack.files import (
     TMP_SUFFIX, checkpoint_paths, meta_path, pack_size_of, packed_prefix, plan_path, prefix_file, relative_name, tmp_prefix,
@@ -93,16 +93,40 @@ class RowFile:
 # --- the .npy file -------------------------------------------------------------------------------
 
 
-class _RowUnpickler(pickle.Unpickler):
-    """Rebuilds an object array of dicts of lists, and nothing else (a pickle can run code)."""
+def _empty_array(subtype, shape, dtype):
+    """numpy's ``_reconstruct`` as ``np.save`` pickles it: an empty ndarray that the pickle's
+    BUILD then fills from bytes or objects the file holds. The real one allocates any ``shape``
+    it is handed: a file of a few bytes asking for 10**10 elements would take the memory first."""
+    if subtype is not np.ndarray or tuple(shape) != (0,) or dtype != b"b":
+        raise pickle.UnpicklingError(f"an array rebuilt as {getattr(subtype, '__name__', subtype)} {shape!r}, not as np.save writes one")
+    return np.ndarray.__new__(np.ndarray, (0,), dtype)
 
-    ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
-               ("numpy", "ndarray"), ("numpy", "dtype")}  # fmt: skip
+
+_PLAIN_DTYPE = re.compile(r"[|<>=]?(?:b1|[iuf][1248]|O8|O4)")
+
+
+def _plain_dtype(spec, align=False, copy=True):
+    """``np.dtype`` for the plain dtypes a row array holds (objects, integers, floats, bools)."""
+    if not isinstance(spec, str) or not _PLAIN_DTYPE.fullmatch(spec):
+        raise pickle.UnpicklingError(f"dtype {spec!r} is not part of a packed SFT file")
+    return np.dtype(spec, align, copy)
+
+
+class _RowUnpickler(pickle.Unpickler):
+    """Rebuilds an object array of dicts of lists, and nothing else: a pickle can run code (any
+    global it names is called), so the only globals are numpy's array rebuild, bounded to what
+    ``np.save`` writes (an empty array filled from the file, plain dtypes); dicts, lists, ints,
+    strings and bools are pickle opcodes, not globals. Anything else is an ``UnpicklingError`` that
+    the reader turns into one line naming the file."""
+
+    ALLOWED = {("numpy.core.multiarray", "_reconstruct"): _empty_array, ("numpy._core.multiarray", "_reconstruct"): _empty_array,
+               ("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): _plain_dtype}  # fmt: skip
 
     def find_class(self, module, name):
-        if (module, name) not in self.ALLOWED:
+        allowed = self.ALLOWED.get((module, name))
+        if allowed is None:
             raise pickle.UnpicklingError(f"{module}.{name} is not part of a packed SFT file")
-        return super().find_class(module, name)
+        return allowed
 
 
 def write_rows(path: Path, rows: list[dict]) -> None:
@@ -117,7 +141,7 @@ def write_rows(path: Path, rows: list[dict]) -> None:
 
 def read_rows(path: Path) -> "NpyRows":
     """The rows of a ``.npy``, unpickled with only what an object array of dicts needs."""
-    with parsing(path), open(path, "rb") as f:
+    with parsing(path), open_output(path) as f:
         version = np.lib.format.read_magic(f)
         read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
         shape, _, dtype = read_header(f)
@@ -370,7 +394,7 @@ def check(reader: Reader, result) -> None:
             return
     try:
         with parsing(reader.metadata_path):
-            metadata = json.loads(reader.metadata_path.read_text(encoding="utf-8"))
+            metadata = json.loads(regular_output(reader.metadata_path).read_text(encoding="utf-8"))
             if not (isinstance(metadata, list) and metadata and set(metadata[-1]) == set(METADATA_KEYS)):
                 raise ValueError("not a list of Bridge's packing metadata")
     except InputError as exc:

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from neva_pack.core import ConfigError, parsing
+from neva_pack.files import regular_output
 from neva_pack.formats.bridge import BridgeFormat, RowFile
 
 __all__ = ["FORMAT", "ParquetRows", "read_parquet_rows", "write_parquet_rows"]
@@ -58,7 +59,7 @@ class ParquetRows:
 def read_parquet_rows(path: Path) -> ParquetRows:
     _, pq = _pyarrow()
     with parsing(path):
-        table = pq.read_table(str(path))
+        table = pq.read_table(str(regular_output(path)))
         missing = {"input_ids", "loss_mask", "seq_start_id"} - set(table.column_names)
         if missing:
             raise ValueError(f"no column {sorted(missing)[0]}")

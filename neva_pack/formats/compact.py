@@ -52,7 +52,7 @@ from neva_pack.formats.base import Checkpoint, Limits, PrefixFiles, WriteSpec, m
 from neva_pack.formats.meta import PackedMeta, ReadPack, read_meta
 from neva_pack.files import OutputFile
 from neva_pack.packing import with_padding
-from neva_pack.files import meta_path, prefix_file, relative_name
+from neva_pack.files import meta_path, prefix_file, regular_output, relative_name
 from neva_pack.packing import PlanTable
 from neva_pack.sample_store import ImagePool, PoolSegment
 
@@ -199,7 +199,7 @@ class Reader:
             if spec["dtype"] != dtype:
                 raise InputError(f"{meta_path(self.prefix)}: array {name} of dtype {spec['dtype']}, expected {dtype}")
             with parsing(index):
-                self.arrays[name] = np.fromfile(index, dtype=dtype, count=int(spec["count"]), offset=int(spec["offset"]))
+                self.arrays[name] = np.fromfile(regular_output(index), dtype=dtype, count=int(spec["count"]), offset=int(spec["offset"]))
                 if len(self.arrays[name]) != int(spec["count"]):
                     raise ValueError(f"array {name} is cut short")
         ends = self.arrays["token_offsets"][-1:]  # pack() slices the id files with these offsets
@@ -383,6 +383,7 @@ def _stored_positions(length: int, image_starts: np.ndarray, run_lengths: np.nda
 
 
 def _map(path: Path, dtype) -> np.ndarray:
+    path = regular_output(path)
     if path.stat().st_size == 0:
         return np.zeros(0, dtype=dtype)
     return np.memmap(path, dtype=dtype, mode="r")

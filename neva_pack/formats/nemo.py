@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from neva_pack.files import data_extents
+from neva_pack.files import data_extents, regular_output
 from neva_pack.core import InputError
 from neva_pack.formats.base import Checkpoint, Limits, PrefixFiles, WriteSpec, meta_is_of, prefix_files, publish
 from neva_pack.formats.common import megatron as _megatron
@@ -385,7 +385,7 @@ class _Holes:
     """Where a .bin's holes are (read once), to tell an all-zero item without reading its holes."""
 
     def __init__(self, path: Path):
-        with open(path, "rb", buffering=0) as f:
+        with open(regular_output(path), "rb", buffering=0) as f:
             self.size = os.fstat(f.fileno()).st_size
             extents = data_extents(f.fileno(), self.size)
         self.known = extents is not None  # else: every item is read
@@ -473,6 +473,8 @@ class NemoFormat:
 
 
 def _is_zip(path: Path) -> bool:
+    if not path.is_file():  # a FIFO would block the open
+        return False
     try:
         with open(path, "rb") as f:
             return f.read(4) == b"PK\x03\x04"

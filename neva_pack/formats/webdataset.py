@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from neva_pack.core import parsing
+from neva_pack.files import open_output, regular_output
 
 __all__ = [
     "BLOCK", "ENERGON_VERSION", "META_DIR", "ShardIndex", "ShardSamples", "end_of_archive", "file_store_of", "member_header", "npy_array", "npy_bytes", "padded", "read_members", "sample_count", "shard_name",
@@ -98,14 +99,14 @@ class ShardSamples:
         self.dataset = Path(dataset)
         info_file = self.dataset / META_DIR / ".info.json"
         with parsing(info_file):
-            counts = json.loads(info_file.read_text(encoding="utf-8"))["shard_counts"]
+            counts = json.loads(regular_output(info_file).read_text(encoding="utf-8"))["shard_counts"]
         self.shards = list(counts)
         self.starts = np.cumsum([0, *(int(n) for n in counts.values())])
         self.offsets = []
         for name in self.shards:
             index = self.dataset / (name + ".idx")
             with parsing(index):
-                self.offsets.append(np.fromfile(index, dtype="<i8"))
+                self.offsets.append(np.fromfile(regular_output(index), dtype="<i8"))
         self._files: dict[int, object] = {}
 
     def __len__(self) -> int:
@@ -123,7 +124,7 @@ class ShardSamples:
         local = n - int(self.starts[shard])
         with parsing(self.dataset / self.shards[shard]):
             if shard not in self._files:
-                self._files[shard] = open(self.dataset / self.shards[shard], "rb")
+                self._files[shard] = open_output(self.dataset / self.shards[shard])
             start, end = int(self.offsets[shard][local]), int(self.offsets[shard][local + 1])
             return read_members(os.pread(self._files[shard].fileno(), end - start, start))
 

@@ -20,6 +20,9 @@ from pathlib import Path
 import numba
 import numpy as np
 
+from neva_pack.core import InputError
+from neva_pack.files import ANY_SIZE, open_file
+
 __all__ = ["READ_CHUNK", "count_list_records", "index_list_records"]
 
 READ_CHUNK = 16 << 20
@@ -45,7 +48,9 @@ def index_list_records(path: Path, every: int) -> tuple[int, np.ndarray] | None:
     found = np.zeros(READ_CHUNK // every + 2 if every else 0, dtype=np.int64)
     parts = []
     base = 0
-    with open(path, "rb", buffering=0) as f:
+    # records.stream.open_input's check (a regular file only: a FIFO would block), which stream,
+    # importing this module, cannot lend
+    with open_file(path, what="--data_path", max_bytes=ANY_SIZE, error=InputError) as f:
         while size := f.readinto(buffer):
             noted = _scan(view[:size], state, base, every, found)
             if state[_PHASE] == _UNSURE:

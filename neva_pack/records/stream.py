@@ -16,24 +16,52 @@ import numpy as np
 from neva_pack.core import InputError
 from neva_pack.records.list_scanner import UTF8_BOM, ListScanner
 from neva_pack.records.conversation import MAX_RECORD_DEPTH_LIMIT, RawRecord, RecordLimits
-from neva_pack.files import compression_of
+from neva_pack.files import ANY_SIZE, compression_of, open_file
 
-__all__ = ["SEEK_CHUNK", "RecordIndex", "count_records", "index_records", "input_format", "iter_raw_records", "record_ids"]
+__all__ = ["SEEK_CHUNK", "RecordIndex", "count_records", "index_records", "input_format", "iter_raw_records", "open_input",
+           "record_ids"]
 
 
 _UTF16_32_BOMS = (b"\xff\xfe", b"\xfe\xff")
 
 
+def open_input(path: Path) -> BinaryIO:
+    """The input file opened for reading (binary), once it is a regular file: a FIFO, device or
+    directory given as ``--data_path`` is one line at once, not a hang (opening a FIFO waits for a
+    writer) nor an endless read. Every reader of the input's records opens it here."""
+    return open_file(path, what="--data_path", max_bytes=ANY_SIZE, error=InputError)
+
+
+_NOT_JSON = {
+    b"PAR1": "a Parquet file",
+    b"PK\x03\x04": "a zip archive",
+    b"ARROW1": "an Arrow file",
+    b"SQLite format 3\x00": "an SQLite database",
+    b"\x93NUMPY": "a NumPy array",
+    b"\x89HDF": "an HDF5 file",
+}
+"""Magic numbers of files a dataset is often kept in that are not JSON, named in the refusal."""
+
+_CONVERT_HINT = ("convert it to JSONL first (e.g. pandas: df.to_json(path, orient='records', lines=True)); "
+                 "the tool reads a JSON list of records or JSONL, one record per line")  # fmt: skip
+
+
 def input_format(path: Path) -> Literal["json", "jsonl"]:
-    """JSON list or JSONL, by content: a JSON list starts with '['. What neither can be is refused
-    with one line saying what it is: a compressed file, UTF-16/32 text (the tool reads UTF-8, as
-    JSON requires: RFC 8259), or one JSON object spread over lines (pretty-printed: as JSONL, every
-    line of it would be a malformed record)."""
-    with open(path, "rb") as f:
+    """JSON list or JSONL, by content: a JSON list starts with '[', a JSONL file's first record
+    with '{'. What neither can be is refused with one line saying what it is, before any record is
+    read: a compressed file, UTF-16/32 text (the tool reads UTF-8, as JSON requires: RFC 8259), a
+    Parquet, Arrow, zip, CSV or any other file whose first byte cannot begin a list or a record
+    (read as JSONL, every line would be a ``malformed_json`` skip), or one JSON object spread over
+    lines (pretty-printed: as JSONL, every line of it would be a malformed record). An empty file
+    is JSONL of no records."""
+    with open_input(path) as f:
         head = f.read(4096)
     kind = compression_of(head)
     if kind is not None:
         raise InputError(f"--data_path {path}: a {kind}-compressed file; decompress it first (the tool reads JSON or JSONL text)")
+    for magic, what in _NOT_JSON.items():
+        if head.startswith(magic):
+            raise InputError(f"--data_path {path}: {what}, not JSON or JSONL; {_CONVERT_HINT}")
     if head.startswith(_UTF16_32_BOMS) or b"\x00" in head[:4]:
         raise InputError(
             f"--data_path {path}: the file is UTF-16 or UTF-32 text, not UTF-8; convert it first "
@@ -44,6 +72,11 @@ def input_format(path: Path) -> Literal["json", "jsonl"]:
         head = head[3:].lstrip()
     if head.startswith(b"["):
         return "json"
+    if head and not head.startswith(b"{"):
+        first_line = head.partition(b"\n")[0][:60].decode("utf-8", "replace").rstrip()
+        what = "a CSV file?" if b"," in head.partition(b"\n")[0] else "not JSON or JSONL"
+        raise InputError(f"--data_path {path}: starts with {first_line!r} ({what}), not a JSON list '[' or a "
+                         f"JSONL record '{{'; {_CONVERT_HINT}")  # fmt: skip
     first_line, newline, _ = head.partition(b"\n")
     if newline and first_line.startswith(b"{") and first_line.rstrip().endswith((b"{", b"[", b",", b":")):
         raise InputError(
@@ -105,7 +138,7 @@ reads a few dozen records between seeks, tens of kilobytes; any size gives the s
 def _ranged_records(path: Path, limits: RecordLimits, ranges: Iterable[tuple[int, int]], index: RecordIndex):
     """The records of ``ranges`` by the index's checkpoints. The list's structure outside them was
     checked by the counting pass that found the offsets, so it is not read again."""
-    with open(path, "rb", buffering=0) as f:
+    with open_input(path) as f:
         scanner = ListScanner(f, path, limits, chunk=SEEK_CHUNK)
         texts, number = None, None  # the scanner's records from ``number`` on
         for first, stop in ranges:
@@ -177,7 +210,7 @@ def _scanned_count(path: Path, progress: bool) -> int:
 
 def _record_texts(path: Path, limits: RecordLimits) -> Iterator[tuple[bytes | None, tuple[str, str] | None]]:
     """Each record's JSON text, or None with (reason, detail) when it is over a limit."""
-    with open(path, "rb") as f:
+    with open_input(path) as f:
         if input_format(path) == "json":
             yield from ListScanner(f, path, limits).records()
         else:

@@ -242,8 +242,21 @@ class HuggingFaceTokenizer:
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
     """A ``.model`` file -> SentencePiece; a directory -> tokenizer.json, else its tokenizer.model.
-    Whatever else the path names (a device, a FIFO, a socket) is refused, saying what it is."""
+    Whatever else the path names (a device, a FIFO, a socket) is refused, saying what it is.
+
+    A ``tokenizer.json`` named itself stands for its directory: a Hugging Face tokenizer is the
+    directory (``tokenizer_config.json`` beside it names BOS/EOS), and the file is how users often
+    point at it; read as a SentencePiece model it failed with a protobuf parse error. Another JSON
+    file (``tokenizer_config.json``, ``vocab.json``) cannot be a tokenizer on its own: one line says
+    to give the directory."""
     path = Path(path)
+    if path.suffix == ".json" and path.is_file():
+        if path.name == "tokenizer.json":
+            return HuggingFaceTokenizer(path.parent)
+        raise ConfigError(
+            f"--tokenizer_path {path}: a JSON file, not a tokenizer; give the Hugging Face tokenizer's directory "
+            "(the one holding tokenizer.json) or a SentencePiece .model file"
+        )
     if path.is_dir():
         if (path / "tokenizer.json").exists():
             return HuggingFaceTokenizer(path)
