@@ -20,6 +20,31 @@ ROOT = Path(__file__).resolve().parent.parent
 SAMPLE_DATA = ROOT / "sample_data"
 
 
+def _use_this_checkouts_templates() -> None:
+    """``neva_pack.yaml_templates`` (pyproject's name for templates/) is this checkout's folder. An editable
+    install made from another checkout maps the name to that checkout's templates/, so a template added
+    here would be "unknown" to the tests of this checkout (PYTHONPATH finds neva_pack here, the mapped
+    name there)."""
+    import importlib.util
+    import sys
+
+    folder = ROOT / "templates"
+    try:
+        if Path(str(importlib.resources.files("neva_pack.yaml_templates"))).resolve() == folder.resolve():
+            return
+    except ModuleNotFoundError:  # no install at all: the checkout's folder is the only one
+        pass
+    spec = importlib.util.spec_from_file_location(
+        "neva_pack.yaml_templates", folder / "__init__.py", submodule_search_locations=[str(folder)]
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules["neva_pack.yaml_templates"] = module
+
+
+_use_this_checkouts_templates()
+
+
 @pytest.fixture(scope="session")
 def sample_tokenizer_path() -> Path:
     """The project's own SentencePiece model (LLaMA-style, with NeMo's <extra_id_0..9>)."""
