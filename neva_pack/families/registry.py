@@ -113,7 +113,7 @@ def _from_directory(directory: Path, patch_size: int | None) -> EncoderSpec:
             raise ConfigError(f"{config_file}: patch_size {patch_size!r:.60}: expected a positive integer")
     if patch_size is None:
         key = "vision_config.patch_size" if vision.get("patch_size") else "patch_size"
-        patch_size = vision.get("patch_size") or model_config.get("patch_size")
+        patch_size = _square_side(vision.get("patch_size") or model_config.get("patch_size"))
         if patch_size and not _positive_int(patch_size):
             raise ConfigError(f"{model_file}: {key} {patch_size!r:.60}: expected a positive integer")
     if not patch_size:
@@ -175,6 +175,14 @@ def _is_number(value) -> bool:
 
 def _positive_int(value) -> bool:
     return _is_int(value) and value > 0
+
+
+def _square_side(value):
+    """A patch size written as [side, side] (transformers saves some vision configs' patch size so) -> side;
+    anything else as it is."""
+    if isinstance(value, list) and len(value) == 2 and value[0] == value[1] and _positive_int(value[0]):
+        return value[0]
+    return value
 
 
 def _is_size(value) -> bool:
