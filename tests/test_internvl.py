@@ -184,6 +184,24 @@ def test_other_budgets_follow_each_reference_where_they_part(budget):
     assert parted == {(1, 6): 0, (4, 4): 24, (5, 5): 9, (8, 9): 31, (9, 9): 24}[budget]
 
 
+@pytest.mark.parametrize("arithmetic", ["transformers", "internvl"])
+def test_the_grid_index_is_the_references_loop_on_every_budget(arithmetic):
+    """The family's bisection over distinct ratios gives what the references' loop over every grid gives
+    (``closest_grid``), for every budget low..high within 1..12, on random sizes and the exact ties."""
+    from neva_pack.families.internvl import candidate_grids, closest_grid
+
+    rng = np.random.default_rng(0)
+    sizes = [(int(w), int(h)) for w, h in rng.integers(1, 5000, (400, 2))] + [(5, 2), (5, 1), (13, 5), (15, 4), (25, 4), (5, 4), (448, 448)]
+    encoder = resolve_encoder(ENCODER)
+    for low in range(1, 13):
+        for high in range(max(low, 2), 13):
+            settings = {**encoder.preprocessor_config, "min_patches": low, "max_patches": high}
+            budget = type(encoder)(**{**{f: getattr(encoder, f) for f in encoder.__dataclass_fields__}, "preprocessor_config": settings})
+            ours, grids = dynamic_processor(budget, arithmetic=arithmetic), candidate_grids(low, high, arithmetic)
+            for width, height in sizes:
+                assert ours.grid(width, height) == closest_grid(width, height, 448, grids), (low, high, width, height)
+
+
 def test_ties_by_name():
     """Grids of one shape tie on the ratio: a later (larger) one wins only when the image's area is over half
     of it. 448 x 448 stays 1 tile; 900 x 900 (810,000 > 401,408) is 2 x 2 (+ thumbnail); 1344 x 1344 is 3 x 3;

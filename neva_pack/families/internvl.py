@@ -38,6 +38,7 @@ the same bytes as the tiles, so nothing is resized on read.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -107,7 +108,8 @@ def candidate_grids(min_patches: int, max_patches: int, arithmetic: str = "trans
 
 
 def closest_grid(width: int, height: int, tile: int, grids: tuple[tuple[int, int], ...]) -> tuple[int, int]:
-    """(columns, rows) of the grid whose shape is closest to the image's (the module's docstring)."""
+    """(columns, rows) of the grid whose shape is closest to the image's (the module's docstring), trying
+    ``grids`` in order as the references do: the reference's own loop, for ``_GridIndex`` to be held against."""
     aspect, area = width / height, width * height
     best, best_diff = (1, 1), float("inf")
     for columns, rows in grids:
@@ -117,6 +119,44 @@ def closest_grid(width: int, height: int, tile: int, grids: tuple[tuple[int, int
         elif diff == best_diff and area > 0.5 * tile * tile * columns * rows:
             best = (columns, rows)
     return best
+
+
+class _GridIndex:
+    """``closest_grid`` over one list of grids, the same answer in a few steps (a header's count is this
+    choice; the loop over 35 grids costs more than PIL's reading of the header).
+
+    ``abs(aspect - ratio)`` only grows away from the aspect on either side, so the closest ratios are the
+    nearest one below and the nearest one at or above (found by bisection over the distinct ratios); the
+    grids of the one (or both, on an exact tie) are the only ones the loop ever keeps, and among them it
+    keeps the first in list order, replaced by each later one whose area the image's is over half of."""
+
+    def __init__(self, grids: tuple[tuple[int, int], ...], tile: int):
+        by_ratio: dict[float, list[tuple[int, int, int]]] = {}
+        for k, (columns, rows) in enumerate(grids):
+            by_ratio.setdefault(columns / rows, []).append((k, columns, rows))
+        self.ratios = sorted(by_ratio)
+        self.grids = [by_ratio[ratio] for ratio in self.ratios]
+        self.half_tile_area = 0.5 * tile * tile
+
+    def best(self, width: int, height: int) -> tuple[int, int]:
+        aspect, area = width / height, width * height
+        ratios = self.ratios
+        at = bisect.bisect_left(ratios, aspect)
+        if at == 0:
+            tied = self.grids[0]
+        elif at == len(ratios):
+            tied = self.grids[-1]
+        else:
+            below, above = aspect - ratios[at - 1], ratios[at] - aspect
+            if below == above:
+                tied = sorted(self.grids[at - 1] + self.grids[at])
+            else:
+                tied = self.grids[at - 1] if below < above else self.grids[at]
+        _, columns, rows = tied[0]
+        for _, c, r in tied[1:]:
+            if area > self.half_tile_area * c * r:
+                columns, rows = c, r
+        return columns, rows
 
 
 class InternVLProcessor(FamilyBase):
@@ -139,7 +179,7 @@ class InternVLProcessor(FamilyBase):
         self.normalisation = normalisation
         """core.Normalisation: the processor's rescale factor, mean and std."""
         self.arithmetic = arithmetic
-        self._grids = candidate_grids(settings.min_patches, settings.max_patches, arithmetic)
+        self._grids = _GridIndex(candidate_grids(settings.min_patches, settings.max_patches, arithmetic), settings.tile)
 
     @staticmethod
     def model_settings(directory, model_config: dict, read) -> dict:
@@ -180,7 +220,7 @@ class InternVLProcessor(FamilyBase):
         s = self.settings
         if s.max_patches == 1:
             return 1, 1
-        return closest_grid(width, height, s.tile, self._grids)
+        return self._grids.best(width, height)
 
     def tiles(self, width: int, height: int) -> int:
         """Tiles the model reads of the image: the grid's, plus the thumbnail when the grid has more than one."""
