@@ -7,7 +7,10 @@ JPEG and PNG alternately). For the shipped ``OpenGVLab/InternVL3_5-8B-HF`` setti
   header read): PIL reads the size, the family's grid arithmetic gives 256 x tiles; nothing decoded;
 - whole file: ``Path.read_bytes`` of every file (what any planner that looks at the file pays at least);
 - decode: the whole file read, decoded and stored as the worker does (``decode_image`` + ``to_uint8``: the
-  grid resize and the thumbnail), its count checked equal to the header's.
+  grid resize and the thumbnail), its count checked equal to the header's;
+- worker + reader against transformers: ``to_uint8`` + ``model_inputs`` (PIL image in, ``pixel_values`` out)
+  beside ``GotOcr2ImageProcessorPil`` of the same settings on the same decoded images (checked bit-identical
+  first), and the reader alone (``model_inputs`` of the stored parts).
 
 Pinned to one core where the OS allows it, timed in CPU seconds. Goal: >= 20,000 images/s per core from headers.
 
@@ -22,6 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -61,6 +65,25 @@ def main() -> None:
         print(f"whole-file read            {whole:>10,.0f} images/s")
         print(f"whole-file read + decode + grid resize + thumbnail  {decoded:,.1f} images/s "
               f"(header from the path {from_path / decoded:,.0f}x faster)")  # fmt: skip
+        rgb = [decode_image(path.read_bytes(), path.name) for path in files[: args.decode_files]]
+        stored = [processor.to_uint8(image) for image in rgb]
+        reference = transformers_processor()
+        for image, one in zip(rgb, stored):
+            expected = reference(images=image, crop_to_patches=True, return_tensors="np")["pixel_values"]
+            assert np.array_equal(processor.model_inputs([one])["pixel_values"], expected)
+        theirs = rate(lambda image: reference(images=image, crop_to_patches=True, return_tensors="np"), rgb, repeat=1)
+        ours = rate(lambda image: processor.model_inputs([processor.to_uint8(image)]), rgb, repeat=1)
+        reader = rate(lambda one: processor.model_inputs([one]), stored, repeat=3)
+        print(f"PIL image -> pixel_values: ours (worker + reader) {ours:,.1f} images/s, transformers' "
+              f"GotOcr2ImageProcessorPil {theirs:,.1f} images/s ({ours / theirs:.1f}x); reader alone {reader:,.1f} images/s")
+
+
+def transformers_processor():
+    """``GotOcr2ImageProcessorPil`` of the shipped settings (the processor transformers maps internvl to)."""
+    from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import GotOcr2ImageProcessorPil
+
+    settings = resolve_encoder(ENCODER).preprocessor_config
+    return GotOcr2ImageProcessorPil(**{k: v for k, v in settings.items() if k not in ("image_processor_type", "processor_class")})
 
 
 if __name__ == "__main__":

@@ -421,6 +421,18 @@ def test_the_runs_verify_and_read_back(runs):
         assert tiles == sum(dataset.processor.tiles(*size) for size in sizes), output_format
 
 
+def test_the_hugging_face_and_thd_batches_carry_every_packs_tiles(runs):
+    outs, _, _, image = runs
+    dataset = PackedSeqDataset(outs["compact"])
+    items = [dataset[p] for p in range(len(dataset)) if int(dataset.sample_images(p).sum())]
+    from neva_pack.training import thd_collate
+
+    for collate in (hf_collate(dataset, image), thd_collate(dataset, with_packed_seq_params=False)):
+        batch = collate(items)
+        assert torch.equal(batch["pixel_values"], torch.cat([item["pixel_values"] for item in items]))
+        assert int((batch["input_ids" if "input_ids" in batch else "tokens"] == image).sum()) == 16 * len(batch["pixel_values"])
+
+
 def test_nemo_and_bridge_refuse_in_one_line_naming_the_formats_that_can(runs, tmp_path, capsys):
     """nemo holds one crop size: refused before any work. bridge holds text only: a run whose records all have
     images is refused (a run of mixed records packs the text-only ones and lists the others as skipped; with the
