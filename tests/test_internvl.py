@@ -206,8 +206,8 @@ def test_ties_by_name():
     """Grids of one shape tie on the ratio: a later (larger) one wins only when the image's area is over half
     of it. 448 x 448 stays 1 tile; 900 x 900 (810,000 > 401,408) is 2 x 2 (+ thumbnail); 1344 x 1344 is 3 x 3;
     896 x 448 (401,408, not over 802,816) stays 2 x 1, 2000 x 1000 is 4 x 2. Between two shapes of one tile
-    count (budget 4..4, a 5 x 2 image: 1 x 4? no: 2 x 2 and 4 x 1 both 1.5 from 2.5) transformers keeps 2 x 2,
-    InternVL's dynamic_preprocess 4 x 1; budget 8..9, a 5 x 1 image: 4 x 2 against 8 x 1."""
+    count (budget 4..4, a 5 x 2 image: 2 x 2 and 4 x 1 both 1.5 from 2.5) transformers keeps 2 x 2, InternVL's
+    dynamic_preprocess 4 x 1; budget 8..9, a 5 x 1 image: 4 x 2 against 8 x 1."""
     p = dynamic_processor(resolve_encoder(ENCODER))
     assert (p.grid(448, 448), p.tiles(448, 448), p.tokens_for_size(448, 448)) == ((1, 1), 1, 256)
     assert (p.grid(900, 900), p.tiles(900, 900), p.tokens_for_size(900, 900)) == ((2, 2), 5, 1280)
