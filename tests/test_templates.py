@@ -80,6 +80,8 @@ GOLDEN = {
     ("qwen2_vl", "llava"): CHATML,
     ("qwen3_vl", "nemo"): CHATML_NO_SYSTEM,  # Qwen3-VL's chat template writes no default system block
     ("qwen3_vl", "llava"): CHATML_NO_SYSTEM,
+    ("internvl", "nemo"): CHATML_NO_SYSTEM,  # InternVL 3.5 (HF)'s chat template: no default system block either
+    ("internvl", "llava"): CHATML_NO_SYSTEM,
     ("qwen_1_5", "nemo"): CHATML,  # LLaVA-NeXT / OneVision's conv_qwen
     ("qwen_1_5", "llava"): CHATML,
     ("chatml", "nemo"): CHATML,
@@ -153,7 +155,7 @@ def test_conversation_text_is_never_substituted():
 
 
 def test_unknown_template_lists_the_choices():
-    with pytest.raises(ConfigError, match="unknown template; choose one of chatml, llama_2"):
+    with pytest.raises(ConfigError, match="unknown template; choose one of chatml, internvl, llama_2"):
         load_template("vicuna_v0")
 
 

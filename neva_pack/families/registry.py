@@ -27,6 +27,7 @@ from neva_pack.files import MAX_SETTINGS_BYTES, read_json
 from neva_pack.families.anyres import AnyresProcessor
 from neva_pack.families.base import EncoderSpec, FamilyOptions, Join, ModelFamily, RunRequest, model_image_run
 from neva_pack.families.fixed import ImagePreprocessor
+from neva_pack.families.internvl import InternVLProcessor
 from neva_pack.families.native import NativeProcessor
 
 __all__ = [
@@ -34,7 +35,7 @@ __all__ = [
     "known_encoders", "model_family", "processor_from_record", "processor_record", "registered_batch_keys", "resolve_encoder",
 ]  # fmt: skip
 
-FAMILIES = {"fixed": ImagePreprocessor, "anyres": AnyresProcessor, "native": NativeProcessor}
+FAMILIES = {"fixed": ImagePreprocessor, "anyres": AnyresProcessor, "native": NativeProcessor, "internvl": InternVLProcessor}
 """Family name (as outputs record it) -> the class of its family object (base.ModelFamily)."""
 
 PROCESSOR_FAMILIES = {
@@ -43,6 +44,7 @@ PROCESSOR_FAMILIES = {
     "llava_next": "anyres",
     "llava_onevision": "anyres",
     "qwen2_vl": "native",
+    "got_ocr2": "internvl",
 }
 """Processor kind -> its family (``FAMILIES``' key)."""
 
@@ -50,6 +52,7 @@ _PROCESSOR_TYPES = (  # image_processor_type in a preprocessor_config.json (any 
     ("llavaonevision", "llava_onevision"),
     ("llavanext", "llava_next"),
     ("qwen2vl", "qwen2_vl"),
+    ("gotocr2", "got_ocr2"),
     ("siglip", "siglip"),
     ("clip", "clip"),
 )
@@ -94,8 +97,8 @@ def _from_directory(directory: Path, patch_size: int | None) -> EncoderSpec:
     if processor is None:
         raise ConfigError(
             f"{config_file}: image_processor_type {settings.get('image_processor_type')!r} is not supported "
-            "(CLIPImageProcessor, SiglipImageProcessor, LlavaNextImageProcessor, LlavaOnevisionImageProcessor "
-            "or Qwen2VLImageProcessor)"
+            "(CLIPImageProcessor, SiglipImageProcessor, LlavaNextImageProcessor, LlavaOnevisionImageProcessor, "
+            "Qwen2VLImageProcessor or GotOcr2ImageProcessor)"
         )
     family = FAMILIES[PROCESSOR_FAMILIES[processor]]
     family.check_settings_file(settings, processor, config_file)
@@ -110,7 +113,7 @@ def _from_directory(directory: Path, patch_size: int | None) -> EncoderSpec:
             raise ConfigError(f"{config_file}: patch_size {patch_size!r:.60}: expected a positive integer")
     if patch_size is None:
         key = "vision_config.patch_size" if vision.get("patch_size") else "patch_size"
-        patch_size = vision.get("patch_size") or model_config.get("patch_size")
+        patch_size = _square_side(vision.get("patch_size") or model_config.get("patch_size"))
         if patch_size and not _positive_int(patch_size):
             raise ConfigError(f"{model_file}: {key} {patch_size!r:.60}: expected a positive integer")
     if not patch_size:
@@ -172,6 +175,14 @@ def _is_number(value) -> bool:
 
 def _positive_int(value) -> bool:
     return _is_int(value) and value > 0
+
+
+def _square_side(value):
+    """A patch size written as [side, side] (transformers saves some vision configs' patch size so) -> side;
+    anything else as it is."""
+    if isinstance(value, list) and len(value) == 2 and value[0] == value[1] and _positive_int(value[0]):
+        return value[0]
+    return value
 
 
 def _is_size(value) -> bool:
