@@ -20,7 +20,7 @@ from neva_pack.samples import stream as sample_stream
 from neva_pack.cli import main
 from neva_pack.formats import declared_files
 from neva_pack.files import meta_path, packed_prefixes
-from tests.test_throughput import GOLDEN, run_golden
+from tests.pipeline.test_throughput import GOLDEN, run_golden
 
 
 @pytest.fixture()

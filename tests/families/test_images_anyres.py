@@ -21,7 +21,7 @@ from tests.image_zoo import random_rgb, synthetic, zoo_images
 
 V16 = ("llava-hf/llava-v1.6-vicuna-7b-hf", "llava-hf/llava-v1.6-mistral-7b-hf")
 OV = "llava-hf/llava-onevision-qwen2-7b-ov-hf"
-GOLDEN = Path(__file__).parent / "golden" / "anyres" / "llava_token_counts.npz"
+GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "anyres" / "llava_token_counts.npz"
 
 
 def _tokenizer():

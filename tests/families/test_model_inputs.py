@@ -16,7 +16,7 @@ from neva_pack.families import pack_model_inputs, restarting_positions
 from neva_pack.families import FAMILIES, FamilyOptions, Join, ModelFamily, model_family, registered_batch_keys
 from neva_pack.core import ConfigError
 from tests.dynamic_packs import IMAGE, VISION_START, build_pack, photo
-from tests.test_mrope import _tiny
+from tests.families.test_mrope import _tiny
 
 QWEN = "Qwen/Qwen2-VL-7B-Instruct"
 NEXT = "llava-hf/llava-v1.6-mistral-7b-hf"

@@ -22,7 +22,7 @@ from neva_pack.packing import PlanTable
 from neva_pack.commands import verify
 from tests.conftest import SAMPLE_DATA
 
-GOLDEN = Path(__file__).parent / "golden" / "bridge" / "packed_sft"
+GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "bridge" / "packed_sft"
 INPUTS = json.loads((GOLDEN / "inputs.json").read_text())
 CASES = json.loads((GOLDEN / "cases.json").read_text())
 EOS = INPUTS["eos"]

@@ -31,9 +31,9 @@ from neva_pack.families import StoredImage  # noqa: E402
 from neva_pack.families import processor_from_record  # noqa: E402
 from neva_pack.packing import PlanTable  # noqa: E402
 from neva_pack.commands import verify  # noqa: E402
-from tests.test_dynamic_pipeline import run as compact_run  # noqa: E402
-from tests.test_dynamic_pipeline import workload  # noqa: E402, F401 (the fixture)
-from tests.test_formats import CLIP, tiny_meta  # noqa: E402
+from tests.pipeline.test_dynamic_pipeline import run as compact_run  # noqa: E402
+from tests.pipeline.test_dynamic_pipeline import workload  # noqa: E402, F401 (the fixture)
+from tests.formats.test_formats import CLIP, tiny_meta  # noqa: E402
 
 ONE_WORKER = WorkerConfig(rank=0, world_size=1, num_workers=0)
 

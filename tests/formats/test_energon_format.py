@@ -28,7 +28,7 @@ from neva_pack.core import ImageRun  # noqa: E402
 from neva_pack.sample_store import segment_name  # noqa: E402
 from neva_pack.sample_store import PoolWriter, pool_segment  # noqa: E402
 from neva_pack.commands import verify  # noqa: E402
-from tests.test_formats import BLUE, CLIP, PATCH, RED, SHAPE, START, pack, run_preprocess, tiny_meta, tiny_packs  # noqa: E402
+from tests.formats.test_formats import BLUE, CLIP, PATCH, RED, SHAPE, START, pack, run_preprocess, tiny_meta, tiny_packs  # noqa: E402
 
 ONE_WORKER = WorkerConfig(rank=0, world_size=1, num_workers=0)
 

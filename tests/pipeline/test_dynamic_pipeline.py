@@ -30,7 +30,7 @@ from tests.dynamic_models import (
     samples_alone,
 )
 
-TOKENIZER = Path(__file__).parent / "golden" / "dynamic" / "tokenizer.json"
+TOKENIZER = Path(__file__).resolve().parent.parent / "golden" / "dynamic" / "tokenizer.json"
 ENCODER = resolve_encoder("Qwen/Qwen2-VL-7B-Instruct")
 SIZES = [(120, 90), (300, 200), (60, 400), (120, 90)]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_pipeline.py"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_pipeline.py"
 
 
 @pytest.mark.slow

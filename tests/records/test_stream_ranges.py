@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import SAMPLE_DATA
-from tests.test_throughput import record_indices
+from tests.pipeline.test_throughput import record_indices
 
 
 class FakeWorker:

@@ -15,7 +15,7 @@ from neva_pack.pipeline import record_stops
 from neva_pack.samples import stream as sample_stream
 from neva_pack.samples import Skipped
 from neva_pack.core import passthrough
-from tests.test_sample_store_runs import IGNORE, SHAPE, sample, samples_and_run, writer
+from tests.sample_store.test_sample_store_runs import IGNORE, SHAPE, sample, samples_and_run, writer
 
 
 def _files(directory: Path) -> dict[str, bytes]:

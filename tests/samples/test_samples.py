@@ -8,7 +8,7 @@ from neva_pack.families import image_run_for
 from neva_pack.samples import Sample, Skipped
 from neva_pack.text import load_tokenizer
 from tests.conftest import SAMPLE_DATA
-from tests.test_templates import make_builder
+from tests.text.test_templates import make_builder
 
 
 def image_record(n_images=1, question="What is shown?"):

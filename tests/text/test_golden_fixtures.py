@@ -21,7 +21,7 @@ from nemo_tokenizer import (
     sha256_of,
 )
 
-GOLDEN = Path(__file__).resolve().parent / "golden"
+GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 RECORDS = [json.loads(line) for line in (GOLDEN / "records.jsonl").read_text().splitlines()]
 MANIFEST = {
     **json.loads((GOLDEN / "manifest_nemo.json").read_text()),

@@ -37,7 +37,7 @@ reasons below, each checked on the record itself, never by a list of ids:
 - ``llava_text_truncation``: LLaVA cuts text-only records at model_max_length (2048), image records
   not at all; we cut every sample at max_seq_length.
 
-Run: ``python -m pytest tests/test_token_parity.py -q`` (the parity claim of docs/tokenization.md).
+Run: ``python -m pytest tests/text/test_token_parity.py -q`` (the parity claim of docs/tokenization.md).
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ from neva_pack.text import TOKENIZATIONS, available_templates, load_template
 from neva_pack.text import load_tokenizer
 from neva_pack.files import meta_path, packed_prefix
 
-GOLDEN = Path(__file__).resolve().parent / "golden"
+GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 RECORDS = {r["id"]: r for r in map(json.loads, (GOLDEN / "records.jsonl").read_text(encoding="utf-8").splitlines())}
 CONTEXT = 4096
 """NeMo's context_length in the goldens: ids are cut to CONTEXT + 1."""

@@ -150,7 +150,7 @@ def test_encode_literal_offsets_equal_sentencepieces(tokenizers, references, tex
     for name, tokenizer in tokenizers.items():
         expected = _protobuf_offsets(references[name][1], text)
         if set(expected[0]) & tokenizer.control_ids:
-            continue  # spelled as bytes by encode_literal: tests/test_token_parity.py
+            continue  # spelled as bytes by encode_literal: tests/text/test_token_parity.py
         _check(tokenizer.encode_literal(text), expected, text)
 
 

@@ -17,7 +17,7 @@ from neva_pack.reading import PackedSeqDataset
 from neva_pack.training import cp_partition_index, cp_slice, thd_batch, thd_collate
 from neva_pack.files import packed_prefix
 from tests.conftest import SAMPLE_DATA
-from tests.test_training import GOLDEN, plain, tensor
+from tests.training.test_thd_batch import GOLDEN, plain, tensor
 
 RUN = [1, 2, 2, 2, 3]  # an image run of 5 positions: start, 3 patches, end
 PER_TOKEN = ("tokens", "labels", "loss_mask", "position_ids", "segment_ids", "sample_loss_weight", "padding_mask")

@@ -74,7 +74,7 @@ def test_qwen2_vl_packed_equals_one_by_one(qwen):
     item = dynamic_pack_item(pack, counts, processor, IMAGE)
     batch = hf_batch([item], IMAGE, image_patch_id=IMAGE)
     assert batch["position_ids"].shape == (4, 1, len(pack.tokens)) and batch["image_grid_thw"].shape == (4, 3)
-    assert "batch_num_images" not in batch  # OneVision's alone (tests/test_onevision_training.py)
+    assert "batch_num_images" not in batch  # OneVision's alone (tests/training/test_onevision_training.py)
     reference = one_by_one(model, pack, counts, processor, "native")
     assert difference(packed(model, [item]), reference) < TOLERANCE
 

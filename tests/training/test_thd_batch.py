@@ -17,7 +17,7 @@ import torch
 from neva_pack.training import thd_batch
 from neva_pack.training import image_embedding_index
 
-GOLDEN = Path(__file__).parent / "golden" / "bridge"
+GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "bridge"
 
 IGNORE = -1
 
