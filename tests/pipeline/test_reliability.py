@@ -4,6 +4,7 @@ The kill tests run the real command in a subprocess and SIGKILL it when it has r
 stage (seen from the files it writes), then resume and compare bytes with an uninterrupted run.
 """
 
+import errno
 import json
 import os
 import signal
@@ -343,9 +344,21 @@ def test_no_traceback_unless_debug(tmp_path):
     assert "Traceback" in debug.stderr and "ConfigError" in debug.stderr
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads and writes through permission bits")
-def test_permission_denied_output_dir(tmp_path):
+def test_permission_denied_output_dir(tmp_path, capsys, monkeypatch):
+    """An output directory the user may not create is one line naming it, exit 2, nothing made. The
+    file system's refusal (EACCES from mkdir) is given by os.mkdir itself, for every user: root
+    writes through permission bits (a 0o500 folder stops no one in CI, which runs as root)."""
     locked = tmp_path / "locked"
-    locked.mkdir(mode=0o500)
-    result = run_cli(command(SAMPLE_DATA / "llava_sample.json", locked / "out"))
-    assert result.returncode == 2 and "Permission denied" in result.stderr
+    real_mkdir = os.mkdir
+
+    def mkdir(path, *args, **kwargs):
+        if Path(path).is_relative_to(locked):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
+        return real_mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    code = main(["preprocess", *command(SAMPLE_DATA / "llava_sample.json", locked / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert f"--output_dir {locked / 'out'}: cannot write (Permission denied)" in err, err
+    assert not locked.exists()
