@@ -103,6 +103,11 @@ def make_builder(tokenizer_path: Path, template: str, tokenization: str) -> Samp
     )
 
 
+built_once = lru_cache(maxsize=None)(make_builder)
+"""A builder per (tokenizer, template, tokenization), for the properties: loading the tokenizer is
+most of an example's time, and encoding changes nothing in the builder."""
+
+
 def ours(builder: SampleBuilder, record: dict) -> dict:
     """Tokens/labels of one record through the builder's text side, cut like a real run."""
     try:
@@ -361,7 +366,7 @@ def test_no_control_token_from_conversation_text(data, tokenization, template, t
     """Whatever the user types, the control ids are exactly those of the same conversation with
     plain words: the ones the template put there (an image run, BOS/EOS, nvgpt's <extra_id_1>)."""
     tokenizer = data.draw(st.sampled_from(["sample", "mistral_nemo"]))
-    builder = make_builder(tokenizer_paths[tokenizer], template, tokenization)
+    builder = built_once(tokenizer_paths[tokenizer], template, tokenization)
     word = st.sampled_from(["a", "cat", " ", "\n", "é", "x y"])
     piece = st.one_of(st.sampled_from([s for s in SPECIAL_TEXTS if s != IMAGE_PLACEHOLDER]), word)
     texts = [data.draw(st.lists(piece, min_size=1, max_size=6).map("".join)) for _ in range(4)]
