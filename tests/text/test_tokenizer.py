@@ -137,14 +137,14 @@ def _check(encoding, expected, text):
         assert ours.dtype == np.int64 and ours.tolist() == theirs, repr(text)
 
 
-@settings(max_examples=400)
+@settings(max_examples=150)
 @given(text=TEXTS)
 def test_encode_offsets_equal_sentencepieces(tokenizers, references, text):
     for name, tokenizer in tokenizers.items():
         _check(tokenizer.encode(text), _protobuf_offsets(references[name][0], text), text)
 
 
-@settings(max_examples=400)
+@settings(max_examples=150)
 @given(text=TEXTS)
 def test_encode_literal_offsets_equal_sentencepieces(tokenizers, references, text):
     for name, tokenizer in tokenizers.items():
