@@ -143,7 +143,16 @@ def max_differences(model, batch, reference) -> tuple[float, float]:
     return loss_diff, grad_diff
 
 
-@pytest.fixture(scope="module", params=[(f, m) for f in output_formats() for m in (1, 8)], ids=lambda p: f"{p[0]}-M{p[1]}")
+FAST_FORMAT = "nemo"
+"""The format every check runs on by default; the others' runs are slow (-m slow): their readers give
+the nemo reader's tensors bit for bit (formats/test_output_formats.py, formats/test_formats.py)."""
+
+
+@pytest.fixture(
+    scope="module",
+    params=[pytest.param((f, m), marks=() if f == FAST_FORMAT else pytest.mark.slow) for f in output_formats() for m in (1, 8)],
+    ids=lambda p: f"{p[0]}-M{p[1]}",
+)
 def case(request, tmp_path_factory):
     """A real pipeline output, its THD batch of all packs, and every sample as the builder made it."""
     output_format, multiple = request.param
