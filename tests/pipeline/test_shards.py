@@ -65,6 +65,21 @@ def run_parts(dataset, out, num_shards, indices=None, *extra):
         assert main(command(dataset, out, "--num_shards", num_shards, "--shard_index", str(index), *map(str, extra))) == 0
 
 
+@pytest.fixture(scope="module")
+def three_parts(dataset, tmp_path_factory):
+    """The three parts of a --num_shards 3 run, encoded once for the module: the tests that join,
+    damage, resume or remove them each work on a copy (parts_copied)."""
+    out = tmp_path_factory.mktemp("three_parts") / "out"
+    run_parts(dataset, out, "3")
+    return out
+
+
+def parts_copied(parts, out):
+    """What run_parts(dataset, out, "3") leaves: a copy of the module's three parts."""
+    shutil.copytree(parts, out, symlinks=True)
+    return out
+
+
 @pytest.mark.parametrize("num_shards", [1, 3, pytest.param(7, marks=pytest.mark.slow)])
 def test_joined_parts_give_the_bytes_of_a_run_without_shards(dataset, unsharded, tmp_path, num_shards, capsys):
     out = tmp_path / "out"
@@ -133,9 +148,8 @@ def test_a_missing_part_is_named(dataset, tmp_path, capsys):
     assert not bin_path(packed_prefix(out)).exists()
 
 
-def test_a_duplicated_part_is_named(dataset, tmp_path, capsys):
-    out = tmp_path / "out"
-    run_parts(dataset, out, "3")
+def test_a_duplicated_part_is_named(dataset, three_parts, tmp_path, capsys):
+    out = parts_copied(three_parts, tmp_path / "out")
     store = paths.store_dir(out)
     shutil.rmtree(store / "part_00001_of_00003")
     shutil.copytree(store / "part_00000_of_00003", store / "part_00001_of_00003")  # part 0 twice
@@ -165,9 +179,8 @@ def test_a_part_with_other_settings_is_named_with_the_setting(dataset, tmp_path,
     assert "part_00001_of_00002" in err and "ignore_index differs" in err
 
 
-def test_an_interrupted_part_resumes_on_its_own(dataset, unsharded, tmp_path, capsys):
-    out = tmp_path / "out"
-    run_parts(dataset, out, "3")
+def test_an_interrupted_part_resumes_on_its_own(dataset, three_parts, unsharded, tmp_path, capsys):
+    out = parts_copied(three_parts, tmp_path / "out")
     part = part_dir(paths.store_dir(out), 3, 1)
     progress = json.loads((part / PROGRESS_FILE).read_text())
     # what a kill after the part's first committed segment leaves behind
@@ -182,9 +195,8 @@ def test_an_interrupted_part_resumes_on_its_own(dataset, unsharded, tmp_path, ca
     assert outputs(out) == outputs(unsharded)
 
 
-def test_repacking_the_joined_store_needs_no_parts(dataset, tmp_path, capsys):
-    out = tmp_path / "out"
-    run_parts(dataset, out, "3")
+def test_repacking_the_joined_store_needs_no_parts(dataset, three_parts, tmp_path, capsys):
+    out = parts_copied(three_parts, tmp_path / "out")
     assert main(command(dataset, out, "--num_shards", "3")) == 0
     capsys.readouterr()
     assert main(["plan", str(out), "--pack_sizes", "1024", "4096"]) == 0
@@ -281,9 +293,8 @@ def test_the_tokenizer_is_compared_by_content_not_by_file_name(dataset, unsharde
     assert outputs(out) == outputs(unsharded)
 
 
-def test_parts_left_by_a_final_step_stopped_while_removing_them_are_removed_by_the_next(dataset, unsharded, tmp_path, monkeypatch):
-    out = tmp_path / "out"
-    run_parts(dataset, out, "3")
+def test_parts_left_by_a_final_step_stopped_while_removing_them_are_removed_by_the_next(dataset, three_parts, unsharded, tmp_path, monkeypatch):
+    out = parts_copied(three_parts, tmp_path / "out")
     store = paths.store_dir(out)
     removed = []
 
@@ -305,9 +316,8 @@ def test_parts_left_by_a_final_step_stopped_while_removing_them_are_removed_by_t
 
 
 @pytest.mark.parametrize("damage", ["truncate text", "truncate rows", "lose skipped line", "flip pool key", "flip pool image"])
-def test_a_damaged_part_is_named_before_anything_is_joined_or_deleted(dataset, unsharded, tmp_path, capsys, damage):
-    out = tmp_path / "out"
-    run_parts(dataset, out, "3")
+def test_a_damaged_part_is_named_before_anything_is_joined_or_deleted(dataset, three_parts, unsharded, tmp_path, capsys, damage):
+    out = parts_copied(three_parts, tmp_path / "out")
     part = part_dir(paths.store_dir(out), 3, 1)
     progress = json.loads((part / PROGRESS_FILE).read_text())
     images = next(s["name"] for s in progress["shards"] if s["pool_images"])
