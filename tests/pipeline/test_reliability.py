@@ -66,14 +66,14 @@ def progress(output_dir: Path) -> dict:
         return {}
 
 
-STAGES = {
+STAGES = {  # killed at packing (the store complete, nothing written) resumes as at writing does, less the checkpoint: -m slow
     "encoding": lambda out: len(progress(out).get("shards", [])) >= 3 and not progress(out).get("complete"),
     "packing": lambda out: progress(out).get("complete") is True,
     "writing": lambda out: paths.checkpoint_paths(paths.packed_prefix(out))[0].exists(),
 }
 
 
-@pytest.mark.parametrize("stage", sorted(STAGES))
+@pytest.mark.parametrize("stage", [pytest.param(s, marks=pytest.mark.slow) if s == "packing" else s for s in sorted(STAGES)])
 def test_sigkill_then_resume_gives_the_same_bytes(big_dataset, uninterrupted, tmp_path, stage):
     out = tmp_path / "out"
     process = subprocess.Popen([sys.executable, "-m", "neva_pack.cli", "preprocess", *command(big_dataset, out)])
@@ -260,6 +260,7 @@ def test_verify_of_something_that_is_not_an_output(tmp_path, capsys):
 # Determinism, skip policy, faults
 
 
+@pytest.mark.slow  # 0 vs 2 workers and a repeated run: pipeline/test_end_to_end.py (default run)
 def test_same_bytes_for_0_1_and_4_workers_and_repeated_runs(big_dataset, uninterrupted, tmp_path):
     for workers in ("1", "4", "0"):
         out = tmp_path / f"w{workers}"
