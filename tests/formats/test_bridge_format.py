@@ -189,8 +189,8 @@ def test_a_run_writes_bridges_files_in_the_output_dir(tmp_path):
 
     from neva_pack.reading import PackedSeqDataset
 
-    dataset = PackedSeqDataset(out)  # read in DataLoader worker processes as every format is
-    loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context="spawn")
+    dataset = PackedSeqDataset(out)  # read in a DataLoader worker process (spawned: nothing inherited) as every format is
+    loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=1, multiprocessing_context="spawn")
     for p, item in enumerate(loader):
         assert item["tokens"].tolist() == open_packed(out).pack(p).tokens.tolist()
 
