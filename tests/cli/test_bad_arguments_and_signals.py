@@ -83,8 +83,9 @@ def _as_in_a_terminal() -> None:
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
 @pytest.mark.parametrize(
     "signum, code, word",
-    [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated"), (signal.SIGKILL, -signal.SIGKILL, None)],
-)
+    [(signal.SIGINT, 130, "interrupted"), pytest.param(signal.SIGTERM, 143, "terminated", marks=pytest.mark.slow),
+     (signal.SIGKILL, -signal.SIGKILL, None)],
+)  # SIGTERM unwinds the run as Ctrl-C does (an exception from the handler): -m slow
 def test_a_signal_exits_with_one_line_resume_advice_and_no_orphans(tmp_path, signum, code, word):
     slow = {"id": "slow", "image": ["chelsea.jpg"] * 4,
             "conversations": conversation("<image>" * 4 + "\nWhat?", "Cats.")}  # fmt: skip
