@@ -1,4 +1,4 @@
-"""`neva-pack preprocess` never imports megatron-core.
+"""`neva-pack preprocess` never imports megatron-core, nor transformers.
 
 Its import costs about 4 s of CPU: on a small machine that is taken from the encoding workers,
 or spent before the first pack is written. Preprocessing writes and reads the IndexedDataset
@@ -18,7 +18,8 @@ RUNS = """
 import json, sys
 from neva_pack.cli import main
 codes = [main(["preprocess", "--quiet", *args]) for args in json.loads(sys.argv[1])]
-print(json.dumps({"codes": codes, "megatron": sorted(m for m in sys.modules if m.startswith("megatron"))}))
+print(json.dumps({"codes": codes, "megatron": sorted(m for m in sys.modules if m.startswith("megatron")),
+                  "transformers": "transformers" in sys.modules}))
 """
 
 
@@ -47,4 +48,5 @@ def test_preprocess_never_imports_megatron(tmp_path):
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["codes"] == [0] * len(runs)
     assert result["megatron"] == []
+    assert result["transformers"] is False  # the fast image paths need no processor (seconds, hundreds of MB a process)
     assert bin_path(packed_prefix(tmp_path / "sharded")).read_bytes() == bin_path(packed_prefix(tmp_path / "image_nemo")).read_bytes()

@@ -296,6 +296,7 @@ def test_a_small_first_message_per_worker_keeps_the_input_order(workers, sample_
     assert [index for batch in batches for index in record_indices(batch)] == list(range(2, 19))
 
 
+@pytest.mark.slow  # in the default run: cli/test_preprocess_imports.py asks the same of its image runs' process
 def test_a_run_with_images_never_imports_transformers(tmp_path, sample_tokenizer_path):
     """The fast image paths make transformers (seconds, hundreds of MB per process) unnecessary."""
     import subprocess
