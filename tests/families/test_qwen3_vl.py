@@ -51,7 +51,7 @@ ENCODER = "Qwen/Qwen3-VL-8B-Instruct"
 RELEASED_SHA256 = "27225450ac9c6529872ee1924fcb0962ff5634834f817040f444118116f4e516"
 """SHA-256 of the released preprocessor_config.json (390 bytes), the same file in every checkpoint above
 (snapshot inventories that pin these repositories record it; see neva_pack/families/shipped/README.md)."""
-CHAT_TEMPLATE = Path(__file__).parent / "golden" / "qwen3_vl" / "chat_template.jinja"
+CHAT_TEMPLATE = Path(__file__).resolve().parent.parent / "golden" / "qwen3_vl" / "chat_template.jinja"
 CHAT_TEMPLATE_SHA256 = "5c72a170d2a4a1a3bc5adad2e689ae28138a9700e5b8c96c0266331e86c0acce"
 """SHA-256 of Qwen/Qwen3-VL-8B-Instruct's chat_template.json, which is {"chat_template": <the .jinja>}
 written with indent 4 (tests/golden/qwen3_vl/README.md)."""

@@ -133,7 +133,7 @@ def qwen_run(tmp_path_factory):
 
 def llava_proof(model, output: Path, indices: list[int]) -> tuple[float, int]:
     """The samples ``indices`` one by one (``PackedSamples``, one-sample rows), float64: their summed
-    next-token loss and their trained targets (as tests/test_hf_batch.py proves packed == unpacked)."""
+    next-token loss and their trained targets (as tests/training/test_hf_batch.py proves packed == unpacked)."""
     packs = PackedSeqDataset(output)
     samples, collate = PackedSamples(packs), hf_collate(packs, image_token_id=model.config.image_token_id)
     total, targets = 0.0, 0
