@@ -438,6 +438,7 @@ def test_a_tiny_qwen3_vl_trained_on_packed_rows_through_hf_collate_gets_the_samp
     assert difference(loss_and_gradients(model, [(batch, targets)]), reference) < TOLERANCE
 
 
+@pytest.mark.slow  # three more runs of the model; the default run's wrong rows: training/test_dynamic_training.py (Qwen2-VL, LLaVA-NeXT)
 def test_wrong_rows_fail_clearly(proof):
     model, batch, targets, reference, image = proof
     # positions not restarting: the row's mRoPE ids as one sequence's, text row counting on
