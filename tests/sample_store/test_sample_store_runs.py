@@ -56,7 +56,7 @@ def samples_and_run(draw):
     return run, samples, draw(st.integers(1, 3))
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=20, deadline=None)  # each example writes and reads a whole store
 @given(case=samples_and_run(), reverse=st.booleans())
 def test_store_elides_image_runs_and_reads_back_every_position(case, reverse):
     """Property: whatever the run and the mix of text and images, the text files hold each sample's

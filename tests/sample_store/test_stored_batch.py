@@ -22,7 +22,7 @@ def _files(directory: Path) -> dict[str, bytes]:
     return {path.name: path.read_bytes() for path in sorted(directory.iterdir())}
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=15, deadline=None)  # each example writes two whole stores
 @given(case=samples_and_run(), skips=st.lists(st.booleans(), min_size=6, max_size=6), data=st.data())
 def test_a_batch_written_in_ranges_is_byte_identical_to_records_one_by_one(case, skips, data):
     run, samples, per_shard = case
