@@ -130,7 +130,9 @@ ENGINES = {
 """engine -> shard index -> (its variables, the first run's flags, the restarted run's flags)."""
 
 
-@pytest.mark.parametrize("engine", sorted(ENGINES))
+@pytest.mark.parametrize(  # the default run kills a Kubernetes pod (--resume from its first run on); the others with -m slow
+    "engine", [engine if engine == "kubernetes" else pytest.param(engine, marks=pytest.mark.slow) for engine in sorted(ENGINES)]
+)
 def test_a_shard_killed_at_a_random_moment_and_restarted_gives_the_same_bytes(dataset, unsharded, tmp_path, monkeypatch, capsys, engine):
     rng = np.random.default_rng([32, *map(ord, engine)])
     victim = int(rng.integers(SHARDS))
@@ -164,6 +166,7 @@ def ray_session():
         ray.shutdown()
 
 
+@pytest.mark.slow  # starts a Ray instance; run_shard + finish_shards run in-process in the default run (above)
 def test_the_ray_recipe_gives_the_bytes_of_a_run_without_shards(ray_session, dataset, unsharded, tmp_path):
     """docs/sharding.md's recipe: eight Ray tasks calling run_shard, then finish_shards."""
     from neva_pack import PreprocessConfig, finish_shards, run_shard
