@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "neva_pack"
 LAYERS = ("core", "files", "records", "text", "families", "sample_store", "samples", "packing", "assembly",
           "formats", "reading", "training", "integrations", "config", "commands", "pipeline")  # fmt: skip
-"""The packages from the bottom up: a package imports only packages before it (tests/test_architecture.py)."""
+"""The packages from the bottom up: a package imports only packages before it (tests/project/test_architecture.py)."""
 WIDTH = 120
 
 

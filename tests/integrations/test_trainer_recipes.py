@@ -133,7 +133,7 @@ def qwen_run(tmp_path_factory):
 
 def llava_proof(model, output: Path, indices: list[int]) -> tuple[float, int]:
     """The samples ``indices`` one by one (``PackedSamples``, one-sample rows), float64: their summed
-    next-token loss and their trained targets (as tests/test_hf_batch.py proves packed == unpacked)."""
+    next-token loss and their trained targets (as tests/training/test_hf_batch.py proves packed == unpacked)."""
     packs = PackedSeqDataset(output)
     samples, collate = PackedSamples(packs), hf_collate(packs, image_token_id=model.config.image_token_id)
     total, targets = 0.0, 0
@@ -177,6 +177,12 @@ def samples_of_row(row: dict, output: Path, image_token_id: int) -> list[int]:
     return found
 
 
+def fast_on(family: str) -> list:
+    """PROOFS' families for a recipe: ``family`` in the default run, the others with -m slow (each recipe
+    runs on one family by default, and each family in some recipe)."""
+    return [name if name == family else pytest.param(name, marks=pytest.mark.slow) for name in PROOFS]
+
+
 def train_recipe(name: str, run, proof, tmp_path, **more) -> list[int]:
     """Run the page's recipe ``name`` for 3 steps; check the first step's loss against ``proof`` and that
     the steps trained. Returns the first row's samples."""
@@ -204,7 +210,7 @@ def train_recipe(name: str, run, proof, tmp_path, **more) -> list[int]:
     return first
 
 
-@pytest.mark.parametrize("family", PROOFS)
+@pytest.mark.parametrize("family", fast_on("qwen2_5_vl"))
 def test_the_trainer_recipe_trains_on_packs_with_the_loss_of_the_proof(family, request, tmp_path):
     fixture, proof = PROOFS[family]
     run = request.getfixturevalue(fixture)
@@ -213,7 +219,7 @@ def test_the_trainer_recipe_trains_on_packs_with_the_loss_of_the_proof(family, r
     assert any(first == list(range(offsets[p], offsets[p + 1])) for p in range(len(offsets) - 1))  # one whole pack
 
 
-@pytest.mark.parametrize("family", PROOFS)
+@pytest.mark.parametrize("family", fast_on("llava"))
 def test_the_trl_recipe_trains_on_packs_with_the_loss_of_the_proof(family, request, tmp_path):
     fixture, proof = PROOFS[family]
     run = request.getfixturevalue(fixture)
@@ -222,7 +228,7 @@ def test_the_trl_recipe_trains_on_packs_with_the_loss_of_the_proof(family, reque
     assert any(first == list(range(offsets[p], offsets[p + 1])) for p in range(len(offsets) - 1))  # one whole pack
 
 
-@pytest.mark.parametrize("family", PROOFS)
+@pytest.mark.parametrize("family", fast_on("qwen2_5_vl"))
 def test_the_multipack_recipe_trains_on_rows_the_sampler_plans(family, request, tmp_path):
     """PackedSamples + PackedBatchSampler in a Trainer: the first row is the sampler's first row of epoch 0."""
     from neva_pack.training import PackedBatchSampler
