@@ -23,5 +23,5 @@ def test_the_trainer_recipes_extra_installs_accelerate_and_the_recipe_says_so():
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert any(requirement.startswith("accelerate>=") for requirement in extras["hf"])
     page = (ROOT / "docs" / "training_hugging_face.md").read_text()
-    assert 'pip install ".[hf]"' in page
-    assert page.index('pip install ".[hf]"') < page.index("from transformers import Trainer")
+    assert "pip install 'neva-pack[hf]'" in page
+    assert page.index("pip install 'neva-pack[hf]'") < page.index("from transformers import Trainer")

@@ -43,7 +43,7 @@ from tests.image_zoo import MPL, SKIMAGE, random_rgb, zoo_images
 SIZES_NAMES = ("1B", "2B", "4B", "8B", "14B", "38B")
 ENCODERS = [f"OpenGVLab/InternVL3_5-{size}-HF" for size in SIZES_NAMES]
 ENCODER = "OpenGVLab/InternVL3_5-8B-HF"
-GOLDEN = Path(__file__).parent / "golden" / "internvl"
+GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "internvl"
 SPECIALS = ("<img>", "</img>", "<IMG_CONTEXT>", "<video>")
 WRONG = 1e-6
 
