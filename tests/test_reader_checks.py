@@ -21,6 +21,7 @@ from neva_pack.files import meta_path, packed_prefix, relative_name
 from neva_pack.formats import FORMATS, open_packed, read_meta
 from neva_pack.reading import PackedSamples, PackedSeqDataset
 from neva_pack.training import hf_batch, hf_collate, thd_batch, thd_collate
+from tests.test_dynamic_pipeline import workload  # noqa: F401 (a fixture: a Qwen2-VL workload of images of several sizes)
 from tests.test_formats import write_tiny
 
 
@@ -204,3 +205,21 @@ def test_items_keep_their_marker_through_pickling_and_samples_carry_it_too(two_i
     assert item.source == ours.source and set(item) == set(ours[0])
     assert all(torch.equal(item[key], ours[0][key]) for key in item)
     assert PackedSamples(ours)[0].source == ours.source
+
+
+def test_a_dynamic_pools_shape_files_are_trusted_and_checked_on_open(workload, tmp_path):
+    """A dynamic-resolution compact output: where each image's parts lie is in the pool's shape files,
+    which the reader believes, so an open checks them too."""
+    from tests.test_dynamic_pipeline import run
+
+    assert run(workload, tmp_path / "out", 0) == 0
+    names = trusted(tmp_path / "out", "compact")
+    shapes = [name for name in names if name.endswith(".image_shapes")]
+    assert shapes, names
+    PackedSeqDataset(tmp_path / "out")[0]  # unedited: read as before
+    path = tmp_path / "out" / shapes[0]
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    path.write_bytes(bytes(data))
+    with pytest.raises(InputError, match=rf"^{path}: checksum mismatch .*neva-pack verify"):
+        PackedSeqDataset(tmp_path / "out")
