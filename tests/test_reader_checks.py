@@ -115,7 +115,7 @@ def _same_json(original: bytes, edited: bytes) -> bool:
 def test_an_open_reads_only_the_small_files_it_trusts_never_the_data(outputs, monkeypatch, name):
     """What the open hashes is exactly the format's trusted files: a published output's data files
     (.bin, shards, rows, pool pixels) are verify's to read, never an open's."""
-    import neva_pack.formats.trust as trust
+    from neva_pack.formats import trust
 
     hashed = []
     real = trust.file_checksum
@@ -207,7 +207,7 @@ def test_items_keep_their_marker_through_pickling_and_samples_carry_it_too(two_i
     assert PackedSamples(ours)[0].source == ours.source
 
 
-def test_a_dynamic_pools_shape_files_are_trusted_and_checked_on_open(workload, tmp_path):
+def test_a_dynamic_pools_shape_files_are_trusted_and_checked_on_open(workload, tmp_path):  # noqa: F811 (the fixture imported)
     """A dynamic-resolution compact output: where each image's parts lie is in the pool's shape files,
     which the reader believes, so an open checks them too."""
     from tests.test_dynamic_pipeline import run

@@ -34,7 +34,7 @@ class ItemSource:
     image_shape: tuple[int, ...] | None
     """(3, H, W) of every image of a fixed-crop output; None for a family's own sizes."""
 
-    def differences(self, other: "ItemSource") -> list[tuple[str, object, object]]:
+    def differences(self, other: ItemSource) -> list[tuple[str, object, object]]:
         """(field, this value, other value) of each field that differs, in declaration order."""
         return [
             (name, getattr(self, name), getattr(other, name))

@@ -270,7 +270,9 @@ class PackedBatchSampler(Sampler[list[int]]):
     def load_state_dict(self, state: dict) -> None:
         """Resume at ``state``'s epoch and step, once its fingerprint is this sampler's and its epoch
         and step are in range; ValueError in one line naming the field otherwise."""
-        batches = lambda epoch: self.plan_epoch(epoch).num_steps * (self.num_replicas if self.rank is None else 1)  # noqa: E731
+        def batches(epoch: int) -> int:
+            return self.plan_epoch(epoch).num_steps * (self.num_replicas if self.rank is None else 1)
+
         self.epoch, self._next_step = check_state(state, self._settings(), batches)
         self._resumed = True
 
