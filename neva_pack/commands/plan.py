@@ -104,12 +104,14 @@ def load_lengths(path: Path) -> SampleLengths:
                 num_images=store.rows["num_images"].astype(np.int64),
                 image_tokens=store.rows["image_tokens"].astype(np.int64),
             )
-    from neva_pack.formats import open_packed
+    from neva_pack.formats import open_packed, resolve_prefixes
 
     try:
-        reader = open_packed(path)
-    except InputError:
+        resolve_prefixes(path)
+    except InputError:  # no complete output here
         reader = None
+    else:
+        reader = open_packed(path)  # a damaged one is refused as every reader refuses it, naming the file
     if reader is not None:
         table, meta = reader.plan_table(), reader.meta
         reader.close()

@@ -360,7 +360,8 @@ def _load_prefix(prefix: Path) -> tuple[RunReport, PackingArrays]:
     from neva_pack.commands.report import read_report
 
     stats_file = paths.stats_path_of(prefix)
-    read = [get_format(read_meta(paths.meta_path(prefix)).format).files(prefix).plan_table]
+    said = read_meta(paths.meta_path(prefix))  # what it says: checked_meta checks it below
+    read = list(get_format(said.format).trusted_files(prefix, said))  # the plan table, and what its reader opens it by
     read += [stats_file] if stats_file.is_file() else []  # without it, the report is rebuilt from the meta and plan
     meta = checked_meta(prefix, [paths.relative_name(prefix.parent, f) for f in read])
     reader = open_prefix(prefix, meta)

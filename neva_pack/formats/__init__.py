@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from neva_pack.files import file_checksum
 from neva_pack.core import ConfigError, InputError
 from neva_pack.formats import bridge, bridge_parquet, compact, energon, nemo
 from neva_pack.formats.base import PackedFormat
 from neva_pack.formats.meta import PackedMeta, PackingSettings, checksum_problems, meta_checksum_ok, read_meta, read_meta_json
+from neva_pack.formats.trust import checked_meta, trusted_meta
 from neva_pack.files import META_SUFFIX, PACKED_NAME, meta_path, pack_size_of, packed_prefixes
 
 from neva_pack.formats.base import Checkpoint, PackReader, PackWriter, PrefixFiles, WriteSpec
@@ -97,7 +97,8 @@ def resolve_prefixes(path: Path) -> list[Path]:
 
 
 def open_packed(path: Path, pack_size: int | None = None):
-    """The reader of an output directory or prefix, whatever its format.
+    """The reader of an output directory or prefix, whatever its format, once what the reader trusts
+    is checked (``open_prefix``).
 
     A directory written with --pack_sizes holds one prefix per size: ``pack_size`` picks one,
     the largest by default (as the run's summary reports it).
@@ -110,40 +111,23 @@ def open_packed(path: Path, pack_size: int | None = None):
     if not chosen:
         sizes = ", ".join(str(meta.packing.max_seq_length) for meta in metas.values())
         raise InputError(f"{path}: no prefix of pack size {pack_size} (sizes: {sizes})")
-    return open_prefix(chosen[0], metas[chosen[0]])
+    return open_prefix(chosen[0])
 
 
 def open_prefix(prefix: Path, meta: PackedMeta | None = None):
-    meta = meta if meta is not None else read_meta(meta_path(prefix))
+    """The reader of a prefix. Without ``meta``, the meta's own checksum and the checksums of the small
+    files its format's reader trusts (``PackedFormat.trusted_files``: plan table, index) are checked
+    first (``formats/trust.py``): an edited one is refused in one line naming it and ``neva-pack verify``.
+    A ``meta`` given is one its caller already checked (``checked_meta``)."""
+    if meta is None:
+        meta = open_checked_meta(prefix)
     return get_format(meta.format).reader(Path(prefix), meta)
 
 
-def checked_meta(prefix: Path, names=None) -> PackedMeta:
-    """The prefix's meta, once its own checksum and the checksums of the files ``names`` (default:
-    every file it lists) match, as verify checks them: for the commands that read an output without
-    verifying all of it. Converting a damaged output would publish its damage under new checksums
-    that verify; stats would print figures made from it. InputError names the first file that differs."""
-    path = meta_path(prefix)
-    raw = read_meta_json(path)
-    meta = PackedMeta.from_json(raw, where=str(path))
-    if not meta_checksum_ok(raw):
-        raise InputError(f"{path}: its own checksum does not match (the meta was changed or corrupted)")
-    if not meta.checksums:
-        raise InputError(f"{path}: lists no checksums")
-    expected = {name: meta.checksums[name] for name in (meta.checksums if names is None else names) if name in meta.checksums}
-    directory = Path(prefix).parent
-
-    def checksum(name: str) -> str | None:
-        return file_checksum(directory / name) if (directory / name).is_file() else None
-
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(max_workers=4, thread_name_prefix="checksum") as threads:  # xxh3 and reads release the GIL
-        problems = checksum_problems(expected, dict(zip(expected, threads.map(checksum, expected))))
-    if problems:
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise InputError(f"{directory / problems[0]}{more}; neva-pack verify {directory} lists what is wrong")
-    return meta
+def open_checked_meta(prefix: Path) -> PackedMeta:
+    """The prefix's meta, checked as ``open_prefix`` checks it before a reader believes it."""
+    prefix = Path(prefix)
+    return trusted_meta(prefix, lambda meta: get_format(meta.format).trusted_files(prefix, meta), check_format=get_format)
 
 __all__ = [
     "Checkpoint",
@@ -173,6 +157,7 @@ __all__ = [
     "fetch_from",
     "get_format",
     "meta_checksum_ok",
+    "open_checked_meta",
     "open_packed",
     "open_prefix",
     "output_format",

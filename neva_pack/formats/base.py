@@ -180,6 +180,10 @@ class PackedFormat(Protocol):
     def files(self, prefix: Path) -> PrefixFiles:
         """Every path its writer creates for ``prefix``: the final files, the plan table, the temporaries."""
 
+    def trusted_files(self, prefix: Path, meta: PackedMeta) -> tuple[Path, ...]:
+        """The small files among the meta's checksums that its reader believes to find the data (the
+        plan table, index files; never the data files): checked on every open (``formats/trust.py``)."""
+
     def owns(self, path: Path) -> bool:
         """Whether ``path`` (one of ``files(...).every``) is recognisably this format's own, by its
         content: what --overwrite may delete (a user's file under one of its names is not)."""

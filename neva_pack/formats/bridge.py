@@ -446,6 +446,11 @@ class BridgeFormat:
             checkpoint=checkpoint,
         )
 
+    def trusted_files(self, prefix: Path, meta: PackedMeta) -> tuple[Path, ...]:
+        """The plan table (each sample's real length) and Bridge's metadata file; not the rows."""
+        metadata = meta.layout.get("metadata") if isinstance(meta.layout, dict) else None
+        return (plan_path(prefix), *((Path(prefix).parent / metadata,) if isinstance(metadata, str) else ()))
+
     def owns(self, path: Path) -> bool:
         path = Path(path)
         if path.is_symlink() or not path.is_file():

@@ -466,6 +466,12 @@ class CompactFormat:
     def files(self, prefix: Path) -> PrefixFiles:
         return prefix_files(prefix, SUFFIXES, plan_table_suffix=INDEX)
 
+    def trusted_files(self, prefix: Path, meta: PackedMeta) -> tuple[Path, ...]:
+        """The index (offsets and the plan), and the pool's shape files of dynamic images (where each
+        image's parts lie); not the ids or the pool's pixels."""
+        shapes = [part["shapes"] for part in meta.layout.get("pool", ()) if isinstance(part, dict) and "shapes" in part]
+        return (prefix_file(prefix, INDEX), *(Path(prefix).parent / name for name in shapes))
+
     def owns(self, path: Path) -> bool:
         path = Path(path)
         if path.is_symlink() or not path.is_file():

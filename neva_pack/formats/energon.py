@@ -451,6 +451,13 @@ class EnergonFormat:
     def files(self, prefix: Path) -> PrefixFiles:
         return prefix_files(prefix, (DATASET_SUFFIX, PLAN_SUFFIX), plan_table_suffix=PLAN_SUFFIX)
 
+    def trusted_files(self, prefix: Path, meta: PackedMeta) -> tuple[Path, ...]:
+        """The plan table and every file of the dataset but its shards: the ``.tar.idx`` offsets and
+        ``.nv-meta/`` (shard counts; Energon runs its ``sample_loader.py``)."""
+        dataset = relative_name(Path(prefix).parent, dataset_path(prefix)) + "/"
+        described = [name for name in meta.checksums if name.startswith(dataset) and not name.endswith(".tar")]
+        return (prefix_file(prefix, PLAN_SUFFIX), *(Path(prefix).parent / name for name in sorted(described)))
+
     def owns(self, path: Path) -> bool:
         path = Path(path)
         if path.is_symlink():

@@ -442,6 +442,10 @@ class NemoFormat:
     def files(self, prefix: Path) -> PrefixFiles:
         return prefix_files(prefix, SUFFIXES, plan_table_suffix=PLAN_SUFFIX)
 
+    def trusted_files(self, prefix: Path, meta: PackedMeta) -> tuple[Path, ...]:
+        """The index (every item's size and offset in the .bin) and the plan table, not the .bin."""
+        return idx_path(prefix), plan_path(prefix)
+
     def owns(self, path: Path) -> bool:
         path = Path(path)
         if path.is_symlink() or not path.is_file():

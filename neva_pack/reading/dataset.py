@@ -53,6 +53,7 @@ from neva_pack.core import IGNORE_INDEX, PAD_ID
 from neva_pack.formats import open_packed
 from neva_pack.formats import ReadPack
 from neva_pack.families import pack_model_inputs, restarting_positions
+from neva_pack.reading.item_source import PackItem, source_of
 
 
 class PackedSeqDataset(Dataset):
@@ -60,7 +61,11 @@ class PackedSeqDataset(Dataset):
 
     ``processor``: the dynamic-resolution processor of the output's images (then items carry the
     model's inputs, see the module docstring); None: the one the output's meta records (none for a
-    fixed-crop output)."""
+    fixed-crop output).
+
+    Opening checks the meta's own checksum and those of the small files the format's reader trusts
+    (``formats.open_packed``). Items are ``PackItem``s: dicts that carry ``source`` (this output's
+    ``ItemSource``), which the collates check (``reading/item_source.py``)."""
 
     def __init__(self, path: str | Path, *, device=None, dtype: torch.dtype | None = None, pack_size: int | None = None, processor=None):
         self._reader = open_packed(Path(path), pack_size=pack_size)
@@ -76,6 +81,14 @@ class PackedSeqDataset(Dataset):
         table = self._reader.plan_table()  # per-sample image counts, in pack order
         self._offsets = table.offsets
         self._num_images = table.num_images.astype(np.int32)
+        self.source = source_of(self.meta, self.processor)
+        """What items of one batch must share (ignore value, pad id, image run, family)."""
+
+    def marked(self, item: dict) -> PackItem:
+        """``item`` as a ``PackItem`` of this output."""
+        marked = PackItem(item)
+        marked.source = self.source
+        return marked
 
     def __len__(self) -> int:
         return len(self._reader)
@@ -89,17 +102,17 @@ class PackedSeqDataset(Dataset):
         if not 0 <= p < len(self):
             raise IndexError(f"pack {p} of {len(self)}")
         if self.processor is not None:
-            return dynamic_pack_item(self._reader.pack(p), self.sample_images(p), self.processor, self.meta.image_run.patch_id)
+            return self.marked(dynamic_pack_item(self._reader.pack(p), self.sample_images(p), self.processor, self.meta.image_run.patch_id))
         pack = self._reader.pack(p, images=False)
         image = self._reader.images(p, device=self.device, dtype=self.dtype)  # the format decides how
-        return {
+        return self.marked({
             "cu_seqlens": torch.from_numpy(pack.cu_seqlens.astype(np.int32)),
             "cu_seqlens_unpadded": torch.from_numpy(pack.cu_seqlens_unpadded.astype(np.int32)),
             "num_images": torch.from_numpy(self._num_images[self._offsets[p] : self._offsets[p + 1]].copy()),
             "tokens": torch.from_numpy(pack.tokens),
             "labels": torch.from_numpy(pack.labels),
             "image": image,
-        }
+        })
 
     def sample_images(self, p: int) -> np.ndarray:
         """int32: images of each sample of pack ``p``."""
@@ -203,14 +216,14 @@ class PackedSamples(Dataset):
         first_image = int(pack["num_images"][:k].sum())
         images = int(pack["num_images"][k])
         real = int(pack["cu_seqlens_unpadded"][k + 1] - pack["cu_seqlens_unpadded"][k])
-        return {
+        return self.packs.marked({
             "cu_seqlens": torch.tensor([0, end - start], dtype=torch.int32),
             "cu_seqlens_unpadded": torch.tensor([0, real], dtype=torch.int32),
             "num_images": pack["num_images"][k : k + 1].clone(),
             "tokens": pack["tokens"][start:end].clone(),
             "labels": pack["labels"][start:end].clone(),
             "image": pack["image"][first_image : first_image + images].clone() if images else torch.zeros_like(pack["image"][:1]),
-        }
+        })
 
     def _dynamic_sample(self, p: int, k: int) -> dict[str, torch.Tensor]:
         """A dynamic family's sample: its own images through the processor (their own tile padding)."""
@@ -219,7 +232,7 @@ class PackedSamples(Dataset):
             self._cached = (p, packs._reader.pack(p))
         counts = packs.sample_images(p)
         sample = sample_of_pack(self._cached[1], counts, k)
-        return dynamic_pack_item(sample, counts[k : k + 1], packs.processor, packs.meta.image_run.patch_id)
+        return packs.marked(dynamic_pack_item(sample, counts[k : k + 1], packs.processor, packs.meta.image_run.patch_id))
 
 
 def position_ids_from_cu_seqlens(cu_seqlens: torch.Tensor) -> torch.Tensor:

@@ -53,6 +53,7 @@ import torch
 from neva_pack.reading import position_ids_from_cu_seqlens
 from neva_pack.core import IGNORE_INDEX
 from neva_pack.training.model_keys import dataset_batch_keys, join_model_inputs, position_rows
+from neva_pack.training.item_checks import check_items, checked_collate
 
 __all__ = ["HF_IGNORE_INDEX", "hf_batch", "hf_collate", "image_run_starts"]
 
@@ -83,6 +84,7 @@ def hf_batch(
     """
     if not packs:
         raise ValueError("hf_batch needs at least one pack")
+    check_items(packs)  # one output's items (neva_pack/training/item_checks.py)
     stacked = "image" in packs[0]  # the formats' stack of fixed crops (an image-less pack: one zero image)
     if image_token_id is not None and not stacked and image_patch_id is None:
         raise ValueError("image_token_id needs image_patch_id where each image's run has its own length (hf_collate(dataset, image_token_id) reads it)")
@@ -172,11 +174,11 @@ def hf_collate(dataset, image_token_id: int | None = None):
     meta = dataset.meta
     run = meta.image_run
     own_lengths = run.positions is None
-    return functools.partial(
+    return checked_collate(functools.partial(
         hf_batch,
         image_token_id=image_token_id,
         image_run=None if own_lengths else run.ids(),
         image_patch_id=run.patch_id if own_lengths else None,
         ignore_index=int(meta.ignore_index),
         batch_keys=dataset_batch_keys(dataset),
-    )
+    ), dataset)  # fmt: skip

@@ -37,11 +37,10 @@ from torch.utils.data import Sampler
 from neva_pack.packing import RECOMMENDED_ALGORITHM, pack
 from neva_pack.packing import DEFAULT_TOLERANCE, PackCosts, balance_order
 from neva_pack.packing import visual_budgets
+from neva_pack.training.sampler_state import STATE_VERSION, check_state, lengths_digest, meta_checksum_of, state_of
 
 __all__ = ["FROM_META", "STATE_VERSION", "EpochPlan", "PackedBatchSampler"]
 
-STATE_VERSION = 1
-"""Version of ``state_dict``'s layout."""
 FROM_META = "meta"
 """``for_samples``: a visual budget taken from the output's meta."""
 
@@ -105,7 +104,8 @@ class PackedBatchSampler(Sampler[list[int]]):
     within ``tolerance``. ``max_images_per_pack`` (needs ``num_images``)
     and ``max_image_tokens_per_pack`` (needs ``image_tokens``, per sample) cap every bin as
     ``packing.pack`` does. The extra options go to ``packing.pack`` (``max_samples_per_pack``, an
-    algorithm's own options).
+    algorithm's own options). ``meta_checksum``: that of the packed output the lengths come from
+    (``for_samples`` sets it), part of the states' fingerprint (``sampler_state.py``).
     """
 
     def __init__(
@@ -124,6 +124,7 @@ class PackedBatchSampler(Sampler[list[int]]):
         max_images_per_pack: int | None = None,
         max_image_tokens_per_pack: int | None = None,
         tolerance: float = DEFAULT_TOLERANCE,
+        meta_checksum: str | None = None,
         **pack_options,
     ):
         if int(num_replicas) != num_replicas or num_replicas < 1:
@@ -147,6 +148,8 @@ class PackedBatchSampler(Sampler[list[int]]):
         self.capacity, self.num_replicas, self.seed = int(capacity), int(num_replicas), int(seed)
         self.rank = None if rank is None else int(rank)
         self.algorithm, self.drop_last, self.tolerance, self.pack_options = algorithm, bool(drop_last), tolerance, pack_options
+        self.meta_checksum = meta_checksum
+        self._fingerprint: dict | None = None
         self.epoch = 0
         self._next_step = 0  # batches of this epoch handed out: where __iter__ starts
         self._resumed = False  # a loaded state at the end of its epoch resumes with nothing left of it
@@ -186,7 +189,8 @@ class PackedBatchSampler(Sampler[list[int]]):
         return cls(
             samples.lengths, capacity, num_replicas, rank, seed, algorithm, drop_last,
             num_images=samples.num_images, image_tokens=samples.image_tokens, vision_cost=samples.vision_cost,
-            max_images_per_pack=max_images_per_pack, max_image_tokens_per_pack=max_image_tokens_per_pack, **options,
+            max_images_per_pack=max_images_per_pack, max_image_tokens_per_pack=max_image_tokens_per_pack,
+            meta_checksum=meta_checksum_of(meta), **options,
         )  # fmt: skip
 
     def set_epoch(self, epoch: int) -> None:
@@ -259,22 +263,18 @@ class PackedBatchSampler(Sampler[list[int]]):
 
     def state_dict(self) -> dict:
         """Where this rank is: the epoch and the steps handed out in it (a DataLoader that prefetches
-        has handed fewer to training: store the trainer's own step count as ``step`` then)."""
-        return {
-            "version": STATE_VERSION,
-            "epoch": self.epoch,
-            "step": self._next_step,
-            **self._settings(),
-        }
+        has handed fewer to training: store the trainer's own step count as ``step`` then), with the
+        fingerprint of what the epochs are planned over (``sampler_state.py``)."""
+        return state_of(self._settings(), self.epoch, self._next_step)
 
     def load_state_dict(self, state: dict) -> None:
-        """Resume at ``state``'s epoch and step; settings that change the plan must match."""
-        if state.get("version") != STATE_VERSION:
-            raise ValueError(f"sampler state version {state.get('version')!r}, this neva_pack reads {STATE_VERSION}")
-        for name, value in self._settings().items():
-            if state.get(name) != value:
-                raise ValueError(f"the sampler state was saved with {name}={state.get(name)!r}, this sampler has {value!r}")
-        self.epoch, self._next_step, self._resumed = int(state["epoch"]), int(state["step"]), True
+        """Resume at ``state``'s epoch and step, once its fingerprint is this sampler's and its epoch
+        and step are in range; ValueError in one line naming the field otherwise."""
+        def batches(epoch: int) -> int:
+            return self.plan_epoch(epoch).num_steps * (self.num_replicas if self.rank is None else 1)
+
+        self.epoch, self._next_step = check_state(state, self._settings(), batches)
+        self._resumed = True
 
     def _budget_options(self) -> dict:
         """``pack()``'s visual budget arguments (nothing without a budget: the plan of old)."""
@@ -300,18 +300,26 @@ class PackedBatchSampler(Sampler[list[int]]):
         )
 
     def _settings(self) -> dict:
-        return {
-            "seed": self.seed,
-            "capacity": self.capacity,
-            "num_replicas": self.num_replicas,
-            "algorithm": self.algorithm,
-            "drop_last": self.drop_last,
-            "num_samples": len(self.lengths),
-            "total_length": int(self.lengths.sum()),
-            "max_images_per_pack": self.max_images_per_pack,
-            "max_image_tokens_per_pack": self.max_image_tokens_per_pack,
-            "vision_cost": None if self.vision_cost is None else int(self.vision_cost.sum()),
-        }
+        """The fingerprint of the plan: every input and setting it is a function of (JSON-able)."""
+        if self._fingerprint is None:
+            self._fingerprint = {
+                "seed": self.seed,
+                "capacity": self.capacity,
+                "num_replicas": self.num_replicas,
+                "batches_of": "every rank" if self.rank is None else "one rank",
+                "algorithm": self.algorithm,
+                "drop_last": self.drop_last,
+                "tolerance": float(self.tolerance),
+                "pack_options": {name: repr(value) for name, value in sorted(self.pack_options.items())},
+                "num_samples": len(self.lengths),
+                "total_length": int(self.lengths.sum()),
+                "max_images_per_pack": self.max_images_per_pack,
+                "max_image_tokens_per_pack": self.max_image_tokens_per_pack,
+                "vision_cost": None if self.vision_cost is None else int(self.vision_cost.sum()),
+                "lengths_digest": lengths_digest(self.lengths, self.num_images, self.image_tokens, self.vision_cost),
+                "meta_checksum": self.meta_checksum,
+            }
+        return self._fingerprint
 
 
 def _without_least_full(offsets, indices, loads, count):

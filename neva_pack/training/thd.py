@@ -62,6 +62,7 @@ from neva_pack.core import IGNORE_INDEX, PAD_ID
 from neva_pack.reading import position_ids_from_cu_seqlens
 from neva_pack.packing import fixed_row_length
 from neva_pack.training.model_keys import dataset_batch_keys, join_model_inputs, position_rows
+from neva_pack.training.item_checks import check_items, checked_collate
 
 MIN_MEGATRON_CORE = "0.10"
 """First Megatron-Core whose PackedSeqParams has the padded cu_seqlens fields."""
@@ -112,6 +113,7 @@ def thd_batch(
     """
     if not packs:
         raise ValueError("thd_batch needs at least one pack")
+    check_items(packs)  # one output's items (neva_pack/training/item_checks.py)
     row = None
     if fixed_length:
         if max_seq_length is None or max_samples_per_pack is None:
@@ -275,7 +277,7 @@ def thd_collate(dataset, fixed_length: bool = False, with_packed_seq_params: boo
     maximum of samples in a pack, and the model-input keys of the dataset's family."""
     meta = dataset.meta
     run = meta.image_run
-    return functools.partial(
+    return checked_collate(functools.partial(
         thd_batch,
         fixed_length=fixed_length,
         max_seq_length=int(meta.max_seq_length),
@@ -286,4 +288,4 @@ def thd_collate(dataset, fixed_length: bool = False, with_packed_seq_params: boo
         pad_id=int(meta.pad_id),
         with_packed_seq_params=with_packed_seq_params,
         batch_keys=dataset_batch_keys(dataset),
-    )
+    ), dataset)  # fmt: skip
