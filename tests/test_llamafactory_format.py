@@ -1,0 +1,113 @@
+"""--output_format llamafactory against LLaMA-Factory's own preprocessing, packing and collator.
+
+tests/golden/llamafactory/qwen2_5_vl.npz was made by running LLaMA-Factory 0.9.5 (README there): its
+own sft preprocessing and neat packing of the sample records, in our plan's grouping, and its
+collator over each of its rows and each row of our directory, which it found equal. Here, without
+LLaMA-Factory: our rows are its rows, column by column; the directory loads with ``load_from_disk``
+as its ``tokenized_path`` does; the images our rows carry give its collator's ``pixel_values`` (bit
+for bit: the sha256 of the float32 bytes) and ``image_grid_thw``, and the samples its mRoPE
+``position_ids`` (all four rows).
+"""
+
+import hashlib
+
+import numpy as np
+import pytest
+
+from neva_pack.core import ConfigError
+from neva_pack.families.native import mrope_position_ids
+from neva_pack.files import paths
+from neva_pack.formats import FORMATS, open_packed, read_meta
+from tests.conftest import SAMPLE_DATA
+from tests.llamafactory_workload import build
+
+GOLDEN = SAMPLE_DATA.parent / "tests" / "golden" / "llamafactory"
+IMAGE_PAD = 5
+"""``<|image_pad|>`` in the stand-in Qwen2 tokenizer (tests/golden/dynamic)."""
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory):
+    return build(tmp_path_factory.mktemp("llamafactory"), "qwen2_5_vl"), np.load(GOLDEN / "qwen2_5_vl.npz")
+
+
+def test_rows_are_llamafactorys_own_packed_rows(qwen):
+    out, golden = qwen
+    meta = read_meta(paths.meta_path(paths.packed_prefix(out)))
+    assert meta.layout["cutoff_len"] == int(golden["cutoff_len"])
+    reader = open_packed(out)
+    assert len(reader) == 5
+    for p in range(len(reader)):
+        row = reader.row(p)
+        for column in ("input_ids", "attention_mask", "position_ids", "labels"):
+            assert row[column] == golden[f"row{p}_{column}"].tolist(), (p, column)
+        params = row["packing_params"]
+        assert params["sequence_boundaries"] == golden[f"row{p}_sequence_boundaries"].tolist()
+        assert params["image_subseq_ids"] == golden[f"row{p}_image_subseq_ids"].tolist()
+        assert params["right_padding_length"] == int(golden[f"row{p}_right_padding_length"])
+        assert params["video_subseq_ids"] == params["audio_subseq_ids"] == [2**32]
+        assert row["videos"] is None and row["audios"] is None
+        assert len(row["images"]) == len(golden[f"batch{p}_image_grid_thw"])
+        # its collator pads to a multiple of 8: the rows already are, so its ids and labels are the rows'
+        assert golden[f"batch{p}_input_ids"][0].tolist() == row["input_ids"] and golden[f"batch{p}_labels"][0].tolist() == row["labels"]
+    reader.close()
+
+
+def test_the_directory_is_what_load_from_disk_reads_as_tokenized_path(qwen):
+    from datasets import load_from_disk
+
+    out, golden = qwen
+    dataset = load_from_disk(str(out / "packed_seq_dataset.llamafactory"))
+    reader = open_packed(out)
+    assert len(dataset) == len(reader)
+    assert dataset.column_names == ["input_ids", "attention_mask", "position_ids", "labels", "images", "videos", "audios", "packing_params"]
+    assert dataset[3] == reader.row(3)
+    assert isinstance(dataset[0]["images"][0], bytes)  # what LLaMA-Factory's _regularize_images opens
+
+
+def test_images_give_llamafactorys_pixel_values_and_grids_and_samples_its_mrope(qwen):
+    from neva_pack.reading import PackedSeqDataset
+
+    out, golden = qwen
+    items, reader = PackedSeqDataset(out), open_packed(out)
+    for p in range(len(reader)):
+        item = items[p]
+        pixels = item["pixel_values"].numpy()
+        assert list(pixels.shape) == golden[f"batch{p}_pixel_values_shape"].tolist()
+        assert hashlib.sha256(pixels.astype(np.float32).tobytes()).hexdigest() == str(golden[f"batch{p}_pixel_values_sha256"])
+        grids = item["image_grid_thw"].numpy()
+        assert grids.tolist() == golden[f"batch{p}_image_grid_thw"].tolist()
+        row = reader.row(p)
+        ids, bounds = np.asarray(row["input_ids"]), row["packing_params"]["sequence_boundaries"]
+        counts = np.bincount(row["packing_params"]["image_subseq_ids"], minlength=len(bounds) - 1)
+        starts = np.concatenate([[0], np.cumsum(counts)])
+        expected = golden[f"batch{p}_position_ids"][:, 0]
+        for k, (b0, b1) in enumerate(zip(bounds[:-2], bounds[1:-1])):  # each sample alone, as its collator computes it
+            positions = mrope_position_ids(ids[b0:b1] == IMAGE_PAD, grids[starts[k] : starts[k + 1]])
+            assert np.array_equal(expected[1:, b0:b1], positions) and np.array_equal(expected[0, b0:b1], positions[0])
+        pad = bounds[-1] - bounds[-2]
+        assert np.array_equal(expected[:, bounds[-2] :], np.broadcast_to(np.arange(pad), (4, pad)))  # the padding: 0, 1, ...
+    reader.close()
+
+
+def test_settings_llamafactory_would_resize_again_say_so_in_one_line():
+    from neva_pack.formats.llamafactory import resize_profile_warning
+
+    assert resize_profile_warning(None) is None
+    assert resize_profile_warning({"family": "native", "min_pixels": 3136, "max_pixels": 768 * 768}) is None
+    line = resize_profile_warning({"family": "native", "min_pixels": 3136, "max_pixels": 12845056})
+    assert "image_max_pixels: 12845056" in line and "--max_pixels 589824" in line and "\n" not in line
+    line = resize_profile_warning({"family": "native", "min_pixels": 256, "max_pixels": 768 * 768})
+    assert "image_min_pixels: 256" in line and "\n" not in line
+
+
+def test_anyres_images_are_refused_in_one_line(tmp_path):
+    from neva_pack.core import ImageRun
+    from neva_pack.formats import WriteSpec
+    from neva_pack.formats.meta import Normalisation
+
+    spec = WriteSpec(image_shape=None, normalisation=Normalisation(rescale_factor=1 / 255, mean=(0.5,) * 3, std=(0.5,) * 3),
+                     pad_id=0, ignore_index=-1, pool=(), plan_digest="x", image_run=ImageRun(positions=None, patch_id=7, start_id=None),
+                     image_processor={"family": "anyres", "encoder": "llava-hf/llava-v1.6-mistral-7b-hf"})  # fmt: skip
+    with pytest.raises(ConfigError, match=r"^--output_format llamafactory: cannot hold the images of llava-hf/llava-v1.6-mistral-7b-hf"):
+        FORMATS["llamafactory"].writer(paths.packed_prefix(tmp_path), spec)
