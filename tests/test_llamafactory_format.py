@@ -10,6 +10,7 @@ for bit: the sha256 of the float32 bytes) and ``image_grid_thw``, and the sample
 """
 
 import hashlib
+import itertools
 
 import numpy as np
 import pytest
@@ -56,7 +57,7 @@ def test_rows_are_llamafactorys_own_packed_rows(qwen):
 def test_the_directory_is_what_load_from_disk_reads_as_tokenized_path(qwen):
     from datasets import load_from_disk
 
-    out, golden = qwen
+    out, _ = qwen
     dataset = load_from_disk(str(out / "packed_seq_dataset.llamafactory"))
     reader = open_packed(out)
     assert len(dataset) == len(reader)
@@ -82,12 +83,25 @@ def test_images_give_llamafactorys_pixel_values_and_grids_and_samples_its_mrope(
         counts = np.bincount(row["packing_params"]["image_subseq_ids"], minlength=len(bounds) - 1)
         starts = np.concatenate([[0], np.cumsum(counts)])
         expected = golden[f"batch{p}_position_ids"][:, 0]
-        for k, (b0, b1) in enumerate(zip(bounds[:-2], bounds[1:-1])):  # each sample alone, as its collator computes it
+        for k, (b0, b1) in enumerate(itertools.pairwise(bounds[:-1])):  # each sample alone, as its collator computes it
             positions = mrope_position_ids(ids[b0:b1] == IMAGE_PAD, grids[starts[k] : starts[k + 1]])
             assert np.array_equal(expected[1:, b0:b1], positions) and np.array_equal(expected[0, b0:b1], positions[0])
         pad = bounds[-1] - bounds[-2]
         assert np.array_equal(expected[:, bounds[-2] :], np.broadcast_to(np.arange(pad), (4, pad)))  # the padding: 0, 1, ...
     reader.close()
+
+
+def test_convert_of_a_compact_run_writes_the_same_rows(qwen, tmp_path):
+    """``neva-pack convert --to llamafactory`` of the same run written as compact: the same rows, byte for byte."""
+    from neva_pack.cli import main
+
+    out, _ = qwen
+    compact = build(tmp_path / "compact", "qwen2_5_vl", output_format="compact")
+    assert main(["convert", "--quiet", str(compact), str(tmp_path / "converted"), "--to", "llamafactory"]) == 0
+    assert main(["verify", "--quiet", str(tmp_path / "converted")]) == 0
+    for name in ("data-00000-of-00001.arrow", "state.json", "dataset_info.json"):
+        converted = tmp_path / "converted" / "packed_seq_dataset.llamafactory" / name
+        assert converted.read_bytes() == (out / "packed_seq_dataset.llamafactory" / name).read_bytes(), name
 
 
 def test_settings_llamafactory_would_resize_again_say_so_in_one_line():

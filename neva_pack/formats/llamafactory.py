@@ -62,9 +62,9 @@ from pathlib import Path
 import numpy as np
 
 from neva_pack.core import ConfigError, StoredImage, parsing
+from neva_pack.files import file_checksum, meta_path, prefix_file, relative_name
 from neva_pack.formats.base import Checkpoint, Limits, PrefixFiles, WriteSpec, meta_is_of, prefix_files, publish
 from neva_pack.formats.meta import PackedMeta, ReadPack, read_meta
-from neva_pack.files import file_checksum, meta_path, prefix_file, relative_name
 from neva_pack.packing import PlanTable, padded_view, read_plan_table
 
 __all__ = ["DATASET_SUFFIX", "FORMAT", "HF_IGNORE_INDEX", "INDEX_SUFFIX", "LlamaFactoryFormat", "Reader", "Writer",
@@ -191,15 +191,18 @@ class Writer:
         state, sizes = self._checkpoint.start([staging], resume)
         self._lists: dict[str, list] = {name: [] for name in (*_PER_PACK, *_PER_SAMPLE, *_PER_IMAGE)}
         if state is None:
-            _remove(self.directory)
+            if self.directory.is_dir() and not self.directory.is_symlink():  # a stale run's
+                shutil.rmtree(self.directory)
+            else:  # a file or a link left under its name
+                self.directory.unlink(missing_ok=True)
             self.directory.mkdir()
-            self._file = open(staging, "wb")
+            self._file = open(staging, "wb")  # noqa: SIM115 -- open across add/checkpoint calls, closed by publish
             self.num_packs = 0
             return
         for name in self._lists:
             self._lists[name] = state[name].tolist()
         self.num_packs = int(state["packs"])
-        self._file = open(staging, "r+b")
+        self._file = open(staging, "r+b")  # noqa: SIM115 -- as above
         self._file.truncate(sizes[0])
         self._file.seek(0, os.SEEK_END)
 
@@ -324,13 +327,6 @@ def _write_rows(path: Path, staging: Path, a: dict, cutoff_len: int, pad_id: int
                 stream.write_batch(pa.record_batch([pa.array(columns[f.name], f.type) for f in schema], schema=schema))
                 columns = {name: [] for name in schema.names}
     del data
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    else:
-        path.unlink(missing_ok=True)
 
 
 class Reader:

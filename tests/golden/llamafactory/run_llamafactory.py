@@ -32,12 +32,16 @@ BATCH = ("input_ids", "labels", "attention_mask", "position_ids", "pixel_values"
 CASES = {"qwen2_5_vl": ("qwen2_vl", "Qwen__Qwen2.5-VL-7B-Instruct.json")}
 template_name, shipped = CASES[case]
 
-import llamafactory  # noqa: E402
-import llamafactory.data.processor.supervised as supervised  # noqa: E402
-from datasets import load_from_disk  # noqa: E402
-from llamafactory.data import SFTDataCollatorWith4DAttentionMask, get_dataset, get_template_and_fix_tokenizer  # noqa: E402
-from llamafactory.hparams import get_train_args  # noqa: E402
-from llamafactory.model import load_tokenizer  # noqa: E402
+import llamafactory
+from datasets import load_from_disk
+from llamafactory.data import (
+    SFTDataCollatorWith4DAttentionMask,
+    get_dataset,
+    get_template_and_fix_tokenizer,
+)
+from llamafactory.data.processor import supervised
+from llamafactory.hparams import get_train_args
+from llamafactory.model import load_tokenizer
 
 repo = Path(__file__).resolve().parents[3]
 model_dir = root / "lf_model"
@@ -47,7 +51,7 @@ for name in ("tokenizer.json", "tokenizer_config.json"):
 encoder = json.loads((repo / "neva_pack" / "families" / "shipped" / shipped).read_text())
 (model_dir / "preprocessor_config.json").write_text(json.dumps(encoder["preprocessor_config"]))
 
-from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration  # noqa: E402
+from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
 torch.manual_seed(0)
 text = {"vocab_size": 1500, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
