@@ -15,7 +15,7 @@ from pathlib import Path
 from tests.conftest import SAMPLE_DATA
 
 TOKENIZER = Path(__file__).parent / "golden" / "dynamic" / "tokenizer.json"
-ENCODERS = {"qwen2_5_vl": ("Qwen/Qwen2.5-VL-7B-Instruct", "qwen2_vl")}
+ENCODERS = {"qwen2_5_vl": ("Qwen/Qwen2.5-VL-7B-Instruct", "qwen2_vl"), "qwen3_vl": ("Qwen/Qwen3-VL-2B-Instruct", "qwen3_vl")}
 """Golden case -> (--hf_vision_encoder, --conv_template); LLaMA-Factory's template of the same name."""
 MAX_SEQ_LENGTH = 1024
 MAX_PIXELS = 768 * 768

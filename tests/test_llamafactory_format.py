@@ -1,6 +1,6 @@
 """--output_format llamafactory against LLaMA-Factory's own preprocessing, packing and collator.
 
-tests/golden/llamafactory/qwen2_5_vl.npz was made by running LLaMA-Factory 0.9.5 (README there): its
+tests/golden/llamafactory/{qwen2_5_vl,qwen3_vl}.npz were made by running LLaMA-Factory 0.9.5 (README there): its
 own sft preprocessing and neat packing of the sample records, in our plan's grouping, and its
 collator over each of its rows and each row of our directory, which it found equal. Here, without
 LLaMA-Factory: our rows are its rows, column by column; the directory loads with ``load_from_disk``
@@ -27,17 +27,18 @@ IMAGE_PAD = 5
 """``<|image_pad|>`` in the stand-in Qwen2 tokenizer (tests/golden/dynamic)."""
 
 
-@pytest.fixture(scope="module")
-def qwen(tmp_path_factory):
-    return build(tmp_path_factory.mktemp("llamafactory"), "qwen2_5_vl"), np.load(GOLDEN / "qwen2_5_vl.npz")
+@pytest.fixture(scope="module", params=["qwen2_5_vl", "qwen3_vl"])
+def qwen(request, tmp_path_factory):
+    """Our output of the case (Qwen2.5-VL, Qwen3-VL) and LLaMA-Factory's golden data of it."""
+    return build(tmp_path_factory.mktemp(request.param), request.param), np.load(GOLDEN / f"{request.param}.npz"), request.param
 
 
 def test_rows_are_llamafactorys_own_packed_rows(qwen):
-    out, golden = qwen
+    out, golden, _ = qwen
     meta = read_meta(paths.meta_path(paths.packed_prefix(out)))
     assert meta.layout["cutoff_len"] == int(golden["cutoff_len"])
     reader = open_packed(out)
-    assert len(reader) == 5
+    assert len(reader) == sum(name.endswith("_right_padding_length") for name in golden.files) > 1
     for p in range(len(reader)):
         row = reader.row(p)
         for column in ("input_ids", "attention_mask", "position_ids", "labels"):
@@ -57,7 +58,7 @@ def test_rows_are_llamafactorys_own_packed_rows(qwen):
 def test_the_directory_is_what_load_from_disk_reads_as_tokenized_path(qwen):
     from datasets import load_from_disk
 
-    out, _ = qwen
+    out, _, _ = qwen
     dataset = load_from_disk(str(out / "packed_seq_dataset.llamafactory"))
     reader = open_packed(out)
     assert len(dataset) == len(reader)
@@ -69,7 +70,7 @@ def test_the_directory_is_what_load_from_disk_reads_as_tokenized_path(qwen):
 def test_images_give_llamafactorys_pixel_values_and_grids_and_samples_its_mrope(qwen):
     from neva_pack.reading import PackedSeqDataset
 
-    out, golden = qwen
+    out, golden, _ = qwen
     items, reader = PackedSeqDataset(out), open_packed(out)
     for p in range(len(reader)):
         item = items[p]
@@ -95,8 +96,8 @@ def test_convert_of_a_compact_run_writes_the_same_rows(qwen, tmp_path):
     """``neva-pack convert --to llamafactory`` of the same run written as compact: the same rows, byte for byte."""
     from neva_pack.cli import main
 
-    out, _ = qwen
-    compact = build(tmp_path / "compact", "qwen2_5_vl", output_format="compact")
+    out, _, case = qwen
+    compact = build(tmp_path / "compact", case, output_format="compact")
     assert main(["convert", "--quiet", str(compact), str(tmp_path / "converted"), "--to", "llamafactory"]) == 0
     assert main(["verify", "--quiet", str(tmp_path / "converted")]) == 0
     for name in ("data-00000-of-00001.arrow", "state.json", "dataset_info.json"):

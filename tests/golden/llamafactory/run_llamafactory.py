@@ -29,7 +29,9 @@ with false (the PIL processor, which neva_pack's stored images are bit-identical
 how far the torchvision processor's pixel values are from ours."""
 ROWS = ("input_ids", "attention_mask", "position_ids", "labels")
 BATCH = ("input_ids", "labels", "attention_mask", "position_ids", "pixel_values", "image_grid_thw")
-CASES = {"qwen2_5_vl": ("qwen2_vl", "Qwen__Qwen2.5-VL-7B-Instruct.json")}
+CASES = {"qwen2_5_vl": ("qwen2_vl", "Qwen__Qwen2.5-VL-7B-Instruct.json"), "qwen3_vl": ("qwen3_vl_nothink", "Qwen__Qwen3-VL-2B-Instruct.json")}
+"""Our case -> LLaMA-Factory's template (``qwen3_vl_nothink``: its plain Qwen3-VL ChatML; its ``qwen3_vl`` is a
+reasoning template adding empty think blocks) and the shipped processor settings."""
 template_name, shipped = CASES[case]
 
 import llamafactory
@@ -51,15 +53,25 @@ for name in ("tokenizer.json", "tokenizer_config.json"):
 encoder = json.loads((repo / "neva_pack" / "families" / "shipped" / shipped).read_text())
 (model_dir / "preprocessor_config.json").write_text(json.dumps(encoder["preprocessor_config"]))
 
-from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+import transformers
 
 torch.manual_seed(0)
 text = {"vocab_size": 1500, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
-        "num_key_value_heads": 1, "rope_scaling": {"type": "mrope", "mrope_section": [1, 1, 2]}}
-config = Qwen2_5_VLConfig(text_config=text, vision_config={"depth": 1, "hidden_size": 16, "out_hidden_size": 16, "num_heads": 2,
-                                                           "intermediate_size": 32, "fullatt_block_indexes": [0]},
-                          image_token_id=5, video_token_id=6, vision_start_token_id=3, vision_end_token_id=4)
-model = Qwen2_5_VLForConditionalGeneration(config)
+        "num_key_value_heads": 1}
+ids = {"image_token_id": 5, "video_token_id": 6, "vision_start_token_id": 3, "vision_end_token_id": 4}
+if case == "qwen2_5_vl":
+    config = transformers.Qwen2_5_VLConfig(
+        text_config={**text, "rope_scaling": {"type": "mrope", "mrope_section": [1, 1, 2]}},
+        vision_config={"depth": 1, "hidden_size": 16, "out_hidden_size": 16, "num_heads": 2, "intermediate_size": 32,
+                       "fullatt_block_indexes": [0]}, **ids)
+    model = transformers.Qwen2_5_VLForConditionalGeneration(config)
+else:
+    config = transformers.Qwen3VLConfig(
+        text_config={**text, "head_dim": 8, "rope_parameters": {"rope_type": "default", "rope_theta": 5e6, "mrope_section": [1, 1, 2],
+                                                                "mrope_interleaved": True}},
+        vision_config={"depth": 1, "hidden_size": 16, "out_hidden_size": 16, "num_heads": 2, "intermediate_size": 32,
+                       "deepstack_visual_indexes": [0], "num_position_embeddings": 64}, **ids)
+    model = transformers.Qwen3VLForConditionalGeneration(config)
 model.save_pretrained(model_dir)
 
 out = root / "out"
