@@ -28,10 +28,10 @@ def records() -> list[dict]:
     return [r for r in rows if len(r["conversations"]) % 2 == 0 and r.get("image") != "logo.png"]
 
 
-def build(root: Path, case: str = "qwen2_5_vl", output_format: str = "llamafactory") -> Path:
+def build(root: Path, case: str = "qwen2_5_vl", output_format: str = "llamafactory", max_pixels: int | None = MAX_PIXELS) -> Path:
     """``root``/tok (tokenizer), ``root``/data.json (LLaVA records), ``root``/lf_data.json (the same in
     LLaMA-Factory's sharegpt layout, ``images`` a list), ``root``/out (our output, in ``output_format``).
-    Returns ``root``/out."""
+    ``max_pixels`` None: the encoder's own bound. Returns ``root``/out."""
     from neva_pack.cli import main
 
     encoder, template = ENCODERS[case]
@@ -49,8 +49,10 @@ def build(root: Path, case: str = "qwen2_5_vl", output_format: str = "llamafacto
     out = root / "out"
     args = ["preprocess", "--quiet", "--data_path", str(root / "data.json"), "--image_folder", str(SAMPLE_DATA / "images"),
             "--tokenizer_path", str(tok), "--hf_vision_encoder", encoder, "--conv_template", template,
-            "--max_pixels", str(MAX_PIXELS), "--max_seq_length", str(MAX_SEQ_LENGTH), "--output_format", output_format,
+            "--max_seq_length", str(MAX_SEQ_LENGTH), "--output_format", output_format,
             "--output_dir", str(out), "--num_workers", "0", "--overwrite"]  # fmt: skip
+    if max_pixels is not None:
+        args += ["--max_pixels", str(max_pixels)]
     assert main(args) == 0
     return out
 

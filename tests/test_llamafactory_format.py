@@ -116,6 +116,14 @@ def test_settings_llamafactory_would_resize_again_say_so_in_one_line():
     assert "image_min_pixels: 256" in line and "\n" not in line
 
 
+def test_a_run_with_the_encoders_own_max_pixels_warns_in_one_line(tmp_path, capsys):
+    """Qwen2.5-VL's own bound (12,845,056 pixels) is above LLaMA-Factory's image_max_pixels default: the
+    run says so once, with the YAML line that trains its output."""
+    build(tmp_path, "qwen2_5_vl", max_pixels=None)
+    lines = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert len(lines) == 1 and "image_max_pixels: 12845056" in lines[0], lines
+
+
 def test_anyres_images_are_refused_in_one_line(tmp_path):
     from neva_pack.core import ImageRun
     from neva_pack.formats import WriteSpec
