@@ -92,6 +92,33 @@ def test_images_give_llamafactorys_pixel_values_and_grids_and_samples_its_mrope(
     reader.close()
 
 
+def test_a_tiny_model_gives_llamafactorys_loss_on_our_own_batches(qwen):
+    """The tiny model LLaMA-Factory's loss was computed with (saved beside the golden data), on our own
+    training batches of the same packs (``hf_collate``: next-token pairs, 4-row positions, no padding), each
+    sample kept to itself by a block-diagonal mask made from the batch's ``cu_seq_lens_q``: the same loss,
+    pack by pack (its rows' extra last id per sample and its padding change no trained position's logits)."""
+    import torch
+    import transformers
+
+    from neva_pack.reading import PackedSeqDataset
+    from neva_pack.training import hf_collate
+
+    out, golden, case = qwen
+    model_class = {"qwen2_5_vl": transformers.Qwen2_5_VLForConditionalGeneration, "qwen3_vl": transformers.Qwen3VLForConditionalGeneration}
+    model = model_class[case].from_pretrained(GOLDEN / f"{case}_model").eval()
+    items = PackedSeqDataset(out)
+    collate = hf_collate(items, image_token_id=IMAGE_PAD)
+    for p in range(len(items)):
+        batch = collate([items[p]])
+        bounds = batch["cu_seq_lens_q"].long()
+        segment = torch.repeat_interleave(torch.arange(len(bounds) - 1), bounds.diff())
+        keep = (segment[:, None] == segment[None, :]) & torch.ones(len(segment), len(segment), dtype=torch.bool).tril()
+        inputs = {key: value for key, value in batch.items() if not key.startswith(("max_length", "cu_seq_lens"))}
+        with torch.no_grad():
+            loss = model(**inputs, attention_mask=torch.where(keep, 0.0, torch.finfo(torch.float32).min)[None, None]).loss
+        assert loss.item() == pytest.approx(float(golden[f"batch{p}_loss"]), rel=1e-6), p
+
+
 def test_convert_of_a_compact_run_writes_the_same_rows(qwen, tmp_path):
     """``neva-pack convert --to llamafactory`` of the same run written as compact: the same rows, byte for byte."""
     from neva_pack.cli import main

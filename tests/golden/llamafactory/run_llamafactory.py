@@ -9,7 +9,8 @@ packs, in the same order), then its own collator (``SFTDataCollatorWith4DAttenti
 workflow builds it, with a tiny random model of the case's architecture for ``get_rope_index``)
 collates each row of its own dataset and each row of ours (``load_from_disk`` of our directory, as
 ``tokenized_path`` loads it). Every column of the rows and every tensor of the batches must be equal;
-the golden file holds LLaMA-Factory's own, per pack ``p``: ``row{p}_<column>`` and ``batch{p}_<key>``
+the golden file holds LLaMA-Factory's own, per pack ``p``: ``row{p}_<column>``, ``batch{p}_<key>`` and
+``batch{p}_loss``, the tiny model's loss on its batch (the model saved beside it, ``<case>_model/``)
 (``pixel_values`` as the sha256 of its float32 bytes and its shape; the 4-D attention mask left out).
 """
 
@@ -72,7 +73,9 @@ else:
         vision_config={"depth": 1, "hidden_size": 16, "out_hidden_size": 16, "num_heads": 2, "intermediate_size": 32,
                        "deepstack_visual_indexes": [0], "num_position_embeddings": 64}, **ids)
     model = transformers.Qwen3VLForConditionalGeneration(config)
+model.eval()
 model.save_pretrained(model_dir)
+model.save_pretrained(golden.with_name(f"{case}_model"))  # its weights: our suite runs the same model on our batches
 
 out = root / "out"
 index = np.load(out / "packed_seq_dataset.llamafactory.index.npz")
@@ -128,6 +131,9 @@ for p in range(len(groups)):
             arrays[f"batch{p}_pixel_values_shape"] = np.asarray(b[key].shape, np.int64)
         elif key != "attention_mask":  # the 4-D mask (L x L floats) is the row's segment ids, checked above
             arrays[f"batch{p}_{key}"] = b[key].numpy()
+    with torch.no_grad():  # the tiny model's loss on its own batch (its sft loss: mean over the trained labels)
+        loss = model(**{key: b[key] for key in (*BATCH, "labels") if key in b}).loss
+    arrays[f"batch{p}_loss"] = np.float64(loss.item())
     for column in ROWS:
         arrays[f"row{p}_{column}"] = np.asarray(own[column], np.int64)
     params = own["packing_params"]
