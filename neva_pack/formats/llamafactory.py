@@ -88,6 +88,7 @@ ROWS_PER_BATCH = 64
 ROW_MULTIPLE = 8
 """Rows are a multiple of this long: the ``pad_to_multiple_of`` of LLaMA-Factory's sft collator."""
 ID_DTYPE = np.dtype("<i4")
+_WARNED: set[str] = set()
 _PER_PACK = ("samples", "positions", "images")
 _PER_SAMPLE = ("segment", "sample_images")
 _PER_IMAGE = ("png_bytes", "width", "height", "tokens", "run_length")
@@ -183,7 +184,8 @@ class Writer:
                               "LLaMA-Factory re-runs the processor on the original image, which its stored parts are not); "
                               "use a fixed-crop or Qwen-VL encoder, or another --output_format")  # fmt: skip
         warning = resize_profile_warning(record)
-        if warning and not resume:
+        if warning and warning not in _WARNED:  # once a process: a run of several --pack_sizes has a writer each
+            _WARNED.add(warning)
             print(f"warning: {warning}", file=sys.stderr)
         self._checkpoint = Checkpoint(self.prefix, spec.plan_digest)
         self.directory = prefix_file(self._checkpoint.tmp, DATASET_SUFFIX)
