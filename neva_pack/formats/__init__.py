@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from neva_pack.core import ConfigError, InputError
-from neva_pack.formats import bridge, bridge_parquet, compact, energon, nemo
+from neva_pack.formats import bridge, bridge_parquet, compact, energon, llamafactory, nemo
 from neva_pack.formats.base import PackedFormat
 from neva_pack.formats.meta import PackedMeta, PackingSettings, checksum_problems, meta_checksum_ok, read_meta, read_meta_json
 from neva_pack.formats.trust import checked_meta, trusted_meta
@@ -24,7 +24,7 @@ from neva_pack.formats.meta import Counts, ImageTokenIds, META_VERSION, Normalis
 
 
 FORMATS: dict[str, PackedFormat] = {
-    fmt.name: fmt for fmt in (nemo.FORMAT, compact.FORMAT, bridge.FORMAT, bridge_parquet.FORMAT, energon.FORMAT)
+    fmt.name: fmt for fmt in (nemo.FORMAT, compact.FORMAT, bridge.FORMAT, bridge_parquet.FORMAT, energon.FORMAT, llamafactory.FORMAT)
 }
 """Registry: meta "format" (--output_format, convert --to) -> format object."""
 DEFAULT_FORMAT = nemo.FORMAT.name

@@ -1,0 +1,63 @@
+"""The workload of the llamafactory golden data: the sample records through neva_pack into a
+``--output_format llamafactory`` directory (tests/test_llamafactory_format.py runs it; the golden
+generator, tests/golden/llamafactory/run_llamafactory.py, reads what ``build`` writes).
+
+The tokenizer is the stand-in Qwen2 tokenizer of tests/golden/dynamic (no hub here), with
+``<|endoftext|>`` as its pad token, as Qwen's own; the encoder is the shipped Qwen2.5-VL settings
+with --max_pixels at LLaMA-Factory's default image_max_pixels (768 * 768)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from tests.conftest import SAMPLE_DATA
+
+TOKENIZER = Path(__file__).parent / "golden" / "dynamic" / "tokenizer.json"
+ENCODERS = {"qwen2_5_vl": ("Qwen/Qwen2.5-VL-7B-Instruct", "qwen2_vl"), "qwen3_vl": ("Qwen/Qwen3-VL-2B-Instruct", "qwen3_vl")}
+"""Golden case -> (--hf_vision_encoder, --conv_template); LLaMA-Factory's template of the same name."""
+MAX_SEQ_LENGTH = 1024
+MAX_PIXELS = 768 * 768
+
+
+def records() -> list[dict]:
+    """The sample records LLaMA-Factory's sharegpt reader accepts as they are: single-answer
+    conversations (an odd number of prompts is refused by it), RGB images."""
+    rows = json.loads((SAMPLE_DATA / "llava_sample.json").read_text())
+    return [r for r in rows if len(r["conversations"]) % 2 == 0 and r.get("image") != "logo.png"]
+
+
+def build(root: Path, case: str = "qwen2_5_vl", output_format: str = "llamafactory", max_pixels: int | None = MAX_PIXELS) -> Path:
+    """``root``/tok (tokenizer), ``root``/data.json (LLaVA records), ``root``/lf_data.json (the same in
+    LLaMA-Factory's sharegpt layout, ``images`` a list), ``root``/out (our output, in ``output_format``).
+    ``max_pixels`` None: the encoder's own bound. Returns ``root``/out."""
+    from neva_pack.cli import main
+
+    encoder, template = ENCODERS[case]
+    root.mkdir(parents=True, exist_ok=True)
+    tok = root / "tok"
+    tok.mkdir(exist_ok=True)
+    shutil.copy(TOKENIZER, tok / "tokenizer.json")
+    (tok / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
+                                                           "tokenizer_class": "Qwen2Tokenizer"}))  # fmt: skip
+    rows = records()
+    (root / "data.json").write_text(json.dumps(rows))
+    lf_rows = [{"conversations": r["conversations"],
+                "images": [] if "image" not in r else [r["image"]] if isinstance(r["image"], str) else r["image"]} for r in rows]  # fmt: skip
+    (root / "lf_data.json").write_text(json.dumps(lf_rows))
+    out = root / "out"
+    args = ["preprocess", "--quiet", "--data_path", str(root / "data.json"), "--image_folder", str(SAMPLE_DATA / "images"),
+            "--tokenizer_path", str(tok), "--hf_vision_encoder", encoder, "--conv_template", template,
+            "--max_seq_length", str(MAX_SEQ_LENGTH), "--output_format", output_format,
+            "--output_dir", str(out), "--num_workers", "0", "--overwrite"]  # fmt: skip
+    if max_pixels is not None:
+        args += ["--max_pixels", str(max_pixels)]
+    assert main(args) == 0
+    return out
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(build(Path(sys.argv[1]), *sys.argv[2:]))
