@@ -88,7 +88,7 @@ ROWS_PER_BATCH = 64
 ROW_MULTIPLE = 8
 """Rows are a multiple of this long: the ``pad_to_multiple_of`` of LLaMA-Factory's sft collator."""
 ID_DTYPE = np.dtype("<i4")
-_WARNED: set[str] = set()
+WARNED: set[str] = set()
 _PER_PACK = ("samples", "positions", "images")
 _PER_SAMPLE = ("segment", "sample_images")
 _PER_IMAGE = ("png_bytes", "width", "height", "tokens", "run_length")
@@ -182,10 +182,10 @@ class Writer:
         if record and record.get("family") != "native":
             raise ConfigError(f"--output_format {NAME}: cannot hold the images of {record.get('encoder')} ({record.get('family')}: "
                               "LLaMA-Factory re-runs the processor on the original image, which its stored parts are not); "
-                              "use a fixed-crop or Qwen-VL encoder, or another --output_format")  # fmt: skip
+                              "use a fixed-crop or native-resolution encoder, or another --output_format")  # fmt: skip
         warning = resize_profile_warning(record)
-        if warning and warning not in _WARNED:  # once a process: a run of several --pack_sizes has a writer each
-            _WARNED.add(warning)
+        if warning and warning not in WARNED:  # once a process: a run of several --pack_sizes has a writer each
+            WARNED.add(warning)
             print(f"warning: {warning}", file=sys.stderr)
         self._checkpoint = Checkpoint(self.prefix, spec.plan_digest)
         self.directory = prefix_file(self._checkpoint.tmp, DATASET_SUFFIX)
@@ -456,7 +456,7 @@ class LlamaFactoryFormat:
 
     name = NAME
     description = ("LLaMA-Factory's neat-packed rows (tokenized_path + neat_packing: true), images as PNG bytes "
-                   "(fixed crops, Qwen2/2.5/3-VL)")  # fmt: skip
+                   "(fixed crops, native-resolution images)")  # fmt: skip
     needs_pixels = True
     """Each row holds its pack's images (PNG bytes of the stored uint8)."""
     uses_image_pool = False
@@ -471,6 +471,10 @@ class LlamaFactoryFormat:
 
     def files(self, prefix: Path) -> PrefixFiles:
         return prefix_files(prefix, (DATASET_SUFFIX, INDEX_SUFFIX), plan_table_suffix=INDEX_SUFFIX)
+
+    def trusted_files(self, prefix: Path, meta: PackedMeta) -> tuple[Path, ...]:
+        """The index (the plan table, each image's size and tokens); not the Arrow rows."""
+        return (prefix_file(prefix, INDEX_SUFFIX),)
 
     def owns(self, path: Path) -> bool:
         path = Path(path)

@@ -148,7 +148,7 @@ def test_a_run_with_the_encoders_own_max_pixels_warns_in_one_line(tmp_path, caps
     run says so once, with the YAML line that trains its output."""
     from neva_pack.formats import llamafactory
 
-    llamafactory._WARNED.clear()  # said once a process: another test's run may have said it
+    llamafactory.WARNED.clear()  # said once a process: another test's run may have said it
     build(tmp_path, "qwen2_5_vl", max_pixels=None)
     lines = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
     assert len(lines) == 1 and "image_max_pixels: 12845056" in lines[0], lines

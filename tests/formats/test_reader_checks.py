@@ -21,8 +21,8 @@ from neva_pack.files import meta_path, packed_prefix, relative_name
 from neva_pack.formats import FORMATS, open_packed, read_meta
 from neva_pack.reading import PackedSamples, PackedSeqDataset
 from neva_pack.training import hf_batch, hf_collate, thd_batch, thd_collate
-from tests.test_dynamic_pipeline import workload  # noqa: F401 (a fixture: a Qwen2-VL workload of images of several sizes)
-from tests.test_formats import write_tiny
+from tests.pipeline.test_dynamic_pipeline import workload  # noqa: F401 (a fixture: a Qwen2-VL workload of images of several sizes)
+from tests.formats.test_formats import write_tiny
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +124,8 @@ def test_an_open_reads_only_the_small_files_it_trusts_never_the_data(outputs, mo
     PackedSeqDataset(directory)
     names = {relative_name(directory, path) for path in hashed}
     assert names == set(trusted(directory, name)[1:])
-    data = {"nemo": ".bin", "compact": "tokens.bin", "bridge": ".npy", "bridge_parquet": ".idx.parquet", "energon": ".tar"}[name]
+    data = {"nemo": ".bin", "compact": "tokens.bin", "bridge": ".npy", "bridge_parquet": ".idx.parquet", "energon": ".tar",
+            "llamafactory": ".arrow"}[name]
     assert not [n for n in names if n.endswith(data)]
     listed = read_meta(meta_path(packed_prefix(directory))).checksums
     assert any(n.endswith(data) for n in listed)  # the data file exists, and is not read
@@ -210,7 +211,7 @@ def test_items_keep_their_marker_through_pickling_and_samples_carry_it_too(two_i
 def test_a_dynamic_pools_shape_files_are_trusted_and_checked_on_open(workload, tmp_path):  # noqa: F811 (the fixture imported)
     """A dynamic-resolution compact output: where each image's parts lie is in the pool's shape files,
     which the reader believes, so an open checks them too."""
-    from tests.test_dynamic_pipeline import run
+    from tests.pipeline.test_dynamic_pipeline import run
 
     assert run(workload, tmp_path / "out", 0) == 0
     names = trusted(tmp_path / "out", "compact")

@@ -128,7 +128,7 @@ def test_a_state_saved_before_the_fingerprint_is_refused_saying_so_and_how_to_re
 def test_the_meta_checksum_of_the_output_is_part_of_the_fingerprint(tmp_path):
     """Samplers over two outputs whose samples have the same figures differ by the outputs' metas."""
     from neva_pack.reading import PackedSamples, PackedSeqDataset
-    from tests.test_formats import write_tiny
+    from tests.formats.test_formats import write_tiny
 
     write_tiny(tmp_path / "a", "compact")
     samples = PackedSamples(PackedSeqDataset(tmp_path / "a"))
