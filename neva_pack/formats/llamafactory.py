@@ -89,6 +89,8 @@ ROW_MULTIPLE = 8
 """Rows are a multiple of this long: the ``pad_to_multiple_of`` of LLaMA-Factory's sft collator."""
 ID_DTYPE = np.dtype("<i4")
 WARNED: set[str] = set()
+"""The resize-profile warnings this process has printed: a run of several --pack_sizes opens a writer per
+size and says each once."""
 _PER_PACK = ("samples", "positions", "images")
 _PER_SAMPLE = ("segment", "sample_images")
 _PER_IMAGE = ("png_bytes", "width", "height", "tokens", "run_length")
