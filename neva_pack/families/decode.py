@@ -58,7 +58,7 @@ the budget (a call's work is bounded by one pass over the image, whatever its by
 inflates to at most ~1,000 bytes of rows) and a baseline JPEG whose first scan holds every
 component (the decoder refuses any scan after it). Not a progressive JPEG, nor a baseline one
 that announces more scans: the decoder takes every scan it is handed within one call, each
-walking the whole image again (tests/test_images.py). Sixteen times fewer calls, each a Python
+walking the whole image again (tests/families/test_fixed_crop_images.py). Sixteen times fewer calls, each a Python
 read, bring an ordinary photo's decode to PIL's own cost (benchmarks/bench_dynamic_images.py)."""
 
 

@@ -25,7 +25,7 @@ two references order them differently, and ``arithmetic`` names the one to follo
 Within one tile count no two grids tie on the closest ratio when ``min_patches`` is 1 (a grid of
 fewer tiles always lies between them; checked for every budget of up to 12 tiles), so with the released settings the two agree on every size;
 they part on exact ties of budgets without the 1 x 1 grid (``min_patches`` = ``max_patches`` = 4: a 5 x 2
-image is 1.5 from both 2 x 2 and 4 x 1, transformers keeps 2 x 2 and InternVL 4 x 1; tests/test_internvl.py
+image is 1.5 from both 2 x 2 and 4 x 1, transformers keeps 2 x 2 and InternVL 4 x 1; tests/families/test_internvl.py
 names such ties).
 
 Several images in a sample: the HF processor tiles each image with the whole budget (``max_patches``)

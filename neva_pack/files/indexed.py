@@ -5,7 +5,7 @@ submodules), taken from the encoding workers on a small machine or spent on the 
 before the first pack is written. The format itself is a few arrays, so preprocessing writes it
 here and never imports Megatron. Training, ``verify`` and ``PackedSeqDataset`` still read the output
 with Megatron's own ``IndexedDataset`` (``formats/nemo.py`` Reader): the real consumer stays the
-judge, and tests/test_indexed_format.py checks this module byte for byte against Megatron's
+judge, and tests/files/test_indexed_format.py checks this module byte for byte against Megatron's
 builder and reader.
 
     prefix.bin    the items' values back to back, in the dataset's dtype, nothing else

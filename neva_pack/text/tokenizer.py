@@ -340,7 +340,7 @@ class WordCache(dict):
     repeats most of its words, and a dict lookup costs a fraction of sentencepiece's call.
 
     Only for models where ``_no_piece_spans_a_space``: the ids are then exactly sentencepiece's
-    for the whole text (tests/test_tokenizer.py holds them equal). ``processor`` adds no dummy
+    for the whole text (tests/text/test_tokenizer.py holds them equal). ``processor`` adds no dummy
     prefix; ``dummy_prefix`` says whether the model does (it is then written as a leading space).
     A word's ids are kept as int32 bytes (joined in one C call; ~200 bytes an entry). The cache is
     emptied when it holds ``LIMIT`` words (~30 MB), and words longer than ``LONGEST`` characters

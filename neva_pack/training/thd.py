@@ -14,7 +14,7 @@ dimension 1, samples told apart by cu_seqlens)::
 its own segment: ``cu_seqlens_q/kv`` hold the padded boundaries and ``cu_seqlens_q/kv_padded`` are
 None (Transformer Engine then takes them equal to ``cu_seqlens_q``). Attention is causal, so a real
 token never sees the padding that follows it: real outputs and gradients are exactly those of the
-unpadded samples (tests/test_equivalence.py), and padding outputs are finite. Declaring the padding
+unpadded samples (tests/training/test_thd_training_equivalence.py), and padding outputs are finite. Declaring the padding
 instead (real lengths in ``cu_seqlens_q``, buffer boundaries in ``cu_seqlens_q_padded``) depends on
 Transformer Engine's ``pad_between_seqs`` auto-detection, which up to TE 2.17 ignores padding on a
 row's last sample and then misplaces keys under context parallelism; visible padding has no
