@@ -26,15 +26,14 @@ from PIL import Image
 from neva_pack.cli import main
 from neva_pack.commands import verify
 from neva_pack.families import (
-    NativeProcessor,
     ImageSource,
     dynamic_image_run,
     dynamic_processor,
     known_encoders,
-    mrope_position_ids,
     resolve_encoder,
     tokens_from_header,
 )
+from neva_pack.families.native import NativeProcessor, mrope_position_ids  # the family's own module
 from neva_pack.files import paths
 from neva_pack.formats import open_packed
 from neva_pack.reading import PackedSeqDataset

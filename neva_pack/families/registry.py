@@ -27,6 +27,7 @@ from neva_pack.files import MAX_SETTINGS_BYTES, read_json
 from neva_pack.families.anyres import AnyresProcessor
 from neva_pack.families.base import EncoderSpec, FamilyOptions, Join, ModelFamily, RunRequest, model_image_run
 from neva_pack.families.fixed import ImagePreprocessor
+from neva_pack.families.gemma4 import Gemma4Family
 from neva_pack.families.native import NativeProcessor
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
 ]  # fmt: skip
 
 FAMILIES = {"fixed": ImagePreprocessor, "anyres": AnyresProcessor, "native": NativeProcessor}
+FAMILIES["gemma4"] = Gemma4Family
 """Family name (as outputs record it) -> the class of its family object (base.ModelFamily)."""
 
 PROCESSOR_FAMILIES = {
@@ -44,12 +46,14 @@ PROCESSOR_FAMILIES = {
     "llava_onevision": "anyres",
     "qwen2_vl": "native",
 }
+PROCESSOR_FAMILIES["gemma4"] = "gemma4"
 """Processor kind -> its family (``FAMILIES``' key)."""
 
 _PROCESSOR_TYPES = (  # image_processor_type in a preprocessor_config.json (any backend suffix) -> kind; first match wins
     ("llavaonevision", "llava_onevision"),
     ("llavanext", "llava_next"),
     ("qwen2vl", "qwen2_vl"),
+    ("gemma4", "gemma4"),
     ("siglip", "siglip"),
     ("clip", "clip"),
 )
@@ -204,7 +208,7 @@ def registered_batch_keys() -> dict[str, Join]:
     return keys
 
 
-RECORD_OPTIONS = ("arithmetic", "min_pixels", "max_pixels")
+RECORD_OPTIONS = ("arithmetic", "min_pixels", "max_pixels", "max_soft_tokens")
 """Every family's own options, in the order a record lists them (null where a family has none)."""
 
 
@@ -212,21 +216,23 @@ def model_family(encoder: EncoderSpec, options: FamilyOptions = FamilyOptions())
     """The family object of ``encoder``'s images, with the command line's image options
     (ConfigError, one line, for an option the family does not take)."""
     cls = FAMILIES[encoder.family]
-    _refuse_others(cls, encoder, {"min_pixels": options.min_pixels, "max_pixels": options.max_pixels})
+    _refuse_others(cls, encoder, {"min_pixels": options.min_pixels, "max_pixels": options.max_pixels,
+                                  "max_soft_tokens": options.max_soft_tokens})  # fmt: skip
     return cls.from_options(encoder, options)
 
 
 def dynamic_processor(
-    encoder: EncoderSpec, *, arithmetic: str = "transformers", min_pixels: int | None = None, max_pixels: int | None = None
+    encoder: EncoderSpec, *, arithmetic: str = "transformers", min_pixels: int | None = None, max_pixels: int | None = None,
+    max_soft_tokens: int | None = None,
 ) -> ModelFamily:
     """The family object of an encoder whose images each have their own size, with the families' own
-    options (``arithmetic``: "transformers" or "llava"; ``min_pixels`` / ``max_pixels``); ConfigError
+    options (``arithmetic``: "transformers" or "llava"; ``min_pixels`` / ``max_pixels``; ``max_soft_tokens``); ConfigError
     for an option given to a family that has none, or for a fixed-crop encoder."""
     cls = FAMILIES[encoder.family]
     if not cls.own_size:
         raise ConfigError(f"--hf_vision_encoder {encoder.name}: a fixed-crop encoder ({encoder.processor}), not a dynamic-resolution one")
-    _refuse_others(cls, encoder, {"min_pixels": min_pixels, "max_pixels": max_pixels})
-    given = {"arithmetic": arithmetic, "min_pixels": min_pixels, "max_pixels": max_pixels}
+    _refuse_others(cls, encoder, {"min_pixels": min_pixels, "max_pixels": max_pixels, "max_soft_tokens": max_soft_tokens})
+    given = {"arithmetic": arithmetic, "min_pixels": min_pixels, "max_pixels": max_pixels, "max_soft_tokens": max_soft_tokens}
     return cls.from_encoder(encoder, **{name: given[name] for name in cls.option_names})
 
 
