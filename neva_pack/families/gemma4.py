@@ -10,7 +10,7 @@ The resize is transformers' ``get_aspect_ratio_preserving_size``: the area scale
 a side that floors to 0 becomes 48 and the other ``floor(long / short) * 48``, at most
 ``max_soft_tokens * 48`` (an image whose sides both floor to 0, or that still exceeds the budget, is
 refused as the reference refuses it: a skip). A 480 x 640 photo at the
-default budget of 280 becomes 576 x 768: 36 x 48 patches, 266 soft tokens.
+default budget of 280 becomes 672 x 912: 42 x 57 patches, 266 soft tokens.
 
 The model reads ``pixel_values`` (N, max_patches, 3 * 16 * 16), each image's patches (row-major, each
 patch (row, column, channel)) then zeros to the budget's ``max_patches``; ``image_position_ids``
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from neva_pack.core import ConfigError
+from neva_pack.core import ConfigError, Normalisation
 from neva_pack.families.base import AttentionNeeds, EncoderSpec, FamilyBase, FamilyOptions, Join, refuse_layout_options
 from neva_pack.families.headers import StoredImage, planar_uint8
 
@@ -102,6 +102,8 @@ class Gemma4Family(FamilyBase):
 
     def __init__(self, settings: Gemma4Settings):
         self.settings = settings
+        self.normalisation = Normalisation(rescale_factor=settings.rescale_factor, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0))
+        """core.Normalisation: the rescale only (mean 0, std 1), as an output records it."""
 
     @classmethod
     def from_options(cls, encoder: EncoderSpec, options: FamilyOptions) -> Gemma4Family:
