@@ -14,6 +14,7 @@ tokenizer is reachable offline; users bring the real one)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import types
 from pathlib import Path
@@ -305,8 +306,34 @@ MODEL_KEYS = ("input_ids", "position_ids", "pixel_values", "image_position_ids",
 """What the model reads of a batch (the masks too, where the batch carries them)."""
 
 
+@contextlib.contextmanager
+def float64_throughout():
+    """Gemma 4's modelling casts to float32 in places (its RMSNorm, the eager softmax, the vision pooling):
+    in a float64 model those islands round gradients summed over tokens to float32 (~1e-7 relative, in
+    an order that differs between a row and its samples). Kept float64 here, for both sides, so that
+    what is compared is the masking and the batching, at 1e-9; the forward pass is bit-identical either way."""
+    original_float, original_softmax = torch.Tensor.float, torch.nn.functional.softmax
+
+    def keep_float64(tensor, *args, **kwargs):
+        return tensor.double(*args, **kwargs)
+
+    def softmax(input, *args, dtype=None, **kwargs):
+        return original_softmax(input, *args, dtype=None if input.dtype == torch.float64 else dtype, **kwargs)
+
+    torch.Tensor.float, torch.nn.functional.softmax = keep_float64, softmax
+    try:
+        yield
+    finally:
+        torch.Tensor.float, torch.nn.functional.softmax = original_float, original_softmax
+
+
 def loss_and_gradients(model, runs: list[tuple[dict, torch.Tensor]]) -> tuple[float, dict]:
     """The summed trained-target cross-entropy of ``runs`` and every parameter's gradient of it."""
+    with float64_throughout():
+        return _loss_and_gradients(model, runs)
+
+
+def _loss_and_gradients(model, runs):
     import torch.nn.functional as F
 
     model.zero_grad()
