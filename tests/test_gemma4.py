@@ -208,6 +208,22 @@ def test_samples_are_spelled_with_gemma4s_turns_and_image_tokens(run, tokenizer_
     assert int(item["num_soft_tokens_per_image"].sum()) == tokens.count(image) and tokens.count(eoi) == len(starts)
 
 
+def test_an_energon_run_reads_back_the_same_items(run, tokenizer_dir, tmp_path):
+    """The energon format holds the same images: its items equal the compact run's, mm_token_type_ids included."""
+    folder = run.parent
+    code = main(["preprocess", "--quiet", "--data_path", str(folder / "data.json"), "--image_folder", str(folder),
+                 "--tokenizer_path", str(tokenizer_dir), "--hf_vision_encoder", ENCODER, "--conv_template", TEMPLATE,
+                 "--max_soft_tokens", "70", "--output_format", "energon", "--max_seq_length", "400",
+                 "--output_dir", str(tmp_path / "energon")])  # fmt: skip
+    assert code == 0
+    compact, energon = PackedSeqDataset(run), PackedSeqDataset(tmp_path / "energon")
+    assert len(compact) == len(energon)
+    for p in range(len(compact)):
+        a, b = compact[p], energon[p]
+        assert a.keys() == b.keys() and "mm_token_type_ids" in a
+        assert all(torch.equal(a[key], b[key]) for key in a), p
+
+
 @pytest.mark.parametrize("fmt", ["nemo"])
 def test_nemo_refuses_it_in_one_line_naming_the_formats_that_can(tmp_path, tokenizer_dir, capsys, fmt):
     """NeMo's float crops cannot hold images of their own sizes. (bridge, a text-only format, skips image
