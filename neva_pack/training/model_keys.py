@@ -35,13 +35,13 @@ def dataset_batch_keys(dataset) -> Mapping[str, Join] | None:
 
 def attention_needs(packs: list[dict], dataset=None) -> AttentionNeeds:
     """What the packs' model needs of attention: the dataset's family's declaration, or for items
-    alone, that of the registered families declaring a key the items carry (the first that needs
-    more than causal masking, else causal masking)."""
+    alone, that of the registered families whose every declared key the items carry (the first that
+    needs more than causal masking, else causal masking)."""
     family = getattr(dataset, "processor", None)
     if family is not None:
         return getattr(family, "attention", AttentionNeeds())
     keys = set(packs[0]) if packs else set()
-    needs = (getattr(cls, "attention", AttentionNeeds()) for cls in FAMILIES.values() if keys & set(cls.batch_keys))
+    needs = (getattr(cls, "attention", AttentionNeeds()) for cls in FAMILIES.values() if cls.batch_keys and set(cls.batch_keys) <= keys)
     return next((need for need in needs if need.bidirectional_images), AttentionNeeds())
 
 
