@@ -89,7 +89,7 @@ def size_grid() -> list[tuple[int, int]]:
     """150 x 150 = 22,500 sizes: every side 1..40, then spread to 6,000, with the multiples of 48 and
     their neighbours (where the floor to a side of 48 turns)."""
     sides = sorted(set(range(1, 41)) | {48 * k + d for k in (1, 2, 5, 12, 20) for d in (-1, 0, 1)}
-                   | set(np.unique(np.geomspace(41, 6000, 95).astype(int)).tolist()))[:150]  # fmt: skip
+                   | set(np.unique(np.geomspace(41, 6000, 110).astype(int)).tolist()))[:150]  # fmt: skip
     assert len(sides) == 150
     return [(w, h) for w in sides for h in sides]
 
@@ -101,7 +101,7 @@ def test_token_counts_equal_the_processors_on_a_grid_of_sizes(budget):
     expected = reference_counts(sizes, budget)
     got = [ours(family, w, h) for w, h in sizes]
     assert len(sizes) >= 20_000 and got == expected
-    assert sum(count is ValueError for count in expected) > 0  # the reference's refusals are ours too
+    assert ValueError not in expected  # its refusals (0 x 0, over the budget) cannot happen for a real size
     assert max(count for count in got if count is not ValueError) <= budget
 
 

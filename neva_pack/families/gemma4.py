@@ -8,8 +8,8 @@
 The resize is transformers' ``get_aspect_ratio_preserving_size``: the area scaled to the budget's
 ``max_soft_tokens * 9 * 16**2`` pixels, each side floored to a multiple of 48 (pooling 3 x patch 16);
 a side that floors to 0 becomes 48 and the other ``floor(long / short) * 48``, at most
-``max_soft_tokens * 48`` (an image whose sides both floor to 0, or that still exceeds the budget, is
-refused as the reference refuses it: a skip). A 480 x 640 photo at the
+``max_soft_tokens * 48`` (the reference's refusals, both sides floored to 0 or the area over the
+budget, are kept as it has them, though no real size reaches them). A 480 x 640 photo at the
 default budget of 280 becomes 672 x 912: 42 x 57 patches, 266 soft tokens.
 
 The model reads ``pixel_values`` (N, max_patches, 3 * 16 * 16), each image's patches (row-major, each
