@@ -36,8 +36,8 @@ __all__ = [
 ]  # fmt: skip
 
 FAMILIES = {"fixed": ImagePreprocessor, "anyres": AnyresProcessor, "native": NativeProcessor}
-FAMILIES["gemma4"] = Gemma4Family
 """Family name (as outputs record it) -> the class of its family object (base.ModelFamily)."""
+FAMILIES["gemma4"] = Gemma4Family
 
 PROCESSOR_FAMILIES = {
     "clip": "fixed",
@@ -46,8 +46,8 @@ PROCESSOR_FAMILIES = {
     "llava_onevision": "anyres",
     "qwen2_vl": "native",
 }
-PROCESSOR_FAMILIES["gemma4"] = "gemma4"
 """Processor kind -> its family (``FAMILIES``' key)."""
+PROCESSOR_FAMILIES["gemma4"] = "gemma4"
 
 _PROCESSOR_TYPES = (  # image_processor_type in a preprocessor_config.json (any backend suffix) -> kind; first match wins
     ("llavaonevision", "llava_onevision"),
