@@ -208,8 +208,10 @@ def registered_batch_keys() -> dict[str, Join]:
     return keys
 
 
-RECORD_OPTIONS = ("arithmetic", "min_pixels", "max_pixels", "max_soft_tokens")
-"""Every family's own options, in the order a record lists them (null where a family has none)."""
+RECORD_OPTIONS = ("arithmetic", "min_pixels", "max_pixels")
+"""The options every record lists, in this order (null where a family has none); a family's further
+options follow them (``ModelFamily.options``), so that the records of the families that have none stay
+as they were."""
 
 
 def model_family(encoder: EncoderSpec, options: FamilyOptions = FamilyOptions()) -> ModelFamily:
