@@ -101,6 +101,12 @@ class SampleConfig:
     )  # fmt: skip
     """Native-resolution encoders (Qwen2-VL): the largest area an image is resized to (the released
     checkpoints' 12,845,056; transformers' class default 1,003,520)."""
+    max_soft_tokens: int | None = option(
+        None, minimum=1, fingerprint_when_set=True,
+        help="soft-token budget per image, for families that resize each image to one (default: the encoder's preprocessor_config)",
+    )  # fmt: skip
+    """Families whose processor resizes each image to fit a feature-token budget: the most tokens one
+    image may take (the family checks the values its processor accepts)."""
     # --- per-record budgets and confinement: what one record may cost ---
     max_record_bytes: int = option(
         DEFAULT_MAX_RECORD_BYTES, group=BUDGETS, minimum=1, fingerprint="budgets",

@@ -17,7 +17,7 @@ Code outside this package asks a family object for what it needs and never names
 names of one family's module (its settings, its arithmetic) are imported from that module.
 """
 
-from neva_pack.families.base import EncoderSpec, FamilyOptions, Join, ModelFamily, RunRequest, restarting_positions
+from neva_pack.families.base import AttentionNeeds, EncoderSpec, FamilyOptions, Join, ModelFamily, RunRequest, restarting_positions
 from neva_pack.families.decode import DEFAULT_MAX_IMAGE_DECODE_SECONDS, DEFAULT_MAX_IMAGE_PIXELS, decode_image, too_many_pixels
 from neva_pack.families.headers import StoredImage, check_decoded_size, header_size, tokens_from_header
 from neva_pack.families.image_ids import check_token_ids, image_run_for, missing_nemo_specials
@@ -37,6 +37,7 @@ from neva_pack.families.registry import (
 from neva_pack.families.source import DEFAULT_MAX_IMAGE_BYTES, ImageSource
 
 __all__ = [
+    "AttentionNeeds",
     "DEFAULT_MAX_IMAGE_BYTES",
     "DEFAULT_MAX_IMAGE_DECODE_SECONDS",
     "DEFAULT_MAX_IMAGE_PIXELS",

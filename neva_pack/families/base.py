@@ -21,7 +21,7 @@ import numpy as np
 
 from neva_pack.core import ConfigError, ImageRun, StoredImage
 
-__all__ = ["EncoderSpec", "FamilyBase", "FamilyOptions", "Join", "ModelFamily", "RunRequest", "model_image_run", "refuse_layout_options", "restarting_positions"]
+__all__ = ["AttentionNeeds", "EncoderSpec", "FamilyBase", "FamilyOptions", "Join", "ModelFamily", "RunRequest", "model_image_run", "refuse_layout_options", "restarting_positions"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -53,6 +53,25 @@ class Join(enum.Enum):
     whose images have different tile counts pads them, as its processor pads a batch)."""
     SAMPLES = "samples"
     """One entry per sample of the pack (which images of a sample the model reads together)."""
+    TOKENS = "tokens"
+    """One entry per token position of the pack, laid end to end as the tokens are (a per-token
+    model input, such as which positions are image tokens); a fixed row's extra padding is zeros."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttentionNeeds:
+    """What a family's language model needs of attention beyond causal masking within each sample:
+    training/ reads it to build the masks that give it (hf.py) or to refuse a batch whose kernels
+    cannot express it (thd.py)."""
+
+    bidirectional_images: bool = False
+    """Each image's run of feature tokens (``marks``) attends both ways within itself, never outside
+    its sample."""
+    layer_types: tuple[str, ...] = ()
+    """The model's layer types (its config's ``layer_types`` names) that do; the others stay causal."""
+    marks: str = ""
+    """The ``Join.TOKENS`` model input that marks image tokens (nonzero): each maximal run of marked
+    positions is one image's block."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -90,6 +109,9 @@ class FamilyOptions:
     """``--min_pixels``: smallest resized area, for a family that resizes each image to its own size."""
     max_pixels: int | None = None
     """``--max_pixels``: largest resized area, likewise."""
+    max_soft_tokens: int | None = None
+    """``--max_soft_tokens``: the feature tokens an image may take at most, for a family resizing each
+    image to a token budget."""
 
 
 class ModelFamily(Protocol):
@@ -113,6 +135,8 @@ class ModelFamily(Protocol):
     """Whether an image's count and stored parts depend on how many images its sample holds."""
     batch_keys: ClassVar[Mapping[str, Join]]
     """The model-input keys ``model_inputs`` and ``sample_extras`` give, each with how it joins a batch."""
+    attention: ClassVar[AttentionNeeds]
+    """What its language model's attention needs beyond causal masking within each sample."""
 
     @classmethod
     def from_options(cls, encoder: EncoderSpec, options: FamilyOptions) -> ModelFamily:
@@ -177,6 +201,7 @@ class FamilyBase:
     own_size: ClassVar[bool] = True
     counts_images_per_sample = False
     settings_patch_size: ClassVar[bool] = False
+    attention: ClassVar[AttentionNeeds] = AttentionNeeds()
 
     def options(self) -> dict:
         """None of its own."""

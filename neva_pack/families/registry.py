@@ -28,6 +28,7 @@ from neva_pack.families.anyres import AnyresProcessor
 from neva_pack.families.base import EncoderSpec, FamilyOptions, Join, ModelFamily, RunRequest, model_image_run
 from neva_pack.families.fixed import ImagePreprocessor
 from neva_pack.families.internvl import InternVLProcessor
+from neva_pack.families.gemma4 import Gemma4Family
 from neva_pack.families.native import NativeProcessor
 
 __all__ = [
@@ -35,7 +36,13 @@ __all__ = [
     "known_encoders", "model_family", "processor_from_record", "processor_record", "registered_batch_keys", "resolve_encoder",
 ]  # fmt: skip
 
-FAMILIES = {"fixed": ImagePreprocessor, "anyres": AnyresProcessor, "native": NativeProcessor, "internvl": InternVLProcessor}
+FAMILIES = {
+    "fixed": ImagePreprocessor,
+    "anyres": AnyresProcessor,
+    "native": NativeProcessor,
+    "internvl": InternVLProcessor,
+    "gemma4": Gemma4Family,
+}
 """Family name (as outputs record it) -> the class of its family object (base.ModelFamily)."""
 
 PROCESSOR_FAMILIES = {
@@ -45,6 +52,7 @@ PROCESSOR_FAMILIES = {
     "llava_onevision": "anyres",
     "qwen2_vl": "native",
     "got_ocr2": "internvl",
+    "gemma4": "gemma4",
 }
 """Processor kind -> its family (``FAMILIES``' key)."""
 
@@ -53,6 +61,7 @@ _PROCESSOR_TYPES = (  # image_processor_type in a preprocessor_config.json (any 
     ("llavanext", "llava_next"),
     ("qwen2vl", "qwen2_vl"),
     ("gotocr2", "got_ocr2"),
+    ("gemma4", "gemma4"),
     ("siglip", "siglip"),
     ("clip", "clip"),
 )
@@ -145,7 +154,8 @@ def check_settings(settings: dict, path) -> None:
 
     for key in ("size", "crop_size"):
         if key in settings and not _is_size(settings[key]):
-            refuse(key, "a positive integer or an object with positive integers height and width (or shortest_edge)")
+            refuse(key, "a positive integer or an object of positive integers: height and width, shortest_edge and/or longest_edge, "
+                        "max_height and max_width, or min_pixels and max_pixels")
     for key in ("do_resize", "do_center_crop", "do_rescale", "do_normalize", "do_convert_rgb"):
         if key in settings and not isinstance(settings[key], bool):
             refuse(key, "true or false")
@@ -185,14 +195,15 @@ def _square_side(value):
     return value
 
 
+_SIZE_KEYS = ({"height", "width"}, {"shortest_edge"}, {"shortest_edge", "longest_edge"}, {"longest_edge"},
+              {"max_height", "max_width"}, {"min_pixels", "max_pixels"})
+"""The key sets transformers' image processors accept in a size (any other is its ValueError in a worker)."""
+
+
 def _is_size(value) -> bool:
     if _positive_int(value):
         return True
-    if not isinstance(value, dict):
-        return False
-    if "height" in value or "width" in value:
-        return _positive_int(value.get("height")) and _positive_int(value.get("width"))
-    return _positive_int(value.get("shortest_edge"))
+    return isinstance(value, dict) and set(value) in _SIZE_KEYS and all(map(_positive_int, value.values()))
 
 
 def _shipped():
@@ -216,28 +227,32 @@ def registered_batch_keys() -> dict[str, Join]:
 
 
 RECORD_OPTIONS = ("arithmetic", "min_pixels", "max_pixels")
-"""Every family's own options, in the order a record lists them (null where a family has none)."""
+"""The options every record lists, in this order (null where a family has none); a family's further
+options follow them (``ModelFamily.options``), so that the records of the families that have none stay
+as they were."""
 
 
 def model_family(encoder: EncoderSpec, options: FamilyOptions = FamilyOptions()) -> ModelFamily:
     """The family object of ``encoder``'s images, with the command line's image options
     (ConfigError, one line, for an option the family does not take)."""
     cls = FAMILIES[encoder.family]
-    _refuse_others(cls, encoder, {"min_pixels": options.min_pixels, "max_pixels": options.max_pixels})
+    _refuse_others(cls, encoder, {"min_pixels": options.min_pixels, "max_pixels": options.max_pixels,
+                                  "max_soft_tokens": options.max_soft_tokens})  # fmt: skip
     return cls.from_options(encoder, options)
 
 
 def dynamic_processor(
-    encoder: EncoderSpec, *, arithmetic: str = "transformers", min_pixels: int | None = None, max_pixels: int | None = None
+    encoder: EncoderSpec, *, arithmetic: str = "transformers", min_pixels: int | None = None, max_pixels: int | None = None,
+    max_soft_tokens: int | None = None,
 ) -> ModelFamily:
     """The family object of an encoder whose images each have their own size, with the families' own
-    options (``arithmetic``: "transformers" or "llava"; ``min_pixels`` / ``max_pixels``); ConfigError
+    options (``arithmetic``: "transformers" or "llava"; ``min_pixels`` / ``max_pixels``; ``max_soft_tokens``); ConfigError
     for an option given to a family that has none, or for a fixed-crop encoder."""
     cls = FAMILIES[encoder.family]
     if not cls.own_size:
         raise ConfigError(f"--hf_vision_encoder {encoder.name}: a fixed-crop encoder ({encoder.processor}), not a dynamic-resolution one")
-    _refuse_others(cls, encoder, {"min_pixels": min_pixels, "max_pixels": max_pixels})
-    given = {"arithmetic": arithmetic, "min_pixels": min_pixels, "max_pixels": max_pixels}
+    _refuse_others(cls, encoder, {"min_pixels": min_pixels, "max_pixels": max_pixels, "max_soft_tokens": max_soft_tokens})
+    given = {"arithmetic": arithmetic, "min_pixels": min_pixels, "max_pixels": max_pixels, "max_soft_tokens": max_soft_tokens}
     return cls.from_encoder(encoder, **{name: given[name] for name in cls.option_names})
 
 

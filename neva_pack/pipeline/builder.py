@@ -74,6 +74,7 @@ def _family_images(
         tokenization=sample.tokenization,
         min_pixels=sample.min_pixels,
         max_pixels=sample.max_pixels,
+        max_soft_tokens=sample.max_soft_tokens,
     )
     family = model_family(encoder, options)
     if family.own_size:

@@ -8,7 +8,7 @@
 """
 
 from neva_pack.training.cp import cp_partition_index, cp_slice
-from neva_pack.training.hf import hf_batch, hf_collate
+from neva_pack.training.hf import MaskSettings, hf_batch, hf_collate, packed_attention_masks
 from neva_pack.training.sampler import EpochPlan, PackedBatchSampler
 from neva_pack.training.thd import packed_seq_params, thd_batch, thd_collate
 
@@ -18,12 +18,14 @@ from neva_pack.training.thd import image_embedding_index
 __all__ = [
     "EpochPlan",
     "HF_IGNORE_INDEX",
+    "MaskSettings",
     "PackedBatchSampler",
     "cp_partition_index",
     "cp_slice",
     "hf_batch",
     "hf_collate",
     "image_embedding_index",
+    "packed_attention_masks",
     "packed_seq_params",
     "thd_batch",
     "thd_collate",

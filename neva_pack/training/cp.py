@@ -38,12 +38,12 @@ from __future__ import annotations
 
 import torch
 
-from neva_pack.families import registered_batch_keys
+from neva_pack.families import Join, registered_batch_keys
 from neva_pack.training.thd import packed_seq_params
 
-WHOLE_ROW_KEYS = ("cu_seqlens", "cu_seqlens_padded", *registered_batch_keys())
+WHOLE_ROW_KEYS = ("cu_seqlens", "cu_seqlens_padded", *(key for key, join in registered_batch_keys().items() if join is not Join.TOKENS))
 """Never sliced, even when their shape happens to end in (1, T): the (1, n + 1) boundary keys and a
-batch's model inputs (the families' declared keys)."""
+batch's model inputs (the families' declared keys, but per-token ones: sliced as the tokens)."""
 
 
 def cp_partition_index(cu_seqlens: torch.Tensor, cp_size: int, cp_rank: int) -> torch.Tensor:

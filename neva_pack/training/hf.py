@@ -41,10 +41,23 @@ Each image's run has its own length there, and only its feature positions are th
 token (Qwen's ``<|vision_start|>`` / ``<|vision_end|>`` stay text): ``image_token_id`` replaces every
 ``image_patch_id`` (the run's patch id, ``meta.image_run.patch_id``) by that id. Qwen2-VL given 3-row
 positions and no mask would let samples see each other: the 4-row layout is what keeps them apart.
+
+Bidirectional image blocks. A family whose model attends both ways inside each image on some layers
+(``families.AttentionNeeds``: Gemma 4's sliding-window layers) carries a per-token key marking image
+tokens (``Join.TOKENS``). transformers builds such a mask from ``position_ids`` and that key only for
+one sequence per row: on a packed row it remaps positions per sample before looking up the image
+blocks, so every sample after the first reads another sample's blocks. So the batch carries the masks
+themselves, ``attention_mask`` = {layer type: (1, 1, T, T) additive float mask}: within each sample,
+causal, OR the same image block on the layer types the family names, AND the model's sliding window on
+``sliding_attention`` layers; -inf (the dtype's minimum) elsewhere. The model uses a dict of masks as
+given (sdpa and eager; flash attention takes no such mask and is refused). ``hf_collate(dataset,
+model_config=model.config)`` reads the layer types, window and dtype; memory: T² mask entries per
+layer type.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import numpy as np
@@ -52,10 +65,10 @@ import torch
 
 from neva_pack.reading import position_ids_from_cu_seqlens
 from neva_pack.core import IGNORE_INDEX
-from neva_pack.training.model_keys import dataset_batch_keys, join_model_inputs, position_rows
+from neva_pack.training.model_keys import attention_needs, dataset_batch_keys, join_model_inputs, position_rows
 from neva_pack.training.item_checks import check_items, checked_collate
 
-__all__ = ["HF_IGNORE_INDEX", "hf_batch", "hf_collate", "image_run_starts"]
+__all__ = ["HF_IGNORE_INDEX", "MaskSettings", "hf_batch", "hf_collate", "image_run_starts", "packed_attention_masks"]
 
 HF_IGNORE_INDEX = -100
 """The label Hugging Face's losses ignore (torch's cross_entropy default)."""
@@ -69,6 +82,7 @@ def hf_batch(
     image_patch_id: int | None = None,
     ignore_index: int = IGNORE_INDEX,
     batch_keys=None,
+    masks: MaskSettings | None = None,
 ) -> dict:
     """One flattened row from ``PackedSeqDataset`` items (packs, or one-sample items of
     ``PackedSamples``), in order.
@@ -80,11 +94,18 @@ def hf_batch(
     it (``meta.image_run.ids()``; ``hf_collate(dataset)`` reads it). Items that carry a family's model
     inputs give them joined as ``batch_keys`` declares (a family's ``batch_keys``; None: every
     registered family's); where each image's run has its own length, ``image_token_id`` needs
-    ``image_patch_id`` instead of ``image_run``.
+    ``image_patch_id`` instead of ``image_run``. Items of a family whose model attends bidirectionally
+    inside images need ``masks`` (the model's ``MaskSettings``) and give ``attention_mask`` (module docstring).
     """
     if not packs:
         raise ValueError("hf_batch needs at least one pack")
     check_items(packs)  # one output's items (neva_pack/training/item_checks.py)
+    needs = attention_needs(packs)
+    if needs.bidirectional_images and masks is None:
+        raise ValueError(
+            "hf_batch: this output's model attends bidirectionally inside each image, which it cannot mask on a packed row "
+            "itself: give masks=MaskSettings.of(model.config) (hf_collate(dataset, model_config=model.config) does)"
+        )
     stacked = "image" in packs[0]  # the formats' stack of fixed crops (an image-less pack: one zero image)
     if image_token_id is not None and not stacked and image_patch_id is None:
         raise ValueError("image_token_id needs image_patch_id where each image's run has its own length (hf_collate(dataset, image_token_id) reads it)")
@@ -124,6 +145,8 @@ def hf_batch(
     if rows is not None:
         batch["position_ids"] = torch.cat([batch["position_ids"], rows])[:, None]
     batch.update(join_model_inputs(packs, batch_keys))
+    if needs.bidirectional_images:
+        batch["attention_mask"] = packed_attention_masks(cu_seq_lens, batch[needs.marks][0], needs.layer_types, masks)
     if not stacked:
         return batch
     pixels = torch.cat(images)
@@ -167,10 +190,69 @@ def image_run_starts(tokens: np.ndarray, run: np.ndarray) -> np.ndarray:
     return np.concatenate([start + size * np.arange(n) for start, n in zip(first, stretch // size)] or [np.zeros(0)]).astype(np.int64)
 
 
-def hf_collate(dataset, image_token_id: int | None = None):
+@dataclasses.dataclass(frozen=True)
+class MaskSettings:
+    """What a model's attention masks depend on beyond the row (its config's)."""
+
+    layer_types: tuple[str, ...]
+    """The model's layer types (config ``layer_types``): one mask each."""
+    sliding_window: int | None
+    """Keys more than this many positions back are out of a ``sliding_attention`` layer's reach."""
+    dtype: torch.dtype
+    """The masks' float dtype: the model's (sdpa wants the query's)."""
+
+    @classmethod
+    def of(cls, config, dtype: torch.dtype | None = None) -> MaskSettings:
+        """From a transformers model config (its text config's); ``dtype``: the model's parameters'
+        (default: the config's dtype when it names a float dtype, else float32). ValueError for
+        flash attention, which takes no such mask."""
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        implementation = str(getattr(text, "_attn_implementation", None) or getattr(config, "_attn_implementation", None) or "")
+        if "flash" in implementation:
+            raise ValueError(f"attention {implementation!r} takes no mask that opens an image's block: use sdpa or eager")
+        named = getattr(config, "dtype", None)
+        dtype = dtype or (named if isinstance(named, torch.dtype) and named.is_floating_point else torch.float32)
+        return cls(tuple(dict.fromkeys(text.layer_types)), getattr(text, "sliding_window", None), dtype)
+
+
+def packed_attention_masks(cu_seq_lens: torch.Tensor, marks: torch.Tensor, bidirectional: tuple[str, ...], settings: MaskSettings) -> dict[str, torch.Tensor]:
+    """{layer type: (1, 1, T, T) additive mask} of one packed row (module docstring): ``cu_seq_lens``
+    the samples' boundaries, ``marks`` (T,) nonzero on image tokens, ``bidirectional`` the layer types
+    where an image's block attends both ways."""
+    bounds = cu_seq_lens.long()
+    length = int(bounds[-1])
+    index = torch.arange(length)
+    sample = torch.repeat_interleave(torch.arange(len(bounds) - 1), torch.diff(bounds))
+    marked = marks.reshape(-1) != 0
+    opens = marked & ~torch.cat([torch.tensor([False]), marked[:-1]])
+    opens[bounds[:-1][bounds[:-1] < length]] |= marked[bounds[:-1][bounds[:-1] < length]]  # a block never spans samples
+    block = torch.where(marked, torch.cumsum(opens.long(), 0), -1)
+    same_sample = sample[:, None] == sample[None, :]
+    causal = same_sample & (index[None, :] <= index[:, None])
+    same_block = same_sample & marked[:, None] & (block[:, None] == block[None, :])
+    masks = {}
+    for layer_type in settings.layer_types:
+        allowed = causal | same_block if layer_type in bidirectional else causal
+        if layer_type == "sliding_attention" and settings.sliding_window:
+            allowed = allowed & (index[None, :] > index[:, None] - settings.sliding_window)
+        blocked = torch.zeros((length, length), dtype=settings.dtype).masked_fill(~allowed, torch.finfo(settings.dtype).min)
+        masks[layer_type] = blocked[None, None]
+    return masks
+
+
+def hf_collate(dataset, image_token_id: int | None = None, *, model_config=None, mask_dtype: torch.dtype | None = None):
     """A DataLoader collate_fn: ``hf_batch`` with the dataset meta's ignore value and image run
     (its patch id where each image's run has its own length), and the model-input keys of the
-    dataset's family."""
+    dataset's family. A family whose model attends bidirectionally inside images needs
+    ``model_config`` (the model's config: its masks' layer types, window, dtype, or ``mask_dtype``)."""
+    masks = None
+    if attention_needs([], dataset).bidirectional_images:
+        if model_config is None:
+            raise ValueError(
+                "hf_collate: this output's model attends bidirectionally inside each image: pass model_config=model.config "
+                "so that every batch carries the masks keeping each image's block inside its sample"
+            )
+        masks = MaskSettings.of(model_config, mask_dtype)
     meta = dataset.meta
     run = meta.image_run
     own_lengths = run.positions is None
@@ -181,4 +263,5 @@ def hf_collate(dataset, image_token_id: int | None = None):
         image_patch_id=run.patch_id if own_lengths else None,
         ignore_index=int(meta.ignore_index),
         batch_keys=dataset_batch_keys(dataset),
+        masks=masks,
     ), dataset)  # fmt: skip

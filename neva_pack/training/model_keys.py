@@ -7,6 +7,8 @@ family's, read from the dataset's family or, for items alone, from every registe
                    zero-padded to the batch's largest first (tiles of different counts, padded as
                    the family's processor pads a batch)
     Join.SAMPLES   one entry per sample, each pack's concatenated
+    Join.TOKENS    one entry per token position, each pack's concatenated, as (1, T) like the tokens
+                   (a fixed THD row's extra padding: zeros)
     position_ids   (rows, L) per pack: the rows concatenated along the positions, (rows, T)
 
 A fixed-crop output's items carry the formats' image stack under ``image`` instead (an image-less
@@ -19,9 +21,9 @@ from typing import Mapping
 
 import torch
 
-from neva_pack.families import Join, registered_batch_keys
+from neva_pack.families import FAMILIES, AttentionNeeds, Join, registered_batch_keys
 
-__all__ = ["dataset_batch_keys", "join_model_inputs", "position_rows"]
+__all__ = ["attention_needs", "dataset_batch_keys", "join_model_inputs", "position_rows"]
 
 
 def dataset_batch_keys(dataset) -> Mapping[str, Join] | None:
@@ -31,9 +33,22 @@ def dataset_batch_keys(dataset) -> Mapping[str, Join] | None:
     return None if family is None else family.batch_keys
 
 
-def join_model_inputs(packs: list[dict], batch_keys: Mapping[str, Join] | None = None) -> dict[str, torch.Tensor]:
+def attention_needs(packs: list[dict], dataset=None) -> AttentionNeeds:
+    """What the packs' model needs of attention: the dataset's family's declaration, or for items
+    alone, that of the registered families whose every declared key the items carry (the first that
+    needs more than causal masking, else causal masking)."""
+    family = getattr(dataset, "processor", None)
+    if family is not None:
+        return getattr(family, "attention", AttentionNeeds())
+    keys = set(packs[0]) if packs else set()
+    needs = (getattr(cls, "attention", AttentionNeeds()) for cls in FAMILIES.values() if cls.batch_keys and set(cls.batch_keys) <= keys)
+    return next((need for need in needs if need.bidirectional_images), AttentionNeeds())
+
+
+def join_model_inputs(packs: list[dict], batch_keys: Mapping[str, Join] | None = None, extras: list[int] | None = None) -> dict[str, torch.Tensor]:
     """The packs' declared model-input keys (``batch_keys``; None: every registered family's), each
-    joined across the packs as declared (module docstring)."""
+    joined across the packs as declared (module docstring); ``extras``: each pack's extra padding
+    positions in a fixed row (per-token keys get zeros there)."""
     declared = registered_batch_keys() if batch_keys is None else batch_keys
     batch = {}
     for key in packs[0]:
@@ -43,6 +58,10 @@ def join_model_inputs(packs: list[dict], batch_keys: Mapping[str, Join] | None =
         values = [item[key] for item in packs]
         if join is Join.IMAGES:
             values = _padded(values)
+        if join is Join.TOKENS:
+            grown = [torch.nn.functional.pad(value, (0, extra)) for value, extra in zip(values, extras or [0] * len(values))]
+            batch[key] = torch.cat(grown)[None]
+            continue
         batch[key] = torch.cat(values)
     return batch
 

@@ -61,7 +61,7 @@ import torch
 from neva_pack.core import IGNORE_INDEX, PAD_ID
 from neva_pack.reading import position_ids_from_cu_seqlens
 from neva_pack.packing import fixed_row_length
-from neva_pack.training.model_keys import dataset_batch_keys, join_model_inputs, position_rows
+from neva_pack.training.model_keys import attention_needs, dataset_batch_keys, join_model_inputs, position_rows
 from neva_pack.training.item_checks import check_items, checked_collate
 
 MIN_MEGATRON_CORE = "0.10"
@@ -109,11 +109,15 @@ def thd_batch(
     example ``pixel_values`` and per-image metadata of all packs in placeholder order and per-sample
     counts (neva_pack/training/model_keys.py), and no ``images``; items whose ``position_ids`` are
     rows (a family's multimodal positions) give them as (rows, 1, T) (a fixed row's extra padding
-    continuing from the last sample's largest id + 1). ``image_run`` is then not used.
+    continuing from the last sample's largest id + 1). ``image_run`` is then not used. A family whose
+    model attends bidirectionally inside each image (``AttentionNeeds``, read from the keys its items
+    carry; ``thd_collate`` reads the dataset's family) is refused: THD's kernels take cu_seqlens and a
+    causal flag, nothing that opens an image's block.
     """
     if not packs:
         raise ValueError("thd_batch needs at least one pack")
     check_items(packs)  # one output's items (neva_pack/training/item_checks.py)
+    _refuse_bidirectional(attention_needs(packs))
     row = None
     if fixed_length:
         if max_seq_length is None or max_samples_per_pack is None:
@@ -149,7 +153,7 @@ def thd_batch(
         "position_ids": position_ids_from_cu_seqlens(cu_padded)[None],
         "num_images": torch.cat(num_images),
     }
-    batch.update(join_model_inputs(packs, batch_keys))
+    batch.update(join_model_inputs(packs, batch_keys, extras or None))
     rows = position_rows([_grown(item, extra) for item, extra in zip(packs, extras or [0] * len(packs))])
     if rows is not None:
         batch["position_ids"] = rows[:, None]
@@ -275,6 +279,7 @@ def thd_collate(dataset, fixed_length: bool = False, with_packed_seq_params: boo
     """A DataLoader collate_fn: ``thd_batch`` with the dataset's max_seq_length, alignment multiple,
     image run (none where each image's run has its own length), ignore index, pad id, observed
     maximum of samples in a pack, and the model-input keys of the dataset's family."""
+    _refuse_bidirectional(attention_needs([], dataset))
     meta = dataset.meta
     run = meta.image_run
     return checked_collate(functools.partial(
@@ -289,3 +294,12 @@ def thd_collate(dataset, fixed_length: bool = False, with_packed_seq_params: boo
         with_packed_seq_params=with_packed_seq_params,
         batch_keys=dataset_batch_keys(dataset),
     ), dataset)  # fmt: skip
+
+
+def _refuse_bidirectional(needs) -> None:
+    """ValueError, one line, for a model whose attention THD's kernels cannot express."""
+    if needs.bidirectional_images:
+        raise ValueError(
+            "THD batches: this output's model attends bidirectionally inside each image, which Megatron-Core's THD "
+            "kernels (causal within cu_seqlens) cannot express; train it with hf_collate (sdpa or eager attention)"
+        )

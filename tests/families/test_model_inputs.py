@@ -143,7 +143,7 @@ def test_every_family_answers_the_one_protocol():
     for name, cls in FAMILIES.items():
         missing = [member for member in members if not hasattr(cls, member)]
         assert not missing, f"{name}: {missing}"
-        assert cls.family == name and set(cls.option_names) <= {"arithmetic", "min_pixels", "max_pixels"}
+        assert cls.family == name and set(cls.option_names) <= {"arithmetic", "min_pixels", "max_pixels", "max_soft_tokens"}
         assert all(isinstance(join, Join) for join in cls.batch_keys.values())
 
 
