@@ -6,10 +6,8 @@
     output_dir/packed_seq_dataset.llamafactory.index.npz     the plan table, and per image its size and tokens
     output_dir/packed_seq_dataset.meta.json                  format "llamafactory": cutoff_len, checksums
 
-LLaMA-Factory (``data/loader.py``) loads a non-empty ``tokenized_path`` with ``load_from_disk`` and
-ignores its other data arguments; with ``neat_packing: true`` its collator
-(``data/collator.py``) reads what its ``PackedSupervisedDatasetProcessor`` writes, so each row holds
-exactly those columns::
+LLaMA-Factory loads a non-empty ``tokenized_path`` with ``load_from_disk``, ignoring its other data
+arguments; with ``neat_packing: true`` its collator reads what its packing processor writes::
 
     input_ids        int32 (cutoff_len)       the samples' ids end to end, then pad ids
     attention_mask   int32                    sample k's positions k + 1 (1, 2, ...), padding 0
@@ -36,7 +34,7 @@ value. The multiple of 8: LLaMA-Factory's sft collator pads a batch to a multipl
 trains, and its per-sample mRoPE refuses a row whose sequence_boundaries end short of that.
 
 Images are PNG bytes (lossless) of what the sample store holds: fixed crops at the encoder's size,
-Qwen2-VL-family images at the size the processor resized them to. Bytes, not paths, so the
+native-resolution images at the size the processor resized them to. Bytes, not paths, so the
 directory trains wherever it is moved. LLaMA-Factory's collator re-runs the model's processor on
 them: a processor resizing an image to the size it already has leaves it unchanged, so its
 ``pixel_values`` and ``image_grid_thw`` are those of the original image, and it recomputes mRoPE
@@ -45,8 +43,8 @@ per sample from its ``sequence_boundaries``. Its own pre-resize (``image_max_pix
 line (``resize_profile_warning``) with the YAML line that trains it. Anyres images (LLaVA-NeXT /
 OneVision: two stored parts, no original left) are refused in one line.
 
-The writer appends each pack's unpadded row to a staging file (ids, labels, PNG bytes), checkpointed
-like every format's; ``publish`` writes the Arrow rows, padded to the length known only then.
+The writer stages each pack's unpadded row (checkpointed like every format's); ``publish`` writes the
+Arrow rows, padded to the length known only then.
 """
 
 from __future__ import annotations
@@ -78,19 +76,16 @@ ARROW_NAME = "data-00000-of-00001.arrow"
 DATASET_FILES = (ARROW_NAME, "dataset_info.json", "state.json")
 STAGING_NAME = "rows.staging"
 """The writer's staging file inside the temporary directory (gone at publish)."""
-HF_IGNORE_INDEX = -100
-NO_ITEM = 2**32
+HF_IGNORE_INDEX, NO_ITEM = -100, 2**32
 """LLaMA-Factory's ``MAX_SU_SEQ_IDX``: the subseq-id list of a row without items of a kind."""
-LF_IMAGE_MAX_PIXELS = 768 * 768
-LF_IMAGE_MIN_PIXELS = 32 * 32
+LF_IMAGE_MAX_PIXELS, LF_IMAGE_MIN_PIXELS = 768 * 768, 32 * 32
 """LLaMA-Factory's defaults of ``image_max_pixels`` / ``image_min_pixels`` (hparams/model_args.py)."""
 ROWS_PER_BATCH = 64
 ROW_MULTIPLE = 8
 """Rows are a multiple of this long: the ``pad_to_multiple_of`` of LLaMA-Factory's sft collator."""
 ID_DTYPE = np.dtype("<i4")
 WARNED: set[str] = set()
-"""The resize-profile warnings this process has printed: a run of several --pack_sizes opens a writer per
-size and says each once."""
+"""The resize-profile warnings printed: said once a process, however many --pack_sizes (writers)."""
 _PER_PACK = ("samples", "positions", "images")
 _PER_SAMPLE = ("segment", "sample_images")
 _PER_IMAGE = ("png_bytes", "width", "height", "tokens", "run_length")
