@@ -221,6 +221,26 @@ def prefix_files(prefix: Path, suffixes: Sequence[str], plan_table_suffix: str) 
     )
 
 
+
+def normalised_stack(reader, p: int, device=None, dtype=None):
+    """Pack ``p``'s fixed-size uint8 images (``reader.pack(p).pixels``) as the model's input tensor,
+    normalised with the output's own processor values: what ``PackReader.images`` is for a format
+    that keeps each pack's crops itself (energon, llamafactory). An image-less pack gives one zero
+    image (NeMo's layout, never an empty tensor); images each at their own size have no one shape."""
+    import torch
+
+    if reader.image_shape is None:
+        raise ValueError(f"{reader.prefix}: dynamic-resolution images have no one tensor shape; read the pack's "
+                         "stored_images and make the model's inputs with its processor (neva_pack.reading.dataset.PackedSeqDataset)")  # fmt: skip
+    pixels = reader.pack(p).pixels
+    if len(pixels) == 0:
+        return torch.zeros((1, *reader.image_shape), dtype=dtype or torch.float32, device=device)
+    normalisation = reader.meta.normalisation
+    if device is None or torch.device(device).type == "cpu":
+        values = torch.from_numpy(normalisation.apply(pixels))
+        return values if dtype is None or dtype == torch.float32 else values.to(dtype)
+    return normalisation.apply_torch(pixels, device=device, dtype=dtype)
+
 def meta_is_of(path: Path, name: str) -> bool:
     """Whether ``path`` is a meta whose ``format`` field is ``name`` (by what it says, unchecked)."""
     from neva_pack.files import MAX_OUTPUT_JSON_BYTES, read_json

@@ -70,7 +70,7 @@ from pathlib import Path
 import numpy as np
 
 from neva_pack.core import parsing
-from neva_pack.formats.base import Checkpoint, Limits, PrefixFiles, WriteSpec, meta_is_of, prefix_files, publish
+from neva_pack.formats.base import Checkpoint, Limits, PrefixFiles, WriteSpec, meta_is_of, normalised_stack, prefix_files, publish
 from neva_pack.formats.energon_samples import (
     DYNAMIC_MEMBERS, IMAGE_LENGTHS_MEMBER, IMAGE_REFS_MEMBER, IMAGES_MEMBER, MEMBERS, carried_members, decode, fetch_from, image_key,
     pack_index, sample_fields,
@@ -390,19 +390,7 @@ class Reader:
 
     def images(self, p: int, device=None, dtype=None):
         """The pack's images as the model's input tensor: normalised here, as compact does."""
-        import torch
-
-        if self.image_shape is None:
-            raise ValueError(f"{self.prefix}: dynamic-resolution images have no one tensor shape; read the pack's "
-                             "stored_images and make the model's inputs with its processor (neva_pack.reading.dataset.PackedSeqDataset)")  # fmt: skip
-        pixels = self.pack(p).pixels
-        if len(pixels) == 0:  # as NeMo's layout: one zero image, never an empty tensor
-            return torch.zeros((1, *self.image_shape), dtype=dtype or torch.float32, device=device)
-        normalisation = self.meta.normalisation
-        if device is None or torch.device(device).type == "cpu":
-            values = torch.from_numpy(normalisation.apply(pixels))
-            return values if dtype is None or dtype == torch.float32 else values.to(dtype)
-        return normalisation.apply_torch(pixels, device=device, dtype=dtype)
+        return normalised_stack(self, p, device, dtype)
 
     def close(self) -> None:
         self.samples.close()

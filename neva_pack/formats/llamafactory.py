@@ -61,7 +61,7 @@ import numpy as np
 
 from neva_pack.core import ConfigError, StoredImage, parsing
 from neva_pack.files import file_checksum, meta_path, prefix_file, relative_name
-from neva_pack.formats.base import Checkpoint, Limits, PrefixFiles, WriteSpec, meta_is_of, prefix_files, publish
+from neva_pack.formats.base import Checkpoint, Limits, PrefixFiles, WriteSpec, meta_is_of, normalised_stack, prefix_files, publish
 from neva_pack.formats.meta import PackedMeta, ReadPack, read_meta
 from neva_pack.packing import PlanTable, padded_view, read_plan_table
 
@@ -399,20 +399,8 @@ class Reader:
                         image_lengths=self.arrays["run_length"][i0:i1].astype(np.int64), stored_images=stored)  # fmt: skip
 
     def images(self, p: int, device=None, dtype=None):
-        """The pack's images as the model's input tensor, normalised here (as compact does)."""
-        import torch
-
-        if self.image_shape is None:
-            raise ValueError(f"{self.prefix}: dynamic-resolution images have no one tensor shape; read the pack's "
-                             "stored_images and make the model's inputs with its processor (neva_pack.reading.dataset.PackedSeqDataset)")  # fmt: skip
-        pixels = self.pack(p).pixels
-        if len(pixels) == 0:  # as NeMo's layout: one zero image, never an empty tensor
-            return torch.zeros((1, *self.image_shape), dtype=dtype or torch.float32, device=device)
-        normalisation = self.meta.normalisation
-        if device is None or torch.device(device).type == "cpu":
-            values = torch.from_numpy(normalisation.apply(pixels))
-            return values if dtype is None or dtype == torch.float32 else values.to(dtype)
-        return normalisation.apply_torch(pixels, device=device, dtype=dtype)
+        """The pack's images as the model's input tensor: normalised here, as compact does."""
+        return normalised_stack(self, p, device, dtype)
 
     def close(self) -> None:
         self.table = None
