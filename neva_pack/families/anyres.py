@@ -31,7 +31,7 @@ import numpy as np
 from PIL import Image
 
 from neva_pack.core import ConfigError
-from neva_pack.families.base import EncoderSpec, FamilyBase, FamilyOptions, Join, refuse_layout_options
+from neva_pack.families.base import EncoderSpec, FamilyBase, FamilyOptions, Join, processor_normalisation, refuse_layout_options
 from neva_pack.families.headers import StoredImage, planar_uint8
 from neva_pack.families.fixed import expand_to_square
 
@@ -189,16 +189,7 @@ class AnyresProcessor(FamilyBase):
 
     @classmethod
     def from_encoder(cls, encoder: EncoderSpec, *, arithmetic: str = "transformers") -> AnyresProcessor:
-        from neva_pack.core import Normalisation
-
-        cfg = encoder.preprocessor_config
-        if not all(cfg.get(key, True) for key in ("do_resize", "do_rescale", "do_normalize", "do_pad")):
-            raise ConfigError(f"--hf_vision_encoder {encoder.name}: do_resize, do_rescale, do_normalize and do_pad must be on")
-        normalisation = Normalisation(
-            rescale_factor=float(cfg.get("rescale_factor", 1 / 255)),
-            mean=tuple(float(v) for v in cfg["image_mean"]),
-            std=tuple(float(v) for v in cfg["image_std"]),
-        )
+        normalisation = processor_normalisation(encoder, ("do_resize", "do_rescale", "do_normalize", "do_pad"))
         return cls(anyres_settings(encoder), normalisation, arithmetic=arithmetic)
 
     def options(self) -> dict:

@@ -19,9 +19,9 @@ from typing import ClassVar, Mapping, Protocol
 
 import numpy as np
 
-from neva_pack.core import ConfigError, ImageRun, StoredImage
+from neva_pack.core import ConfigError, ImageRun, Normalisation, StoredImage
 
-__all__ = ["AttentionNeeds", "EncoderSpec", "FamilyBase", "FamilyOptions", "Join", "ModelFamily", "RunRequest", "model_image_run", "refuse_layout_options", "restarting_positions"]
+__all__ = ["AttentionNeeds", "EncoderSpec", "FamilyBase", "FamilyOptions", "Join", "ModelFamily", "RunRequest", "model_image_run", "processor_normalisation", "refuse_layout_options", "restarting_positions"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -258,6 +258,24 @@ def refuse_layout_options(encoder: EncoderSpec, options: FamilyOptions) -> None:
             f"--use_im_start_end / --image_aspect_ratio: {encoder.name}'s processor decides how its images are laid out"
         )
 
+
+
+def processor_normalisation(encoder: EncoderSpec, steps: tuple[str, ...], mean=None, std=None) -> Normalisation:
+    """The rescale and normalisation an encoder's settings ask of its processor, after checking that
+    each of ``steps`` (``do_resize``, ``do_rescale``, ...) is on: a family whose exactness assumes a step
+    refuses settings that turn it off, in one line. ``mean`` / ``std``: the processor class's defaults,
+    for settings that leave them out."""
+    cfg = encoder.preprocessor_config
+    if not all(cfg.get(key, True) for key in steps):
+        raise ConfigError(f"--hf_vision_encoder {encoder.name}: {', '.join(steps[:-1])} and {steps[-1]} must be on")
+    for key, default in (("image_mean", mean), ("image_std", std)):
+        if key not in cfg and default is None:
+            raise ConfigError(f"--hf_vision_encoder {encoder.name}: its settings have no {key}")
+    return Normalisation(
+        rescale_factor=float(cfg.get("rescale_factor", 1 / 255)),
+        mean=tuple(float(v) for v in cfg.get("image_mean", mean)),
+        std=tuple(float(v) for v in cfg.get("image_std", std)),
+    )
 
 def restarting_positions(cu_seqlens: np.ndarray) -> np.ndarray:
     """int64 positions 0, 1, ... restarting at every boundary: [0, 3, 5] -> [0, 1, 2, 0, 1]."""

@@ -47,7 +47,7 @@ import numpy as np
 from PIL import Image
 
 from neva_pack.core import ConfigError
-from neva_pack.families.base import EncoderSpec, FamilyBase, FamilyOptions, Join, refuse_layout_options
+from neva_pack.families.base import EncoderSpec, FamilyBase, FamilyOptions, Join, processor_normalisation, refuse_layout_options
 from neva_pack.families.headers import StoredImage, planar_uint8
 
 __all__ = ["ARITHMETICS", "InternVLProcessor", "TileSettings", "candidate_grids", "closest_grid", "tile_settings"]
@@ -200,16 +200,7 @@ class InternVLProcessor(FamilyBase):
 
     @classmethod
     def from_encoder(cls, encoder: EncoderSpec, *, arithmetic: str = "transformers") -> InternVLProcessor:
-        from neva_pack.core import Normalisation
-
-        cfg = encoder.preprocessor_config
-        if not all(cfg.get(key, True) for key in ("do_resize", "do_rescale", "do_normalize")):
-            raise ConfigError(f"--hf_vision_encoder {encoder.name}: do_resize, do_rescale and do_normalize must be on")
-        normalisation = Normalisation(
-            rescale_factor=float(cfg.get("rescale_factor", 1 / 255)),
-            mean=tuple(float(v) for v in cfg["image_mean"]),
-            std=tuple(float(v) for v in cfg["image_std"]),
-        )
+        normalisation = processor_normalisation(encoder, ("do_resize", "do_rescale", "do_normalize"))
         return cls(tile_settings(encoder), normalisation, arithmetic=arithmetic)
 
     def options(self) -> dict:

@@ -30,7 +30,7 @@ import numpy as np
 from PIL import Image
 
 from neva_pack.core import ConfigError
-from neva_pack.families.base import EncoderSpec, FamilyBase, FamilyOptions, Join, refuse_layout_options
+from neva_pack.families.base import EncoderSpec, FamilyBase, FamilyOptions, Join, processor_normalisation, refuse_layout_options
 from neva_pack.families.headers import StoredImage, planar_uint8
 
 __all__ = ["NativeProcessor", "NativeSettings", "mrope_position_ids", "smart_resize"]
@@ -130,16 +130,7 @@ class NativeProcessor(FamilyBase):
 
     @classmethod
     def from_encoder(cls, encoder: EncoderSpec, *, min_pixels: int | None = None, max_pixels: int | None = None) -> NativeProcessor:
-        from neva_pack.core import Normalisation
-
-        cfg = encoder.preprocessor_config
-        if not cfg.get("do_resize", True) or not cfg.get("do_rescale", True) or not cfg.get("do_normalize", True):
-            raise ConfigError(f"--hf_vision_encoder {encoder.name}: do_resize, do_rescale and do_normalize must be on")
-        normalisation = Normalisation(
-            rescale_factor=float(cfg.get("rescale_factor", 1 / 255)),
-            mean=tuple(float(v) for v in cfg.get("image_mean", _CLIP_MEAN)),
-            std=tuple(float(v) for v in cfg.get("image_std", _CLIP_STD)),
-        )
+        normalisation = processor_normalisation(encoder, ("do_resize", "do_rescale", "do_normalize"), _CLIP_MEAN, _CLIP_STD)
         return cls(native_settings(encoder, min_pixels=min_pixels, max_pixels=max_pixels), normalisation)
 
     def options(self) -> dict:
