@@ -49,6 +49,10 @@ YI_34B = (
     "<|im_start|>user\n<image>\nWhat is this?<|im_end|>\n<|im_start|>assistant\n⟦A cat.<|im_end|>\n⟧"
     "<|im_start|>user\nSure?<|im_end|>\n<|im_start|>assistant\n⟦Yes.<|im_end|>⟧"  # NeMo strips the final newline
 )
+GEMMA4 = (  # Gemma 4's chat template (tests/golden/gemma4/README.md): <bos>, "<|turn>role\n" ... "<turn|>\n", the assistant as model
+    "<bos><|turn>user\n<image>\nWhat is this?<turn|>\n<|turn>model\n⟦A cat.<turn|>\n⟧"
+    "<|turn>user\nSure?<turn|>\n<|turn>model\n⟦Yes.<turn|>\n⟧"
+)
 NVGPT = (
     f"<extra_id_0>System\n{NVGPT_SYSTEM}<extra_id_1>User\n<image>\nWhat is this?\n<extra_id_1>Assistant\n"
     f"{NVGPT_ATTRIBUTES}⟦A cat.\n<extra_id_1>⟧User\nSure?\n<extra_id_1>Assistant\n{NVGPT_ATTRIBUTES}⟦Yes.\n<extra_id_1>⟧"
@@ -80,6 +84,8 @@ GOLDEN = {
     ("qwen2_vl", "llava"): CHATML,
     ("qwen3_vl", "nemo"): CHATML_NO_SYSTEM,  # Qwen3-VL's chat template writes no default system block
     ("qwen3_vl", "llava"): CHATML_NO_SYSTEM,
+    ("gemma4", "nemo"): GEMMA4,
+    ("gemma4", "llava"): GEMMA4,
     ("internvl", "nemo"): CHATML_NO_SYSTEM,  # InternVL 3.5 (HF)'s chat template: no default system block either
     ("internvl", "llava"): CHATML_NO_SYSTEM,
     ("qwen_1_5", "nemo"): CHATML,  # LLaVA-NeXT / OneVision's conv_qwen
@@ -155,7 +161,7 @@ def test_conversation_text_is_never_substituted():
 
 
 def test_unknown_template_lists_the_choices():
-    with pytest.raises(ConfigError, match="unknown template; choose one of chatml, internvl, llama_2"):
+    with pytest.raises(ConfigError, match="unknown template; choose one of chatml, gemma4, internvl, llama_2"):
         load_template("vicuna_v0")
 
 
