@@ -133,6 +133,10 @@ class ModelFamily(Protocol):
     """Each image is stored at its own size (a format that holds one image shape cannot hold them)."""
     counts_images_per_sample: bool
     """Whether an image's count and stored parts depend on how many images its sample holds."""
+    stored_shape: tuple[int, int, int] | None
+    """The one (3, H, W) every stored image has (a fixed crop); None: each image at its own size."""
+    model_normalisation: Normalisation
+    """The processor's rescale and normalisation, which readers apply to the stored uint8 pixels."""
     batch_keys: ClassVar[Mapping[str, Join]]
     """The model-input keys ``model_inputs`` and ``sample_extras`` give, each with how it joins a batch."""
     attention: ClassVar[AttentionNeeds]
@@ -206,6 +210,16 @@ class FamilyBase:
     def options(self) -> dict:
         """None of its own."""
         return {}
+
+    @property
+    def stored_shape(self) -> tuple[int, int, int] | None:
+        """The one (3, H, W) every stored image has, or None: each image at its own size."""
+        return None
+
+    @property
+    def model_normalisation(self):
+        """The processor's rescale and normalisation (core.Normalisation) the readers apply to the uint8 pixels."""
+        return self.normalisation
 
     def image_run(self, tokenizer, request: RunRequest) -> ImageRun:
         """The model's own (start, patch, end) tokens from the tokenizer (``model_image_run``)."""

@@ -162,6 +162,16 @@ class ImagePreprocessor(FamilyBase):
             raise RuntimeError(f"image processor returned shape {pixels.shape}, expected {self.shape}")
         return pixels.astype(np.uint8, copy=False)
 
+    @property
+    def stored_shape(self) -> tuple[int, int, int]:
+        """Every image is stored as one crop of this (3, H, W)."""
+        return tuple(self.shape)
+
+    @property
+    def model_normalisation(self):
+        """``normalisation()``: asked of the processor only when the settings do not spell it out."""
+        return self.normalisation()
+
     def normalisation(self):
         """The rescale factor, mean and std the processor applies (what a packed output's meta records,
         and what every writer and reader normalises with: core.Normalisation). Read from the

@@ -221,10 +221,10 @@ def _write_prefix(
     plan = pack_kept(settings, padded, rows, kept, size)
     plan, balance_report = balance(settings, plan, rows)
     fmt = output_format(settings.output_format)
-    dynamic = store.dynamic
+    family = builder.preprocessor
     spec = WriteSpec(
-        image_shape=None if dynamic else tuple(builder.preprocessor.shape),
-        normalisation=builder.preprocessor.normalisation if dynamic else builder.preprocessor.normalisation(),
+        image_shape=family.stored_shape,
+        normalisation=family.model_normalisation,
         pad_id=settings.pad_id,
         ignore_index=sample.ignore_index,
         pool=tuple(store.pool_segments),

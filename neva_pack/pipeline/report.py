@@ -27,7 +27,7 @@ def run_report(
     stats = packing_stats(arrays_from_plan(plan, rows, builder.image_run.positions, padded, settings.alignment,
                                            settings.max_images_per_pack, settings.max_image_tokens_per_pack))  # fmt: skip
     gbs = global_batch_size_advice(settings.global_batch_size, stats.samples_per_pack.mean)
-    dynamic = store.dynamic  # no one crop size, and no NeMo 1 training overrides
+    shape = builder.preprocessor.stored_shape  # None: no one crop size, and no NeMo 1 training overrides
     skipped_by_reason = dict(store.skipped_by_reason)
     for reason, count in size_skips.items():  # cut at this size before all of their answers, or over a visual budget
         if count:
@@ -54,10 +54,10 @@ def run_report(
         image_positions=builder.image_run.positions,
         output_format=settings.output_format,
         data_prefix=str(prefix),
-        crop_size=[] if dynamic else list(builder.preprocessor.shape[1:]),  # dynamic images: no one crop
+        crop_size=[] if shape is None else list(shape[1:]),
         global_batch_size=settings.global_batch_size,
         packed_global_batch_size=gbs,
-        training_overrides=[] if dynamic else training_overrides(str(prefix), builder.preprocessor.shape[1:], gbs, settings.output_format),
+        training_overrides=[] if shape is None else training_overrides(str(prefix), shape[1:], gbs, settings.output_format),
         seconds=round(seconds, 3),
     )
 

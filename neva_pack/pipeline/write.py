@@ -96,8 +96,8 @@ def write_packs(job: PackJob, writer, every: int, progress: bool, with_pixels: b
             for b, problem in enumerate(batch.problems, start=batch.start):
                 if problem is not None:
                     raise OutputError(f"pack {b} of {plan.capacity}: {problem}; nothing was published (a bug: please report it)")
-            read = job.store.pool.read_stored if job.store.dynamic else job.store.pool.read  # StoredImages, or uint8 arrays
-            pixels = (read(indices) for indices in batch.image_indices) if with_pixels else [None] * len(batch)
+            pool = job.store.pool
+            pixels = (pool.read_for_writer(indices) for indices in batch.image_indices) if with_pixels else [None] * len(batch)
             writer.add_prepared(batch.prepared, pixels)
             end = batch.start + len(batch)
             if end // every > batch.start // every and end < plan.num_bins:

@@ -256,6 +256,11 @@ class ImagePool:
             out[k] = self._segment_rows(segment)[0][at]
         return out
 
+    def read_for_writer(self, indices):
+        """What a format's writer takes for these images: their StoredImages in a pool of images each at
+        its own size, else one uint8 array of the crops (``read``)."""
+        return self.read_stored(indices) if self.dynamic else self.read(indices)
+
     def read_stored(self, indices) -> list:
         """images.StoredImage of each index of a dynamic pool, its parts copied out of the files."""
         if not self.dynamic:
