@@ -2,7 +2,8 @@
 items, plus the model inputs of a family's images).
 """
 
-from neva_pack.reading.dataset import PackedSamples, PackedSeqDataset, collate, dynamic_pack_item, position_ids_from_cu_seqlens, sample_of_pack
+from neva_pack.reading.dataset import PackedSamples, PackedSeqDataset, collate, position_ids_from_cu_seqlens
+from neva_pack.reading.items import dynamic_pack_item, sample_of_pack
 from neva_pack.reading.item_source import ItemSource, PackItem, source_of
 
 __all__ = [

@@ -23,7 +23,7 @@ cu_seqlens_unpadded; ``neva_pack.training.thd_batch`` turns them into Megatron-C
 A dynamic-resolution output (Qwen2-VL, LLaVA-NeXT / OneVision: images at their own sizes) is read
 with the processor its meta records (``meta.image_processor``, rebuilt offline by
 ``images.processor_from_record``; a ``processor`` argument overrides it) and gives instead of
-``image`` the model's own inputs, as ``neva_pack.families.model_inputs`` makes them (``dynamic_pack_item``)::
+``image`` the model's own inputs, as its family makes them (``reading/items.py``)::
 
     Qwen          position_ids  int64 (3, L)   mRoPE, each sample's alone, restarting at 0
                   pixel_values  float32 (sum of patches, 1176)      image_grid_thw  int64 (n, 3)
@@ -51,9 +51,9 @@ from torch.utils.data import Dataset
 
 from neva_pack.core import IGNORE_INDEX, PAD_ID
 from neva_pack.formats import open_packed
-from neva_pack.formats import ReadPack
-from neva_pack.families import pack_model_inputs, restarting_positions
+from neva_pack.families import restarting_positions
 from neva_pack.reading.item_source import PackItem, source_of
+from neva_pack.reading.items import item_layout
 
 
 class PackedSeqDataset(Dataset):
@@ -81,6 +81,8 @@ class PackedSeqDataset(Dataset):
         table = self._reader.plan_table()  # per-sample image counts, in pack order
         self._offsets = table.offsets
         self._num_images = table.num_images.astype(np.int32)
+        self._items = item_layout(self, self.processor)
+        """How a pack becomes an item: the stack of one crop shape, or the family's inputs (reading/items.py)."""
         self.source = source_of(self.meta, self.processor)
         """What items of one batch must share (ignore value, pad id, image run, family)."""
 
@@ -101,18 +103,7 @@ class PackedSeqDataset(Dataset):
     def __getitem__(self, p: int) -> dict[str, torch.Tensor]:
         if not 0 <= p < len(self):
             raise IndexError(f"pack {p} of {len(self)}")
-        if self.processor is not None:
-            return self.marked(dynamic_pack_item(self._reader.pack(p), self.sample_images(p), self.processor, self.meta.image_run.patch_id))
-        pack = self._reader.pack(p, images=False)
-        image = self._reader.images(p, device=self.device, dtype=self.dtype)  # the format decides how
-        return self.marked({
-            "cu_seqlens": torch.from_numpy(pack.cu_seqlens.astype(np.int32)),
-            "cu_seqlens_unpadded": torch.from_numpy(pack.cu_seqlens_unpadded.astype(np.int32)),
-            "num_images": torch.from_numpy(self._num_images[self._offsets[p] : self._offsets[p + 1]].copy()),
-            "tokens": torch.from_numpy(pack.tokens),
-            "labels": torch.from_numpy(pack.labels),
-            "image": image,
-        })
+        return self.marked(self._items.pack(p))
 
     def sample_images(self, p: int) -> np.ndarray:
         """int32: images of each sample of pack ``p``."""
@@ -126,48 +117,6 @@ def _recorded_processor(meta):
     from neva_pack.families import processor_from_record
 
     return processor_from_record(meta.image_processor)
-
-
-def dynamic_pack_item(pack: ReadPack, num_images: np.ndarray, processor, patch_id: int) -> dict[str, torch.Tensor]:
-    """The item of a pack of a dynamic-resolution family: tokens, labels, boundaries, num_images (per
-    sample) and ``neva_pack.families.model_inputs.pack_model_inputs`` of its stored images."""
-    inputs = pack_model_inputs(
-        tokens=pack.tokens,
-        cu_seqlens=pack.cu_seqlens,
-        cu_seqlens_unpadded=pack.cu_seqlens_unpadded,
-        num_images=num_images,
-        stored_images=list(pack.stored_images or ()),
-        processor=processor,
-        patch_id=patch_id,
-    )
-    return {
-        "cu_seqlens": torch.from_numpy(np.asarray(pack.cu_seqlens).astype(np.int32)),
-        "cu_seqlens_unpadded": torch.from_numpy(np.asarray(pack.cu_seqlens_unpadded).astype(np.int32)),
-        "num_images": torch.from_numpy(np.asarray(num_images, dtype=np.int32)),
-        "tokens": torch.from_numpy(np.asarray(pack.tokens, dtype=np.int64)),
-        "labels": torch.from_numpy(np.asarray(pack.labels, dtype=np.int64)),
-        **{key: torch.from_numpy(value) for key, value in inputs.items()},
-    }
-
-
-def sample_of_pack(pack: ReadPack, num_images: np.ndarray, k: int) -> ReadPack:
-    """Sample ``k`` of a read pack of a dynamic-resolution family, as a one-sample pack."""
-    bounds, real = np.asarray(pack.cu_seqlens), np.asarray(pack.cu_seqlens_unpadded)
-    start, end = int(bounds[k]), int(bounds[k + 1])
-    first, count = int(np.sum(num_images[:k])), int(num_images[k])
-    lengths = pack.image_lengths
-    return ReadPack(
-        cu_seqlens=np.array([0, end - start], dtype=np.int64),
-        cu_seqlens_unpadded=np.array([0, real[k + 1] - real[k]], dtype=np.int64),
-        tokens=pack.tokens[start:end],
-        labels=pack.labels[start:end],
-        pixels=None,
-        images=None,
-        num_images=count,
-        image_lengths=None if lengths is None else lengths[first : first + count],
-        stored_images=list(pack.stored_images or ())[first : first + count],
-    )
-
 
 
 class PackedSamples(Dataset):
@@ -198,7 +147,8 @@ class PackedSamples(Dataset):
         """int64: the vision encoder's attention cost of each sample's images (patches² per encoder
         pass: what a sampler balances ranks by beside the LM's attention); None for an output written
         before it was kept."""
-        self._cached: tuple[int, dict | ReadPack] | None = None
+        self._cached: dict = {}
+        """The last pack read (``p`` and its item): a batch's samples that share a pack read it once."""
 
     def __len__(self) -> int:
         return int(self.offsets[-1])
@@ -207,32 +157,7 @@ class PackedSamples(Dataset):
         if not 0 <= j < len(self):
             raise IndexError(f"sample {j} of {len(self)}")
         p = int(np.searchsorted(self.offsets, j, side="right")) - 1
-        if self.packs.processor is not None:
-            return self._dynamic_sample(p, j - int(self.offsets[p]))
-        if self._cached is None or self._cached[0] != p:
-            self._cached = (p, self.packs[p])
-        pack, k = self._cached[1], j - int(self.offsets[p])
-        start, end = int(pack["cu_seqlens"][k]), int(pack["cu_seqlens"][k + 1])
-        first_image = int(pack["num_images"][:k].sum())
-        images = int(pack["num_images"][k])
-        real = int(pack["cu_seqlens_unpadded"][k + 1] - pack["cu_seqlens_unpadded"][k])
-        return self.packs.marked({
-            "cu_seqlens": torch.tensor([0, end - start], dtype=torch.int32),
-            "cu_seqlens_unpadded": torch.tensor([0, real], dtype=torch.int32),
-            "num_images": pack["num_images"][k : k + 1].clone(),
-            "tokens": pack["tokens"][start:end].clone(),
-            "labels": pack["labels"][start:end].clone(),
-            "image": pack["image"][first_image : first_image + images].clone() if images else torch.zeros_like(pack["image"][:1]),
-        })
-
-    def _dynamic_sample(self, p: int, k: int) -> dict[str, torch.Tensor]:
-        """A dynamic family's sample: its own images through the processor (their own tile padding)."""
-        packs = self.packs
-        if self._cached is None or self._cached[0] != p:
-            self._cached = (p, packs._reader.pack(p))
-        counts = packs.sample_images(p)
-        sample = sample_of_pack(self._cached[1], counts, k)
-        return packs.marked(dynamic_pack_item(sample, counts[k : k + 1], packs.processor, packs.meta.image_run.patch_id))
+        return self.packs.marked(self.packs._items.sample(p, j - int(self.offsets[p]), self._cached))
 
 
 def position_ids_from_cu_seqlens(cu_seqlens: torch.Tensor) -> torch.Tensor:
