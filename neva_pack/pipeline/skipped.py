@@ -15,7 +15,7 @@ import numpy as np
 from neva_pack.files import paths
 from neva_pack.core import InputError
 
-__all__ = ["size_skip_details", "too_many_skipped", "write_run_skipped", "write_size_skipped"]
+__all__ = ["size_skip_details", "too_many_skipped", "top_reasons", "write_run_skipped", "write_size_skipped"]
 
 
 def write_run_skipped(segment_files: list[Path], output_dir: Path) -> None:
@@ -30,10 +30,31 @@ def write_run_skipped(segment_files: list[Path], output_dir: Path) -> None:
 
 
 def too_many_skipped(max_skip_fraction: float, skipped: int, of_records: str, output_dir: Path) -> InputError:
+    """The one line a run stops with past --max_skip_fraction: the counts, and the commonest reasons with
+    their counts and the first record's detail (read back from the skip list just written), so that the
+    cause shows without opening the file: "16 missing_image (coco/1.jpg: ...)"."""
+    target = output_dir / paths.SKIPPED_FILE
     return InputError(
-        f"{skipped} of {of_records} records were skipped (> --max_skip_fraction {max_skip_fraction}); "
-        f"reasons in {output_dir / paths.SKIPPED_FILE}"
+        f"{skipped} of {of_records} records were skipped (> --max_skip_fraction {max_skip_fraction}): "
+        f"{top_reasons(target)}; every one in {target}"
     )
+
+
+def top_reasons(skipped_file: Path, most: int = 3) -> str:
+    """"16 missing_image (first: <its detail>), 2 unreadable_image (first: ...)": the ``most`` commonest
+    reasons of a skip list, each with the detail of its first record."""
+    counts: dict[str, int] = {}
+    first: dict[str, str] = {}
+    with open(skipped_file, encoding="utf-8") as f:
+        for line in f:
+            entry = json.loads(line)
+            reason = entry["reason"]
+            counts[reason] = counts.get(reason, 0) + 1
+            first.setdefault(reason, str(entry.get("detail", "")))
+    ranked = sorted(counts, key=lambda reason: (-counts[reason], reason))[:most]
+    more = len(counts) - len(ranked)
+    parts = [f"{counts[reason]} {reason} (first: {first[reason][:120]})" for reason in ranked]
+    return ", ".join(parts) + (f", and {more} other reason(s)" if more > 0 else "")
 
 
 def size_skip_details(size: int, max_images_per_pack: int | None = None, max_image_tokens_per_pack: int | None = None) -> dict[str, str]:

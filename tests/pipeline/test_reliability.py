@@ -279,8 +279,21 @@ def test_max_skip_fraction_aborts_early_with_the_report_so_far(tmp_path, capsys)
     code = main(["preprocess", *command(data, out)])
     err = capsys.readouterr().err
     assert code == 2 and "750 of the first 1000 records were skipped (> --max_skip_fraction 0.5)" in err
+    assert err.count("\n") == 1 and "750 missing_image (first: missing.jpg" in err  # the cause, without opening the list
     lines = skipped_path(out).read_text().splitlines()
     assert len(lines) == 750 and json.loads(lines[0])["reason"] == "missing_image"
+
+
+def test_the_skip_stop_names_the_commonest_reasons_with_their_counts(tmp_path, capsys):
+    """A first run without --image_folder: the line says why, not only where the reasons are listed."""
+    args = ["preprocess", "--quiet", "--data_path", str(SAMPLE_DATA / "llava_sample.json"), "--tokenizer_path",
+            str(SAMPLE_DATA / "tokenizer.model"), "--output_dir", str(tmp_path / "out"), "--conv_template", "v1",
+            "--num_workers", "0"]  # fmt: skip
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert "16 of the first 20 records were skipped" in err and "16 missing_image (first: " in err
+    assert "no --image_folder was given" in err and str(tmp_path / "out" / "skipped.jsonl") in err
 
 
 def test_unreadable_tar_member_is_a_counted_skip(tmp_path, capsys):
