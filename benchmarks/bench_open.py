@@ -19,8 +19,10 @@ import numpy as np
 from neva_pack.assembly import AssembledPack
 from neva_pack.core import ImageRun
 from neva_pack.files import meta_path, packed_prefix, paths
-from neva_pack.formats import FORMATS, WriteSpec, open_checked_meta, open_packed, read_meta
-from neva_pack.formats import META_VERSION, Counts, ImageTokenIds, Normalisation, PackedMeta, PackingSettings
+from neva_pack.formats import (
+    Counts, FORMATS, ImageTokenIds, META_VERSION, Normalisation, PackedMeta, PackingSettings, WriteSpec,
+    open_checked_meta, open_packed, read_meta
+)
 from neva_pack.packing import PlanTable
 from neva_pack.sample_store import PoolWriter, pool_segment, segment_name
 

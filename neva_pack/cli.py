@@ -12,8 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from neva_pack.config import SampleConfig, settings
-from neva_pack.config import GROUPS, NEMO, OURS, base_type, flag_of, help_of, options
+from neva_pack.config import GROUPS, NEMO, OURS, SampleConfig, base_type, flag_of, help_of, options, settings
 from neva_pack.core import ConfigError, NevaPackError
 from neva_pack.formats import FORMATS
 from neva_pack.packing import ALGORITHMS, DEFAULT_ALGORITHM, RECOMMENDED_ALGORITHM

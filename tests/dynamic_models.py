@@ -13,8 +13,7 @@ import torch.nn.functional as F
 
 from neva_pack.reading import dynamic_pack_item, sample_of_pack
 from neva_pack.families import resolve_encoder
-from neva_pack.training import hf_batch
-from neva_pack.training import HF_IGNORE_INDEX
+from neva_pack.training import HF_IGNORE_INDEX, hf_batch
 from tests.dynamic_packs import IMAGE, VIDEO, VISION_END, VISION_START, VOCAB
 
 TOLERANCE = 1e-9

@@ -19,8 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from neva_pack.packing import PackingPlan
-from neva_pack.packing import padded_lengths, with_padding
+from neva_pack.packing import PackingPlan, padded_lengths, with_padding
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -25,11 +25,8 @@ from typing import Callable, Iterator
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
-from neva_pack.packing import invariants
+from neva_pack.packing import PackingPlan, fast_pack_problems, invariants, padded_view
 from neva_pack.assembly.assemble import AssembledPack, assemble_packs
-from neva_pack.packing import fast_pack_problems
-from neva_pack.packing import PackingPlan
-from neva_pack.packing import padded_view
 from neva_pack.core import worker_messages
 
 PACKS_PER_MESSAGE = 32

@@ -23,10 +23,8 @@ from tqdm import tqdm
 from neva_pack.files import paths
 from neva_pack.assembly import AssembledPack
 from neva_pack.core import ConfigError
-from neva_pack.formats import FORMATS, checked_meta, get_format, open_prefix, resolve_prefixes
-from neva_pack.formats import WriteSpec
+from neva_pack.formats import FORMATS, WriteSpec, checked_meta, get_format, open_prefix, read_meta, resolve_prefixes
 from neva_pack.sample_store import PoolWriter, pool_segment
-from neva_pack.formats import read_meta
 from neva_pack.commands.report import read_report
 from neva_pack.commands.stats import training_overrides
 

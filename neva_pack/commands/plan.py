@@ -16,11 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from neva_pack.files import paths
-from neva_pack.core import IGNORE_INDEX
-from neva_pack.core import InputError
-from neva_pack.packing import pack
-from neva_pack.packing import budget_options, over_image_budget
-from neva_pack.packing import aligned_capacity, padded_lengths
+from neva_pack.core import IGNORE_INDEX, InputError
+from neva_pack.packing import aligned_capacity, budget_options, over_image_budget, pack, padded_lengths
 from neva_pack.sample_store import PROGRESS_FILE, SampleStore
 from neva_pack.commands.stats import global_batch_size_advice
 

@@ -20,13 +20,12 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from neva_pack.packing import invariants
-from neva_pack.files import paths
-from neva_pack.files import file_checksum
+from neva_pack.packing import fast_pack_problems, invariants
+from neva_pack.files import file_checksum, paths
 from neva_pack.core import InputError
-from neva_pack.formats import get_format, resolve_prefixes
-from neva_pack.formats import PackedMeta, checksum_problems, meta_checksum_ok, read_meta_json
-from neva_pack.packing import fast_pack_problems
+from neva_pack.formats import (
+    PackedMeta, checksum_problems, get_format, meta_checksum_ok, read_meta_json, resolve_prefixes
+)
 from neva_pack.commands.report import read_report
 
 MAX_REPORTED = 20

@@ -19,17 +19,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from neva_pack.config.hparams import NEMO_SECTION_KEYS
-from neva_pack.config.hparams import read_hparams as _read_yaml
-from neva_pack.config.options import Option, as_field_value, default_of, flag_of, options
+from neva_pack.config.hparams import NEMO_SECTION_KEYS, read_hparams as _read_yaml
+from neva_pack.config.options import (
+    GROUPS, NEMO, OURS, Option, as_field_value, base_type, default_of, flag_of, help_of, options
+)
 from neva_pack.config.pack import MAX_SEED, PackConfig
-from neva_pack.config.run import RunConfig, max_workers
+from neva_pack.config.run import RunConfig, default_workers, max_workers
 from neva_pack.config.sample import IMAGE_ASPECT_RATIOS, SampleConfig
 from neva_pack.core import ConfigError
 from neva_pack.formats import FORMATS
 
-from neva_pack.config.options import GROUPS, NEMO, OURS, base_type, help_of
-from neva_pack.config.run import default_workers
 
 PARTS = {"sample": SampleConfig, "pack": PackConfig, "run": RunConfig}
 """PreprocessConfig's attribute -> the part's class, in the order flags are listed."""

@@ -7,11 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from neva_pack.config.options import NEMO, TRAINING, check_fields, option
-from neva_pack.core import PAD_ID
-from neva_pack.core import ConfigError
+from neva_pack.core import ConfigError, PAD_ID
 from neva_pack.formats import DEFAULT_FORMAT, FORMATS
-from neva_pack.packing import ALGORITHMS, DEFAULT_ALGORITHM, RECOMMENDED_ALGORITHM
-from neva_pack.packing import aligned_capacity, alignment_multiple
+from neva_pack.packing import ALGORITHMS, DEFAULT_ALGORITHM, RECOMMENDED_ALGORITHM, aligned_capacity, alignment_multiple
 
 MAX_SEED = 2**63 - 1
 """Seeds are non-negative int64 (numpy's generators refuse negative seeds)."""

@@ -9,8 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from neva_pack.config.options import BUDGETS, NEMO, check_fields, option, options
-from neva_pack.core import IGNORE_INDEX, VERSION
-from neva_pack.core import ConfigError
+from neva_pack.core import ConfigError, IGNORE_INDEX, VERSION
 from neva_pack.families import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGE_DECODE_SECONDS, DEFAULT_MAX_IMAGE_PIXELS
 from neva_pack.records import (
     DEFAULT_MAX_CONVERSATION_CHARS,

@@ -7,11 +7,8 @@ the checks that a run's ids, the pad id and the ignore index can be stored and t
 
 from __future__ import annotations
 
-from neva_pack.core import IGNORE_INDEX, PAD_ID
-from neva_pack.core import ConfigError
-from neva_pack.core import ImageRun
-from neva_pack.text import DEFAULT_TOKENIZATION, TOKENIZATIONS
-from neva_pack.text import Tokenizer
+from neva_pack.core import ConfigError, IGNORE_INDEX, ImageRun, PAD_ID
+from neva_pack.text import DEFAULT_TOKENIZATION, TOKENIZATIONS, Tokenizer
 
 __all__ = ["NEMO_IM_END", "NEMO_IM_START", "check_token_ids", "image_run_for", "missing_nemo_specials"]
 

@@ -13,14 +13,15 @@ from pathlib import Path
 
 from neva_pack.core import ConfigError, InputError
 from neva_pack.formats import bridge, bridge_parquet, compact, energon, llamafactory, nemo
-from neva_pack.formats.base import PackedFormat
-from neva_pack.formats.meta import PackedMeta, PackingSettings, checksum_problems, meta_checksum_ok, read_meta, read_meta_json
+from neva_pack.formats.base import Checkpoint, PackReader, PackWriter, PackedFormat, PrefixFiles, WriteSpec
+from neva_pack.formats.meta import (
+    Counts, ImageTokenIds, META_VERSION, Normalisation, PackedMeta, PackingSettings, ReadPack, checksum_problems,
+    meta_checksum_ok, read_meta, read_meta_json
+)
 from neva_pack.formats.trust import checked_meta, trusted_meta
 from neva_pack.files import META_SUFFIX, PACKED_NAME, meta_path, pack_size_of, packed_prefixes
 
-from neva_pack.formats.base import Checkpoint, PackReader, PackWriter, PrefixFiles, WriteSpec
 from neva_pack.formats.energon import IMAGES_MEMBER, Writer, dataset_path, decode, fetch_from, pack_index
-from neva_pack.formats.meta import Counts, ImageTokenIds, META_VERSION, Normalisation, ReadPack
 
 
 FORMATS: dict[str, PackedFormat] = {

@@ -32,11 +32,11 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from neva_pack.files import file_checksum
-from neva_pack.core import ConfigError, InputError
+from neva_pack.files import (
+    TMP_SUFFIX, checkpoint_paths, file_checksum, meta_path, prefix_file, relative_name, tmp_prefix, write_json_atomic
+)
+from neva_pack.core import ConfigError, ImageRun, InputError
 from neva_pack.formats.meta import Normalisation, PackedMeta, ReadPack
-from neva_pack.core import ImageRun
-from neva_pack.files import TMP_SUFFIX, checkpoint_paths, meta_path, prefix_file, relative_name, tmp_prefix, write_json_atomic
 from neva_pack.sample_store import PoolSegment
 
 if TYPE_CHECKING:

@@ -43,11 +43,10 @@ from neva_pack.core import InputError, parsing
 from neva_pack.formats.base import Checkpoint, Limits, PrefixFiles, WriteSpec, meta_is_of, publish
 from neva_pack.formats.meta import PackedMeta, ReadPack, read_meta
 from neva_pack.files import OutputFile, open_output, regular_output
-from neva_pack.packing import real_positions, with_padding
+from neva_pack.packing import PlanTable, read_plan_table, real_positions, with_padding, write_plan_table
 from neva_pack.files import (
     TMP_SUFFIX, checkpoint_paths, meta_path, pack_size_of, packed_prefix, plan_path, prefix_file, relative_name, tmp_prefix,
 )  # fmt: skip
-from neva_pack.packing import PlanTable, read_plan_table, write_plan_table
 
 __all__ = [
     "FORMAT", "BridgeFormat", "NpyRows", "PreparedPacks", "Reader", "RowFile", "Rows", "Writer", "metadata_name", "read_rows",

@@ -50,10 +50,8 @@ import numpy as np
 from neva_pack.core import InputError, parsing
 from neva_pack.formats.base import Checkpoint, Limits, PrefixFiles, WriteSpec, meta_is_of, prefix_files, publish
 from neva_pack.formats.meta import PackedMeta, ReadPack, read_meta
-from neva_pack.files import OutputFile
-from neva_pack.packing import with_padding
-from neva_pack.files import meta_path, prefix_file, regular_output, relative_name
-from neva_pack.packing import PlanTable
+from neva_pack.files import OutputFile, meta_path, prefix_file, regular_output, relative_name
+from neva_pack.packing import PlanTable, with_padding
 from neva_pack.sample_store import ImagePool, PoolSegment
 
 __all__ = ["FORMAT", "INDEX", "LABELS", "TOKENS", "CompactFormat", "PreparedPacks", "Reader", "Writer"]

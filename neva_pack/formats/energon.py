@@ -69,7 +69,7 @@ from pathlib import Path
 
 import numpy as np
 
-from neva_pack.core import parsing
+from neva_pack.core import StoredImage, parsing
 from neva_pack.formats.base import Checkpoint, Limits, PrefixFiles, WriteSpec, meta_is_of, normalised_stack, prefix_files, publish
 from neva_pack.formats.energon_samples import (
     DYNAMIC_MEMBERS, IMAGE_LENGTHS_MEMBER, IMAGE_REFS_MEMBER, IMAGES_MEMBER, MEMBERS, carried_members, decode, fetch_from, image_key,
@@ -79,10 +79,8 @@ from neva_pack.formats.meta import PackedMeta, ReadPack, read_meta
 from neva_pack.formats.webdataset import (
     BLOCK, META_DIR, ShardIndex, ShardSamples, end_of_archive, member_header, npy_bytes, padded, sample_count, shard_name, write_nv_meta,
 )  # fmt: skip
-from neva_pack.packing import padded_view
+from neva_pack.packing import PlanTable, padded_view, read_plan_table, write_plan_table
 from neva_pack.files import meta_path, prefix_file, relative_name
-from neva_pack.packing import PlanTable, read_plan_table, write_plan_table
-from neva_pack.core import StoredImage
 
 __all__ = [
     "DATASET_SUFFIX", "DYNAMIC_MEMBERS", "FORMAT", "IMAGES_MEMBER", "IMAGE_REFS_MEMBER", "MEMBERS", "SHARD_BYTES", "EnergonFormat", "PreparedPack", "Reader", "Writer", "dataset_path",

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from neva_pack.core import InputError
+from neva_pack.core import InputError, StoredImage
 from neva_pack.formats.meta import ReadPack
 from neva_pack.formats.webdataset import file_store_of, npy_array, npy_bytes
 from neva_pack.sample_store import image_key
-from neva_pack.core import StoredImage
 
 __all__ = [
     "DYNAMIC_CARRIED", "DYNAMIC_MEMBERS", "FIXED_CARRIED", "IMAGES_MEMBER", "IMAGE_LENGTHS_MEMBER", "IMAGE_REFS_MEMBER", "MEMBERS",

@@ -18,9 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from neva_pack.core import InputError
-from neva_pack.core import ImageRun
-from neva_pack.core import Normalisation
+from neva_pack.core import ImageRun, InputError, Normalisation
 
 META_VERSION = 2
 """Version of the meta schema below (1: untyped dict, before formats/; refused)."""

@@ -29,15 +29,15 @@ from pathlib import Path
 
 import numpy as np
 
-from neva_pack.files import data_extents, regular_output
+from neva_pack.files import (
+    BIN_SUFFIX, IDX_SUFFIX, IndexedWriter, META_SUFFIX, PLAN_SUFFIX, bin_path, data_extents, idx_path, is_index,
+    meta_path, packed_prefix, plan_path, read_index, regular_output
+)
 from neva_pack.core import InputError
 from neva_pack.formats.base import Checkpoint, Limits, PrefixFiles, WriteSpec, meta_is_of, prefix_files, publish
 from neva_pack.formats.common import megatron as _megatron
-from neva_pack.files import BIN_SUFFIX, IDX_SUFFIX, IndexedWriter, bin_path, idx_path, is_index, read_index
 from neva_pack.formats.meta import PackedMeta, ReadPack, read_meta
-from neva_pack.packing import padded_view
-from neva_pack.files import META_SUFFIX, PLAN_SUFFIX, meta_path, packed_prefix, plan_path
-from neva_pack.packing import PlanTable, read_plan_table, write_plan_table
+from neva_pack.packing import PlanTable, padded_view, read_plan_table, write_plan_table
 
 __all__ = [
     "FORMAT", "NemoFormat", "PreparedPacks", "Reader", "Writer", "indexed_dataset", "prefix_without_meta",

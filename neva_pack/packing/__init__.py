@@ -16,13 +16,12 @@ from typing import Any, Callable
 import numpy as np
 
 from neva_pack.packing import algorithms, kernels
-from neva_pack.packing.budgets import visual_budgets
+from neva_pack.packing.budgets import NO_BUDGETS, budget_options, over_image_budget, visual_budgets
 from neva_pack.packing.plan import PackingPlan
 
 from neva_pack.packing.algorithms import DEFAULT_CHUNK_SIZE, first_fit_shuffle
 from neva_pack.packing.alignment import aligned_capacity, alignment_multiple, fixed_row_length, padded_lengths, padded_view, real_positions, with_padding
 from neva_pack.packing.balance import DEFAULT_TOLERANCE, PackCosts, balance_order, reorder_plan, straggler_overhead
-from neva_pack.packing.budgets import NO_BUDGETS, budget_options, over_image_budget
 from neva_pack.packing.invariant_kernels import fast_pack_problems, pack_is_sound
 from neva_pack.packing.invariants import PackSpec, accounting_problem, pack_problems
 from neva_pack.packing.plan_table import PlanTable, read_plan_table, write_plan_table

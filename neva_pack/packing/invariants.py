@@ -21,8 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from neva_pack.core import ImageRun
-from neva_pack.core import PAD_ID
+from neva_pack.core import ImageRun, PAD_ID
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

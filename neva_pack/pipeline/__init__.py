@@ -28,35 +28,25 @@ from pathlib import Path
 
 import numpy as np
 
-from neva_pack.packing import invariants
+from neva_pack.packing import PlanTable, aligned_capacity, invariants, over_image_budget, padded_lengths
 from neva_pack.files import paths
-from neva_pack.assembly import rows_at
+from neva_pack.assembly import PackJob, rows_at
 from neva_pack.config import PreprocessConfig, SampleConfig
 from neva_pack.core import ConfigError, InputError, OutputError
-from neva_pack.formats import FORMATS, output_format
-from neva_pack.formats import WriteSpec
-from neva_pack.packing import aligned_capacity, padded_lengths
-from neva_pack.assembly import PackJob
-from neva_pack.pipeline.builder import build_sample_builder, pack_spec
-from neva_pack.pipeline.encode import encode_samples, records_per_message, store_images
-from neva_pack.pipeline.ownership import prepare_output_dir
-from neva_pack.packing import over_image_budget
-from neva_pack.pipeline.pack import balance, pack_kept
+from neva_pack.formats import FORMATS, WriteSpec, output_format
+from neva_pack.pipeline.builder import build_sample_builder, pack_spec, sample_builder_for
+from neva_pack.pipeline.encode import encode_samples, record_stops, records_per_message, store_images
+from neva_pack.pipeline.ownership import LOCK_FILE, OutputLock, entries, owned_outputs, prepare_output_dir, remove
+from neva_pack.pipeline.pack import balance, better_algorithm, pack_kept
 from neva_pack.pipeline.parts import content_fingerprint, encode_part, input_digest, join_parts
 from neva_pack.pipeline.report import packed_meta, run_report
 from neva_pack.pipeline.skipped import size_skip_details, too_many_skipped, write_run_skipped, write_size_skipped
 from neva_pack.pipeline.write import drop_store, plan_digest, remove_stale_tmp, resumed_prefix, write_packs
-from neva_pack.packing import PlanTable
-from neva_pack.records import RecordIndex, index_records, record_ids
-from neva_pack.records import IMAGES_NOT_HELD, OVER_IMAGE_BUDGET
+from neva_pack.records import IMAGES_NOT_HELD, OVER_IMAGE_BUDGET, RecordIndex, index_records, record_ids
 from neva_pack.commands import RunReport
 from neva_pack.sample_store import SampleStore
 from neva_pack.samples import SampleBuilder
 
-from neva_pack.pipeline.builder import sample_builder_for
-from neva_pack.pipeline.encode import record_stops
-from neva_pack.pipeline.ownership import LOCK_FILE, OutputLock, entries, owned_outputs, remove
-from neva_pack.pipeline.pack import better_algorithm
 from neva_pack.pipeline.plan_input import DECODE_SKIPS_NOTE, laid_out_lengths, lengths_from_input
 from neva_pack.pipeline.shard_status import ShardState, ShardsStatus, shards_status
 

@@ -7,16 +7,14 @@ import sys
 
 from neva_pack.packing import invariants
 from neva_pack.config import PackConfig, PreprocessConfig, SampleConfig
-from neva_pack.core import ConfigError
+from neva_pack.core import ConfigError, ImageRun
 from neva_pack.formats import check_dynamic_images, output_format
-from neva_pack.core import ImageRun
 from neva_pack.families import (
     FamilyOptions, ImageSource, ModelFamily, RunRequest, check_token_ids, missing_nemo_specials, model_family, resolve_encoder,
 )  # fmt: skip
 from neva_pack.records import RecordLimits
 from neva_pack.samples import SampleBuilder
-from neva_pack.text import load_template
-from neva_pack.text import load_tokenizer
+from neva_pack.text import load_template, load_tokenizer
 
 __all__ = ["build_sample_builder", "pack_spec", "sample_builder_for"]
 

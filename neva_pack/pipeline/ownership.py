@@ -25,10 +25,9 @@ import socket
 from pathlib import Path
 
 from neva_pack.config import RunConfig
-from neva_pack.files import paths
+from neva_pack.files import LOCK_FILE, paths
 from neva_pack.core import ConfigError, InputError
 from neva_pack.formats import declared_files
-from neva_pack.files import LOCK_FILE
 from neva_pack.sample_store import PROGRESS_FILE, STORE_FORMAT, is_store_file, part_dir, part_of
 
 __all__ = [

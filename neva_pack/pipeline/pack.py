@@ -8,9 +8,10 @@ from dataclasses import replace
 import numpy as np
 
 from neva_pack.config import PackConfig
-from neva_pack.packing import RECOMMENDED_ALGORITHM, PackingPlan, pack
-from neva_pack.packing import budget_options
-from neva_pack.packing import PackCosts, balance_order, reorder_plan, straggler_overhead
+from neva_pack.packing import (
+    PackCosts, PackingPlan, RECOMMENDED_ALGORITHM, balance_order, budget_options, pack, reorder_plan,
+    straggler_overhead
+)
 from neva_pack.commands import AlgorithmSuggestion, BalanceReport
 
 __all__ = ["SUGGEST_WHEN_SAVING", "balance", "better_algorithm", "pack_kept"]

@@ -32,7 +32,7 @@ from neva_pack.core import ConfigError, InputError
 from neva_pack.pipeline.encode import encode_samples, records_per_message, store_images
 from neva_pack.pipeline.ownership import LOCK_FILE, is_part_file, lock_holder, prepare_part_dir
 from neva_pack.pipeline.shard_status import resubmit_lines
-from neva_pack.records import index_records
+from neva_pack.records import index_records, shard_range
 from neva_pack.sample_store import (
     PROGRESS_FILE,
     SampleStoreWriter,
@@ -46,7 +46,6 @@ from neva_pack.sample_store import (
     store_files_problem,
 )
 from neva_pack.samples import SampleBuilder
-from neva_pack.records import shard_range
 from neva_pack.files import file_checksum
 
 __all__ = ["Partition", "content_fingerprint", "encode_part", "input_digest", "join_parts"]

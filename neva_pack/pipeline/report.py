@@ -6,13 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from neva_pack.config import PackConfig, SampleConfig
-from neva_pack.formats import WriteSpec
-from neva_pack.formats import META_VERSION, Counts, ImageTokenIds, PackedMeta, PackingSettings
+from neva_pack.formats import Counts, ImageTokenIds, META_VERSION, PackedMeta, PackingSettings, WriteSpec
 from neva_pack.packing import budget_options
 from neva_pack.pipeline.pack import better_algorithm
-from neva_pack.commands import RecordCounts, RunReport
+from neva_pack.commands import (
+    RecordCounts, RunReport, arrays_from_plan, global_batch_size_advice, packing_stats, training_overrides
+)
 from neva_pack.samples import SampleBuilder
-from neva_pack.commands import arrays_from_plan, global_batch_size_advice, packing_stats, training_overrides
 
 __all__ = ["packed_meta", "run_report"]
 

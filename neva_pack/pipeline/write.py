@@ -14,14 +14,11 @@ from tqdm import tqdm
 from neva_pack.files import paths
 from neva_pack.config import meta_fields
 from neva_pack.core import InputError, OutputError
-from neva_pack.formats import temporary_files
-from neva_pack.formats import Checkpoint
-from neva_pack.formats import read_meta_json
+from neva_pack.formats import Checkpoint, read_meta_json, temporary_files
 from neva_pack.packing import PackingPlan
 from neva_pack.assembly import PackJob, pack_batches
-from neva_pack.commands import RunReport, read_report
+from neva_pack.commands import RunReport, read_report, verify
 from neva_pack.sample_store import check_settings
-from neva_pack.commands import verify
 
 __all__ = [
     "drop_store",

@@ -27,20 +27,14 @@ from neva_pack.sample_store.checks import (
     store_files_problem,
 )
 from neva_pack.sample_store.files import (
-    PROGRESS_FILE,
-    SAMPLE_ROW,
-    STORE_FORMAT,
-    STORE_TEXT_DTYPE,
-    SegmentInfo,
-    is_store_file,
-    part_dir,
-    part_of,
+    POOL_IMAGE_ROW, PROGRESS_FILE, RUN_VALUES, SAMPLE_ROW, STORE_FORMAT, STORE_TEXT_DTYPE, SegmentInfo, is_store_file,
+    part_dir, part_of, pool_images_path, pool_keys_path, segment_image_refs_path, segment_name, segment_rows_path,
+    segment_skipped_path, segment_text_prefix
 )
 from neva_pack.sample_store.join import join_part
 from neva_pack.sample_store.reader import SampleStore, StoredTexts
 from neva_pack.sample_store.writer import SampleStoreWriter
 
-from neva_pack.sample_store.files import POOL_IMAGE_ROW, RUN_VALUES, pool_images_path, pool_keys_path, segment_image_refs_path, segment_name, segment_rows_path, segment_skipped_path, segment_text_prefix
 from neva_pack.sample_store.image_pool import ImagePool, PoolSegment, PoolWriter, image_key, pool_segment
 
 __all__ = [

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from neva_pack.core import ConfigError, InputError
-from neva_pack.files import bin_path, idx_path, read_index
+from neva_pack.files import bin_path, file_checksum, idx_path, read_index, read_json
 from neva_pack.sample_store.files import (
     PROGRESS_FILE,
     SAMPLE_ROW,
@@ -24,8 +24,6 @@ from neva_pack.sample_store.files import (
     segment_text_prefix,
 )
 from neva_pack.sample_store.image_pool import KEY_BYTES, image_bytes, pool_segment, read_shapes
-from neva_pack.files import file_checksum
-from neva_pack.files import read_json
 
 __all__ = [
     "MAX_PROGRESS_BYTES",

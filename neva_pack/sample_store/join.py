@@ -7,8 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from neva_pack.files import fsync_close
-from neva_pack.files import IndexedWriter, bin_path, idx_path
+from neva_pack.files import IndexedWriter, bin_path, file_checksum, fsync_close, idx_path
 from neva_pack.sample_store.checks import StoreDamage, read_progress
 from neva_pack.sample_store.files import (
     STORE_IMAGE_DTYPE,
@@ -20,7 +19,6 @@ from neva_pack.sample_store.files import (
     segment_skipped_path,
     segment_text_prefix,
 )
-from neva_pack.files import file_checksum
 from neva_pack.sample_store.image_pool import KEY_BYTES, PoolSegment, PoolWriter, image_bytes, pool_segment, read_shapes, stored_image
 from neva_pack.sample_store.writer import SampleStoreWriter
 

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from neva_pack.files import fsync_close
-from neva_pack.files import IndexedWriter, bin_path, idx_path
+from neva_pack.files import IndexedWriter, bin_path, fsync_close, idx_path, write_json_atomic
 from neva_pack.core import InputError
 from neva_pack.sample_store.batches import StoredBatch, stored_batch
 from neva_pack.sample_store.checks import check_input, check_settings, read_progress, segment_checksums, store_checksums_problem
@@ -30,7 +29,6 @@ from neva_pack.sample_store.files import (
     segment_text_prefix,
 )
 from neva_pack.sample_store.image_pool import KEY_BYTES, PoolSegment, PoolWriter, load_keys, pool_segment
-from neva_pack.files import write_json_atomic
 
 __all__ = ["SampleStoreWriter"]
 

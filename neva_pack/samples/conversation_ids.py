@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from neva_pack.core import ConfigError
+from neva_pack.core import ConfigError, ImageRun
 from neva_pack.families import IMAGE_DELIMITER_PIECES
-from neva_pack.core import ImageRun
-from neva_pack.text import Marker, TextChunk, chunk_labels, trained_tokens
+from neva_pack.text import (
+    Marker, Piece, Template, TextChunk, Tokenization, Tokenizer, chunk_labels, render, trained_tokens
+)
 from neva_pack.records import IMAGE_PLACEHOLDER, Conversation, RecordError, Turn
-from neva_pack.text import Piece, Template, Tokenization, render
-from neva_pack.text import Tokenizer
 
 __all__ = ["ConversationIds"]
 

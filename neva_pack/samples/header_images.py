@@ -16,16 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from neva_pack.families import (
-    ModelFamily,
-    DEFAULT_MAX_IMAGE_DECODE_SECONDS,
-    DEFAULT_MAX_IMAGE_PIXELS,
-    ImageSource,
-    StoredImage,
-    check_decoded_size,
-    decode_image,
-    header_size,
+    DEFAULT_MAX_IMAGE_DECODE_SECONDS, DEFAULT_MAX_IMAGE_PIXELS, ImageSource, ModelFamily, StoredImage,
+    check_decoded_size, decode_image, header_size, too_many_pixels
 )
-from neva_pack.families import too_many_pixels
 from neva_pack.records import RecordError
 
 __all__ = ["HeaderImage", "HeaderImages", "header_size_of"]

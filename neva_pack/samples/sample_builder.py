@@ -22,20 +22,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from neva_pack.samples.conversation_ids import ConversationIds
-from neva_pack.core import IGNORE_INDEX
-from neva_pack.core import ConfigError
+from neva_pack.core import ConfigError, IGNORE_INDEX, ImageRun
 from neva_pack.samples.header_images import HeaderImage, HeaderImages, header_size_of
-from neva_pack.families import check_token_ids
-from neva_pack.core import ImageRun
 from neva_pack.families import (
-    DEFAULT_MAX_IMAGE_DECODE_SECONDS,
-    DEFAULT_MAX_IMAGE_PIXELS,
-    ImageSource,
-    ModelFamily,
-    StoredImage,
-    decode_image,
+    DEFAULT_MAX_IMAGE_DECODE_SECONDS, DEFAULT_MAX_IMAGE_PIXELS, ImageSource, ModelFamily, StoredImage,
+    check_token_ids, decode_image, too_many_pixels
 )
-from neva_pack.families import too_many_pixels
 from neva_pack.records import (
     DEFAULT_MAX_CONVERSATION_CHARS,
     DEFAULT_MAX_IMAGES_PER_RECORD,
@@ -46,8 +38,7 @@ from neva_pack.records import (
     RecordLimits,
     parse_record,
 )
-from neva_pack.text import DEFAULT_TOKENIZATION, TOKENIZATIONS, Template, Tokenization
-from neva_pack.text import Tokenizer
+from neva_pack.text import DEFAULT_TOKENIZATION, TOKENIZATIONS, Template, Tokenization, Tokenizer
 
 __all__ = ["Sample", "SampleBuilder", "SampleLayout", "Skipped", "truncation"]
 

@@ -8,12 +8,10 @@
 """
 
 from neva_pack.training.cp import cp_partition_index, cp_slice
-from neva_pack.training.hf import MaskSettings, hf_batch, hf_collate, packed_attention_masks
+from neva_pack.training.hf import HF_IGNORE_INDEX, MaskSettings, hf_batch, hf_collate, packed_attention_masks
 from neva_pack.training.sampler import EpochPlan, PackedBatchSampler
-from neva_pack.training.thd import packed_seq_params, thd_batch, thd_collate
+from neva_pack.training.thd import image_embedding_index, packed_seq_params, thd_batch, thd_collate
 
-from neva_pack.training.hf import HF_IGNORE_INDEX
-from neva_pack.training.thd import image_embedding_index
 
 __all__ = [
     "EpochPlan",

@@ -34,9 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 from torch.utils.data import Sampler
 
-from neva_pack.packing import RECOMMENDED_ALGORITHM, pack
-from neva_pack.packing import DEFAULT_TOLERANCE, PackCosts, balance_order
-from neva_pack.packing import visual_budgets
+from neva_pack.packing import DEFAULT_TOLERANCE, PackCosts, RECOMMENDED_ALGORITHM, balance_order, pack, visual_budgets
 from neva_pack.training.sampler_state import STATE_VERSION, check_state, lengths_digest, meta_checksum_of, state_of
 
 __all__ = ["FROM_META", "STATE_VERSION", "EpochPlan", "PackedBatchSampler"]

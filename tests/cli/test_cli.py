@@ -9,8 +9,7 @@ import pytest
 
 from neva_pack.cli import main, preprocess_parser
 from neva_pack.packing import ALGORITHMS
-from neva_pack.files import packed_prefix, skipped_path
-from neva_pack.files import bin_path
+from neva_pack.files import bin_path, packed_prefix, skipped_path
 from tests.conftest import ROOT
 
 NEMO_FLAGS = [

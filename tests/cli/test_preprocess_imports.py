@@ -10,8 +10,7 @@ import json
 import subprocess
 import sys
 
-from neva_pack.files import bin_path
-from neva_pack.files import packed_prefix
+from neva_pack.files import bin_path, packed_prefix
 from tests.conftest import ROOT, SAMPLE_DATA
 
 RUNS = """

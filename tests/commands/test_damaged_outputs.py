@@ -19,13 +19,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from neva_pack.files import paths
-from neva_pack.files import file_checksum
+from neva_pack.files import bin_path, file_checksum, idx_path, packed_prefix, paths, read_index
 from neva_pack.cli import main
-from neva_pack.files import bin_path, idx_path, read_index
-from neva_pack.formats import FORMATS, compact
-from neva_pack.formats import read_meta
-from neva_pack.files import packed_prefix
+from neva_pack.formats import FORMATS, compact, read_meta
 from neva_pack.sample_store import pool_images_path, segment_name
 from tests.conftest import SAMPLE_DATA
 pytestmark = [

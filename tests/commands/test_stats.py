@@ -8,25 +8,17 @@ import numpy as np
 import pytest
 
 from neva_pack.cli import main
-from neva_pack.pipeline import ownership
+from neva_pack.pipeline import ownership, size_skip_details, write_size_skipped
 from neva_pack.reading import PackedSeqDataset
 from neva_pack.core import ConfigError
-from neva_pack.files import bin_path, idx_path
-from neva_pack.files import meta_path, packed_prefix, plan_path, relative_name, skipped_path, stats_path
-from neva_pack.commands import explore, load_lengths
-from neva_pack.pipeline import size_skip_details, write_size_skipped
-from neva_pack.packing import pack
-from neva_pack.commands import (
-    AlgorithmSuggestion,
-    BalanceReport,
-    CountSummary,
-    PackingStats,
-    PaddingStats,
-    Percentiles,
-    RecordCounts,
-    RunReport,
+from neva_pack.files import (
+    bin_path, idx_path, meta_path, packed_prefix, plan_path, relative_name, skipped_path, stats_path
 )
-from neva_pack.commands import PackingArrays, format_summary, packing_stats, with_batch_size
+from neva_pack.commands import (
+    AlgorithmSuggestion, BalanceReport, CountSummary, PackingArrays, PackingStats, PaddingStats, Percentiles,
+    RecordCounts, RunReport, explore, format_summary, load_lengths, packing_stats, with_batch_size
+)
+from neva_pack.packing import pack
 from tests.conftest import SAMPLE_DATA
 
 

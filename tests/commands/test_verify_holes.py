@@ -10,12 +10,10 @@ import numpy as np
 import pytest
 import xxhash
 
-from neva_pack.files import checksums
+from neva_pack.files import bin_path, checksums, paths
 
-from neva_pack.files import paths
 from neva_pack.cli import main
 from neva_pack.formats import nemo
-from neva_pack.files import bin_path
 from neva_pack.commands import verify
 from tests.conftest import SAMPLE_DATA
 

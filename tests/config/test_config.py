@@ -10,18 +10,9 @@ from pathlib import Path
 import pytest
 
 from neva_pack.config import (
-    NEMO_SECTION_KEYS,
-    PARTS,
-    PackConfig,
-    PreprocessConfig,
-    RunConfig,
-    SampleConfig,
-    flag_of,
-    hparams_keys,
-    meta_fields,
-    settings,
+    NEMO, NEMO_SECTION_KEYS, PARTS, PackConfig, PreprocessConfig, RunConfig, SampleConfig, flag_of, hparams_keys,
+    meta_fields, settings
 )
-from neva_pack.config import NEMO
 from neva_pack.core import ConfigError
 from neva_pack.cli import preprocess_parser
 from tests.conftest import SAMPLE_DATA

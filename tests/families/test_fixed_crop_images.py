@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from neva_pack.families import known_encoders, resolve_encoder
+from neva_pack.families import ImageSource, decode_image, known_encoders, resolve_encoder
 from neva_pack.core import ConfigError
-from neva_pack.families import ImageSource, decode_image
 from neva_pack.families.fixed import crop_size, encoder_tokens, expand_to_square, ImagePreprocessor
 from neva_pack.records import RecordError
 

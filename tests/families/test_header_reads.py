@@ -14,15 +14,11 @@ import numpy as np
 import pytest
 
 from neva_pack.config import PackConfig, SampleConfig
-from neva_pack.families import resolve_encoder
-from neva_pack.families import dynamic_image_run
-from neva_pack.families import ImageSource, dynamic_processor, header_size
+from neva_pack.families import ImageSource, dynamic_image_run, dynamic_processor, header_size, resolve_encoder
 from neva_pack.pipeline import sample_builder_for
-from neva_pack.records import iter_raw_records
-from neva_pack.records import RecordError
+from neva_pack.records import RecordError, iter_raw_records
 from neva_pack.samples import SampleBuilder, Skipped
-from neva_pack.text import load_template
-from neva_pack.text import load_tokenizer
+from neva_pack.text import load_template, load_tokenizer
 from tests.conftest import ROOT, SAMPLE_DATA
 from tests.image_zoo import random_rgb
 

@@ -13,9 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from neva_pack.families import known_encoders, resolve_encoder
+from neva_pack.families import dynamic_processor, known_encoders, resolve_encoder, tokens_from_header
 from neva_pack.core import ConfigError
-from neva_pack.families import dynamic_processor, tokens_from_header
 from neva_pack.families.anyres import ARITHMETICS, AnyresProcessor, select_best_resolution
 from tests.image_zoo import random_rgb, synthetic, zoo_images
 

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from neva_pack.reading import dynamic_pack_item, sample_of_pack
-from neva_pack.families import resolve_encoder
-from neva_pack.families import dynamic_processor
-from neva_pack.families import pack_model_inputs, restarting_positions
-from neva_pack.families import FAMILIES, FamilyOptions, Join, ModelFamily, model_family, registered_batch_keys
+from neva_pack.families import (
+    FAMILIES, FamilyOptions, Join, ModelFamily, dynamic_processor, model_family, pack_model_inputs,
+    registered_batch_keys, resolve_encoder, restarting_positions
+)
 from neva_pack.core import ConfigError
 from tests.dynamic_packs import IMAGE, VISION_START, build_pack, photo
 from tests.families.test_mrope import _tiny

@@ -5,8 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from neva_pack.files import OutputFile
-from neva_pack.files import file_checksum
+from neva_pack.files import OutputFile, file_checksum
 
 steps = st.lists(st.tuples(st.booleans(), st.integers(0, 9000)), min_size=1, max_size=12)
 

@@ -11,9 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from neva_pack.files import write_behind
-from neva_pack.files import IndexedReader, IndexedWriter, bin_path
-from neva_pack.files import WriteBehind
+from neva_pack.files import IndexedReader, IndexedWriter, WriteBehind, bin_path, write_behind
 
 pytestmark = pytest.mark.skipif(write_behind.sync_file_range() is None, reason="no sync_file_range (not Linux)")
 

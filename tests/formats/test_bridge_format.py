@@ -14,11 +14,11 @@ import pytest
 
 from neva_pack.files import paths
 from neva_pack.assembly import AssembledPack
-from neva_pack.formats import FORMATS, open_packed
-from neva_pack.formats import WriteSpec
-from neva_pack.formats import META_VERSION, Counts, ImageTokenIds, Normalisation, PackedMeta, PackingSettings, read_meta
-from neva_pack.packing import padded_lengths
-from neva_pack.packing import PlanTable
+from neva_pack.formats import (
+    Counts, FORMATS, ImageTokenIds, META_VERSION, Normalisation, PackedMeta, PackingSettings, WriteSpec, open_packed,
+    read_meta
+)
+from neva_pack.packing import PlanTable, padded_lengths
 from neva_pack.commands import verify
 from tests.conftest import SAMPLE_DATA
 

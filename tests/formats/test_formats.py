@@ -15,17 +15,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from neva_pack.files import paths
-from neva_pack.files import file_checksum
+from neva_pack.files import file_checksum, paths
 from neva_pack.assembly import AssembledPack
-from neva_pack.packing import padded_lengths
-from neva_pack.formats import FORMATS, open_packed, resolve_prefixes
-from neva_pack.formats import WriteSpec
-from neva_pack.formats import META_VERSION, Counts, ImageTokenIds, Normalisation, PackedMeta, PackingSettings, read_meta
+from neva_pack.packing import PlanTable, padded_lengths
+from neva_pack.formats import (
+    Counts, FORMATS, ImageTokenIds, META_VERSION, Normalisation, PackedMeta, PackingSettings, WriteSpec, open_packed,
+    read_meta, resolve_prefixes
+)
 from neva_pack.core import ImageRun
-from neva_pack.packing import PlanTable
-from neva_pack.sample_store import segment_name
-from neva_pack.sample_store import PoolWriter, image_key, pool_segment
+from neva_pack.sample_store import PoolWriter, image_key, pool_segment, segment_name
 from neva_pack.commands import verify
 from tests.conftest import SAMPLE_DATA
 

@@ -19,13 +19,12 @@ import torch
 
 from neva_pack.cli import main
 from neva_pack.reading import PackedSeqDataset
-from neva_pack.files import bin_path, idx_path
+from neva_pack.files import (
+    bin_path, idx_path, meta_path, packed_prefix, relative_name, skipped_path, stats_path, store_dir
+)
 from neva_pack.formats import FORMATS
-from neva_pack.files import meta_path, packed_prefix, relative_name, skipped_path, stats_path, store_dir
-from neva_pack.commands import RunReport
-from neva_pack.sample_store import PROGRESS_FILE
-from neva_pack.sample_store import pool_images_path, pool_keys_path, segment_name
-from neva_pack.commands import format_summary
+from neva_pack.commands import RunReport, format_summary
+from neva_pack.sample_store import PROGRESS_FILE, pool_images_path, pool_keys_path, segment_name
 from tests.conftest import SAMPLE_DATA
 
 NEMO_GOLDEN = {

@@ -17,10 +17,8 @@ from neva_pack.cli import main
 from neva_pack.config import PreprocessConfig
 from neva_pack.reading import PackedSeqDataset
 from neva_pack.core import ConfigError
-from neva_pack.commands import SampleLengths, explore
-from neva_pack.packing import ALGORITHMS
-from neva_pack.packing import aligned_capacity, alignment_multiple, padded_lengths
-from neva_pack.commands import verify
+from neva_pack.commands import SampleLengths, explore, verify
+from neva_pack.packing import ALGORITHMS, aligned_capacity, alignment_multiple, padded_lengths
 from neva_pack.files import meta_path, packed_prefix, plan_path, stats_path
 from tests.conftest import SAMPLE_DATA
 

@@ -11,8 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from neva_pack.cli import main
-from neva_pack.packing import pack
-from neva_pack.packing import PackCosts, balance_order, reorder_plan, straggler_overhead
+from neva_pack.packing import PackCosts, balance_order, pack, reorder_plan, straggler_overhead
 from neva_pack.files import packed_prefix, plan_path, stats_path
 from tests.conftest import SAMPLE_DATA
 

@@ -8,9 +8,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from neva_pack.packing import fast_pack_problems, pack_is_sound
+from neva_pack.packing import PackSpec, fast_pack_problems, pack_is_sound, pack_problems
 from neva_pack.core import ImageRun
-from neva_pack.packing import PackSpec, pack_problems
 
 IGNORE, PAD, PATCH = -100, 0, 3
 RUNS = {  # name: (positions, start id, end id)

@@ -6,10 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from neva_pack.packing import ALGORITHMS, pack
-from neva_pack.packing import first_fit_shuffle
-from neva_pack.packing import NO_BUDGETS
-from neva_pack.packing import CTZ_TABLE, sum_of_squares_bins, sum_of_squares_reference
+from neva_pack.packing import (
+    ALGORITHMS, CTZ_TABLE, NO_BUDGETS, first_fit_shuffle, pack, sum_of_squares_bins, sum_of_squares_reference
+)
 
 CAPACITY = 64
 lengths_strategy = st.lists(st.integers(min_value=1, max_value=CAPACITY), min_size=0, max_size=300)

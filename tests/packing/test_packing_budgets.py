@@ -6,9 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from neva_pack.packing import ALGORITHMS, pack
-from neva_pack.packing import visual_budgets
-from neva_pack.packing import CTZ_TABLE, sum_of_squares_bins, sum_of_squares_reference
+from neva_pack.packing import ALGORITHMS, CTZ_TABLE, pack, sum_of_squares_bins, sum_of_squares_reference, visual_budgets
 
 CAPACITY = 64
 ALL = sorted(ALGORITHMS)

@@ -16,9 +16,8 @@ import pytest
 
 from neva_pack.cli import main
 from neva_pack.reading import PackedSeqDataset
-from neva_pack.families import resolve_encoder
+from neva_pack.families import dynamic_processor, resolve_encoder
 from neva_pack.formats import open_packed
-from neva_pack.families import dynamic_processor
 from neva_pack.files import packed_prefix
 from neva_pack.text import load_tokenizer
 from neva_pack.commands import verify

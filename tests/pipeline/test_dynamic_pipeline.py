@@ -14,13 +14,11 @@ from PIL import Image
 from neva_pack.files import paths
 from neva_pack.cli import main
 from neva_pack.reading import PackedSeqDataset
-from neva_pack.families import resolve_encoder
+from neva_pack.families import processor_from_record, processor_record, resolve_encoder
 from neva_pack.formats import FORMATS, open_packed
-from neva_pack.families import processor_from_record, processor_record
-from neva_pack.commands import explore, load_lengths
+from neva_pack.commands import explore, load_lengths, verify
 from neva_pack.text import load_tokenizer
 from neva_pack.training import hf_collate, thd_collate
-from neva_pack.commands import verify
 from tests.dynamic_models import (
     TOLERANCE,
     difference,

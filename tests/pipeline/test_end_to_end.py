@@ -15,13 +15,11 @@ import pytest
 
 from neva_pack.cli import main
 from neva_pack.reading import PackedSeqDataset, collate, position_ids_from_cu_seqlens
-from neva_pack.families import resolve_encoder
-from neva_pack.families import decode_image
+from neva_pack.families import decode_image, resolve_encoder
 from neva_pack.families.fixed import ImagePreprocessor
 from neva_pack.sample_store import SampleStore
-from neva_pack.files import bin_path, idx_path
+from neva_pack.files import bin_path, idx_path, meta_path, packed_prefix, skipped_path, stats_path, store_dir
 from neva_pack.formats import FORMATS
-from neva_pack.files import meta_path, packed_prefix, skipped_path, stats_path, store_dir
 
 MAX = 2048
 

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from neva_pack.files import paths
+from neva_pack.files import (
+    bin_path, idx_path, meta_path, packed_prefix, paths, plan_path, relative_name, skipped_path, stats_path
+)
 from neva_pack.cli import main
-from neva_pack.files import bin_path, idx_path
 from neva_pack.sample_store import PROGRESS_FILE
-from neva_pack.files import meta_path, packed_prefix, plan_path, relative_name, skipped_path, stats_path
 from tests.conftest import SAMPLE_DATA
 
 RECORDS = json.loads((SAMPLE_DATA / "llava_sample.json").read_text())

@@ -15,18 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from neva_pack.files import paths
+from neva_pack.files import bin_path, idx_path, paths
 from neva_pack.cli import main
-from neva_pack.files import bin_path, idx_path
-from neva_pack.sample_store import PROGRESS_FILE, part_dir
 from neva_pack.sample_store import (
-    segment_name,
-    pool_images_path,
-    pool_keys_path,
-    segment_image_refs_path,
-    segment_rows_path,
-    segment_skipped_path,
-    segment_text_prefix,
+    PROGRESS_FILE, part_dir, pool_images_path, pool_keys_path, segment_image_refs_path, segment_name,
+    segment_rows_path, segment_skipped_path, segment_text_prefix
 )
 from neva_pack.commands import verify
 from tests.conftest import SAMPLE_DATA

@@ -9,11 +9,9 @@ import shutil
 import pytest
 
 from neva_pack.assembly import parallel as parallel_assembly
-from neva_pack.files import paths
+from neva_pack.files import bin_path, meta_path, packed_prefix, paths, stats_path
 from neva_pack.cli import main
-from neva_pack.files import bin_path
 from neva_pack.formats import compact, nemo
-from neva_pack.files import meta_path, packed_prefix, stats_path
 from tests.conftest import SAMPLE_DATA
 
 

@@ -7,22 +7,17 @@ import shutil
 import numpy as np
 import pytest
 
-from neva_pack.files import paths
+from neva_pack.files import (
+    bin_path, idx_path, meta_path, packed_prefix, paths, plan_path, skipped_path, stats_path, store_dir
+)
 from neva_pack.cli import main
 from neva_pack.core import ConfigError
 from neva_pack.formats import declared_files
-from neva_pack.files import bin_path, idx_path
-from neva_pack.sample_store import PROGRESS_FILE, part_dir
 from neva_pack.sample_store import (
-    pool_images_path,
-    pool_keys_path,
-    segment_name,
-    segment_rows_path,
-    segment_skipped_path,
-    segment_text_prefix,
+    PROGRESS_FILE, part_dir, pool_images_path, pool_keys_path, segment_name, segment_rows_path, segment_skipped_path,
+    segment_text_prefix
 )
 from neva_pack.records import resolve_shards, shard_range
-from neva_pack.files import meta_path, packed_prefix, plan_path, skipped_path, stats_path, store_dir
 from tests.conftest import SAMPLE_DATA
 
 RECORDS = json.loads((SAMPLE_DATA / "llava_sample.json").read_text())

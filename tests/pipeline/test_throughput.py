@@ -21,10 +21,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from neva_pack.files import bin_path, idx_path
-from neva_pack.files import packed_prefix
-from neva_pack.families import EncoderSpec, known_encoders, resolve_encoder
-from neva_pack.families import decode_image
+from neva_pack.files import bin_path, idx_path, packed_prefix
+from neva_pack.families import EncoderSpec, decode_image, known_encoders, resolve_encoder
 from neva_pack.families.fixed import (
     ImagePreprocessor,
     expand_to_square,

@@ -12,8 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from benchmarks.bench_hostile import many_images_record  # the same hostile records the benchmark measures
-from neva_pack.records import iter_raw_records
-from neva_pack.records import SKIP_REASONS
+from neva_pack.records import SKIP_REASONS, iter_raw_records
 from tests.hostile_inputs import GOOD, HOSTILE_AT, conversation, image_record, images, run_on, run_with, skip_detail, write_data  # noqa: F401 (images: the fixture)
 
 

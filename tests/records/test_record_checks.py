@@ -11,8 +11,7 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from neva_pack.records import iter_raw_records
-from neva_pack.records import RecordLimits
+from neva_pack.records import RecordLimits, iter_raw_records
 
 STRINGS = st.one_of(
     st.text(st.characters(blacklist_categories=("Cs",)), max_size=8),

@@ -8,8 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from neva_pack.core import InputError
-from neva_pack.records import count_records, iter_raw_records
-from neva_pack.records import RawRecord, RecordError, parse_record
+from neva_pack.records import RawRecord, RecordError, count_records, iter_raw_records, parse_record
 
 GOOD = {
     "id": "a",

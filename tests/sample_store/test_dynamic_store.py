@@ -16,18 +16,15 @@ from PIL import Image
 
 from neva_pack.files import paths
 from neva_pack.assembly import assemble_packs, rows_at
-from neva_pack.families import resolve_encoder
-from neva_pack.core import ConfigError
-from neva_pack.formats import FORMATS, check_dynamic_images, open_prefix
-from neva_pack.formats import WriteSpec
-from neva_pack.formats import META_VERSION, Counts, ImageTokenIds, PackedMeta, PackingSettings
-from neva_pack.core import ImageRun
-from neva_pack.families import StoredImage, dynamic_processor
-from neva_pack.families import processor_from_record, processor_record, stored_vision_cost
-from neva_pack.packing import PackSpec, pack_problems
-from neva_pack.packing import pack_is_sound
-from neva_pack.packing import pack
-from neva_pack.packing import PlanTable
+from neva_pack.families import (
+    StoredImage, dynamic_processor, processor_from_record, processor_record, resolve_encoder, stored_vision_cost
+)
+from neva_pack.core import ConfigError, ImageRun
+from neva_pack.formats import (
+    Counts, FORMATS, ImageTokenIds, META_VERSION, PackedMeta, PackingSettings, WriteSpec, check_dynamic_images,
+    open_prefix
+)
+from neva_pack.packing import PackSpec, PlanTable, pack, pack_is_sound, pack_problems
 from neva_pack.sample_store import PROGRESS_FILE, SampleStore, SampleStoreWriter, join_part, stored_batch
 from neva_pack.samples import Sample
 from neva_pack.commands import verify

@@ -11,9 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from neva_pack.core import InputError
-from neva_pack.sample_store import PROGRESS_FILE, SampleStore, SampleStoreWriter, stored_batch
+from neva_pack.sample_store import (
+    PROGRESS_FILE, RUN_VALUES, SampleStore, SampleStoreWriter, segment_text_prefix, stored_batch
+)
 from neva_pack.files import bin_path
-from neva_pack.sample_store import RUN_VALUES, segment_text_prefix
 from neva_pack.samples import Sample
 
 SHAPE = (3, 2, 2)

@@ -12,8 +12,7 @@ from hypothesis import strategies as st
 from neva_pack.files import IndexedWriter
 from neva_pack.sample_store import STORE_TEXT_DTYPE, StoredBatch, stored_batch
 from neva_pack.pipeline import record_stops
-from neva_pack.samples import stream as sample_stream
-from neva_pack.samples import Skipped
+from neva_pack.samples import Skipped, stream as sample_stream
 from neva_pack.core import passthrough
 from tests.sample_store.test_sample_store_runs import IGNORE, SHAPE, sample, samples_and_run, writer
 

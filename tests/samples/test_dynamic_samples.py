@@ -16,14 +16,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from neva_pack.families import resolve_encoder
+from neva_pack.families import ImageSource, StoredImage, dynamic_image_run, dynamic_processor, resolve_encoder
 from neva_pack.core import ConfigError
-from neva_pack.families import dynamic_image_run
-from neva_pack.families import ImageSource, StoredImage, dynamic_processor
 from neva_pack.records import RawRecord
 from neva_pack.samples import SampleBuilder, Skipped, truncation
-from neva_pack.text import load_template
-from neva_pack.text import load_tokenizer
+from neva_pack.text import load_template, load_tokenizer
 from tests.conftest import SAMPLE_DATA
 from tests.dynamic_references import (
     SYSTEM,

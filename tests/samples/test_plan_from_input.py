@@ -15,15 +15,12 @@ import numpy as np
 import pytest
 
 from neva_pack.cli import main
-from neva_pack.families import resolve_encoder
-from neva_pack.families import dynamic_image_run
-from neva_pack.families import ImageSource, dynamic_processor
+from neva_pack.families import ImageSource, dynamic_image_run, dynamic_processor, resolve_encoder
 from neva_pack.commands import explore
 from neva_pack.pipeline import DECODE_SKIPS_NOTE, laid_out_lengths
 from neva_pack.records import iter_raw_records
 from neva_pack.samples import SampleBuilder, Skipped
-from neva_pack.text import load_template
-from neva_pack.text import load_tokenizer
+from neva_pack.text import load_template, load_tokenizer
 from tests.conftest import ROOT, SAMPLE_DATA
 from tests.image_zoo import MPL, SKIMAGE, random_rgb
 

@@ -4,15 +4,12 @@ import numpy as np
 import pytest
 import sentencepiece
 
-from neva_pack.families import resolve_encoder
+from neva_pack.families import ImageSource, image_run_for, resolve_encoder
 from neva_pack.core import ConfigError
-from neva_pack.families import ImageSource
 from neva_pack.families.fixed import encoder_tokens, ImagePreprocessor
 from neva_pack.records import RawRecord, RecordError, Turn
-from neva_pack.families import image_run_for
 from neva_pack.samples import SampleBuilder
-from neva_pack.text import TOKENIZATIONS, Piece, available_templates, load_template, render
-from neva_pack.text import load_tokenizer
+from neva_pack.text import Piece, TOKENIZATIONS, available_templates, load_template, load_tokenizer, render
 
 TURNS = (
     Turn("user", "<image>\nWhat is this?"),

@@ -53,15 +53,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nemo_tokenizer import build_nemo_specials_tokenizer
-from neva_pack.families import resolve_encoder
+from neva_pack.families import ImageSource, image_run_for, missing_nemo_specials, resolve_encoder
 from neva_pack.core import ConfigError
-from neva_pack.families import ImageSource
 from neva_pack.families.fixed import encoder_tokens, ImagePreprocessor
 from neva_pack.records import IMAGE_PLACEHOLDER, RawRecord, RecordError, parse_record
-from neva_pack.families import image_run_for, missing_nemo_specials
 from neva_pack.samples import SampleBuilder, truncation
-from neva_pack.text import TOKENIZATIONS, available_templates, load_template
-from neva_pack.text import load_tokenizer
+from neva_pack.text import TOKENIZATIONS, available_templates, load_template, load_tokenizer
 from neva_pack.files import meta_path, packed_prefix
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"

@@ -17,8 +17,7 @@ import pytest
 import torch
 
 from neva_pack.reading import dynamic_pack_item
-from neva_pack.families import resolve_encoder
-from neva_pack.families import dynamic_processor
+from neva_pack.families import dynamic_processor, resolve_encoder
 from neva_pack.families.native import mrope_position_ids
 from neva_pack.training import cp_partition_index, cp_slice, hf_batch, thd_batch
 from tests.dynamic_models import (

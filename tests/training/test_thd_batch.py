@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from neva_pack.training import thd_batch
-from neva_pack.training import image_embedding_index
+from neva_pack.training import image_embedding_index, thd_batch
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "bridge"
 
