@@ -17,12 +17,10 @@ from __future__ import annotations
 import contextlib
 import json
 import types
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 from neva_pack.cli import main
 from neva_pack.commands import verify
@@ -35,6 +33,7 @@ from neva_pack.training import HF_IGNORE_INDEX, MaskSettings, hf_batch, hf_colla
 from tests.dynamic_models import TOLERANCE, difference
 from tests.dynamic_references import STAND_IN_TOKENIZER
 from tests.image_zoo import random_rgb, zoo_images
+from tests.family_runs import write_mixed_records
 
 ENCODER = "google/gemma-4-E2B-it"
 BUDGETS = (70, 140, 280, 560, 1120)
@@ -168,16 +167,7 @@ def run(tmp_path_factory, tokenizer_dir):
     """A compact run, shipped E2B settings at the 70-token budget, the gemma4 template: records of 0, 1
     and 2 images of several sizes."""
     folder = tmp_path_factory.mktemp("gemma4_run")
-    for k, (width, height) in enumerate(SIZES):
-        random_rgb(width, height, seed=k).save(folder / f"i{k}.png")
-    records = []
-    for k in range(9):
-        turns = [{"from": "human", "value": "<image>\nWhat is this?" if k % 3 else "Hello there"},
-                 {"from": "gpt", "value": "A picture of things " * (k + 1)}]  # fmt: skip
-        records.append({"id": str(k), "conversations": turns, **({"image": f"i{k % 5}.png"} if k % 3 else {})})
-    records.append({"id": "two", "image": ["i3.png", "i2.png"], "system": "Be brief.",
-                    "conversations": [{"from": "human", "value": "<image> and <image>?"}, {"from": "gpt", "value": "two"}]})  # fmt: skip
-    (folder / "data.json").write_text(json.dumps(records))
+    write_mixed_records(folder, SIZES, picture=lambda k, width, height: random_rgb(width, height, seed=k))
     out = folder / "out"
     code = main(["preprocess", "--quiet", "--data_path", str(folder / "data.json"), "--image_folder", str(folder),
                  "--tokenizer_path", str(tokenizer_dir), "--hf_vision_encoder", ENCODER, "--conv_template", TEMPLATE,

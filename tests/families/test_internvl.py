@@ -39,6 +39,7 @@ from neva_pack.training import hf_collate
 from tests.dynamic_models import TOLERANCE, TEXT, difference, loss_and_gradients, samples_alone
 from tests.dynamic_references import STAND_IN_TOKENIZER
 from tests.image_zoo import MPL, SKIMAGE, random_rgb, zoo_images
+from tests.family_runs import write_mixed_records
 
 SIZES_NAMES = ("1B", "2B", "4B", "8B", "14B", "38B")
 ENCODERS = [f"OpenGVLab/InternVL3_5-{size}-HF" for size in SIZES_NAMES]
@@ -350,18 +351,8 @@ RUN_SIZES = [(120, 90), (600, 200), (60, 400), (512, 288), (900, 900)]
 
 
 def run_records(folder: Path) -> Path:
-    rng = np.random.default_rng(0)
-    for k, (width, height) in enumerate(RUN_SIZES):
-        Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(folder / f"i{k}.png")
-    records = []
-    for k in range(9):
-        turns = [{"from": "human", "value": "<image>\nWhat is this?" if k % 3 else "Hello there"},
-                 {"from": "gpt", "value": "A picture of things " * (k + 1)}]  # fmt: skip
-        records.append({"id": str(k), "conversations": turns, **({"image": f"i{k % 5}.png"} if k % 3 else {})})
-    records.append({"id": "two", "image": ["i3.png", "i0.png"], "system": "Be brief.",
-                    "conversations": [{"from": "human", "value": "<image>\n and <image>\n?"}, {"from": "gpt", "value": "two"}]})  # fmt: skip
-    (folder / "data.json").write_text(json.dumps(records))
-    return folder / "data.json"
+    """The families' mixed records over RUN_SIZES, the pair's images each followed by a newline as InternVL's prompts write them."""
+    return write_mixed_records(folder, RUN_SIZES, pair=("i3.png", "i0.png"), pair_question="<image>\n and <image>\n?")
 
 
 def tiny_checkpoint(directory: Path, vocab_size: int, image_id: int):

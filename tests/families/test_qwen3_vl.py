@@ -44,6 +44,7 @@ from neva_pack.training import hf_collate
 from tests.dynamic_models import TOLERANCE, difference, loss_and_gradients, samples_alone
 from tests.dynamic_references import hf_tokenizer, stand_in_tokenizer
 from tests.image_zoo import MPL, SKIMAGE, random_rgb, zoo_images
+from tests.family_runs import write_mixed_records
 
 QWEN3_VL = ["Qwen/Qwen3-VL-2B-Instruct", "Qwen/Qwen3-VL-4B-Instruct", "Qwen/Qwen3-VL-8B-Instruct"]
 QWEN3_5 = ["Qwen/Qwen3.5-2B-Base", "Qwen/Qwen3.5-4B", "Qwen/Qwen3.5-9B", "Qwen/Qwen3.6-35B-A3B"]
@@ -339,17 +340,7 @@ def run(tmp_path_factory, tokenizer_dir):
     """A preprocess run with the shipped Qwen3-VL settings, the qwen3_vl template and the stand-in tokenizer:
     records of 0, 1 and 2 images of several sizes (each scaled up to the 65,536-pixel minimum or kept)."""
     folder = tmp_path_factory.mktemp("qwen3_run")
-    rng = np.random.default_rng(0)
-    for k, (width, height) in enumerate(SIZES):
-        Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(folder / f"i{k}.png")
-    records = []
-    for k in range(9):
-        turns = [{"from": "human", "value": "<image>\nWhat is this?" if k % 3 else "Hello there"},
-                 {"from": "gpt", "value": "A picture of things " * (k + 1)}]  # fmt: skip
-        records.append({"id": str(k), "conversations": turns, **({"image": f"i{k % 5}.png"} if k % 3 else {})})
-    records.append({"id": "two", "image": ["i3.png", "i2.png"], "system": "Be brief.",
-                    "conversations": [{"from": "human", "value": "<image> and <image>?"}, {"from": "gpt", "value": "two"}]})  # fmt: skip
-    (folder / "data.json").write_text(json.dumps(records))
+    write_mixed_records(folder, SIZES)
     out = folder / "out"
     code = main(["preprocess", "--quiet", "--data_path", str(folder / "data.json"), "--image_folder", str(folder),
                  "--tokenizer_path", str(tokenizer_dir), "--hf_vision_encoder", ENCODER, "--conv_template", "qwen3_vl",
