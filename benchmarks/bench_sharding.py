@@ -6,7 +6,8 @@ step, and the final step's join against its floor, in one run.
                                         [--images 4000] [--compact]
 
 Synthesises ``--records`` LLaVA-style records (``small_image_workload``: 1-3 turns of generated
-text, ~60% with one small image, ~5% with two, from ``--images`` distinct JPEGs of 64-320 px),
+text, ``--image_share`` of them with small images, one in twelve of those with two, from ``--images``
+distinct JPEGs of 64-320 px),
 then runs every shard as its own ``neva-pack preprocess --shard_index i`` process, ``--parallel``
 at a time (one worker each: a shard is one core's work), and finally the final step (the same
 command without ``--shard_index``: join the parts, pack, write). Each process reports its own peak
@@ -118,7 +119,8 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--shards", type=int, default=16)
     parser.add_argument("--parallel", type=int, default=2, help="shards run at once (cores to use)")
-    parser.add_argument("--images", type=int, default=4000, help="distinct images")
+    parser.add_argument("--images", type=int, default=2000, help="distinct images")
+    parser.add_argument("--image_share", type=float, default=0.25, help="share of the records with images")
     parser.add_argument("--format", default="compact")
     parser.add_argument("--workdir", type=Path, default=None, help="keep the data and outputs here")
     args = parser.parse_args()
@@ -126,7 +128,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         tmp = Path(tmp)
         started = time.perf_counter()
-        paths = small_image_workload(tmp / "data", args.records, images=args.images)
+        paths = small_image_workload(tmp / "data", args.records, images=args.images, image_share=args.image_share)
         data_mb = paths["data_path"].stat().st_size / 2**20
         print(f"workload: {args.records:,} records ({data_mb:,.0f} MB JSON), {args.images:,} distinct images, "
               f"made in {time.perf_counter() - started:.0f} s")  # fmt: skip

@@ -137,11 +137,11 @@ def text_workload(path: Path, records: int, seed: int = 0, vocabulary: int | Non
     return path
 
 
-def small_image_workload(directory: Path, records: int, images: int = 4000, seed: int = 0) -> dict:
+def small_image_workload(directory: Path, records: int, images: int = 4000, image_share: float = 0.65, seed: int = 0) -> dict:
     """Write directory/records.json and directory/images/ (``images`` distinct small JPEGs, 64 to
     320 pixels a side, smooth gradients plus noise so they compress like photos): a scale workload
-    where text dominates and images are many and cheap, ~60% of the records with one image, ~5%
-    with two, 1-3 turns. Returns the paths for the CLI flags."""
+    where text dominates and images are many and cheap: ``image_share`` of the records with images
+    (one of them in twelve with two), 1-3 turns. Returns the paths for the CLI flags."""
     import numpy as np
     from PIL import Image
 
@@ -164,7 +164,8 @@ def small_image_workload(directory: Path, records: int, images: int = 4000, seed
         f.write("[\n")
         for i in range(records):
             roll = rng.random()
-            record_images = [] if roll < 0.35 else [rng.choice(names)] if roll < 0.95 else rng.sample(names, 2)
+            two = roll >= 1 - image_share / 12
+            record_images = [] if roll < 1 - image_share else rng.sample(names, 2) if two else [rng.choice(names)]
             turns = []
             for t in range(rng.choice((1, 1, 2, 3))):
                 question = _sentence(rng, rng.randint(5, 16))
