@@ -3,7 +3,7 @@
 step, and the final step's join against its floor, in one run.
 
     python benchmarks/bench_sharding.py [--records 1000000] [--shards 16] [--parallel 2]
-                                        [--images 4000] [--compact]
+                                        [--images 2000] [--image_share 0.25] [--format compact]
 
 Synthesises ``--records`` LLaVA-style records (``small_image_workload``: 1-3 turns of generated
 text, ``--image_share`` of them with small images, one in twelve of those with two, from ``--images``
