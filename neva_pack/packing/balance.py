@@ -52,6 +52,9 @@ class PackCosts:
     vision: np.ndarray | None = None
     """int64 sum over the pack's images of patches squared (per encoder pass): the vision encoder's
     attention work; None: not known (balanced as zero)."""
+    modelled: np.ndarray | None = None
+    """float64 modelled step time of the pack (``step_cost.modelled_costs``: FLOPs of the LM, the
+    projector and the vision encoder); None: no model (the step cost is attention + vision)."""
 
     @classmethod
     def of(cls, lengths: np.ndarray, offsets: np.ndarray, num_images: np.ndarray, vision_cost=None) -> "PackCosts":
@@ -67,7 +70,10 @@ class PackCosts:
 
     @property
     def step(self) -> np.ndarray:
-        """What a rank spends on the pack: the LM's attention plus the vision encoder's (int64)."""
+        """What a rank spends on the pack: its modelled step time, or without a model the LM's
+        attention plus the vision encoder's (int64)."""
+        if self.modelled is not None:
+            return self.modelled
         return self.attention if self.vision is None else self.attention + self.vision
 
 
