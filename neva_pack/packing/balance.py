@@ -10,8 +10,10 @@ several-fold in attention work (sum of squared sample lengths), so a random orde
 of the attention time (35% for N = 8, 120% for N = 64 on LLaVA-665K-like packs of 4096).
 A rank runs its pack's images through the vision encoder and then the pack through the LM, and
 the ranks meet at the gradient all-reduce, so what a rank costs is both: its *step cost* is the
-LM's attention plus the encoder's (``vision``: sum over images of patches squared, per encoder
-pass; zero without images). ``balance_order`` makes each group of N consecutive packs alike,
+modelled step time (``PackCosts.modelled``, from ``step_cost.py``: the LM's linear layers and
+attention, the projector and the vision encoder, in FLOPs), or without a model the LM's attention
+plus the encoder's (``vision``: sum over images of patches squared, per encoder pass; zero without
+images), the order of earlier releases. ``balance_order`` makes each group of N consecutive packs alike,
 without sorting the epoch::
 
     1. packs sorted by step cost (ties in seeded random order), cut into groups of N

@@ -76,6 +76,14 @@ def test_every_preset_is_a_model_with_its_source():
     assert step_cost_model("qwen2.5-vl-7b").lm.params == pytest.approx(7.07e9, rel=0.01)
 
 
+def test_the_presets_ship_as_package_data():
+    import tomllib
+    from pathlib import Path
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    assert "step_cost_presets.json" in pyproject["tool"]["setuptools"]["package-data"]["neva_pack.packing"]
+
+
 def test_auto_picks_the_preset_of_the_encoder_then_of_the_family_then_the_default():
     assert step_cost_model("auto", encoder="Qwen/Qwen2.5-VL-7B-Instruct").name == "qwen2.5-vl-7b"
     assert step_cost_model("auto", encoder="/checkpoints/qwen3-vl-8b-instruct/").name == "qwen3-vl-8b"
