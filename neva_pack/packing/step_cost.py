@@ -30,6 +30,7 @@ file of the same shape. Pure: arrays in, arrays out; vectorised numpy (one pass,
 
 from __future__ import annotations
 
+import hashlib
 import importlib.resources
 import json
 from dataclasses import asdict, dataclass
@@ -128,8 +129,10 @@ class StepCostModel:
 
     @property
     def fingerprint(self) -> str:
-        """The model in one string: its name and every number (a sampler state's fingerprint holds it)."""
-        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+        """The model in one short string: its name and a digest of every number (a sampler state's
+        fingerprint holds it)."""
+        numbers = json.dumps(asdict(self), sort_keys=True, separators=(",", ":")).encode()
+        return f"{self.name}#{hashlib.sha256(numbers).hexdigest()[:16]}"
 
     def components(self, lengths, image_tokens=None, vision_cost=None) -> dict[str, np.ndarray]:
         """float64 modelled FLOPs of each sample's share of a step, by part (the module's formula):
@@ -212,12 +215,12 @@ def step_cost_model(choice: str | None, encoder: str | None = None, family: str 
     if path.suffix.lower() != ".json":
         raise ValueError(f"--step_cost_model {choice!r}: choose one of {', '.join([AUTO, ATTENTION, *sorted(presets)])}, or a .json file")
     if not path.is_file():
-        raise ValueError(f"--step_cost_model {choice}: no such file")
+        raise ValueError(f"--step_cost_model {choice}: no such regular file")
     if path.stat().st_size > 1 << 20:
         raise ValueError(f"--step_cost_model {choice}: over 1 MiB, not a step cost model")
     try:
         entry = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
         raise ValueError(f"--step_cost_model {choice}: not JSON ({error})") from None
     return model_of(entry, str(path))
 

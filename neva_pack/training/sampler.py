@@ -326,6 +326,7 @@ class PackedBatchSampler(Sampler[list[int]]):
                 "batches_of": "every rank" if self.rank is None else "one rank",
                 "algorithm": self.algorithm,
                 "drop_last": self.drop_last,
+                "step_cost_model": None if self.step_cost is None else self.step_cost.fingerprint,
                 "tolerance": float(self.tolerance),
                 "pack_options": {name: repr(value) for name, value in sorted(self.pack_options.items())},
                 "num_samples": len(self.lengths),
@@ -335,7 +336,6 @@ class PackedBatchSampler(Sampler[list[int]]):
                 "vision_cost": None if self.vision_cost is None else int(self.vision_cost.sum()),
                 "lengths_digest": lengths_digest(self.lengths, self.num_images, self.image_tokens, self.vision_cost),
                 "meta_checksum": self.meta_checksum,
-                "step_cost_model": None if self.step_cost is None else self.step_cost.fingerprint,
             }
         return self._fingerprint
 
