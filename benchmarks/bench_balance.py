@@ -28,8 +28,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from distributions import dynamic_resolution_like, llava_like_with_images  # noqa: E402
 
