@@ -110,7 +110,7 @@ def test_a_bad_model_file_is_refused_in_one_line_naming_the_key(tmp_path, change
 def test_an_unknown_name_or_file_is_refused_listing_the_choices(tmp_path):
     with pytest.raises(ValueError, match="choose one of auto, attention, gemma-4-e4b"):
         step_cost_model("llava-7b")
-    with pytest.raises(ValueError, match="no such file"):
+    with pytest.raises(ValueError, match="no such regular file"):
         step_cost_model(str(tmp_path / "missing.json"))
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(ValueError, match="not JSON"):
