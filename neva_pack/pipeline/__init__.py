@@ -209,9 +209,10 @@ def _write_prefix(
         raise InputError(f"pack size {size}: the cut leaves none of the {len(rows)} sample(s) a trained label"
                          + (" within the visual budgets (--max_images_per_pack / --max_image_tokens_per_pack)" if len(over_budget) else ""))  # fmt: skip
     plan = pack_kept(settings, padded, rows, kept, size)
-    plan, balance_report = balance(settings, plan, rows)
-    fmt = output_format(settings.output_format)
     family = builder.preprocessor
+    encoder = store.image_processor["encoder"] if store.image_processor else family.encoder.name  # as the meta records it
+    plan, balance_report = balance(settings, plan, rows, encoder=encoder, family=family.family)
+    fmt = output_format(settings.output_format)
     spec = WriteSpec(
         image_shape=family.stored_shape,
         normalisation=family.model_normalisation,
