@@ -112,6 +112,9 @@ class FamilyOptions:
     max_soft_tokens: int | None = None
     """``--max_soft_tokens``: the feature tokens an image may take at most, for a family resizing each
     image to a token budget."""
+    reference: str | None = None
+    """``--image_reference``: whose preprocessing the counts and pixels follow, for a family that offers a
+    choice (``ModelFamily.references``); None: the Hugging Face processor's."""
 
 
 class ModelFamily(Protocol):
@@ -131,6 +134,9 @@ class ModelFamily(Protocol):
     decide its counts, recorded with an output (``options``)."""
     own_size: ClassVar[bool]
     """Each image is stored at its own size (a format that holds one image shape cannot hold them)."""
+    references: ClassVar[tuple[str, ...]]
+    """The references its counts and pixels can follow (``--image_reference``), the Hugging Face
+    processor's ("transformers") first; empty: its processor's only, the flag refused."""
     counts_images_per_sample: bool
     """Whether an image's count and stored parts depend on how many images its sample holds."""
     stored_shape: tuple[int, int, int] | None
@@ -203,6 +209,7 @@ class FamilyBase:
 
     option_names: ClassVar[tuple[str, ...]] = ()
     own_size: ClassVar[bool] = True
+    references: ClassVar[tuple[str, ...]] = ()
     counts_images_per_sample = False
     settings_patch_size: ClassVar[bool] = False
     attention: ClassVar[AttentionNeeds] = AttentionNeeds()

@@ -170,6 +170,8 @@ class InternVLProcessor(FamilyBase):
     models = "InternVL 3.5"
     option_names = ("arithmetic",)
     """Whose grid choice to follow ("transformers" or "internvl"), as ``options`` records it."""
+    references = ARITHMETICS
+    """``--image_reference``: the Hugging Face processor's grid choice, or InternVL's own."""
     batch_keys = {"pixel_values": Join.IMAGES}
     """Every image's tiles end to end: (sum of tiles, 3, 448, 448)."""
 
@@ -194,9 +196,9 @@ class InternVLProcessor(FamilyBase):
 
     @classmethod
     def from_options(cls, encoder: EncoderSpec, options: FamilyOptions) -> InternVLProcessor:
-        """The Hugging Face processor's grid choice (the -HF checkpoints')."""
+        """The Hugging Face processor's grid choice (the -HF checkpoints'), or InternVL's own (``--image_reference``)."""
         refuse_layout_options(encoder, options)
-        return cls.from_encoder(encoder)
+        return cls.from_encoder(encoder, arithmetic=options.reference or "transformers")
 
     @classmethod
     def from_encoder(cls, encoder: EncoderSpec, *, arithmetic: str = "transformers") -> InternVLProcessor:
