@@ -120,8 +120,9 @@ class FamilyOptions:
 class ModelFamily(Protocol):
     """One model family's images, from a record's image file to the model's inputs.
 
-    Sizes are (width, height) as an image file's header gives them. ``multi_image`` (where a family
-    takes it) says the image is one of several in its sample (``counts_images_per_sample``)."""
+    Sizes are (width, height) as an image file's header gives them. ``sample_images`` (a keyword,
+    given only to a family that ``counts_images_per_sample``, and only when over 1) is how many images
+    the image's sample holds."""
 
     family: str
     """The family's name, as an output's meta records it (registry.FAMILIES' key)."""
@@ -166,8 +167,8 @@ class ModelFamily(Protocol):
     def vision_cost_for_size(self, width: int, height: int) -> int:
         """The vision encoder's attention cost of an image of this size, in patches² per encoder pass."""
 
-    def vision_cost_of_stored(self, size: tuple[int, int], parts: int) -> int:
-        """``vision_cost_for_size`` of an image as a pool records it (its size and number of parts)."""
+    def vision_cost_of_stored(self, size: tuple[int, int], parts: int, tokens: int) -> int:
+        """``vision_cost_for_size`` of an image as a pool records it (its size, number of parts and tokens)."""
 
     def to_uint8(self, image) -> StoredImage:
         """RGB PIL image -> its stored uint8 parts (the worker's half): a StoredImage, or for a family
@@ -232,7 +233,7 @@ class FamilyBase:
         """The model's own (start, patch, end) tokens from the tokenizer (``model_image_run``)."""
         return model_image_run(tokenizer, self.image_tokens, self.models, request)
 
-    def vision_cost_of_stored(self, size: tuple[int, int], parts: int) -> int:
+    def vision_cost_of_stored(self, size: tuple[int, int], parts: int, tokens: int) -> int:
         """The image's size decides its cost, however it is stored."""
         return self.vision_cost_for_size(*size)
 
