@@ -86,8 +86,8 @@ def main() -> None:
               f"{'worker+reader/s':>16s} {'transformers/s':>15s} {'x':>5s}")  # fmt: skip
         for label, name, options in CASES:
             family = dynamic_processor(resolve_encoder(name), **options)
-            header = rate(lambda data: tokens_from_header(data, family), contents, repeat=5)
-            from_path = rate(lambda path: tokens_from_header(path, family), files, repeat=3)
+            header = rate(lambda data, family=family: tokens_from_header(data, family), contents, repeat=5)
+            from_path = rate(lambda path, family=family: tokens_from_header(path, family), files, repeat=3)
             theirs_of = reference(name, options)
             stored = [family.to_uint8(image) for image in rgb]
             given = [Image.fromarray(one.parts[0].transpose(1, 2, 0)) for one in stored]  # qwen-vl-utils' resized image
@@ -95,8 +95,8 @@ def main() -> None:
             for image, one in zip(inputs, stored):
                 ours, theirs = family.model_inputs([one]), theirs_of(image)
                 assert all(np.array_equal(value, np.asarray(theirs[key])) for key, value in ours.items()), (label, image.size)
-            reader = rate(lambda one: family.model_inputs([one]), stored, repeat=3)
-            worker_reader = rate(lambda image: family.model_inputs([family.to_uint8(image)]), rgb, repeat=1)
+            reader = rate(lambda one, family=family: family.model_inputs([one]), stored, repeat=3)
+            worker_reader = rate(lambda image, family=family: family.model_inputs([family.to_uint8(image)]), rgb, repeat=1)
             transformers = rate(theirs_of, inputs, repeat=1)
             print(f"{label:28s} {header:10,.0f} {from_path:12,.0f} {from_path / whole:7.1f} {reader:9,.1f} "
                   f"{worker_reader:16,.1f} {transformers:15,.1f} {worker_reader / transformers:5.1f}")  # fmt: skip
