@@ -211,12 +211,12 @@ class AnyresProcessor(FamilyBase):
         grid_height, grid_width = self.grid(width, height)
         return (grid_height // self.settings.tile) * (grid_width // self.settings.tile)
 
-    def tokens_for_size(self, width: int, height: int, *, multi_image: bool = False) -> int:
+    def tokens_for_size(self, width: int, height: int, *, sample_images: int = 1) -> int:
         """Language-model positions of the image: base features + unpadded tile features + one
-        newline per row. ``multi_image``: a OneVision sample with several images, whose images are
-        not tiled (base features + one newline)."""
+        newline per row. ``sample_images`` over 1: a OneVision sample with several images, whose
+        images are not tiled (base features + one newline)."""
         s = self.settings
-        if multi_image and s.max_num_patches is not None:
+        if sample_images > 1 and s.max_num_patches is not None:
             return s.base_tokens + 1
         if self.arithmetic == "llava":  # LLaVA reads the pinpoints as (width, height), the size as (width, height)
             grid_width, grid_height = self._pinpoints.best(width, height)
@@ -239,35 +239,35 @@ class AnyresProcessor(FamilyBase):
                 features, newlines = int(rows // ratio) * int(columns // ratio), int(rows // ratio)
         return s.base_tokens + features + newlines
 
-    def pixels_for_size(self, width: int, height: int, *, multi_image: bool = False) -> int:
+    def pixels_for_size(self, width: int, height: int, *, sample_images: int = 1) -> int:
         """Pixels of the largest image the processor makes of it: the padded grid (a OneVision
         multi-image sample's image: its square at the tile size)."""
-        if multi_image and self.settings.square_colour is not None:
+        if sample_images > 1 and self.settings.square_colour is not None:
             return self.settings.tile**2
         grid_height, grid_width = self.grid(width, height)
         return grid_height * grid_width
 
-    def vision_cost_for_size(self, width: int, height: int, *, multi_image: bool = False) -> int:
+    def vision_cost_for_size(self, width: int, height: int, *, sample_images: int = 1) -> int:
         """The vision encoder's attention cost of the image: one pass per tile and the base image,
         each of a tile's patches squared (a OneVision multi-image sample's image: one pass)."""
-        passes = 1 if multi_image and self.settings.max_num_patches is not None else 1 + self.tiles(width, height)
+        passes = 1 if sample_images > 1 and self.settings.max_num_patches is not None else 1 + self.tiles(width, height)
         return passes * self.settings.features_per_side**4
 
-    def vision_cost_of_stored(self, size: tuple[int, int], parts: int) -> int:
+    def vision_cost_of_stored(self, size: tuple[int, int], parts: int, tokens: int) -> int:
         """An image stored as one part is a OneVision multi-image sample's square: one encoder pass."""
-        return self.vision_cost_for_size(*size, multi_image=parts == 1)
+        return self.vision_cost_for_size(*size, sample_images=2 if parts == 1 else 1)
 
     def _truncate(self, value: float) -> int:
         return int(value) if self.arithmetic == "llava" else int(round(value, 7))
 
-    def to_uint8(self, image: Image.Image, *, multi_image: bool = False) -> StoredImage:
+    def to_uint8(self, image: Image.Image, *, sample_images: int = 1) -> StoredImage:
         """RGB image -> (base image at the tile size, image resized into its grid resolution), uint8.
 
-        ``multi_image`` (OneVision): the image padded to a square with the mean colour, at the tile size."""
+        ``sample_images`` over 1 (OneVision): the image padded to a square with the mean colour, at the tile size."""
         s = self.settings
         width, height = image.size
-        tokens = self.tokens_for_size(width, height, multi_image=multi_image)
-        if multi_image and s.square_colour is not None:
+        tokens = self.tokens_for_size(width, height, sample_images=sample_images)
+        if sample_images > 1 and s.square_colour is not None:
             square = expand_to_square(image, s.square_colour).resize((s.tile, s.tile), resample=s.resample)
             return StoredImage(size=(width, height), parts=(planar_uint8(square),), tokens=tokens)
         base = image.resize((s.tile, s.tile), resample=s.resample)

@@ -19,10 +19,25 @@ is h' x w' (``image_grid_thw`` h and w over the merge size), starting at text po
 at ``st + max(h', w')``. Every sample starts at 0, so the ids of a sample inside a pack are those of
 the sample alone: what transformers' ``get_rope_index`` gives for it (Qwen2-VL and Qwen2.5-VL agree
 for still images; tested against both); a sample's padding continues from its largest id + 1.
+
+Two references for an image's size (``reference``, the command line's ``--image_reference``):
+
+- "transformers" (default): the Hugging Face processor, as above, with the encoder's bounds.
+- "qwen_vl_utils": Qwen's own ``qwen-vl-utils`` (0.0.14), whose ``fetch_image`` resizes the image with
+  PIL before the processor (called with ``do_resize=False``, as Qwen3-VL's model card does; for
+  Qwen2/2.5-VL the processor's own resize is then the identity). Its ``smart_resize`` takes each
+  rounded side to at least one factor and does not hold a floored side at one factor; its bounds are
+  4 and 16,384 tokens (``4 * factor**2`` .. ``16384 * factor**2`` pixels, factor ``2 * patch_size``:
+  ``image_patch_size`` 14 for Qwen2/2.5-VL, 16 for Qwen3-VL), not the encoder's, replaced by
+  ``--min_pixels`` / ``--max_pixels`` as a message's own ``min_pixels`` / ``max_pixels`` replace
+  them; PIL's default filter (bicubic). Tokens, grid and pixels equal it (tests/families/
+  test_native_references.py, golden data from the package). Not followed: its compositing of an RGBA
+  image on white (every family here drops alpha, decode.py); a record carries no per-image bounds.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -33,7 +48,7 @@ from neva_pack.core import ConfigError
 from neva_pack.families.base import EncoderSpec, FamilyBase, FamilyOptions, Join, processor_normalisation, refuse_layout_options
 from neva_pack.families.headers import StoredImage, planar_uint8
 
-__all__ = ["NativeProcessor", "NativeSettings", "mrope_position_ids", "smart_resize"]
+__all__ = ["REFERENCES", "NativeProcessor", "NativeSettings", "mrope_position_ids", "qwen_vl_utils_resize", "smart_resize"]
 
 MAX_ASPECT_RATIO = 200
 """The reference refuses an image whose long side is over 200 times its short side."""
@@ -55,6 +70,8 @@ class NativeSettings:
     """Largest resized area (the checkpoints' 12,845,056; transformers' class default is 1,003,520)."""
     resample: int
     """PIL resampling filter of the resize (3, bicubic)."""
+    reference: str = "transformers"
+    """Whose resize the sizes follow (``REFERENCES``; the module's docstring)."""
 
     @property
     def factor(self) -> int:
@@ -81,6 +98,54 @@ def native_settings(encoder: EncoderSpec, *, min_pixels: int | None = None, max_
     if not 0 < settings.min_pixels <= settings.max_pixels:
         raise ConfigError(f"--min_pixels {settings.min_pixels} / --max_pixels {settings.max_pixels}: need 0 < min <= max")
     return settings
+
+
+REFERENCES = ("transformers", "qwen_vl_utils")
+"""Whose resize an image's size follows (the module's docstring)."""
+
+QWEN_VL_UTILS_TOKENS = (4, 16384)
+"""qwen-vl-utils' default bounds of an image, in tokens (its IMAGE_MIN_TOKEN_NUM, IMAGE_MAX_TOKEN_NUM):
+``factor**2`` pixels each."""
+
+
+def reference_settings(settings: NativeSettings, reference: str | None, *, min_pixels: int | None = None,
+                       max_pixels: int | None = None) -> NativeSettings:  # fmt: skip
+    """``settings`` for ``reference`` (None: transformers'): for qwen-vl-utils, its own bounds (the
+    flags over them) and PIL's default filter; ConfigError for a reference this family does not know or
+    a merge size qwen-vl-utils cannot make (it merges 2 x 2)."""
+    reference = reference or "transformers"
+    if reference not in REFERENCES:
+        raise ConfigError(f"--image_reference {reference}: Qwen2-VL / Qwen2.5-VL / Qwen3-VL images follow one of {', '.join(REFERENCES)}")
+    if reference == "transformers":
+        return settings
+    if settings.merge_size != 2:
+        raise ConfigError(f"--image_reference {reference}: it merges 2 x 2 patches, the encoder {settings.merge_size} x {settings.merge_size}")
+    low, high = (tokens * settings.factor**2 for tokens in QWEN_VL_UTILS_TOKENS)
+    low, high = min_pixels or low, max_pixels or high
+    if not 0 < low <= high:
+        raise ConfigError(f"--min_pixels {low} / --max_pixels {high}: need 0 < min <= max")
+    return dataclasses.replace(settings, min_pixels=low, max_pixels=high, resample=int(Image.Resampling.BICUBIC), reference=reference)
+
+
+def qwen_vl_utils_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """(height, width) qwen-vl-utils' ``smart_resize`` gives: ``smart_resize``'s steps, but each rounded
+    side at least ``factor`` and a floored side not held at it. ValueError for an aspect ratio over 200
+    (its refusal) and for a side floored to 0 (PIL's refusal of the resize that follows)."""
+    if min(height, width) < 1 or max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
+        raise ValueError(f"{width} x {height}: the aspect ratio must be at most {MAX_ASPECT_RATIO}")
+    h_bar = max(factor, round(height / factor) * factor)
+    w_bar = max(factor, round(width / factor) * factor)
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt((height * width) / max_pixels)
+        h_bar = math.floor(height / beta / factor) * factor
+        w_bar = math.floor(width / beta / factor) * factor
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    if min(h_bar, w_bar) < 1:
+        raise ValueError(f"{width} x {height}: resizes to {w_bar} x {h_bar} under --max_pixels {max_pixels}")
+    return h_bar, w_bar
 
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
@@ -110,8 +175,10 @@ class NativeProcessor(FamilyBase):
     """(start, patch, end) of an image run as the models' tokenizers spell them: one ``<|image_pad|>``
     per merged patch between ``<|vision_start|>`` and ``<|vision_end|>``."""
     models = "Qwen2-VL / Qwen2.5-VL"
-    option_names = ("min_pixels", "max_pixels")
-    """The family's own options (``--min_pixels`` / ``--max_pixels``), as ``options`` records them."""
+    option_names = ("arithmetic", "min_pixels", "max_pixels")
+    """The family's own options (``--image_reference``, as ``arithmetic``; ``--min_pixels`` / ``--max_pixels``),
+    as ``options`` records them."""
+    references = REFERENCES
     batch_keys = {"pixel_values": Join.IMAGES, "image_grid_thw": Join.IMAGES}
     """Patch rows of every image end to end, and one (t, h, w) row per image."""
     settings_patch_size = True
@@ -126,21 +193,27 @@ class NativeProcessor(FamilyBase):
     def from_options(cls, encoder: EncoderSpec, options: FamilyOptions) -> NativeProcessor:
         """``--min_pixels`` / ``--max_pixels`` over the encoder's settings."""
         refuse_layout_options(encoder, options)
-        return cls.from_encoder(encoder, min_pixels=options.min_pixels, max_pixels=options.max_pixels)
+        return cls.from_encoder(encoder, arithmetic=options.reference, min_pixels=options.min_pixels, max_pixels=options.max_pixels)
 
     @classmethod
-    def from_encoder(cls, encoder: EncoderSpec, *, min_pixels: int | None = None, max_pixels: int | None = None) -> NativeProcessor:
+    def from_encoder(cls, encoder: EncoderSpec, *, arithmetic: str | None = None, min_pixels: int | None = None,
+                     max_pixels: int | None = None) -> NativeProcessor:  # fmt: skip
+        """``arithmetic``: whose resize to follow (``REFERENCES``; None: transformers')."""
         normalisation = processor_normalisation(encoder, ("do_resize", "do_rescale", "do_normalize"), _CLIP_MEAN, _CLIP_STD)
-        return cls(native_settings(encoder, min_pixels=min_pixels, max_pixels=max_pixels), normalisation)
+        bounds = {"min_pixels": min_pixels, "max_pixels": max_pixels} if arithmetic in (None, "transformers") else {}
+        settings = native_settings(encoder, **bounds)  # qwen-vl-utils' bounds are its own, not the encoder's
+        return cls(reference_settings(settings, arithmetic, min_pixels=min_pixels, max_pixels=max_pixels), normalisation)
 
     def options(self) -> dict:
-        """``min_pixels`` / ``max_pixels`` as resolved (the flags, or the encoder's settings)."""
-        return {"min_pixels": self.settings.min_pixels, "max_pixels": self.settings.max_pixels}
+        """Whose resize (``arithmetic``) and ``min_pixels`` / ``max_pixels`` as resolved (the flags, or the
+        reference's bounds)."""
+        return {"arithmetic": self.settings.reference, "min_pixels": self.settings.min_pixels, "max_pixels": self.settings.max_pixels}
 
     def resized_size(self, width: int, height: int) -> tuple[int, int]:
         """(height, width) the image is resized to."""
         s = self.settings
-        return smart_resize(height, width, s.factor, s.min_pixels, s.max_pixels)
+        resize = qwen_vl_utils_resize if s.reference == "qwen_vl_utils" else smart_resize
+        return resize(height, width, s.factor, s.min_pixels, s.max_pixels)
 
     def grid_thw(self, width: int, height: int) -> tuple[int, int, int]:
         """The image's ``image_grid_thw`` row: (1, H / patch, W / patch)."""

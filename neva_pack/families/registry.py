@@ -32,7 +32,7 @@ from neva_pack.families.gemma4 import Gemma4Family
 from neva_pack.families.native import NativeProcessor
 
 __all__ = [
-    "FAMILIES", "IMAGE_DELIMITER_PIECES", "PROCESSOR_FAMILIES", "check_settings", "dynamic_image_run", "dynamic_processor",
+    "FAMILIES", "IMAGE_DELIMITER_PIECES", "IMAGE_REFERENCES", "PROCESSOR_FAMILIES", "check_settings", "dynamic_image_run", "dynamic_processor",
     "known_encoders", "model_family", "processor_from_record", "processor_record", "registered_batch_keys", "resolve_encoder",
 ]  # fmt: skip
 
@@ -238,6 +238,9 @@ def model_family(encoder: EncoderSpec, options: FamilyOptions = FamilyOptions())
     cls = FAMILIES[encoder.family]
     _refuse_others(cls, encoder, {"min_pixels": options.min_pixels, "max_pixels": options.max_pixels,
                                   "max_soft_tokens": options.max_soft_tokens})  # fmt: skip
+    if options.reference is not None and options.reference not in cls.references:
+        follows = f"one of {', '.join(cls.references)}" if cls.references else "its Hugging Face processor only (no --image_reference)"
+        raise ConfigError(f"--image_reference {options.reference}: {encoder.name}'s images ({cls.models}) follow {follows}")
     return cls.from_options(encoder, options)
 
 
@@ -254,6 +257,10 @@ def dynamic_processor(
     _refuse_others(cls, encoder, {"min_pixels": min_pixels, "max_pixels": max_pixels, "max_soft_tokens": max_soft_tokens})
     given = {"arithmetic": arithmetic, "min_pixels": min_pixels, "max_pixels": max_pixels, "max_soft_tokens": max_soft_tokens}
     return cls.from_encoder(encoder, **{name: given[name] for name in cls.option_names})
+
+
+IMAGE_REFERENCES = tuple(dict.fromkeys(reference for cls in FAMILIES.values() for reference in cls.references))
+"""Every reference a family's images can follow (``--image_reference``'s choices; ``ModelFamily.references``)."""
 
 
 def _refuse_others(cls, encoder: EncoderSpec, given: dict) -> None:
