@@ -2,9 +2,11 @@
 encoders) into a folder of the test's, each with the truth it was made with (``ZooClip``).
 
 The zoo covers what real datasets hold: MP4 H.264 (with B-frames, so FFmpeg's muxer writes an
-edit list of its own), MP4 MPEG-4 Part 2, WebM VP9, QuickTime MOV, a variable frame rate (irregular
-timestamps), odd sizes (33x17: x264 needs 4:4:4 for that, MPEG-4 takes it in 4:2:0), rotation
-metadata (the ``tkhd`` display matrix), a one-frame clip (shorter than a temporal patch of 2), and
+edit list of its own), MP4 MPEG-4 Part 2, WebM VP9, Matroska H.264, QuickTime MOV, 29.97 fps, a
+``moov`` before the media (faststart) and after it (FFmpeg's default), a variable frame rate
+(irregular timestamps), odd sizes (33x17: x264 needs 4:4:4 for that, MPEG-4 and VP9 take 4:2:0),
+rotation metadata (the ``tkhd`` display matrix, Matroska's projection roll), one-frame clips
+(shorter than a temporal patch of 2), and
 two edit lists patched into a finished file with the small box writer below: one that starts the
 track late (an empty edit: every frame is still shown) and one that trims the first frames (the
 decoder drops them, so fewer frames are presented than ``stts`` declares).
@@ -24,7 +26,7 @@ from pathlib import Path
 import av
 import numpy as np
 
-__all__ = ["ZOO", "ZooClip", "ebml_element", "make_zoo", "mp4_box", "mp4_boxes", "rewrite_moov", "synthetic_mp4"]
+__all__ = ["NTSC", "ZOO", "ZooClip", "ebml_element", "make_zoo", "mp4_box", "mp4_boxes", "rewrite_moov", "synthetic_mp4"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,31 +52,57 @@ class ZooClip:
     duration_s: float
 
 
-# name: (container format, encoder, width, height, frames, pixel format, frame times in ms or None
-# for a constant 10 fps, encoder options, display rotation, edit)
+@dataclass(frozen=True, slots=True)
+class _Spec:
+    fmt: str
+    """FFmpeg's muxer: mp4, mov, webm, matroska."""
+    encoder: str
+    width: int
+    height: int
+    count: int
+    rate: fractions.Fraction = fractions.Fraction(10)
+    pix_fmt: str = "yuv420p"
+    times_ms: tuple[int, ...] | None = None
+    """Frame times of a variable-rate clip (None: one frame each 1/rate s)."""
+    options: tuple[tuple[str, str], ...] = ()
+    """Encoder options."""
+    mux: tuple[tuple[str, str], ...] = ()
+    """Muxer options."""
+    rotation: int = 0
+    edit: str | None = None
+    """"delay" (an empty edit first) or "trim" (the first frames cut) patched into the edit list."""
+
+
+NTSC = fractions.Fraction(30000, 1001)
 _SPECS = {
-    "h264.mp4": ("mp4", "libx264", 32, 24, 10, "yuv420p", None, {}, 0, None),
-    "mpeg4.mp4": ("mp4", "mpeg4", 32, 24, 8, "yuv420p", None, {}, 0, None),
-    "vp9.webm": ("webm", "libvpx-vp9", 32, 24, 6, "yuv420p", None, {}, 0, None),
-    "h264.mov": ("mov", "libx264", 32, 24, 5, "yuv420p", None, {}, 0, None),
-    "vfr.mp4": ("mp4", "libx264", 32, 24, 6, "yuv420p", (0, 100, 150, 400, 410, 700), {}, 0, None),
-    "odd_444.mp4": ("mp4", "libx264", 33, 17, 4, "yuv444p", None, {}, 0, None),
-    "odd_mpeg4.mp4": ("mp4", "mpeg4", 33, 17, 5, "yuv420p", None, {}, 0, None),
-    "rotated_90.mp4": ("mp4", "libx264", 32, 16, 4, "yuv420p", None, {}, 90, None),
-    "rotated_270.mov": ("mov", "mpeg4", 32, 16, 3, "yuv420p", None, {}, 270, None),
-    "one_frame.mp4": ("mp4", "mpeg4", 16, 16, 1, "yuv420p", None, {}, 0, None),
-    "edit_delay.mp4": ("mp4", "mpeg4", 32, 24, 6, "yuv420p", None, {}, 0, "delay"),
-    "edit_trim.mp4": ("mp4", "mpeg4", 32, 24, 8, "yuv420p", None, {"g": "1"}, 0, "trim"),
+    "h264.mp4": _Spec("mp4", "libx264", 32, 24, 10),
+    "mpeg4.mp4": _Spec("mp4", "mpeg4", 32, 24, 8),
+    "vp9.webm": _Spec("webm", "libvpx-vp9", 32, 24, 6),
+    "h264.mov": _Spec("mov", "libx264", 32, 24, 5),
+    "ntsc.mp4": _Spec("mp4", "libx264", 32, 24, 7, rate=NTSC),
+    "ntsc.mkv": _Spec("matroska", "libx264", 32, 24, 7, rate=NTSC),
+    "faststart.mp4": _Spec("mp4", "libx264", 32, 24, 6, rate=fractions.Fraction(25), mux=(("movflags", "faststart"),)),
+    "vfr.mp4": _Spec("mp4", "libx264", 32, 24, 6, times_ms=(0, 100, 150, 400, 410, 700)),
+    "odd_444.mp4": _Spec("mp4", "libx264", 33, 17, 4, pix_fmt="yuv444p"),
+    "odd_mpeg4.mp4": _Spec("mp4", "mpeg4", 33, 17, 5),
+    "odd.webm": _Spec("webm", "libvpx-vp9", 33, 17, 3),
+    "rotated_90.mp4": _Spec("mp4", "libx264", 32, 16, 4, rotation=90),
+    "rotated_270.mov": _Spec("mov", "mpeg4", 32, 16, 3, rotation=270),
+    "rotated_90.webm": _Spec("webm", "libvpx-vp9", 32, 16, 3, rotation=90),
+    "one_frame.mp4": _Spec("mp4", "mpeg4", 16, 16, 1),
+    "one_frame.webm": _Spec("webm", "libvpx-vp9", 16, 16, 1),
+    "edit_delay.mp4": _Spec("mp4", "mpeg4", 32, 24, 6, edit="delay"),
+    "edit_trim.mp4": _Spec("mp4", "mpeg4", 32, 24, 8, options=(("g", "1"),), edit="trim"),
 }
 ZOO = tuple(_SPECS)
 """The clip names, in a fixed order."""
 
-RATE = 10
-"""Frames per second of the constant-rate clips."""
 TRIMMED = 2
 """Frames the trimming edit list cuts from the start of ``edit_trim.mp4``."""
 DELAY_MS = 300
 """How late the delaying edit list starts ``edit_delay.mp4``'s track."""
+_CODECS = {("libx264", False): "avc1", ("mpeg4", False): "mp4v", ("libx264", True): "V_MPEG4/ISO/AVC",
+           ("libvpx-vp9", True): "V_VP9"}
 
 
 def make_zoo(folder: Path) -> dict[str, ZooClip]:
@@ -83,46 +111,41 @@ def make_zoo(folder: Path) -> dict[str, ZooClip]:
 
 
 def make_clip(folder: Path, name: str) -> ZooClip:
-    fmt, codec, width, height, count, pix_fmt, times_ms, options, rotation, edit = _SPECS[name]
+    spec = _SPECS[name]
     path = Path(folder) / name
-    _encode(path, fmt, codec, width, height, count, pix_fmt, times_ms, options, rotation)
-    decoded, duration_s = count, count / RATE
-    if times_ms is not None:
+    _encode(path, spec)
+    count, decoded, duration_s = spec.count, spec.count, float(spec.count / spec.rate)
+    if spec.times_ms is not None:
         # FFmpeg's muxer makes the sample durations add up to the span of the timestamps
-        duration_s = (times_ms[-1] - times_ms[0]) / 1000
-    if edit == "trim":
-        path.write_bytes(rewrite_moov(path.read_bytes(), edit=(TRIMMED * _TICKS_PER_FRAME, None)))
-        decoded, duration_s = count - TRIMMED, (count - TRIMMED) / RATE
-    elif edit == "delay":
+        duration_s = (spec.times_ms[-1] - spec.times_ms[0]) / 1000
+    if spec.edit == "trim":
+        ticks = 10240 // int(spec.rate)  # FFmpeg's MP4 muxer picks a timescale of 10240 for 10 fps
+        path.write_bytes(rewrite_moov(path.read_bytes(), edit=(TRIMMED * ticks, None)))
+        decoded, duration_s = count - TRIMMED, float((count - TRIMMED) / spec.rate)
+    elif spec.edit == "delay":
         path.write_bytes(rewrite_moov(path.read_bytes(), edit=(0, DELAY_MS)))
-    matroska = fmt == "webm"
+    matroska = spec.fmt in ("webm", "matroska")
     return ZooClip(
-        name=name, path=path, container="matroska" if matroska else "mp4",
-        codec="V_VP9" if matroska else {"libx264": "avc1", "mpeg4": "mp4v"}[codec],
-        width=width, height=height, rotation=rotation, frames=count, decoded=decoded,
-        fps=count / duration_s if times_ms else float(RATE),
-        duration_s=duration_s,
+        name=name, path=path, container="matroska" if matroska else "mp4", codec=_CODECS[spec.encoder, matroska],
+        width=spec.width, height=spec.height, rotation=spec.rotation, frames=count, decoded=decoded,
+        fps=count / duration_s if spec.times_ms else float(spec.rate), duration_s=duration_s,
     )
 
 
-_TICKS_PER_FRAME = 1024
-"""FFmpeg's MP4 muxer picks a media timescale of 10240 for 10 fps: 1024 ticks a frame."""
-
-
-def _encode(path, fmt, codec, width, height, count, pix_fmt, times_ms, options, rotation) -> None:
-    with av.open(str(path), "w", format=fmt) as container:
-        stream = container.add_stream(codec, rate=RATE, options=dict(options))
-        stream.width, stream.height, stream.pix_fmt = width, height, pix_fmt
-        if times_ms is not None:
+def _encode(path: Path, spec: _Spec) -> None:
+    with av.open(str(path), "w", format=spec.fmt, options=dict(spec.mux)) as container:
+        stream = container.add_stream(spec.encoder, rate=spec.rate, options=dict(spec.options))
+        stream.width, stream.height, stream.pix_fmt = spec.width, spec.height, spec.pix_fmt
+        if spec.times_ms is not None:
             stream.time_base = fractions.Fraction(1, 1000)
-        if rotation:
-            stream.set_display_rotation(-rotation)  # FFmpeg's angle turns counter-clockwise
+        if spec.rotation:
+            stream.set_display_rotation(-spec.rotation)  # FFmpeg's angle turns counter-clockwise
         rng = np.random.default_rng(len(path.name))
-        for index in range(count):
-            picture = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+        for index in range(spec.count):
+            picture = rng.integers(0, 256, (spec.height, spec.width, 3), dtype=np.uint8)
             frame = av.VideoFrame.from_ndarray(picture, format="rgb24")
-            if times_ms is not None:
-                frame.pts, frame.time_base = times_ms[index], fractions.Fraction(1, 1000)
+            if spec.times_ms is not None:
+                frame.pts, frame.time_base = spec.times_ms[index], fractions.Fraction(1, 1000)
             container.mux(stream.encode(frame))
         container.mux(stream.encode())
 

@@ -115,21 +115,26 @@ def av_reduce(num: int, den: int, limit: int) -> tuple[int, int]:
 
 class ByteSource:
     """An untrusted file seen through ``read(offset, size) -> bytes`` (fewer bytes at its end), of a
-    known ``size``, read at most ``budget`` bytes in all. The first ``head`` bytes are read once and
-    served from memory; every other range is read when asked for, so a reader never pulls in media
-    data it skips (an MP4 ``mdat``, a Matroska block's payload)."""
+    known ``size``; the bytes asked for add up to at most ``budget``. The first ``head`` bytes are
+    read once and served from memory; a small read elsewhere (an element header) is served from a
+    ``window`` read at its offset, so a walk over consecutive headers makes one read per window, and
+    a large one (an MP4 ``moov``) is read as asked. A reader never pulls in media data it skips (an
+    MP4 ``mdat``; a Matroska block's payload, beyond the window its header opens)."""
 
-    def __init__(self, read: Callable[[int, int], bytes], size: int, *, budget: int, head: int = 1 << 16):
+    SMALL = 64
+    """Reads up to this many bytes are served from a window."""
+
+    def __init__(self, read: Callable[[int, int], bytes], size: int, *, budget: int, head: int = 1 << 14,
+                 window: int = 1 << 13):
         self._read = read
         self.size = size
         self.budget = budget
         self.spent = 0
+        self._window_size = window
         self._head = self._fetch(0, min(head, size)) if size else b""
+        self._window, self._window_at = b"", 0
 
     def _fetch(self, offset: int, length: int) -> bytes:
-        self.spent += length
-        if self.spent > self.budget:
-            raise VideoHeaderError("video_header_too_large", f"the header needs more than {self.budget} bytes read")
         data = self._read(offset, length)
         if len(data) != length:
             raise VideoHeaderError("video_truncated", f"{length} bytes at offset {offset} could not be read "
@@ -138,12 +143,22 @@ class ByteSource:
 
     def bytes(self, offset: int, length: int, what: str) -> bytes:
         """Exactly ``length`` bytes at ``offset``, or ``video_truncated`` naming ``what`` they were."""
-        if offset < 0 or length < 0 or offset + length > self.size:
+        end = offset + length
+        if offset < 0 or length < 0 or end > self.size:
             raise VideoHeaderError("video_truncated", f"{what} ({length} bytes at offset {offset}) runs past "
                                    f"the end of the file ({self.size} bytes)")
-        if offset + length <= len(self._head):
-            return self._head[offset:offset + length]
-        return self._fetch(offset, length)
+        if end <= len(self._head):
+            return self._head[offset:end]
+        self.spent += length
+        if self.spent > self.budget:
+            raise VideoHeaderError("video_header_too_large", f"the header needs more than {self.budget} bytes read")
+        if length > self.SMALL:
+            return self._fetch(offset, length)
+        at = offset - self._window_at
+        if at < 0 or end - self._window_at > len(self._window):
+            self._window = self._fetch(offset, min(self._window_size, self.size - offset))
+            self._window_at, at = offset, 0
+        return self._window[at:at + length]
 
     def upto(self, offset: int, length: int) -> bytes:
         """Up to ``length`` bytes at ``offset``: fewer where the file ends (a header's look-ahead)."""

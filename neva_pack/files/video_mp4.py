@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 import struct
-from fractions import Fraction
 
 import numpy as np
 
@@ -110,11 +109,27 @@ def _name(kind: bytes) -> str:
     return repr(kind.decode("latin-1"))
 
 
+_HEAD = struct.Struct(">I4s")
+
+
 def _children(data: bytes, start: int, end: int, parent: str) -> list[tuple[bytes, int, int]]:
     """(type, payload start, payload end) of each box in ``data[start:end]``: at most one per 8 bytes."""
     out, at = [], start
     while at < end:
-        size, kind, header = _box_header(data[at:at + 16], end - at)
+        room = end - at
+        if room < 8:
+            raise VideoHeaderError("video_malformed", f"{room} stray bytes at the end of {parent}")
+        size, kind = _HEAD.unpack_from(data, at)
+        header = 8
+        if size == 1:
+            if room < 16:
+                raise VideoHeaderError("video_truncated", f"a 64-bit box size cut off in {parent}")
+            size, header = struct.unpack_from(">Q", data, at + 8)[0], 16
+        elif size == 0:
+            size = room
+        if size < header or size > room:
+            raise VideoHeaderError("video_malformed", f"box {_name(kind)} in {parent} declares {size} bytes "
+                                   f"where {room} remain")
         out.append((kind, at + header, at + size))
         at += size
     return out
@@ -195,7 +210,7 @@ def _video_track(moov, boxes, mdia, movie_scale, max_frames, max_pixels) -> Vide
                                        f"(at most {max_frames})")
     return VideoHeader(
         container="mp4", codec=codec, width=width, height=height, rotation=_rotation(moov, boxes),
-        frame_count=frames, presented_frames=presented, fps=float(Fraction(num, den)) if den else math.nan,
+        frame_count=frames, presented_frames=presented, fps=num / den,
         duration_s=duration / scale,
     )
 
@@ -256,18 +271,19 @@ def _edits(moov, span, movie_scale, media_scale) -> tuple[list[tuple[int, int]],
 
 def _presented(counts, deltas, ctts, edits) -> int:
     """How many samples have a composition time inside an edit (each edit counted on its own: an
-    edit list may show a stretch twice), from the sorted times: one binary search per edit."""
-    dts = np.repeat(deltas, counts)
-    np.cumsum(dts, out=dts)
-    dts = np.concatenate(([0], dts[:-1]))
-    cts = dts
+    edit list may show a stretch twice): two comparisons per sample and edit, or for a long edit
+    list one sort and a binary search per edit."""
+    durations = np.repeat(deltas, counts)
+    cts = np.cumsum(durations)
+    cts -= durations  # decode times: each sample starts where the ones before it end
     if ctts is not None:
-        offsets = np.repeat(ctts[1], ctts[0])
-        if offsets.size < dts.size:
-            offsets = np.concatenate((offsets, np.zeros(dts.size - offsets.size, np.int64)))
-        shift = max(0, -int(offsets.min())) if offsets.size else 0
-        cts = dts + offsets[:dts.size] + shift
-    cts = np.sort(cts)
+        offsets = np.repeat(ctts[1], ctts[0])[:cts.size]
+        if offsets.size:
+            cts[:offsets.size] += offsets
+            cts += max(0, -int(offsets.min()))
+    if len(edits) <= 4:
+        return sum(int(np.count_nonzero((cts >= start) & (cts < start + length))) for start, length in edits)
+    cts.sort()
     starts = np.array([start for start, _ in edits], dtype=np.int64)
     ends = starts + np.array([length for _, length in edits], dtype=np.int64)
     return int((np.searchsorted(cts, ends) - np.searchsorted(cts, starts)).sum())
