@@ -45,6 +45,8 @@ _SIMPLE_BLOCK, _BLOCK_GROUP, _BLOCK = 0xA3, 0xA0, 0xA1
 _TOP_LEVEL = frozenset({_CLUSTER, _INFO, _TRACKS, 0x114D9B74, 0x1C53BB6B, 0x1254C367, 0x1043A770, 0x1941A469, _EBML})
 """IDs that end a Cluster of unknown size (the next top-level element begins)."""
 _UNKNOWN = -1
+_LOOK = 24
+"""Bytes read at an element's start: its header (at most 12) and a SimpleBlock's own header."""
 _SMALL = 1 << 16
 """The largest value element (number, string, float) read: the ones read here are a few bytes."""
 _FFMPEG_RATE_LIMIT = 30000
@@ -53,13 +55,13 @@ _FFMPEG_RATE_LIMIT = 30000
 
 def read_matroska_header(source: ByteSource, *, max_frames: int, max_pixels: int, max_elements: int) -> VideoHeader:
     walk = _Walk(source, max_elements)
-    element_id, start, end = walk.element(0, source.size)
+    element_id, start, end, _ = walk.element(0, source.size)
     if element_id != _EBML:
         raise VideoHeaderError("video_unknown_format", "no EBML header at the start of the file")
     doctype = next((walk.string(s, e) for i, s, e in walk.children(start, end) if i == _DOCTYPE), "matroska")
     if doctype not in ("matroska", "webm"):
         raise VideoHeaderError("video_unknown_format", f"an EBML file of DocType {doctype!r}")
-    element_id, start, end = walk.element(end, source.size, unknown_ok=True)
+    element_id, start, end, _ = walk.element(end, source.size, unknown_ok=True)
     if element_id != _SEGMENT:
         raise VideoHeaderError("video_malformed", f"element {element_id:#x} where the Segment belongs")
     end = source.size if end is None else end
@@ -130,23 +132,56 @@ def _track(walk: _Walk, start: int, end: int) -> dict:
 
 
 def _count_blocks(walk: _Walk, start: int, end: int, blocks: dict, max_frames: int) -> None:
-    """Adds each track's frames in one Cluster to ``blocks`` (a laced block holds several)."""
-    for element_id, s, e in walk.children(start, end, in_cluster=True):
-        if element_id == _BLOCK_GROUP:
-            s, e = next(((s2, e2) for i, s2, e2 in walk.children(s, e) if i == _BLOCK), (0, 0))
-            if e == 0:
+    """Adds each track's frames in one Cluster to ``blocks`` (a laced block holds several). A
+    SimpleBlock's header (track number, timecode, flags, lace count) follows its element header, so
+    one look-ahead read serves both; a Cluster of unknown size ends at the next top-level element.
+
+    The common SimpleBlock (1-byte ID, a track number under 128) is read inline: the frame count of
+    a Matroska file costs one small read and a few byte operations per block."""
+    source = walk.source
+    at = start
+    while at < end:
+        head = source.upto(at, min(_LOOK, end - at))
+        if head[0] == _SIMPLE_BLOCK and len(head) >= 14:
+            length = 9 - head[1].bit_length()  # the size's length (9 for an invalid 0x00)
+            size = int.from_bytes(head[1:1 + length], "big") & ((1 << (7 * length)) - 1)
+            block = 1 + length
+            if length <= 8 and size != (1 << (7 * length)) - 1 and size >= 5 and at + block + size <= end \
+                    and head[block] & 0x80 and block + 5 <= len(head):
+                walk.left -= 1
+                if walk.left < 0:
+                    raise VideoHeaderError("video_header_too_large", "more EBML elements than the element budget")
+                number = head[block] & 0x7F
+                total = blocks.get(number, 0) + (head[block + 4] + 1 if head[block + 3] & 0x06 else 1)
+                if total > max_frames:
+                    raise VideoHeaderError("video_too_many_frames", f"more than {max_frames} frames in track {number}")
+                blocks[number] = total
+                at += block + size
                 continue
-        elif element_id != _SIMPLE_BLOCK:
-            continue
-        head = walk.source.upto(s, min(e - s, 12))
-        number, length = _vint(head, 0, "a block's track number")
-        if length + 4 > e - s:
-            raise VideoHeaderError("video_malformed", f"a block of {e - s} bytes at offset {s}")
-        frames = head[length + 3] + 1 if head[length + 2] & 0x06 else 1
-        total = blocks.get(number, 0) + frames
-        if total > max_frames:
-            raise VideoHeaderError("video_too_many_frames", f"more than {max_frames} frames in track {number}")
-        blocks[number] = total
+        element_id, s, e, head = walk.element(at, end)
+        if element_id in _TOP_LEVEL:
+            return
+        if element_id == _SIMPLE_BLOCK:
+            block = head[s - at:]
+            if len(block) < 12 and e - s > len(block):
+                block = walk.source.upto(s, min(e - s, 12))
+            _add_block(block, s, e, blocks, max_frames)
+        elif element_id == _BLOCK_GROUP:
+            for i, s2, e2 in walk.children(s, e):
+                if i == _BLOCK:
+                    _add_block(walk.source.upto(s2, min(e2 - s2, 12)), s2, e2, blocks, max_frames)
+        at = e
+
+
+def _add_block(head: bytes, start: int, end: int, blocks: dict, max_frames: int) -> None:
+    number, length = _vint(head, 0, "a block's track number")
+    if length + 4 > min(end - start, len(head)):
+        raise VideoHeaderError("video_malformed", f"a block of {end - start} bytes at offset {start}")
+    frames = head[length + 3] + 1 if head[length + 2] & 0x06 else 1
+    total = blocks.get(number, 0) + frames
+    if total > max_frames:
+        raise VideoHeaderError("video_too_many_frames", f"more than {max_frames} frames in track {number}")
+    blocks[number] = total
 
 
 def _vint(data: bytes, at: int, what: str, keep_marker: bool = False) -> tuple[int, int]:
@@ -174,13 +209,14 @@ class _Walk:
         self.source = source
         self.left = max_elements
 
-    def element(self, at: int, end: int, unknown_ok: bool = False) -> tuple[int, int, int | None]:
-        """(ID, data start, data end) of the element at ``at`` inside a parent ending at ``end``; the
-        end None for an unknown size (refused unless ``unknown_ok``)."""
+    def element(self, at: int, end: int, unknown_ok: bool = False) -> tuple[int, int, int | None, bytes]:
+        """(ID, data start, data end, look-ahead) of the element at ``at`` inside a parent ending at
+        ``end``: the end None for an unknown size (refused unless ``unknown_ok``); the look-ahead the
+        bytes read from ``at`` (the header and up to ``_LOOK`` bytes in all)."""
         self.left -= 1
         if self.left < 0:
             raise VideoHeaderError("video_header_too_large", "more EBML elements than the element budget")
-        head = self.source.upto(at, min(12, end - at))
+        head = self.source.upto(at, min(_LOOK, end - at))
         element_id, id_length = _vint(head, 0, "an element ID", keep_marker=True)
         if id_length > 4:
             raise VideoHeaderError("video_malformed", f"an element ID of {id_length} bytes at offset {at}")
@@ -189,22 +225,19 @@ class _Walk:
         if size == _UNKNOWN:
             if not unknown_ok:
                 raise VideoHeaderError("video_malformed", f"element {element_id:#x} of unknown size at offset {at}")
-            return element_id, start, None
+            return element_id, start, None, head
         if start + size > end:
             reason = "video_truncated" if end == self.source.size else "video_malformed"
             raise VideoHeaderError(reason, f"element {element_id:#x} at offset {at} declares {size} bytes "
                                    f"where {end - start} remain")
-        return element_id, start, start + size
+        return element_id, start, start + size, head
 
-    def children(self, start: int, end: int, clusters: bool = False, in_cluster: bool = False):
+    def children(self, start: int, end: int, clusters: bool = False):
         """Each child (ID, data start, data end) in ``[start, end)``. With ``clusters`` (the Segment's
-        children) a Cluster may have an unknown size: it ends where the next top-level element begins.
-        ``in_cluster`` (a Cluster of unknown size's children) stops at the first top-level element."""
+        children) a Cluster may have an unknown size: it ends where the next top-level element begins."""
         at = start
         while at < end:
-            element_id, s, e = self.element(at, end, unknown_ok=clusters and not in_cluster)
-            if in_cluster and element_id in _TOP_LEVEL:
-                return
+            element_id, s, e, _ = self.element(at, end, unknown_ok=clusters)
             if e is None:
                 if element_id != _CLUSTER:
                     raise VideoHeaderError("video_malformed", f"element {element_id:#x} of unknown size at offset {at}")
@@ -215,7 +248,7 @@ class _Walk:
     def _cluster_end(self, start: int, end: int) -> int:
         at = start
         while at < end:
-            element_id, _s, e = self.element(at, end)
+            element_id, _, e, _ = self.element(at, end)
             if element_id in _TOP_LEVEL:
                 return at
             at = e
