@@ -58,7 +58,7 @@ def make_clip(path: Path, fmt: str, encoder: str, options: dict, mux: dict, fram
 
 
 def ours(path: Path):
-    with open(path, "rb") as file:
+    with open(path, "rb", buffering=0) as file:  # reads are pread calls: no buffer to fill
         header = read_video_header_file(file)
     return header.frame_count, header.fps, header.width, header.height
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import av
 import numpy as np
 
-__all__ = ["NTSC", "ZOO", "ZooClip", "ebml_element", "make_zoo", "mp4_box", "mp4_boxes", "rewrite_moov", "synthetic_mp4"]
+__all__ = ["NTSC", "ZOO", "ZooClip", "ebml_element", "make_clip", "make_zoo", "mp4_box", "mp4_boxes", "rewrite_moov", "synthetic_mkv", "synthetic_mp4"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -248,3 +248,31 @@ def ebml_element(element_id: int, payload: bytes, *, size: int | None = None) ->
     id_bytes = element_id.to_bytes((element_id.bit_length() + 7) // 8, "big")
     declared = len(payload) if size is None else size
     return id_bytes + (0x01 << 56 | declared).to_bytes(8, "big") + payload
+
+
+def _uint(value: int) -> bytes:
+    return value.to_bytes(max(1, (value.bit_length() + 7) // 8), "big")
+
+
+def synthetic_mkv(*, width: int = 64, height: int = 48, track_type: int = 1, codec: bytes = b"V_VP9",
+                  default_duration: int | None = 100_000_000, duration_ms: float | None = 1000.0,
+                  blocks=((1, 1),) * 10, grouped: bool = False, doctype: bytes = b"webm") -> bytes:
+    """A Matroska file declaring what it is told, its blocks a few bytes of no codec's data: one track
+    (number 1) of ``track_type`` (1 video, 2 audio), and one Cluster of ``blocks`` (track number,
+    frames in the block: more than 1 is a laced block), SimpleBlocks or (``grouped``) BlockGroups."""
+    info = ebml_element(0x2AD7B1, _uint(1_000_000))
+    if duration_ms is not None:
+        info += ebml_element(0x4489, struct.pack(">d", duration_ms))
+    video = ebml_element(0xB0, _uint(width)) + ebml_element(0xBA, _uint(height))
+    entry = (ebml_element(0xD7, _uint(1)) + ebml_element(0x83, _uint(track_type)) + ebml_element(0x86, codec)
+             + (ebml_element(0x23E383, _uint(default_duration)) if default_duration else b"")
+             + ebml_element(0xE0, video))
+    cluster = ebml_element(0xE7, _uint(0))
+    for index, (track, frames) in enumerate(blocks):
+        laced = frames > 1
+        block = bytes([0x80 | track]) + struct.pack(">h", index) + bytes([0x80 | (0x02 if laced else 0)])
+        block += (bytes([frames - 1]) + bytes(frames - 1) if laced else b"") + b"\x00\x01\x02"
+        cluster += ebml_element(0xA0, ebml_element(0xA1, block)) if grouped else ebml_element(0xA3, block)
+    segment = (ebml_element(0x1549A966, info) + ebml_element(0x1654AE6B, ebml_element(0xAE, entry))
+               + ebml_element(0x1F43B675, cluster))
+    return ebml_element(0x1A45DFA3, ebml_element(0x4282, doctype)) + ebml_element(0x18538067, segment)

@@ -80,8 +80,10 @@ class VideoHeader:
     """PyAV's ``float(stream.average_rate)``: frames over the sample durations (MP4), 10^9 / the
     track's DefaultDuration (Matroska, approximated as FFmpeg does), else frames over duration."""
     duration_s: float
-    """The stream's duration in seconds as FFmpeg computes it (MP4: edit lists applied); Matroska:
-    the segment's Duration (FFmpeg gives the stream none)."""
+    """The stream's duration in seconds as FFmpeg computes it. MP4: the media header's, capped at the
+    sum of the sample durations and at the edit list's length; 0 where the media header declares
+    none (0, or all ones for "unknown"), as FFmpeg reports. Matroska: the segment's Duration (FFmpeg
+    gives the stream none); it counts in TimecodeScale units (milliseconds as FFmpeg writes it)."""
 
     @property
     def frames_disagree(self) -> bool:
@@ -125,13 +127,13 @@ class ByteSource:
     """Reads up to this many bytes are served from a window."""
 
     def __init__(self, read: Callable[[int, int], bytes], size: int, *, budget: int, head: int = 1 << 14,
-                 window: int = 1 << 13):
+                 window: int = 1 << 10):
         self._read = read
         self.size = size
         self.budget = budget
-        self.spent = 0
         self._window_size = window
-        self._head = self._fetch(0, min(head, size)) if size else b""
+        self.spent = min(head, size, budget)
+        self._head = self._fetch(0, self.spent) if size else b""
         self._window, self._window_at = b"", 0
 
     def _fetch(self, offset: int, length: int) -> bytes:

@@ -68,8 +68,14 @@ def read_video_header_file(file: BinaryIO, *, max_frames: int = MAX_VIDEO_FRAMES
     """The header of a clip in a seekable binary file (an open regular file, a tar member's
     ``extractfile``), reading only the ranges the header needs: never the media."""
     size = file.seek(0, os.SEEK_END)
+    try:
+        descriptor = file.fileno()
+    except (AttributeError, OSError):  # io.UnsupportedOperation is an OSError: a file in memory, a tar member
+        descriptor = None
 
     def read(offset: int, length: int) -> bytes:
+        if descriptor is not None:
+            return os.pread(descriptor, length, offset)  # one system call, no seek, no buffer to fill
         file.seek(offset)
         return file.read(length)
 

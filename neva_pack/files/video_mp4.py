@@ -51,8 +51,8 @@ _MAX_EDITS = 4096
 
 def read_mp4_header(source: ByteSource, *, max_frames: int, max_pixels: int) -> VideoHeader:
     moov = _find_moov(source)
-    movie_scale = _movie_timescale(moov)
     tracks = _children(moov, 0, len(moov), "moov")
+    movie_scale = _movie_timescale(moov, next((span for kind, *span in tracks if kind == b"mvhd"), None))
     if any(kind == b"mvex" for kind, _, _ in tracks):
         raise VideoHeaderError("video_unsupported", "a fragmented MP4 (moov/mvex): its frames are declared in "
                                "moof boxes through the file, not in the header")
@@ -156,8 +156,10 @@ def _payload(data: bytes, span: tuple[int, int], minimum: int, what: str) -> byt
     return data[start:end]
 
 
-def _movie_timescale(moov: bytes) -> int:
-    mvhd = _payload(moov, _need(_index(moov, 0, len(moov), "moov"), b"mvhd", "moov"), 20, "mvhd")
+def _movie_timescale(moov: bytes, span) -> int:
+    if span is None:
+        raise VideoHeaderError("video_malformed", "moov has no mvhd box")
+    mvhd = _payload(moov, span, 20, "mvhd")
     return struct.unpack_from(">I", mvhd, 20 if mvhd[0] == 1 else 12)[0] if len(mvhd) >= 24 else 0
 
 
@@ -167,8 +169,12 @@ def _video_track(moov, boxes, mdia, movie_scale, max_frames, max_pixels) -> Vide
         if len(mdhd) < 32:
             raise VideoHeaderError("video_malformed", "version 1 mdhd box cut short")
         scale, media_duration = struct.unpack_from(">IQ", mdhd, 20)
+        unknown = (1 << 64) - 1
     else:
         scale, media_duration = struct.unpack_from(">II", mdhd, 12)
+        unknown = (1 << 32) - 1
+    if media_duration == unknown:
+        media_duration = 0  # "unknown": FFmpeg reports a duration of 0, as for a declared 0
     minf = _index(moov, *_need(mdia, b"minf", "mdia"), "minf")
     stbl = _index(moov, *_need(minf, b"stbl", "minf"), "stbl")
     codec, width, height = _sample_entry(_payload(moov, _need(stbl, b"stsd", "stbl"), 8, "stsd"))
@@ -233,8 +239,8 @@ def _table(box: bytes, what: str) -> tuple[np.ndarray, np.ndarray]:
     if 8 + 8 * entries > len(box):
         raise VideoHeaderError("video_malformed", f"{what} declares {entries} entries in {len(box)} bytes")
     pairs = np.frombuffer(box, dtype=">i4" if what == "ctts" and box[0] else ">u4", count=2 * entries, offset=8)
-    pairs = pairs.reshape(entries, 2).astype(np.int64)
-    return pairs[:, 0].copy(), pairs[:, 1].copy()
+    pairs = pairs.astype(np.int64)
+    return pairs[0::2], pairs[1::2]
 
 
 def _edits(moov, span, movie_scale, media_scale) -> tuple[list[tuple[int, int]], int]:
@@ -271,8 +277,9 @@ def _edits(moov, span, movie_scale, media_scale) -> tuple[list[tuple[int, int]],
 
 def _presented(counts, deltas, ctts, edits) -> int:
     """How many samples have a composition time inside an edit (each edit counted on its own: an
-    edit list may show a stretch twice): two comparisons per sample and edit, or for a long edit
-    list one sort and a binary search per edit."""
+    edit list may show a stretch twice). The usual list, one edit spanning every sample (an encoder's
+    B-frame delay), is answered from the extremes; otherwise two comparisons per sample and edit, or
+    for a long list one sort and a binary search per edit."""
     durations = np.repeat(deltas, counts)
     cts = np.cumsum(durations)
     cts -= durations  # decode times: each sample starts where the ones before it end
@@ -281,6 +288,10 @@ def _presented(counts, deltas, ctts, edits) -> int:
         if offsets.size:
             cts[:offsets.size] += offsets
             cts += max(0, -int(offsets.min()))
+    if len(edits) == 1:
+        start, length = edits[0]
+        if start <= int(cts.min()) and int(cts.max()) < start + length:
+            return int(cts.size)
     if len(edits) <= 4:
         return sum(int(np.count_nonzero((cts >= start) & (cts < start + length))) for start, length in edits)
     cts.sort()

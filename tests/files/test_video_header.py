@@ -20,6 +20,7 @@ from video_zoo import (
     mp4_box,
     mp4_boxes,
     rewrite_moov,
+    synthetic_mkv,
     synthetic_mp4,
 )
 
@@ -248,6 +249,54 @@ def test_an_unknown_size_segment_and_cluster_read_as_known_ones(zoo):
     assert read_video_header(unknown) == read_video_header(data)
 
 
+def test_a_synthetic_matroska_header_reads_as_declared():
+    header = read_video_header(synthetic_mkv(width=640, height=360, default_duration=33_366_667, duration_ms=400.4,
+                                             blocks=((1, 1),) * 12))
+    assert (header.container, header.codec, header.width, header.height) == ("matroska", "V_VP9", 640, 360)
+    assert (header.frame_count, header.presented_frames, header.duration_s) == (12, 12, 0.4004)
+    assert header.fps == 30000 / 1001  # 10^9 / 33,366,667 ns, approximated as FFmpeg does (terms <= 30000)
+
+
+def test_matroska_frames_are_counted_through_lacing_block_groups_and_other_tracks():
+    blocks = ((1, 1), (2, 1), (1, 4), (2, 3), (1, 1))
+    assert read_video_header(synthetic_mkv(blocks=blocks)).frame_count == 6
+    assert read_video_header(synthetic_mkv(blocks=blocks, grouped=True)).frame_count == 6
+
+
+def test_matroska_without_default_duration_takes_frames_over_duration(zoo, tmp_path):
+    """FFmpeg estimates such a track's rate from the first decoded timestamps; the header cannot, so
+    it divides: the two agree to within the rounding of millisecond timestamps."""
+    assert read_video_header(synthetic_mkv(default_duration=None, duration_ms=500.0)).fps == 20.0
+    data = zoo["ntsc.mkv"].path.read_bytes()
+    at = data.index(b"\x23\xe3\x83")
+    length = 4 + (data[at + 3] & 0x7F)
+    path = tmp_path / "no_default_duration.mkv"
+    path.write_bytes(data[:at] + bytes([0xEC, 0x80 | (length - 2)]) + bytes(length - 2) + data[at + length:])
+    header, ref = read_video_header(path.read_bytes()), pyav_facts(path)
+    assert header.frame_count == ref["decoded"] == 7
+    assert header.fps == pytest.approx(ref["fps"], rel=0.02)
+
+
+@pytest.mark.parametrize(("fields", "reason"), [
+    ({"track_type": 2, "codec": b"A_OPUS"}, "video_no_video_track"),
+    ({"width": 8192, "height": 8192}, "video_too_large"),
+    ({"width": 0}, "video_empty"),
+    ({"blocks": ()}, "video_empty"),
+    ({"duration_ms": float("nan")}, "video_bad_frame_rate"),
+    ({"duration_ms": 0.0}, "video_bad_frame_rate"),
+    ({"duration_ms": None}, "video_bad_frame_rate"),
+    ({"blocks": ((1, 200),) * 10}, "video_too_many_frames"),
+    ({"doctype": b"notmkv"}, "video_unknown_format"),
+])
+def test_hostile_matroska_headers_are_refused(fields, reason):
+    refused(synthetic_mkv(**fields), reason, max_frames=1000)
+
+
+def test_the_header_budget_bounds_the_bytes_read(zoo):
+    data = zoo["h264.mp4"].path.read_bytes()
+    refused(data, "video_header_too_large", max_header_bytes=64)
+
+
 # -- fuzz ---------------------------------------------------------------------------------------------
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -268,3 +317,15 @@ def test_random_byte_edits_give_a_header_or_a_video_header_error(zoo, name, edit
         assert header.rotation in (0, 90, 180, 270) and header.width > 0 and header.height > 0
         assert math.isfinite(header.fps) and header.fps > 0
     assert time.perf_counter() - started < 1
+
+
+@pytest.mark.parametrize("declared", [0, 4096, 0xFFFFFFFF])
+def test_the_media_header_duration_caps_the_stream_duration_as_in_pyav(zoo, tmp_path, declared):
+    data = zoo["mpeg4.mp4"].path.read_bytes()
+    at = data.index(b"mdhd") + 4 + 16  # version/flags, creation, modification, timescale
+    path = tmp_path / "declared.mp4"
+    path.write_bytes(data[:at] + struct.pack(">I", declared) + data[at + 4:])
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        expected = float((stream.duration or 0) * stream.time_base)
+    assert read_video_header(path.read_bytes()).duration_s == expected
