@@ -256,10 +256,12 @@ def _uint(value: int) -> bytes:
 
 def synthetic_mkv(*, width: int = 64, height: int = 48, track_type: int = 1, codec: bytes = b"V_VP9",
                   default_duration: int | None = 100_000_000, duration_ms: float | None = 1000.0,
-                  blocks=((1, 1),) * 10, grouped: bool = False, doctype: bytes = b"webm") -> bytes:
+                  blocks=((1, 1),) * 10, grouped: bool = False, doctype: bytes = b"webm",
+                  cluster: bytes | None = None) -> bytes:
     """A Matroska file declaring what it is told, its blocks a few bytes of no codec's data: one track
     (number 1) of ``track_type`` (1 video, 2 audio), and one Cluster of ``blocks`` (track number,
-    frames in the block: more than 1 is a laced block), SimpleBlocks or (``grouped``) BlockGroups."""
+    frames in the block: more than 1 is a laced block), SimpleBlocks or (``grouped``) BlockGroups;
+    ``cluster`` the Cluster's payload instead."""
     info = ebml_element(0x2AD7B1, _uint(1_000_000))
     if duration_ms is not None:
         info += ebml_element(0x4489, struct.pack(">d", duration_ms))
@@ -267,12 +269,12 @@ def synthetic_mkv(*, width: int = 64, height: int = 48, track_type: int = 1, cod
     entry = (ebml_element(0xD7, _uint(1)) + ebml_element(0x83, _uint(track_type)) + ebml_element(0x86, codec)
              + (ebml_element(0x23E383, _uint(default_duration)) if default_duration else b"")
              + ebml_element(0xE0, video))
-    cluster = ebml_element(0xE7, _uint(0))
+    generated = ebml_element(0xE7, _uint(0))
     for index, (track, frames) in enumerate(blocks):
         laced = frames > 1
         block = bytes([0x80 | track]) + struct.pack(">h", index) + bytes([0x80 | (0x02 if laced else 0)])
         block += (bytes([frames - 1]) + bytes(frames - 1) if laced else b"") + b"\x00\x01\x02"
-        cluster += ebml_element(0xA0, ebml_element(0xA1, block)) if grouped else ebml_element(0xA3, block)
+        generated += ebml_element(0xA0, ebml_element(0xA1, block)) if grouped else ebml_element(0xA3, block)
     segment = (ebml_element(0x1549A966, info) + ebml_element(0x1654AE6B, ebml_element(0xAE, entry))
-               + ebml_element(0x1F43B675, cluster))
+               + ebml_element(0x1F43B675, cluster if cluster is not None else generated))
     return ebml_element(0x1A45DFA3, ebml_element(0x4282, doctype)) + ebml_element(0x18538067, segment)

@@ -46,6 +46,8 @@ _TOP_LEVEL = frozenset({_CLUSTER, _INFO, _TRACKS, 0x114D9B74, 0x1C53BB6B, 0x1254
 """IDs that end a Cluster of unknown size (the next top-level element begins)."""
 _UNKNOWN = -1
 _LOOK = 24
+_MAX_TRACKS = 1024
+"""Tracks read, and track numbers counted in blocks (the inline path's are under 128)."""
 """Bytes read at an element's start: its header (at most 12) and a SimpleBlock's own header."""
 _SMALL = 1 << 16
 """The largest value element (number, string, float) read: the ones read here are a few bytes."""
@@ -75,6 +77,8 @@ def read_matroska_header(source: ByteSource, *, max_frames: int, max_pixels: int
                     duration = walk.float(s2, e2)
         elif element_id == _TRACKS and not tracks:
             tracks = [_track(walk, s2, e2) for i, s2, e2 in walk.children(s, e) if i == _TRACK_ENTRY]
+            if len(tracks) > _MAX_TRACKS:
+                raise VideoHeaderError("video_malformed", f"{len(tracks)} tracks (at most {_MAX_TRACKS} are read)")
         elif element_id == _CLUSTER:
             _count_blocks(walk, s, e, blocks, max_frames)
     video = next((track for track in tracks if track["type"] == 1), None)
@@ -178,6 +182,8 @@ def _add_block(head: bytes, start: int, end: int, blocks: dict, max_frames: int)
     if length + 4 > min(end - start, len(head)):
         raise VideoHeaderError("video_malformed", f"a block of {end - start} bytes at offset {start}")
     frames = head[length + 3] + 1 if head[length + 2] & 0x06 else 1
+    if number not in blocks and len(blocks) == _MAX_TRACKS:
+        raise VideoHeaderError("video_malformed", f"blocks of more than {_MAX_TRACKS} track numbers")
     total = blocks.get(number, 0) + frames
     if total > max_frames:
         raise VideoHeaderError("video_too_many_frames", f"more than {max_frames} frames in track {number}")

@@ -42,6 +42,9 @@ MP4_BRANDS = (b"ftyp", b"moov", b"mdat", b"free", b"skip", b"wide", b"pnot", b"u
 _MAX_TOP_BOXES = 4096
 """Top-level boxes walked before ``moov`` (real files have a handful)."""
 _MAX_TRACKS = 1024
+_MAX_CHILDREN = 1 << 14
+"""Boxes one container may hold (a moov holds its tracks and a few more): 16-byte boxes filling a
+64 MB moov would otherwise make millions of entries."""
 _MAX_STTS_DELTA = 1 << 31
 """A sample duration this large is a damaged table (FFmpeg clips such values as corrections)."""
 _INT_MAX = (1 << 31) - 1
@@ -116,6 +119,8 @@ def _children(data: bytes, start: int, end: int, parent: str) -> list[tuple[byte
     """(type, payload start, payload end) of each box in ``data[start:end]``: at most one per 8 bytes."""
     out, at = [], start
     while at < end:
+        if len(out) == _MAX_CHILDREN:
+            raise VideoHeaderError("video_malformed", f"{parent} holds more than {_MAX_CHILDREN} boxes")
         room = end - at
         if room < 8:
             raise VideoHeaderError("video_malformed", f"{room} stray bytes at the end of {parent}")
@@ -284,7 +289,13 @@ def _presented(counts, deltas, ctts, edits) -> int:
     cts = np.cumsum(durations)
     cts -= durations  # decode times: each sample starts where the ones before it end
     if ctts is not None:
-        offsets = np.repeat(ctts[1], ctts[0])[:cts.size]
+        runs, values = ctts
+        ends = np.cumsum(runs)
+        if ends.size and ends[-1] > cts.size:  # offsets for more samples than there are: the rest is ignored
+            last = int(np.searchsorted(ends, cts.size))
+            runs, values = runs[:last + 1].copy(), values[:last + 1]
+            runs[last] -= int(ends[last]) - cts.size
+        offsets = np.repeat(values, runs)
         if offsets.size:
             cts[:offsets.size] += offsets
             cts += max(0, -int(offsets.min()))

@@ -159,6 +159,23 @@ def test_a_billion_declared_frames_are_refused_before_any_table_is_expanded():
     assert time.perf_counter() - started < 1
 
 
+def test_composition_offsets_for_a_billion_samples_are_cut_to_the_samples_there_are(zoo):
+    """ctts runs are untrusted counts: they never size an allocation."""
+    data = zoo["h264.mp4"].path.read_bytes()
+    at = data.index(b"ctts") + 4 + 8  # version/flags, entry count: the first run's count
+    hostile = data[:at] + struct.pack(">I", 10**9) + data[at + 4:]
+    started = time.perf_counter()
+    header = read_video_header(hostile)
+    assert header.frame_count == 10 and time.perf_counter() - started < 1
+
+
+def test_a_moov_of_a_million_empty_boxes_is_refused_without_listing_them():
+    moov = mp4_box(b"mvhd", bytes(100)) + mp4_box(b"free", b"") * 1_000_000
+    started = time.perf_counter()
+    refused(mp4_box(b"ftyp", b"isom\0\0\0\0") + mp4_box(b"moov", moov), "video_malformed")
+    assert time.perf_counter() - started < 1
+
+
 @pytest.mark.parametrize("fields", [{"timescale": 0}, {"stts": ((10, 0),)}, {"stts": ((10, 0xFFFFFFFF),)}])
 def test_a_zero_or_nan_frame_rate_is_refused(fields):
     refused(synthetic_mp4(**fields), "video_bad_frame_rate")
@@ -290,6 +307,13 @@ def test_matroska_without_default_duration_takes_frames_over_duration(zoo, tmp_p
 ])
 def test_hostile_matroska_headers_are_refused(fields, reason):
     refused(synthetic_mkv(**fields), reason, max_frames=1000)
+
+
+def test_matroska_track_numbers_beyond_the_track_budget_are_refused():
+    """Blocks of a million track numbers (each a two-byte number) never make a million counters."""
+    blocks = b"".join(ebml_element(0xA3, (0x4000 | number).to_bytes(2, "big") + bytes(4)) for number in range(2000))
+    error = refused(synthetic_mkv(cluster=blocks), "video_malformed")
+    assert "track numbers" in str(error)
 
 
 def test_the_header_budget_bounds_the_bytes_read(zoo):
