@@ -25,6 +25,7 @@ import fractions
 import sys
 import tempfile
 import time
+import timeit
 from pathlib import Path
 
 import av
@@ -69,6 +70,12 @@ def pyav(path: Path):
         return stream.frames, float(stream.average_rate), stream.width, stream.height, stream.duration
 
 
+def machine_speed() -> float:
+    """CPU microseconds this core takes for ``sum(range(1000))`` (about 10 on an idle 3 GHz core): a
+    shared or throttled core shows here, so figures from two machines can be set side by side."""
+    return min(timeit.repeat("sum(range(1000))", number=20_000, repeat=5, timer=time.process_time)) / 20_000 * 1e6
+
+
 def per_second(work, paths: list[Path], min_seconds: float) -> float:
     """Best rate (files/s of CPU time) over 3 repeats of ``work`` on every path, each at least ``min_seconds``."""
     best = float("inf")
@@ -111,7 +118,8 @@ def main() -> None:
         mine, theirs = ours(paths[0]), pyav(paths[0])
         frames = theirs[0] or mine[0]  # Matroska: PyAV reports 0 frames, ours counts the blocks
         assert (mine[0], mine[1], mine[2], mine[3]) == (frames, theirs[1], theirs[2], theirs[3]), (name, mine, theirs)
-    print(f"{sum(map(len, groups.values()))} files in {folder}; one core, CPU time, best of 3")
+    print(f"{sum(map(len, groups.values()))} files in {folder}; one core, CPU time, best of 3; "
+          f"this core runs sum(range(1000)) in {machine_speed():.1f} us")
     print(f"{'clips':32s} {'bytes':>9s} {'ours videos/s':>14s} {'PyAV videos/s':>14s} {'ratio':>7s}")
     everything: list[Path] = []
     for name, paths in groups.items():

@@ -285,20 +285,25 @@ def _presented(counts, deltas, ctts, edits) -> int:
     edit list may show a stretch twice). The usual list, one edit spanning every sample (an encoder's
     B-frame delay), is answered from the extremes; otherwise two comparisons per sample and edit, or
     for a long list one sort and a binary search per edit."""
-    durations = np.repeat(deltas, counts)
-    cts = np.cumsum(durations)
-    cts -= durations  # decode times: each sample starts where the ones before it end
-    if ctts is not None:
+    frames = int(counts.sum())
+    if counts.size == 1:  # one frame duration throughout: decode times are a range
+        cts = np.arange(0, frames * int(deltas[0]), int(deltas[0]), dtype=np.int64) if deltas[0] else np.zeros(frames, np.int64)
+    else:
+        durations = np.repeat(deltas, counts)
+        cts = np.cumsum(durations)
+        cts -= durations  # decode times: each sample starts where the ones before it end
+    if ctts is not None and ctts[0].size:
         runs, values = ctts
-        ends = np.cumsum(runs)
-        if ends.size and ends[-1] > cts.size:  # offsets for more samples than there are: the rest is ignored
-            last = int(np.searchsorted(ends, cts.size))
+        if int(runs.sum()) > frames:  # offsets for more samples than there are: the rest is ignored
+            ends = np.cumsum(runs)
+            last = int(np.searchsorted(ends, frames))
             runs, values = runs[:last + 1].copy(), values[:last + 1]
-            runs[last] -= int(ends[last]) - cts.size
+            runs[last] -= int(ends[last]) - frames
         offsets = np.repeat(values, runs)
-        if offsets.size:
-            cts[:offsets.size] += offsets
-            cts += max(0, -int(offsets.min()))
+        cts[:offsets.size] += offsets
+        lowest = int(values.min())
+        if lowest < 0:  # negative offsets (ctts version 1): FFmpeg shifts every time up by the largest
+            cts -= lowest
     if len(edits) == 1:
         start, length = edits[0]
         if start <= int(cts.min()) and int(cts.max()) < start + length:

@@ -323,11 +323,28 @@ def test_the_header_budget_bounds_the_bytes_read(zoo):
 
 # -- fuzz ---------------------------------------------------------------------------------------------
 
+EDITS = st.lists(st.tuples(st.integers(0, 1 << 20), st.integers(0, 255)), min_size=1, max_size=8)
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(name=st.sampled_from(ZOO), edits=st.lists(st.tuples(st.integers(0, 1 << 20), st.integers(0, 255)),
-                                                  min_size=1, max_size=8), cut=st.integers(0, 1 << 20))
+@given(name=st.sampled_from(ZOO), edits=EDITS, cut=st.integers(0, 1 << 20))
 def test_random_byte_edits_give_a_header_or_a_video_header_error(zoo, name, edits, cut):
-    data = bytearray(zoo[name].path.read_bytes())
+    edited(zoo[name].path.read_bytes(), edits, cut)
+
+
+HEADER_ONLY = {"mp4": synthetic_mp4(stts=((3, 100), (2, 50))), "mkv": synthetic_mkv(blocks=((1, 1), (1, 3), (2, 1))),
+               "mkv grouped": synthetic_mkv(grouped=True, blocks=((1, 2),) * 3)}
+
+
+@settings(max_examples=300, deadline=None)
+@given(name=st.sampled_from(sorted(HEADER_ONLY)), edits=EDITS, cut=st.integers(0, 1 << 20))
+def test_random_edits_of_header_only_files_give_a_header_or_a_video_header_error(name, edits, cut):
+    """The same on files that are all header: every edit lands on a size, an ID or a count."""
+    edited(HEADER_ONLY[name], edits, cut)
+
+
+def edited(original: bytes, edits, cut: int) -> None:
+    data = bytearray(original)
     for at, value in edits:
         data[at % len(data)] = value
     data = bytes(data[:max(1, len(data) - cut % 64)])
