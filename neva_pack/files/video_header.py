@@ -66,7 +66,9 @@ def read_video_header(data: bytes, *, max_frames: int = MAX_VIDEO_FRAMES, max_pi
 def read_video_header_file(file: BinaryIO, *, max_frames: int = MAX_VIDEO_FRAMES, max_pixels: int = MAX_VIDEO_PIXELS,
                            max_header_bytes: int = MAX_VIDEO_HEADER_BYTES) -> VideoHeader:
     """The header of a clip in a seekable binary file (an open regular file, a tar member's
-    ``extractfile``), reading only the ranges the header needs: never the media."""
+    ``extractfile``), reading only the ranges the header needs: never the media. A file with a
+    descriptor is read with ``os.pread`` on it (so its ``fileno()`` must be the clip itself, not an
+    archive holding it: pass such a member as ``read_video_header_at`` with its own reader)."""
     size = file.seek(0, os.SEEK_END)
     try:
         descriptor = file.fileno()

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 import struct
-from fractions import Fraction
 
 from neva_pack.files.video_common import (
     ByteSource,
@@ -76,9 +75,11 @@ def read_matroska_header(source: ByteSource, *, max_frames: int, max_pixels: int
                 elif i == _DURATION:
                     duration = walk.float(s2, e2)
         elif element_id == _TRACKS and not tracks:
-            tracks = [_track(walk, s2, e2) for i, s2, e2 in walk.children(s, e) if i == _TRACK_ENTRY]
-            if len(tracks) > _MAX_TRACKS:
-                raise VideoHeaderError("video_malformed", f"{len(tracks)} tracks (at most {_MAX_TRACKS} are read)")
+            for i, s2, e2 in walk.children(s, e):
+                if i == _TRACK_ENTRY:
+                    if len(tracks) == _MAX_TRACKS:
+                        raise VideoHeaderError("video_malformed", f"more than {_MAX_TRACKS} tracks")
+                    tracks.append(_track(walk, s2, e2))
         elif element_id == _CLUSTER:
             _count_blocks(walk, s, e, blocks, max_frames)
     video = next((track for track in tracks if track["type"] == 1), None)
@@ -99,9 +100,11 @@ def _header(video: dict, frames: int, scale: int, duration, max_pixels: int) -> 
         raise VideoHeaderError("video_bad_frame_rate", f"segment duration {duration} x timecode scale {scale} ns: "
                                "the frame rate is not a number")
     seconds = duration * scale / 1e9
+    if not math.isfinite(seconds):
+        raise VideoHeaderError("video_bad_frame_rate", f"segment duration {duration} x timecode scale {scale} ns")
     if video["default_duration"]:
         num, den = av_reduce(1_000_000_000, video["default_duration"], _FFMPEG_RATE_LIMIT)
-        fps = float(Fraction(num, den)) if den else math.nan
+        fps = num / den if den else math.nan
     else:
         fps = frames / seconds
     if not math.isfinite(fps) or fps <= 0:

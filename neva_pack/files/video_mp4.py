@@ -318,7 +318,8 @@ def _presented(counts, deltas, ctts, edits) -> int:
 
 def _rotation(moov: bytes, boxes: dict) -> int:
     """Clockwise degrees from ``tkhd``'s display matrix (a b / c d in 16.16): the angle of (a, b),
-    snapped to a quarter turn as players do; a mirrored matrix is read for its rotation alone."""
+    snapped to a quarter turn as players do; a mirrored matrix is read for its rotation alone, and
+    the movie's own matrix (``mvhd``, the identity in practice) is not applied."""
     if b"tkhd" not in boxes:
         return 0
     tkhd = _payload(moov, boxes[b"tkhd"], 84, "tkhd")

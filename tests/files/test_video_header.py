@@ -302,6 +302,7 @@ def test_matroska_without_default_duration_takes_frames_over_duration(zoo, tmp_p
     ({"duration_ms": float("nan")}, "video_bad_frame_rate"),
     ({"duration_ms": 0.0}, "video_bad_frame_rate"),
     ({"duration_ms": None}, "video_bad_frame_rate"),
+    ({"duration_ms": 1e308}, "video_bad_frame_rate"),
     ({"blocks": ((1, 200),) * 10}, "video_too_many_frames"),
     ({"doctype": b"notmkv"}, "video_unknown_format"),
 ])
