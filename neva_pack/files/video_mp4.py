@@ -39,6 +39,9 @@ __all__ = ["MP4_BRANDS", "read_mp4_header"]
 MP4_BRANDS = (b"ftyp", b"moov", b"mdat", b"free", b"skip", b"wide", b"pnot", b"uuid")
 """Box types that can open an ISO-BMFF file (QuickTime files may lack ``ftyp``)."""
 
+_LOOK_AHEAD = 1 << 16
+"""Bytes read at a top-level box found past the file's first read: a whole ``moov`` of a few
+minutes of video comes with its header."""
 _MAX_TOP_BOXES = 4096
 """Top-level boxes walked before ``moov`` (real files have a handful)."""
 _MAX_TRACKS = 1024
@@ -76,6 +79,7 @@ def _find_moov(source: ByteSource) -> bytes:
     for _ in range(_MAX_TOP_BOXES):
         if offset + 8 > source.size:
             break
+        source.prefetch(offset, _LOOK_AHEAD)  # a box past the first read: it and what follows in one read
         size, kind, header = _box_header(source.upto(offset, 16), source.size - offset)
         if kind == b"moov":
             return source.bytes(offset + header, size - header, "the moov box")
