@@ -327,9 +327,16 @@ def test_the_header_budget_bounds_the_bytes_read(zoo):
 EDITS = st.lists(st.tuples(st.integers(0, 1 << 20), st.integers(0, 255)), min_size=1, max_size=8)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(name=st.sampled_from(ZOO), edits=EDITS, cut=st.integers(0, 1 << 20))
 def test_random_byte_edits_give_a_header_or_a_video_header_error(zoo, name, edits, cut):
+    edited(zoo[name].path.read_bytes(), edits, cut)
+
+
+@pytest.mark.slow
+@settings(max_examples=5000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=st.sampled_from(ZOO), edits=EDITS, cut=st.integers(0, 1 << 20))
+def test_many_random_byte_edits_give_a_header_or_a_video_header_error(zoo, name, edits, cut):
     edited(zoo[name].path.read_bytes(), edits, cut)
 
 
@@ -337,7 +344,7 @@ HEADER_ONLY = {"mp4": synthetic_mp4(stts=((3, 100), (2, 50))), "mkv": synthetic_
                "mkv grouped": synthetic_mkv(grouped=True, blocks=((1, 2),) * 3)}
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(name=st.sampled_from(sorted(HEADER_ONLY)), edits=EDITS, cut=st.integers(0, 1 << 20))
 def test_random_edits_of_header_only_files_give_a_header_or_a_video_header_error(name, edits, cut):
     """The same on files that are all header: every edit lands on a size, an ID or a count."""
