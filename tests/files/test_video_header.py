@@ -145,6 +145,25 @@ def test_a_synthetic_header_reads_as_declared():
     assert header.fps == 30000 / 1001 and header.duration_s == 300 * 1001 / 30000
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(timescale=st.integers(1, 10**7), runs=st.lists(st.tuples(st.integers(1, 5000), st.integers(1, 10**6)),
+                                                       min_size=1, max_size=6))
+def test_declared_timing_reads_as_pyav_reads_it(tmp_path, timescale, runs):
+    """Frame rates whose terms pass 2^31 are approximated as FFmpeg does (av_reduce), to the last bit.
+    (PyAV's duration of a file without media is not compared: with no codec data its probe moves the
+    stream to a 1/90000 time base without rescaling the duration.)"""
+    path = tmp_path / "timing.mp4"
+    path.write_bytes(synthetic_mp4(timescale=timescale, stts=tuple(runs)))
+    header = read_video_header(path.read_bytes())
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        assert header.frame_count == stream.frames
+        assert header.fps == float(stream.average_rate)
+    ticks = sum(count * ticks for count, ticks in runs)
+    declared = ticks & 0xFFFFFFFF  # the media header's 32-bit duration field
+    assert header.duration_s == (0 if declared == 0xFFFFFFFF else min(declared, ticks)) / timescale
+
+
 def test_a_truncated_moov_is_refused(zoo):
     data = zoo["h264.mp4"].path.read_bytes()
     for cut in (len(data) - 1, len(data) - 200, data.index(b"moov") + 4):
