@@ -242,14 +242,17 @@ def _sample_entry(stsd: bytes) -> tuple[str, int, int]:
 
 
 def _table(box: bytes, what: str) -> tuple[np.ndarray, np.ndarray]:
-    """The (count, value) runs of an ``stts`` or ``ctts`` box, as int64 arrays (values signed for
-    ``ctts`` version 1, whose offsets may be negative)."""
+    """The (count, value) runs of an ``stts`` or ``ctts`` box, as int64 arrays: counts unsigned, and
+    ``ctts`` offsets signed whatever the box's version says (FFmpeg reads them so: encoders write
+    negative offsets in version 0 boxes too)."""
     entries = struct.unpack_from(">I", box, 4)[0]
     if 8 + 8 * entries > len(box):
         raise VideoHeaderError("video_malformed", f"{what} declares {entries} entries in {len(box)} bytes")
-    pairs = np.frombuffer(box, dtype=">i4" if what == "ctts" and box[0] else ">u4", count=2 * entries, offset=8)
-    pairs = pairs.astype(np.int64)
-    return pairs[0::2], pairs[1::2]
+    pairs = np.frombuffer(box, dtype=">u4", count=2 * entries, offset=8).astype(np.int64)
+    counts, values = pairs[0::2], pairs[1::2]
+    if what == "ctts":
+        values = values - ((values & 0x80000000) << 1)
+    return counts, values
 
 
 def _edits(moov, span, movie_scale, media_scale) -> tuple[list[tuple[int, int]], int]:
@@ -304,10 +307,7 @@ def _presented(counts, deltas, ctts, edits) -> int:
             runs, values = runs[:last + 1].copy(), values[:last + 1]
             runs[last] -= int(ends[last]) - frames
         offsets = np.repeat(values, runs)
-        cts[:offsets.size] += offsets
-        lowest = int(values.min())
-        if lowest < 0:  # negative offsets (ctts version 1): FFmpeg shifts every time up by the largest
-            cts -= lowest
+        cts[:offsets.size] += offsets  # negative offsets too: FFmpeg compares these times to the edits unshifted
     if len(edits) == 1:
         start, length = edits[0]
         if start <= int(cts.min()) and int(cts.max()) < start + length:

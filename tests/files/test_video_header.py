@@ -89,6 +89,24 @@ def test_edit_lists_combining_delay_and_trim_match_pyav(zoo, tmp_path, edit):
     assert header.fps == ref["fps"]
 
 
+@pytest.mark.parametrize(("version", "media_time"), [(0, 0), (0, 1024), (1, 0), (1, 1024)])
+def test_negative_composition_offsets_are_read_as_ffmpeg_reads_them(zoo, tmp_path, version, media_time):
+    """An encoder may write ctts offsets below zero (version 1, and in version 0 boxes too): the
+    frames whose composition time falls before the edit are the ones the decoder drops."""
+    data = bytearray(zoo["h264.mp4"].path.read_bytes())
+    at = data.index(b"ctts") + 4
+    data[at] = version
+    for entry in range(struct.unpack_from(">I", data, at + 4)[0]):
+        count, offset = struct.unpack_from(">Ii", data, at + 8 + 8 * entry)
+        struct.pack_into(">Ii", data, at + 8 + 8 * entry, count, offset - 2048)  # two frames earlier
+    struct.pack_into(">i", data, data.index(b"elst") + 4 + 12, media_time)
+    path = tmp_path / "negative.mp4"
+    path.write_bytes(bytes(data))
+    header, ref = read_video_header(bytes(data)), pyav_facts(path)
+    assert (header.frame_count, header.presented_frames) == (ref["frames"], ref["decoded"])
+    assert header.duration_s == ref["duration_s"]
+
+
 class CountingFile(io.BytesIO):
     """A file that counts the bytes read from it."""
 
