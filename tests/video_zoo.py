@@ -6,14 +6,15 @@ edit list of its own), MP4 MPEG-4 Part 2, WebM VP9, Matroska H.264, QuickTime MO
 ``moov`` before the media (faststart) and after it (FFmpeg's default), a variable frame rate
 (irregular timestamps), odd sizes (33x17: x264 needs 4:4:4 for that, MPEG-4 and VP9 take 4:2:0),
 rotation metadata (the ``tkhd`` display matrix, Matroska's projection roll), one-frame clips
-(shorter than a temporal patch of 2), and
-two edit lists patched into a finished file with the small box writer below: one that starts the
-track late (an empty edit: every frame is still shown) and one that trims the first frames (the
-decoder drops them, so fewer frames are presented than ``stts`` declares).
+(shorter than a temporal patch of 2), and two edit lists patched into a finished file with the
+small box writer below: one that starts the track late (an empty edit: every frame is still shown)
+and one that trims the first frames (the decoder drops them, so fewer frames are presented than
+``stts`` declares).
 
-``mp4_box``/``mp4_boxes``/``rewrite_moov`` are the box writer; ``synthetic_mp4`` and
-``ebml_element`` build header-only files for the hostile cases (no encoder can be asked for 10^9
-frames or an 8K x 8K size at test speed).
+``mp4_box``/``mp4_boxes``/``rewrite_moov`` are the box writer; ``synthetic_mp4``, ``synthetic_mkv``
+and ``ebml_element`` build header-only files for the hostile cases (no encoder can be asked for
+10^9 frames or an 8K x 8K size at test speed); FFmpeg opens them too (PyAV's ``av.open``), so
+declared timings can be checked against it.
 """
 
 from __future__ import annotations
@@ -178,7 +179,7 @@ def mp4_boxes(data: bytes) -> list[tuple[bytes, bytes]]:
 def rewrite_moov(data: bytes, *, edit: tuple[int, int | None] | None = None) -> bytes:
     """The file with its ``moov`` (FFmpeg writes it last, so no chunk offset moves) rebuilt.
 
-    ``edit=(media_time, delay_ms)`` replaces the video track's edit list: ``delay_ms`` None gives one
+    ``edit=(media_time, delay_ms)`` replaces each track's edit list (a zoo clip has one track): ``delay_ms`` None gives one
     edit that starts ``media_time`` ticks into the media (the frames before it are not shown);
     otherwise an empty edit of ``delay_ms`` then the whole media from ``media_time``."""
     out = []
