@@ -317,6 +317,25 @@ def test_matroska_frames_are_counted_through_lacing_block_groups_and_other_track
     assert read_video_header(synthetic_mkv(blocks=blocks, grouped=True)).frame_count == 6
 
 
+MATROSKA = [name for name in ZOO if name.endswith((".webm", ".mkv"))]
+
+
+@pytest.mark.parametrize("name", MATROSKA)
+def test_matroska_frames_estimated_from_durations_equal_the_counted_ones(zoo, name):
+    """``count_frames=False``: round(Duration / DefaultDuration), read before the first Cluster."""
+    data = zoo[name].path.read_bytes()
+    file = CountingFile(data)
+    estimated = read_video_header_file(file, count_frames=False)
+    assert estimated == read_video_header(data) and estimated.frame_count == zoo[name].decoded
+    assert file.read_bytes < data.index(b"\x1f\x43\xb6\x75") + (1 << 15)  # the first Cluster, and no further
+
+
+def test_an_estimate_needs_a_default_duration_and_refuses_a_billion_frames():
+    counted = synthetic_mkv(default_duration=None, blocks=((1, 1),) * 7)
+    assert read_video_header(counted, count_frames=False).frame_count == 7
+    refused(synthetic_mkv(default_duration=1, duration_ms=1e6), "video_too_many_frames", count_frames=False)
+
+
 def test_matroska_without_default_duration_takes_frames_over_duration(zoo, tmp_path):
     """FFmpeg estimates such a track's rate from the first decoded timestamps; the header cannot, so
     it divides: the two agree to within the rounding of millisecond timestamps."""
