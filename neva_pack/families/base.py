@@ -186,6 +186,10 @@ class ModelFamily(Protocol):
 
     settings_patch_size: ClassVar[bool]
     """A checkpoint's preprocessor_config.json names the patch size (read before its config.json's)."""
+    settings_keys: ClassVar[tuple]
+    """The keys of a preprocessor_config.json the family reads beyond the common ones
+    (settings_keys.COMMON_SETTINGS), each with what it may hold (settings_keys.Setting): checked
+    before ``check_settings_file``, a bad one refused in one line naming the file and the key."""
 
     @staticmethod
     def check_settings_file(settings: dict, processor: str, path) -> None:
@@ -205,6 +209,7 @@ class FamilyBase:
     own_size: ClassVar[bool] = True
     counts_images_per_sample = False
     settings_patch_size: ClassVar[bool] = False
+    settings_keys: ClassVar[tuple] = ()
     attention: ClassVar[AttentionNeeds] = AttentionNeeds()
 
     def options(self) -> dict:
