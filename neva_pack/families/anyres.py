@@ -287,6 +287,11 @@ class AnyresProcessor(FamilyBase):
                 features, newlines = int(rows // ratio) * int(columns // ratio), int(rows // ratio)
         return s.base_tokens + features + newlines
 
+    def fewest_tokens(self) -> int:
+        """A lower bound: the base image's features (an image of an extreme aspect ratio may keep no
+        row of its tiles' features once unpadded; every other image takes those too)."""
+        return self.settings.base_tokens
+
     def pixels_for_size(self, width: int, height: int, *, multi_image: bool = False) -> int:
         """Pixels of the largest image the processor makes of it: the padded grid (a OneVision
         multi-image sample's image: its square at the tile size)."""

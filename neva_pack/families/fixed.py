@@ -110,6 +110,10 @@ class ImagePreprocessor(FamilyBase):
         """Every image: ``encoder_tokens``."""
         return self.encoder_tokens
 
+    def fewest_tokens(self) -> int:
+        """Every image: ``encoder_tokens``."""
+        return self.encoder_tokens
+
     def pixels_for_size(self, width: int, height: int) -> int:
         """The largest image padding and resizing make (what ``check_size`` holds to the budget)."""
         return max((pixels for _, pixels in self._made(width, height)), default=width * height)

@@ -235,6 +235,11 @@ class InternVLProcessor(FamilyBase):
         """256 ``<IMG_CONTEXT>`` positions per tile (the run's ``<img>`` / ``</img>`` are the image run's)."""
         return self.tiles(width, height) * self.settings.tokens_per_tile
 
+    def fewest_tokens(self) -> int:
+        """The positions of the smallest grid: one tile (``min_patches`` 1), or ``min_patches`` tiles and the thumbnail."""
+        s = self.settings
+        return s.tokens_per_tile * (1 if s.min_patches == 1 else s.min_patches + 1)
+
     def pixels_for_size(self, width: int, height: int) -> int:
         """Pixels of the grid-sized resize (the largest image the processor makes of it)."""
         columns, rows = self.grid(width, height)
