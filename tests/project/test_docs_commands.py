@@ -18,7 +18,7 @@ import pytest
 from neva_pack.cli import build_parser
 from tests.conftest import ROOT
 
-FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.S | re.M)
+FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.DOTALL | re.MULTILINE)
 STARTS = (("neva-pack",), ("python", "-m", "neva_pack.cli"), ("python", "scripts/preprocess_dataset.py"))
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
