@@ -164,6 +164,10 @@ class ModelFamily(Protocol):
     def pixels_for_size(self, width: int, height: int) -> int:
         """Pixels of the largest image the family makes of one of this size (a pixel budget's measure)."""
 
+    def fewest_tokens(self) -> int:
+        """A lower bound of ``tokens_for_size`` over every size (exact where the family knows it): no
+        image of any size takes fewer positions (an image run's delimiters not counted)."""
+
     def vision_cost_for_size(self, width: int, height: int) -> int:
         """The vision encoder's attention cost of an image of this size, in patches² per encoder pass."""
 
@@ -193,6 +197,10 @@ class ModelFamily(Protocol):
 
     settings_patch_size: ClassVar[bool]
     """A checkpoint's preprocessor_config.json names the patch size (read before its config.json's)."""
+    settings_keys: ClassVar[tuple]
+    """The keys of a preprocessor_config.json the family reads beyond the common ones
+    (settings_keys.COMMON_SETTINGS), each with what it may hold (settings_keys.Setting): checked
+    before ``check_settings_file``, a bad one refused in one line naming the file and the key."""
 
     @staticmethod
     def check_settings_file(settings: dict, processor: str, path) -> None:
@@ -213,6 +221,7 @@ class FamilyBase:
     references: ClassVar[tuple[str, ...]] = ()
     counts_images_per_sample = False
     settings_patch_size: ClassVar[bool] = False
+    settings_keys: ClassVar[tuple] = ()
     attention: ClassVar[AttentionNeeds] = AttentionNeeds()
 
     def options(self) -> dict:
@@ -232,6 +241,10 @@ class FamilyBase:
     def image_run(self, tokenizer, request: RunRequest) -> ImageRun:
         """The model's own (start, patch, end) tokens from the tokenizer (``model_image_run``)."""
         return model_image_run(tokenizer, self.image_tokens, self.models, request)
+
+    def fewest_tokens(self) -> int:
+        """One: every image takes a position (a family whose smallest image takes more says so)."""
+        return 1
 
     def vision_cost_of_stored(self, size: tuple[int, int], parts: int, tokens: int) -> int:
         """The image's size decides its cost, however it is stored."""

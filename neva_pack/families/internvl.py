@@ -53,8 +53,13 @@ from PIL import Image
 from neva_pack.core import ConfigError
 from neva_pack.families.base import EncoderSpec, FamilyBase, FamilyOptions, Join, processor_normalisation, refuse_layout_options
 from neva_pack.families.headers import StoredImage, planar_uint8
+from neva_pack.families.settings_keys import MAX_SIDE, Setting, check_keys, whole
 
-__all__ = ["ARITHMETICS", "InternVLProcessor", "TileSettings", "candidate_grids", "closest_grid", "tile_settings"]
+__all__ = ["ARITHMETICS", "MAX_TILES", "InternVLProcessor", "TileSettings", "candidate_grids", "closest_grid", "tile_settings"]
+
+MAX_TILES = 64
+"""Most tiles of a grid a settings file may ask for (12 in every release; the candidate grids grow
+with its square, InternVL's own order with its cube)."""
 
 ARITHMETICS = ("transformers", "internvl")
 """Whose candidate order the grid choice follows (see the module's docstring)."""
@@ -189,14 +194,21 @@ class InternVLProcessor(FamilyBase):
         self._grids = _GridIndex(candidate_grids(settings.min_patches, settings.max_patches, arithmetic), settings.tile)
         self._shared: dict[int, _GridIndex] = {}  # a shared budget (``sample_images`` over 1) -> its grids
 
+    settings_keys = (
+        Setting("size", f"an object of height and width, one square tile's side (1 to {MAX_SIDE:,} pixels)",
+                lambda v: isinstance(v, dict) and set(v) == {"height", "width"} and v["height"] == v["width"] and 0 < v["height"] <= MAX_SIDE),
+        whole("min_patches", 1, MAX_TILES, " (fewest tiles of a grid)"),
+        whole("max_patches", 1, MAX_TILES, " (most tiles of a grid: 12 in every release)"),
+    )  # fmt: skip
+    """What the processor reads of a preprocessor_config.json beyond the common keys (settings_keys)."""
+
     @staticmethod
     def model_settings(directory, model_config: dict, read) -> dict:
         """Positions per tile from a checkpoint directory's processor_config.json (``image_seq_length``)."""
         processor_file = directory / "processor_config.json"
         processor_config = read(processor_file) if processor_file.exists() else {}
+        check_keys(processor_config, processor_file, (whole("image_seq_length", 1, 1 << 14, " (positions per tile: 256)"),))
         found = processor_config.get("image_seq_length")
-        if found is not None and (not isinstance(found, int) or isinstance(found, bool) or found < 1):
-            raise ConfigError(f"{processor_file}: image_seq_length {found!r:.60}: expected a positive integer")
         return {} if found is None else {"image_seq_length": found}
 
     @classmethod
@@ -247,6 +259,13 @@ class InternVLProcessor(FamilyBase):
     def tokens_for_size(self, width: int, height: int, *, sample_images: int = 1) -> int:
         """256 ``<IMG_CONTEXT>`` positions per tile (the run's ``<img>`` / ``</img>`` are the image run's)."""
         return self.tiles(width, height, sample_images=sample_images) * self.settings.tokens_per_tile
+
+    def fewest_tokens(self) -> int:
+        """The positions of the smallest grid: one tile (``min_patches`` 1), or ``min_patches`` tiles and the thumbnail."""
+        s = self.settings
+        if s.min_patches == 1 or self.counts_images_per_sample:  # a shared budget may come down to one tile
+            return s.tokens_per_tile
+        return s.tokens_per_tile * (s.min_patches + 1)
 
     def pixels_for_size(self, width: int, height: int, *, sample_images: int = 1) -> int:
         """Pixels of the grid-sized resize (the largest image the processor makes of it)."""

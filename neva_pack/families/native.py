@@ -47,6 +47,7 @@ from PIL import Image
 from neva_pack.core import ConfigError
 from neva_pack.families.base import EncoderSpec, FamilyBase, FamilyOptions, Join, processor_normalisation, refuse_layout_options
 from neva_pack.families.headers import StoredImage, planar_uint8
+from neva_pack.families.settings_keys import MAX_AREA, MAX_PATCH, Setting, whole
 
 __all__ = ["REFERENCES", "NativeProcessor", "NativeSettings", "mrope_position_ids", "qwen_vl_utils_resize", "smart_resize"]
 
@@ -84,9 +85,8 @@ def native_settings(encoder: EncoderSpec, *, min_pixels: int | None = None, max_
     ``max_pixels`` over ``size``'s ``shortest_edge`` / ``longest_edge``); the keyword arguments
     (``--min_pixels`` / ``--max_pixels``) override both."""
     cfg = encoder.preprocessor_config
-    size = cfg.get("size") or {}
-    low = min_pixels or cfg.get("min_pixels") or size.get("shortest_edge") or size.get("min_pixels") or 56 * 56
-    high = max_pixels or cfg.get("max_pixels") or size.get("longest_edge") or size.get("max_pixels") or 28 * 28 * 1280
+    file_low, file_high = _areas(cfg)
+    low, high = min_pixels or file_low, max_pixels or file_high
     settings = NativeSettings(
         patch_size=int(cfg.get("patch_size", encoder.patch_size)),
         merge_size=int(cfg.get("merge_size", 2)),
@@ -148,6 +148,15 @@ def qwen_vl_utils_resize(height: int, width: int, factor: int, min_pixels: int, 
     return h_bar, w_bar
 
 
+def _areas(cfg: dict) -> tuple[int, int]:
+    """(min_pixels, max_pixels) as the processor reads a settings file: its own keys over ``size``'s,
+    the class defaults for what it leaves out."""
+    size = cfg.get("size") or {}
+    low = cfg.get("min_pixels") or size.get("shortest_edge") or size.get("min_pixels") or 56 * 56
+    high = cfg.get("max_pixels") or size.get("longest_edge") or size.get("max_pixels") or 28 * 28 * 1280
+    return low, high
+
+
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
     """(height, width) of the resized image: both multiples of ``factor``, area within
     [min_pixels, max_pixels] (up to the rounding to the factor), aspect ratio kept as closely as that
@@ -183,6 +192,24 @@ class NativeProcessor(FamilyBase):
     """Patch rows of every image end to end, and one (t, h, w) row per image."""
     settings_patch_size = True
     """Its preprocessor_config.json names the patch size (a checkpoint's config.json may not)."""
+    settings_keys = (
+        Setting("size", "an object of shortest_edge and/or longest_edge, or min_pixels and/or max_pixels (areas in pixels)",
+                lambda v: isinstance(v, dict) and bool(v) and (set(v) <= {"shortest_edge", "longest_edge"} or set(v) <= {"min_pixels", "max_pixels"})),
+        whole("patch_size", 1, MAX_PATCH),
+        whole("merge_size", 1, 8, " (patches merged per side: 2 in every release)"),
+        whole("temporal_patch_size", 1, 8, " (frames per patch: 2 in every release)"),
+        whole("min_pixels", 1, MAX_AREA),
+        whole("max_pixels", 1, MAX_AREA),
+    )  # fmt: skip
+    """What the processor reads of a preprocessor_config.json beyond the common keys (settings_keys)."""
+
+    @staticmethod
+    def check_settings_file(settings: dict, processor: str, path) -> None:
+        """The smallest area must be at most the largest, as the settings spell them."""
+        low, high = _areas(settings)
+        if low > high:
+            raise ConfigError(f"{path}: min_pixels (or size) {low:,} > max_pixels (or size) {high:,}: need min <= max "
+                              "(defaults 3,136 and 1,003,520)")
 
     def __init__(self, settings: NativeSettings, normalisation):
         self.settings = settings

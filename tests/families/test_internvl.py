@@ -131,7 +131,7 @@ def test_a_local_checkpoint_directory_is_the_shipped_encoder(tmp_path):
     assert (local.family, local.patch_size, local.model_config) == ("internvl", 14, {"image_seq_length": 256})
     assert dynamic_processor(local).settings == dynamic_processor(shipped).settings
     (tmp_path / "processor_config.json").write_text(json.dumps({"image_seq_length": "256"}))
-    with pytest.raises(ConfigError, match="image_seq_length '256': expected a positive integer"):
+    with pytest.raises(ConfigError, match="processor_config.json: image_seq_length '256': expected an integer from 1 to"):
         resolve_encoder(str(tmp_path))
 
 
