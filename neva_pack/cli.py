@@ -14,6 +14,7 @@ from pathlib import Path
 
 from neva_pack.config import GROUPS, NEMO, OURS, SampleConfig, base_type, flag_of, help_of, options, settings
 from neva_pack.core import ConfigError, NevaPackError
+from neva_pack.files import location
 from neva_pack.formats import FORMATS
 from neva_pack.packing import ALGORITHMS, DEFAULT_ALGORITHM, RECOMMENDED_ALGORITHM
 
@@ -52,7 +53,7 @@ def _add_setting_flags(parser: argparse.ArgumentParser, names: set[str] | None =
         if kind == "bool":
             arguments["action"] = "store_false" if spec.default is True else "store_true"
         else:
-            arguments["type"] = {"Path": Path, "int": int, "float": float, "str": str, "tuple[int, ...]": int}[kind]
+            arguments["type"] = {"Path": location, "int": int, "float": float, "str": str, "tuple[int, ...]": int}[kind]
             if kind.startswith("tuple["):
                 arguments["nargs"] = "+"
         if opt.choices is not None:

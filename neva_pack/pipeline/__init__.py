@@ -49,6 +49,7 @@ from neva_pack.samples import SampleBuilder
 
 from neva_pack.pipeline.plan_input import DECODE_SKIPS_NOTE, laid_out_lengths, lengths_from_input
 from neva_pack.pipeline.shard_status import ShardState, ShardsStatus, shards_status
+from neva_pack.pipeline.staging import needs_staging, staged, staged_output
 
 
 
@@ -70,6 +71,9 @@ class RunResult:
 def preprocess(config: PreprocessConfig, progress: bool = True) -> RunResult:
     """The whole run: the only place, with the stage wiring below, that sees the whole config; each
     stage is handed its part (``config.sample`` / ``config.pack`` / ``config.run``) or less."""
+    if needs_staging(config):  # an s3:// input or output: the same run on a local staging directory
+        with staged(config) as local:
+            return preprocess(local, progress)
     started = time.perf_counter()
     builder = build_sample_builder(config)
     run = config.run

@@ -1,0 +1,103 @@
+"""A run on object storage: an ``s3://`` --data_path copied in, an ``s3://`` --output_dir staged on a
+local disk and mirrored to the bucket, so that every stage stays the POSIX one (locks, renames,
+checksums, resume) and the bucket only ever holds what a POSIX output directory could.
+
+    s3://bucket/out/  --pull-->  $NEVA_PACK_STAGING_DIR/outputs/<hash of the URL>/   (emptied first)
+                                   the run, as on a local disk
+                      <--mirror--  at each store commit: the committed segment's files, then progress.json
+                      <--mirror--  at the end (or a failure): every file, stale ones deleted, metas last
+
+- The bucket is the truth: a restarted pod (any node) pulls what the bucket holds and continues from
+  its last committed segment, proved by content as any resume (its checksums, the input's digest).
+- Complete only when complete: a prefix's meta and a store's progress file are sent after the files
+  they vouch for, and an old one is deleted before a file it vouched for is replaced
+  (``files.remote.mirror``); ``verify``, ``stats`` and the readers see a missing meta as incomplete.
+- A shard pulls and mirrors only its own part (``packed_seq_dataset/part_<i>_of_<N>/``): the shards
+  run on any nodes at once; the final step pulls the whole output, joins, and mirrors it back (the
+  parts are deleted from the bucket once the joined store is there).
+- --image_folder is not staged: images are read from the bucket by range (``families.ImageSource``).
+
+The OS lock that keeps two runs apart is the staging directory's: two pods given the same shard index
+on different nodes are not kept apart (a Kubernetes Indexed Job runs one pod per index at a time).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+
+from neva_pack.config import PreprocessConfig
+from neva_pack.files import (
+    LOCK_FILE,
+    META_SUFFIX,
+    Mirrored,
+    is_remote,
+    local_copy,
+    mirror,
+    pull,
+    staging_root,
+    store_dir,
+    url_join,
+)
+from neva_pack.sample_store import PROGRESS_FILE, commits_reported_to, part_dir
+
+__all__ = ["is_marker", "needs_staging", "staged", "staged_output"]
+
+
+def needs_staging(config: PreprocessConfig) -> bool:
+    """Whether the run's input file or output is remote (an image folder is read where it is)."""
+    return is_remote(config.sample.data_path) or is_remote(config.run.output_dir)
+
+
+def is_marker(name: str) -> bool:
+    """A file that marks what beside it is complete: a prefix's meta, a store's (or part's) progress file."""
+    base = name.rsplit("/", 1)[-1]
+    return base.endswith(META_SUFFIX) or base == PROGRESS_FILE
+
+
+def _not_sent(name: str) -> bool:
+    return name.rsplit("/", 1)[-1] == LOCK_FILE
+
+
+def staged_output(url: str) -> Path:
+    """Where the output at ``url`` is staged on this machine."""
+    import xxhash
+
+    return staging_root() / "outputs" / xxhash.xxh3_64_hexdigest(url.encode("utf-8"))
+
+
+@contextlib.contextmanager
+def staged(config: PreprocessConfig) -> Iterator[PreprocessConfig]:
+    """The config of the same run on local paths, for the duration of the run: the input copied in,
+    the output (or a shard's part of it) pulled into its staging directory and mirrored back at each
+    store commit and at the end."""
+    sample, run = config.sample, config.run
+    if is_remote(sample.data_path):
+        sample = dataclasses.replace(sample, data_path=local_copy(sample.data_path, "--data_path"))
+    if not is_remote(run.output_dir):
+        yield PreprocessConfig(sample=sample, pack=config.pack, run=run)
+        return
+    url, local = run.output_dir, staged_output(run.output_dir)
+    if run.num_shards is not None and run.shard_index is not None:
+        part = part_dir(store_dir(local), run.num_shards, run.shard_index)
+        relative = part.relative_to(local).as_posix()
+        state = pull(url_join(url, relative), part, skip=_not_sent)
+    else:
+        state = pull(url, local, skip=_not_sent)
+    local_config = PreprocessConfig(sample=sample, pack=config.pack, run=dataclasses.replace(run, output_dir=local))
+    try:
+        with commits_reported_to(lambda directory: _committed(state, Path(directory))):
+            yield local_config
+    except BaseException:
+        with contextlib.suppress(Exception):  # what the run committed or reported is kept, as on a local disk
+            mirror(state, is_marker, skip=_not_sent)
+        raise
+    mirror(state, is_marker, skip=_not_sent)
+
+
+def _committed(state: Mirrored, directory: Path) -> None:
+    """A store (or part) committed a segment in ``directory``: send its files, then its progress file."""
+    under = directory.relative_to(state.local).as_posix() if directory != state.local else ""
+    mirror(state, is_marker, under="" if under == "." else under, skip=_not_sent)
