@@ -98,6 +98,7 @@ def s3_server(staging: Path):
                     raise RuntimeError("moto_server did not start") from None
                 time.sleep(0.1)
         os.environ.update(environ)
+        _forget_clients()  # a client made for another server (an earlier module's) is not reused
         server = Server(endpoint=endpoint, environ=environ)
         server.fs().mkdir(BUCKET)
         yield server
@@ -107,5 +108,12 @@ def s3_server(staging: Path):
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+        _forget_clients()
         process.terminate()
         process.wait(timeout=10)
+
+
+def _forget_clients() -> None:
+    from s3fs import S3FileSystem
+
+    S3FileSystem.clear_instance_cache()

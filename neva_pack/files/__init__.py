@@ -9,7 +9,7 @@ import os
 from neva_pack.files.checksums import data_extents, file_checksum
 from neva_pack.files.indexed import BIN_SUFFIX, DTYPE_CODES, IDX_SUFFIX, IndexedReader, IndexedWriter, bin_path, idx_path, is_index, read_index
 from neva_pack.files.output_file import OutputFile
-from neva_pack.files.remote import STAGING_VARIABLE, Mirrored, RemoteError, RemoteFiles, is_remote, local_copy, location, mirror, pull, redacted, remote_listing, staging_root, url_join
+from neva_pack.files.remote import STAGING_VARIABLE, Mirrored, RemoteError, RemoteFiles, is_remote, local_copy, location, mirror, pull, redacted, remote_copy, remote_listing, staging_root, url_join
 from neva_pack.files.paths import LOCK_FILE, META_SUFFIX, PACKED_NAME, PLAN_SUFFIX, TMP_SUFFIX, checkpoint_paths, meta_path, pack_size_of, packed_prefix, packed_prefixes, plan_path, prefix_file, relative_name, skipped_path, stats_path, store_dir, tmp_prefix, write_json_atomic
 from neva_pack.files.untrusted import ANY_SIZE, FileRefused, MAX_OUTPUT_JSON_BYTES, MAX_OUTPUT_TABLE_BYTES, MAX_SETTINGS_BYTES, compression_of, open_file, open_output, open_regular, parse_yaml, read_bytes, read_json, read_text, read_yaml, regular_file_bytes, regular_output
 from neva_pack.files.write_behind import WriteBehind
@@ -76,6 +76,7 @@ __all__ = [
     "regular_file_bytes",
     "regular_output",
     "relative_name",
+    "remote_copy",
     "remote_listing",
     "skipped_path",
     "staging_root",

@@ -15,9 +15,10 @@ credential the environment holds blanked out (``RemoteError``). A POSIX path nev
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +33,7 @@ __all__ = [
     "mirror",
     "pull",
     "redacted",
+    "remote_copy",
     "remote_listing",
     "staging_root",
     "url_join",
@@ -300,3 +302,14 @@ class RemoteFiles:
             raise
         except Exception as exc:  # noqa: BLE001
             raise _failed(url, exc, "open") from None
+
+
+@contextlib.contextmanager
+def remote_copy(url: str, keep: Callable[[str], bool] = lambda name: True) -> Iterator[Path]:
+    """A temporary local copy of the objects under ``url`` that ``keep`` (relative names) selects: what
+    ``verify``, ``stats`` and ``shards status`` read an ``s3://`` output from. A prefix never
+    completed has no meta in the bucket, so its copy has none either: it reads as incomplete."""
+    with tempfile.TemporaryDirectory(prefix="neva_pack_remote_") as scratch:
+        local = Path(scratch) / url.rstrip("/").rsplit("/", 1)[-1]
+        pull(url, local, skip=lambda name: not keep(name))
+        yield local

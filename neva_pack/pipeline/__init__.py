@@ -7,6 +7,8 @@
                    (run_shard / finish_shards below: what each engine's task and final job call)
     shard_status.py  each shard done, running, stale, missing or made with other settings, and the
                    lines that resubmit the ones left (``neva-pack shards status``)
+    staging.py     an s3:// input or output: the run on a local staging directory, mirrored to the
+                   bucket at each store commit and at the end (completion markers last)
     pack.py        per pack size: the store's lengths --pack()--> PackingPlan, balanced over ranks
     write.py       packs assembled and checked (in workers for large plans) --format writer
                    (checkpointed)--> packed_seq_dataset[_<size>].*; resume checks of a prefix
@@ -274,6 +276,7 @@ __all__ = [
     "run_shard",
     "sample_builder_for",
     "shards_status",
+    "staged_output",
     "size_skip_details",
     "write_size_skipped",
 ]
