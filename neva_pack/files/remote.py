@@ -75,7 +75,7 @@ def redacted(text: str) -> str:
 
 
 def _failed(url: str, exc: BaseException, doing: str) -> RemoteError:
-    detail = " ".url_join(str(exc).split()) or type(exc).__name__
+    detail = " ".join(str(exc).split()) or type(exc).__name__
     return RemoteError(redacted(f"{url}: cannot {doing} ({type(exc).__name__}: {detail})"))
 
 
@@ -237,7 +237,8 @@ def mirror(state: Mirrored, is_marker: Callable[[str], bool], *, under: str = ""
             name = path.relative_to(local).as_posix()
             if path.is_file() and not path.is_symlink() and not skip(name):
                 present[name] = _stat(path)
-    remote = {name: size for name, size in remote_listing(url).items() if name.startswith(prefix) and not skip(name)}
+    listed = remote_listing(url_join(url, under) if under else url)
+    remote = {prefix + name: size for name, size in listed.items() if not skip(prefix + name)}
     changed = [name for name, stat in present.items() if state.synced.get(name) != stat or name not in remote]
     replaced_dirs = {_parent(name) for name in changed if name in remote and not is_marker(name)}
     stale_marks = [name for name in remote if is_marker(name) and (name not in present or _parent(name) in replaced_dirs)]
