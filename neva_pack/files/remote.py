@@ -125,8 +125,9 @@ def _remote_info(url: str) -> dict | None:
 
 def local_copy(url: str, what: str) -> Path:
     """A remote input file copied into the staging directory (once: again only when the object
-    changed), with the object's modification time: the path and mtime a run records are then the
-    same on every pod. ``what``: the flag, for the error of a missing object."""
+    changed). Its mtime is 0, whatever the object's: an upload of the same bytes changes the object's
+    time, and a resume proves its input by content (the digest), so the path, size and mtime a run
+    records are the same on every pod. ``what``: the flag, for the error of a missing object."""
     from neva_pack.core import ConfigError
 
     info = _remote_info(url)
@@ -140,10 +141,7 @@ def local_copy(url: str, what: str) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(target.name + f".{os.getpid()}.part")
     _get(url, partial)
-    modified = info.get("LastModified")
-    if modified is not None:
-        seconds = modified.timestamp()
-        os.utime(partial, (seconds, seconds))
+    os.utime(partial, (0, 0))
     os.replace(partial, target)
     stamp.write_text(f"{version} {info['size']}")
     return target

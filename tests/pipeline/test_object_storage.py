@@ -49,10 +49,17 @@ def server(tmp_path_factory, dataset):
         yield server
 
 
+POSIX_STEPS = []
+"""The writer's steps of the POSIX run (``shard_faults.install``): what a run from the start takes."""
+
+
 @pytest.fixture(scope="module")
 def posix(dataset, tmp_path_factory):
     out = tmp_path_factory.mktemp("posix") / "out"
-    assert main(command(dataset, out)) == 0
+    with pytest.MonkeyPatch.context() as patch:
+        counter = install(None, patch=patch.setattr)
+        assert main(command(dataset, out)) == 0
+    POSIX_STEPS.append(counter[0])
     return outputs(out)
 
 
@@ -142,6 +149,41 @@ def test_a_shard_killed_midway_resumes_from_its_last_segment_in_the_bucket(serve
         assert main(remote_command(out, f"s3://{BUCKET}/images", "--num_shards", SHARDS, "--shard_index", index)) == 0
     assert main(remote_command(out, f"s3://{BUCKET}/images", "--num_shards", SHARDS)) == 0
     same_as_posix(posix, fetched(server, out, tmp_path / "got"), f"s3://{BUCKET}/images")
+
+
+@pytest.mark.slow
+def test_a_run_killed_midway_resumes_from_the_bucket_once_its_input_is_proved_the_same(server, posix, dataset, tmp_path,
+                                                                                        capsys, monkeypatch):  # fmt: skip
+    """Killed (SIGKILL) while encoding: the bucket holds committed segments and no meta (verify and stats
+    refuse it). On an empty disk, --resume with an input object edited in place (same size) is refused;
+    with the input as it was, it continues from the bucket's last commit and gives the POSIX bytes."""
+    out = f"s3://{BUCKET}/killed_single"
+    kill_at = int(np.random.default_rng(3).integers(30, 60))
+    killed = killed_run(remote_command(out), kill_at)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    progress = json.loads(server.read(f"{out}/packed_seq_dataset/progress.json"))
+    assert progress["shards"] and not progress["complete"]
+    assert not [name for name in server.listing(out) if name.endswith(".meta.json")]
+    capsys.readouterr()
+    assert main(["verify", out]) != 0 and main(["stats", out]) != 0
+    shutil.rmtree(server.environ["NEVA_PACK_STAGING_DIR"])
+    original = dataset.read_bytes()
+    edited = original.replace(b"What", b"Whaz", 1)
+    assert len(edited) == len(original) and edited != original
+    server.fs().pipe(DATA.removeprefix("s3://"), edited)
+    assert main([*remote_command(out), "--resume"]) == 2
+    assert "built from other content" in capsys.readouterr().err
+    server.fs().pipe(DATA.removeprefix("s3://"), original)
+    shutil.rmtree(server.environ["NEVA_PACK_STAGING_DIR"])
+    counter = install(None, patch=monkeypatch.setattr)
+    assert main([*remote_command(out), "--resume"]) == 0
+    resumed_steps = counter[0]
+    monkeypatch.undo()
+    assert 0 < resumed_steps < POSIX_STEPS[0] - len(progress["shards"])  # the committed segments were not redone
+    resumed = json.loads(server.read(f"{out}/packed_seq_dataset/progress.json"))
+    assert resumed["shards"][: len(progress["shards"])] == progress["shards"]
+    same_as_posix(posix, fetched(server, out, tmp_path / "got"), f"s3://{BUCKET}/images")
+    assert main(["verify", out, "--data_path", DATA]) == 0
 
 
 @pytest.mark.slow
