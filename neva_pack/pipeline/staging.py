@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
 from neva_pack.config import PreprocessConfig
+from neva_pack.core import ConfigError
 from neva_pack.files import (
     LOCK_FILE,
     META_SUFFIX,
@@ -36,7 +38,9 @@ from neva_pack.files import (
     is_remote,
     local_copy,
     mirror,
+    paths,
     pull,
+    remote_listing,
     staging_root,
     store_dir,
     url_join,
@@ -57,8 +61,36 @@ def is_marker(name: str) -> bool:
     return base.endswith(META_SUFFIX) or base == PROGRESS_FILE
 
 
-def _not_sent(name: str) -> bool:
+def _the_lock(name: str) -> bool:
+    """The lock is the staging disk's own: never pulled nor mirrored."""
     return name.rsplit("/", 1)[-1] == LOCK_FILE
+
+
+def _not_sent(name: str) -> bool:
+    """Names of an output (relative to it) never pulled nor mirrored: the lock, and anything a run does
+    not write (a user's object beside the output is neither copied, nor counted, nor deleted)."""
+    return _the_lock(name) or not _written_by_a_run(name)
+
+
+def _written_by_a_run(name: str) -> bool:
+    """A name a run writes at the output's top (``files.paths``): the store and every prefix's files
+    (``packed_seq_dataset*``), the stats files and the skipped lists (and their temporary names)."""
+    top = name.split("/", 1)[0].removesuffix(paths.TMP_SUFFIX)
+    return (top.startswith(paths.PACKED_NAME) or paths.is_skipped_list(top)
+            or re.fullmatch(r"stats(_\d+)?\.json", top) is not None)  # fmt: skip
+
+
+def _refuse_if_not_empty(url: str, run) -> None:
+    """A prefix holding objects a run does not write is refused unless --resume or --overwrite, as a
+    non-empty local directory is (they are left where they are either way); the final step of a
+    sharded run expects its parts in the store."""
+    if run.resume or run.overwrite:
+        return
+    final_step = run.num_shards is not None  # its parts are in the store, as a local final step expects
+    held = sorted(name for name in remote_listing(url) if not (final_step and name.startswith(paths.STORE_DIR + "/")))
+    if held:
+        raise ConfigError(f"--output_dir {url}: not empty ({held[0]}{', ...' if len(held) > 1 else ''}); "
+                          "pass --resume to continue an interrupted run or --overwrite to replace it")  # fmt: skip
 
 
 def staged_output(url: str) -> Path:
@@ -80,24 +112,26 @@ def staged(config: PreprocessConfig) -> Iterator[PreprocessConfig]:
         yield PreprocessConfig(sample=sample, pack=config.pack, run=run)
         return
     url, local = run.output_dir, staged_output(run.output_dir)
-    if run.num_shards is not None and run.shard_index is not None:
+    if run.num_shards is not None and run.shard_index is not None:  # its part only: every file there is a part's
         part = part_dir(store_dir(local), run.num_shards, run.shard_index)
-        relative = part.relative_to(local).as_posix()
-        state = pull(url_join(url, relative), part, skip=_not_sent)
+        skip = _the_lock
+        state = pull(url_join(url, part.relative_to(local).as_posix()), part, skip=skip)
     else:
-        state = pull(url, local, skip=_not_sent)
+        _refuse_if_not_empty(url, run)
+        skip = _not_sent
+        state = pull(url, local, skip=skip)
     local_config = PreprocessConfig(sample=sample, pack=config.pack, run=dataclasses.replace(run, output_dir=local))
     try:
-        with commits_reported_to(lambda directory: _committed(state, Path(directory))):
+        with commits_reported_to(lambda directory: _committed(state, Path(directory), skip)):
             yield local_config
     except BaseException:
         with contextlib.suppress(Exception):  # what the run committed or reported is kept, as on a local disk
-            mirror(state, is_marker, skip=_not_sent)
+            mirror(state, is_marker, skip=skip)
         raise
-    mirror(state, is_marker, skip=_not_sent)
+    mirror(state, is_marker, skip=skip)
 
 
-def _committed(state: Mirrored, directory: Path) -> None:
+def _committed(state: Mirrored, directory: Path, skip) -> None:
     """A store (or part) committed a segment in ``directory``: send its files, then its progress file."""
     under = directory.relative_to(state.local).as_posix() if directory != state.local else ""
-    mirror(state, is_marker, under="" if under == "." else under, skip=_not_sent)
+    mirror(state, is_marker, under="" if under == "." else under, skip=skip)

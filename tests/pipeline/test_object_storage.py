@@ -116,8 +116,14 @@ def test_four_shards_on_s3_give_the_bytes_of_the_posix_run_and_look_complete_onl
     assert f"{SHARDS} done" in capsys.readouterr().out
     assert main(["verify", out]) != 0  # parts only: nothing published yet
     assert main(["stats", out]) != 0
-    assert main(remote_command(out, f"s3://{BUCKET}/images", "--num_shards", SHARDS)) == 0
-    same_as_posix(posix, fetched(server, out, tmp_path / "got"), f"s3://{BUCKET}/images")
+    server.fs().pipe(f"{BUCKET}/sharded/NOTES.txt", b"a user's object beside the output")
+    capsys.readouterr()
+    assert main(remote_command(out, f"s3://{BUCKET}/images", "--num_shards", SHARDS)) == 2  # as a local directory
+    assert f"--output_dir {out}: not empty (NOTES.txt)" in capsys.readouterr().err
+    assert main(remote_command(out, f"s3://{BUCKET}/images", "--num_shards", SHARDS, "--resume")) == 0
+    got = tmp_path / "got"
+    same_as_posix(posix, fetched(server, out, got), f"s3://{BUCKET}/images")
+    assert (got / "NOTES.txt").read_bytes() == b"a user's object beside the output"  # never copied, never deleted
     assert not [name for name in server.listing(out) if "part_" in name]  # joined, then removed from the bucket
     assert main(["verify", out]) == 0
 
@@ -166,6 +172,12 @@ def test_a_run_killed_midway_resumes_from_the_bucket_once_its_input_is_proved_th
     assert not [name for name in server.listing(out) if name.endswith(".meta.json")]
     capsys.readouterr()
     assert main(["verify", out]) != 0 and main(["stats", out]) != 0
+    from neva_pack import open_packed
+    from neva_pack.core import InputError
+
+    server.fs().get(out.removeprefix("s3://") + "/", str(tmp_path / "copy"), recursive=True)  # e.g. aws s3 sync
+    with pytest.raises(InputError, match="not a complete neva_pack output"):
+        open_packed(tmp_path / "copy")
     shutil.rmtree(server.environ["NEVA_PACK_STAGING_DIR"])
     original = dataset.read_bytes()
     edited = original.replace(b"What", b"Whaz", 1)
