@@ -160,11 +160,22 @@ def _get(url: str, path: Path) -> None:
         raise _failed(url, exc, "download") from None
 
 
-def _put(path: Path, url: str) -> None:
-    try:
-        _filesystem(url).put_file(str(path), url)
-    except Exception as exc:  # noqa: BLE001
-        raise _failed(url, exc, "upload to") from None
+def _get_many(urls: list[str], paths: list[Path]) -> None:
+    """Downloads, sent together (s3fs runs them concurrently)."""
+    if urls:
+        try:
+            _filesystem(urls[0]).get(urls, [str(path) for path in paths])
+        except Exception as exc:  # noqa: BLE001
+            raise _failed(urls[0].rsplit("/", 1)[0], exc, "download") from None
+
+
+def _put_many(paths: list[Path], urls: list[str]) -> None:
+    """Uploads, sent together (s3fs runs them concurrently); done when every one is."""
+    if urls:
+        try:
+            _filesystem(urls[0]).put([str(path) for path in paths], urls)
+        except Exception as exc:  # noqa: BLE001
+            raise _failed(urls[0].rsplit("/", 1)[0], exc, "upload to") from None
 
 
 def _delete(urls: list[str]) -> None:
@@ -197,13 +208,12 @@ def pull(url: str, local: Path, skip: Callable[[str], bool] = lambda name: False
         shutil.rmtree(local)
     local.mkdir(parents=True)
     state = Mirrored(local=local, url=url)
-    for name in sorted(remote_listing(url)):
-        if skip(name):
-            continue
-        target = local / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        _get(url_join(url, name), target)
-        state.synced[name] = _stat(target)
+    names = [name for name in sorted(remote_listing(url)) if not skip(name)]
+    for name in names:
+        (local / name).parent.mkdir(parents=True, exist_ok=True)
+    _get_many([url_join(url, name) for name in names], [local / name for name in names])
+    for name in names:
+        state.synced[name] = _stat(local / name)
     return state
 
 
@@ -248,11 +258,12 @@ def mirror(state: Mirrored, is_marker: Callable[[str], bool], *, under: str = ""
         _delete([url_join(url, name) for name in gone])
         for name in gone:
             state.synced.pop(name, None)
-    for marks in (False, True):
-        for name in changed + [n for n in stale_marks if n in present and n not in changed]:
-            if is_marker(name) == marks:
-                _put(local / name, url_join(url, name))
-                state.synced[name] = present[name]
+    sending = changed + [name for name in stale_marks if name in present and name not in changed]
+    for marks in (False, True):  # the files, all of them stored, then the markers that vouch for them
+        names = [name for name in sending if is_marker(name) == marks]
+        _put_many([local / name for name in names], [url_join(url, name) for name in names])
+        for name in names:
+            state.synced[name] = present[name]
 
 
 def _parent(name: str) -> str:
