@@ -256,8 +256,10 @@ def _as_given(output_dir):
 
     if not is_remote(output_dir):
         return lambda text: text
-    staged = str(staged_output(output_dir))
-    return lambda text: text.replace(staged, output_dir.rstrip("/"))
+    import re
+
+    staged = re.compile(re.escape(str(staged_output(output_dir))) + r"/run-[^/\s]*")
+    return lambda text: staged.sub(lambda _: output_dir.rstrip("/"), text)
 
 
 def _run_verify(args) -> int:
@@ -397,10 +399,12 @@ def _interrupted(args, code: int) -> int:
     what = "interrupted" if code == EXIT_INTERRUPTED else "terminated"
     if args.command == "preprocess" and args.output_dir is not None:
         from neva_pack.files import is_remote
-        from neva_pack.pipeline import staged_output
 
-        local = staged_output(args.output_dir) if is_remote(args.output_dir) else Path(args.output_dir)
-        print(f"neva-pack: {what}; {_as_given(args.output_dir)(_published_now(local))}", file=sys.stderr)
+        if is_remote(args.output_dir):  # what was committed or published is in the bucket (mirrored as it stopped)
+            print(f"neva-pack: {what}; committed work is kept in {args.output_dir}: run the same command with --resume "
+                  "to continue", file=sys.stderr)  # fmt: skip
+        else:
+            print(f"neva-pack: {what}; {_published_now(Path(args.output_dir))}", file=sys.stderr)
     else:
         print(f"neva-pack: {what}", file=sys.stderr)
     return code

@@ -2,8 +2,8 @@
 local disk and mirrored to the bucket, so that every stage stays the POSIX one (locks, renames,
 checksums, resume) and the bucket only ever holds what a POSIX output directory could.
 
-    s3://bucket/out/  --pull-->  $NEVA_PACK_STAGING_DIR/outputs/<hash of the URL>/   (emptied first)
-                                   the run, as on a local disk
+    s3://bucket/out/  --pull-->  $NEVA_PACK_STAGING_DIR/outputs/<hash of the URL>/run-<pid>-*/
+                                   the run, as on a local disk (its own directory, removed when it ends)
                       <--mirror--  at each store commit: the committed segment's files, then progress.json
                       <--mirror--  at the end (or a failure): every file, stale ones deleted, metas last
 
@@ -17,15 +17,20 @@ checksums, resume) and the bucket only ever holds what a POSIX output directory 
   parts are deleted from the bucket once the joined store is there).
 - --image_folder is not staged: images are read from the bucket by range (``families.ImageSource``).
 
-The OS lock that keeps two runs apart is the staging directory's: two pods given the same shard index
-on different nodes are not kept apart (a Kubernetes Indexed Job runs one pod per index at a time).
+Each run stages in a directory of its own, removed when it ends (a killed run's is removed by the
+next run of that output on the machine): nothing on a local disk outlives a run, so nothing there is
+ever trusted over the bucket. Two runs given the same output (or the same shard) at once are not kept
+apart: the bucket has no lock (a Kubernetes Indexed Job runs one pod per index at a time).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import re
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -94,10 +99,32 @@ def _refuse_if_not_empty(url: str, run) -> None:
 
 
 def staged_output(url: str) -> Path:
-    """Where the output at ``url`` is staged on this machine."""
+    """Where the runs of the output at ``url`` stage on this machine (each in a ``run-<pid>-*`` directory)."""
     import xxhash
 
     return staging_root() / "outputs" / xxhash.xxh3_64_hexdigest(url.encode("utf-8"))
+
+
+def _run_directory(base: Path) -> Path:
+    """A new staging directory of this process under ``base``, once those of dead processes are removed."""
+    base.mkdir(parents=True, exist_ok=True)
+    for entry in base.iterdir():
+        match = re.fullmatch(r"run-(\d+)-.*", entry.name)
+        if match and entry.is_dir() and not _alive(int(match.group(1))):
+            shutil.rmtree(entry, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"run-{os.getpid()}-", dir=base))
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
 
 
 @contextlib.contextmanager
@@ -111,7 +138,16 @@ def staged(config: PreprocessConfig) -> Iterator[PreprocessConfig]:
     if not is_remote(run.output_dir):
         yield PreprocessConfig(sample=sample, pack=config.pack, run=run)
         return
-    url, local = run.output_dir, staged_output(run.output_dir)
+    url, local = run.output_dir, _run_directory(staged_output(run.output_dir))
+    try:
+        yield from _mirrored(config, sample, url, local)
+    finally:
+        shutil.rmtree(local, ignore_errors=True)
+
+
+def _mirrored(config: PreprocessConfig, sample, url: str, local: Path) -> Iterator[PreprocessConfig]:
+    """``staged`` once the output has a staging directory: pull, run, mirror."""
+    run = config.run
     if run.num_shards is not None and run.shard_index is not None:  # its part only: every file there is a part's
         part = part_dir(store_dir(local), run.num_shards, run.shard_index)
         skip = _the_lock

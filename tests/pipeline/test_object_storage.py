@@ -14,6 +14,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -102,6 +103,8 @@ def test_a_run_on_s3_gives_the_bytes_of_the_posix_run(server, posix, images, tmp
     same_as_posix(posix, fetched(server, out, tmp_path / "got"), images)
     held = server.listing(out)
     assert not [name for name in held if name.endswith((".lock", ".tmp"))], held
+    staging = Path(server.environ["NEVA_PACK_STAGING_DIR"])
+    assert not list(staging.glob("outputs/*/run-*"))  # the run's staging directory is gone with it
     assert main(["verify", out, "--data_path", DATA]) == 0
     assert main(["stats", out]) == 0
     assert SECRET not in capsys.readouterr().out
