@@ -10,7 +10,6 @@ from pathlib import Path
 
 from neva_pack.config.options import BUDGETS, NEMO, check_fields, option, options
 from neva_pack.core import ConfigError, IGNORE_INDEX, VERSION
-from neva_pack.files import is_remote
 from neva_pack.families import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGE_DECODE_SECONDS, DEFAULT_MAX_IMAGE_PIXELS
 from neva_pack.records import (
     DEFAULT_MAX_CONVERSATION_CHARS,
@@ -20,6 +19,7 @@ from neva_pack.records import (
     MAX_RECORD_DEPTH_LIMIT,
 )
 from neva_pack.text import DEFAULT_TOKENIZATION, TOKENIZATIONS
+from neva_pack.files import is_remote
 
 IMAGE_ASPECT_RATIOS = ("square", "pad")
 MODEL = ("model",)
