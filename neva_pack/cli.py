@@ -14,6 +14,7 @@ from pathlib import Path
 
 from neva_pack.config import GROUPS, NEMO, OURS, SampleConfig, base_type, flag_of, help_of, options, settings
 from neva_pack.core import ConfigError, NevaPackError
+from neva_pack.files import PACKED_NAME, location
 from neva_pack.formats import FORMATS
 from neva_pack.packing import ALGORITHMS, DEFAULT_ALGORITHM, RECOMMENDED_ALGORITHM
 
@@ -52,7 +53,7 @@ def _add_setting_flags(parser: argparse.ArgumentParser, names: set[str] | None =
         if kind == "bool":
             arguments["action"] = "store_false" if spec.default is True else "store_true"
         else:
-            arguments["type"] = {"Path": Path, "int": int, "float": float, "str": str, "tuple[int, ...]": int}[kind]
+            arguments["type"] = {"Path": location, "int": int, "float": float, "str": str, "tuple[int, ...]": int}[kind]
             if kind.startswith("tuple["):
                 arguments["nargs"] = "+"
         if opt.choices is not None:
@@ -108,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     pre = sub.add_parser("preprocess", help=PREPROCESS_HELP)
     add_preprocess_flags(pre)
     stats = sub.add_parser("stats", help="show how well an output packed (and plot it)")
-    stats.add_argument("output", type=Path, help="output directory or packed prefix (any NeMo-layout prefix)")
+    stats.add_argument("output", type=location, help="output directory or packed prefix (any NeMo-layout prefix), or s3://")
     stats.add_argument("--json", action="store_true", help="print the report as JSON")
     stats.add_argument("--plot", type=Path, help="write a PNG: sample lengths, pack fill, samples per pack")
     stats.add_argument("--global_batch_size", type=int, help="unpacked GBS, to print the packed GBS to train with")
@@ -139,8 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
     explore.add_argument("--max_images_per_pack", type=int, help="cap on images per pack")
     explore.add_argument("--max_image_tokens_per_pack", type=int, help="cap on image tokens per pack")
     check = sub.add_parser("verify", help="recompute checksums and check every invariant of an output")
-    check.add_argument("output", type=Path, help="output directory (or packed_seq_dataset prefix)")
-    check.add_argument("--data_path", type=Path, help="also check that every input record is packed once or skipped")
+    check.add_argument("output", type=location, help="output directory (or packed_seq_dataset prefix), or s3://")
+    check.add_argument("--data_path", type=location, help="also check that every input record is packed once or skipped")
     check.add_argument("--quiet", action="store_true", help="no progress bar")
     convert = sub.add_parser("convert", help="rewrite an output in another format (e.g. compact -> nemo where you train)")
     convert.add_argument("source", type=Path, help="output directory (or prefix) to convert")
@@ -155,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(started, no live holder: --resume continues it), missing, or made with other settings; then the lines that "
         "resubmit exactly the stale and missing ones (SLURM, Kubernetes, Ray). Exit 0 when every shard is done, 1 if not.",
     )  # fmt: skip
-    status.add_argument("output", type=Path, help="the sharded run's --output_dir")
+    status.add_argument("output", type=location, help="the sharded run's --output_dir (or s3://)")
     status.add_argument("--num_shards", type=int, help="the run's --num_shards (default: read from its parts)")
     status.add_argument("--json", action="store_true", help="print the status as JSON")
     return parser
@@ -191,13 +192,17 @@ def _run_preprocess(args) -> int:
     from neva_pack.commands import format_summary
     from neva_pack.files import skipped_path
 
-    result = preprocess(config, progress=not args.quiet)
+    shown = _as_given(config.run.output_dir)
+    try:
+        result = preprocess(config, progress=not args.quiet)
+    except NevaPackError as error:
+        raise type(error)(shown(str(error))) from None
     for note in result.notes:
-        print(note)
+        print(shown(note))
     for size, report in result.reports.items():
         if len(result.reports) > 1:
             print(f"== pack size {size}")
-        print(format_summary(report))
+        print(shown(format_summary(report)))
     if result.exit_code:
         sized = len(result.reports) > 1
         for size, report in result.reports.items():
@@ -205,6 +210,58 @@ def _run_preprocess(args) -> int:
                 report_file = skipped_path(Path(config.run.output_dir), size if sized else None)
                 print(f"error: --strict: {report.records.skipped} record(s) skipped; see {report_file}", file=sys.stderr)
     return result.exit_code
+
+
+def _on_local_copy(command, keep=lambda name: True):
+    """``command(args)`` on a temporary local copy of an ``s3://`` output (``files.remote_copy``; a
+    prefix given is copied with its directory), its printed lines and errors naming the URL again."""
+    import contextlib
+    import io
+
+    from neva_pack.files import is_remote, local_copy, remote_copy
+
+    def run(args) -> int:
+        if getattr(args, "data_path", None) is not None and is_remote(args.data_path):
+            args = argparse.Namespace(**{**vars(args), "data_path": local_copy(args.data_path, "--data_path")})
+        if not is_remote(args.output):
+            return command(args)
+        url = args.output.rstrip("/")
+        directory, name = url.rsplit("/", 1)
+        whole = name.startswith(PACKED_NAME) and not name.endswith("/")
+        with remote_copy(directory if whole else url, keep) as local:
+            target = local / name if whole else local
+            shown = (str(target), url)
+            buffer = io.StringIO()
+            try:
+                with contextlib.redirect_stdout(buffer):
+                    return command(argparse.Namespace(**{**vars(args), "output": target}))
+            except NevaPackError as error:
+                raise type(error)(str(error).replace(*shown).replace(str(local), directory if whole else url)) from None
+            finally:
+                sys.stdout.write(buffer.getvalue().replace(*shown).replace(str(local), directory if whole else url))
+
+    return run
+
+
+def _progress_file(name: str) -> bool:
+    """What ``shards status`` reads of a sharded output: its parts' (and the joined store's) progress files."""
+    from neva_pack.sample_store import PROGRESS_FILE
+
+    return name.rsplit("/", 1)[-1] == PROGRESS_FILE
+
+
+def _as_given(output_dir):
+    """Text naming the output as the user gave it: an ``s3://`` output's staging directory (where the
+    run wrote before mirroring) replaced by its URL."""
+    from neva_pack.files import is_remote
+    from neva_pack.pipeline import staged_output
+
+    if not is_remote(output_dir):
+        return lambda text: text
+    import re
+
+    staged = re.compile(re.escape(str(staged_output(output_dir))) + r"/run-[^/\s]*")
+    return lambda text: staged.sub(lambda _: output_dir.rstrip("/"), text)
 
 
 def _run_verify(args) -> int:
@@ -339,8 +396,9 @@ def _run_shards(args) -> int:
     return 0 if status.done else 1
 
 
-COMMANDS = {"preprocess": _run_preprocess, "stats": _run_stats, "plan": _run_plan, "verify": _run_verify,
-            "convert": _run_convert, "shards": _run_shards}  # fmt: skip
+COMMANDS = {"preprocess": _run_preprocess, "stats": _on_local_copy(_run_stats), "plan": _run_plan,
+            "verify": _on_local_copy(_run_verify), "convert": _run_convert,
+            "shards": _on_local_copy(_run_shards, keep=_progress_file)}  # fmt: skip
 
 
 class Terminated(BaseException):
@@ -354,7 +412,13 @@ def _raise_terminated(signum, frame):
 def _interrupted(args, code: int) -> int:
     what = "interrupted" if code == EXIT_INTERRUPTED else "terminated"
     if args.command == "preprocess" and args.output_dir is not None:
-        print(f"neva-pack: {what}; {_published_now(Path(args.output_dir))}", file=sys.stderr)
+        from neva_pack.files import is_remote
+
+        if is_remote(args.output_dir):  # what was committed or published is in the bucket (mirrored as it stopped)
+            print(f"neva-pack: {what}; committed work is kept in {args.output_dir}: run the same command with --resume "
+                  "to continue", file=sys.stderr)  # fmt: skip
+        else:
+            print(f"neva-pack: {what}; {_published_now(Path(args.output_dir))}", file=sys.stderr)
     else:
         print(f"neva-pack: {what}", file=sys.stderr)
     return code

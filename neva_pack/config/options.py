@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from neva_pack.core import ConfigError
+from neva_pack.files import is_remote, location
 
 NEMO = "NeMo preprocess_dataset.py flags"
 OURS = "neva_pack flags"
@@ -57,6 +58,8 @@ class Option:
     written_as: str | None = None
     """A setting that decides the bytes of a written prefix: the meta field recording it ("" when
     only the stats file does). Resume compares these (``PreprocessConfig.write_settings``)."""
+    remote: bool = False
+    """Path fields: an ``s3://`` URL is accepted (kept as the str it is; ``files.remote``)."""
 
 
 def option(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING, **spec) -> Any:
@@ -106,7 +109,7 @@ def setting_name(spec: dataclasses.Field) -> str:
 
 
 _EXPECTED = {
-    "Path": ("a path", lambda v: isinstance(v, Path)),  # PreprocessConfig(data_path=str) makes a str one
+    "Path": ("a path", lambda v: isinstance(v, Path) or is_remote(v)),  # PreprocessConfig(data_path=str) makes a str one
     "int": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
     "float": ("a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)),
     "bool": ("true or false", lambda v: isinstance(v, bool)),
@@ -136,6 +139,9 @@ def check_fields(config) -> None:
         value = getattr(config, spec.name)
         if value is None and base_type(spec) != spec.type:
             continue
+        if is_remote(value) and not opt.remote:
+            raise ConfigError(f"{setting_name(spec)} {value}: a local path is needed here (object storage is read for "
+                              "--data_path, --image_folder and --output_dir); copy it to a local disk")  # fmt: skip
         words, test = _EXPECTED[base_type(spec)]
         if not test(value):
             raise ConfigError(f"{setting_name(spec)} {value!r:.60}: expected {words}, got {type(value).__name__}")
@@ -154,7 +160,7 @@ def as_field_value(spec: dataclasses.Field, value: Any) -> Any:
     is one in spirit (a str path, a list for a tuple); anything else is left for ``check_fields``."""
     kind = base_type(spec)
     if kind == "Path" and isinstance(value, (str, os.PathLike)):
-        return Path(value)
+        return location(value)  # an s3:// URL stays a str (a Path would collapse its //)
     if kind.startswith("tuple[") and isinstance(value, list):
         return tuple(value)
     return value

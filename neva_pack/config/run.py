@@ -31,7 +31,7 @@ def max_workers() -> int:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunConfig:
-    output_dir: Path = option(help="output directory (required)", group=NEMO)
+    output_dir: Path = option(help="output directory, or an s3:// prefix (required)", group=NEMO, remote=True)
     """Where packed_seq_dataset.{bin,idx}, its meta, stats.json and skipped.jsonl go."""
     num_workers: int = option(default_factory=default_workers, help="DataLoader workers (default min(8, CPUs))")
     """DataLoader worker processes for tokenization and image preprocessing (0 = in process)."""

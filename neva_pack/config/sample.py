@@ -19,6 +19,7 @@ from neva_pack.records import (
     MAX_RECORD_DEPTH_LIMIT,
 )
 from neva_pack.text import DEFAULT_TOKENIZATION, TOKENIZATIONS
+from neva_pack.files import is_remote
 
 IMAGE_ASPECT_RATIOS = ("square", "pad")
 MODEL = ("model",)
@@ -31,11 +32,13 @@ class SampleConfig:
     """The fields' order is the sample fingerprint's key order (the sample store records it)."""
 
     data_path: Path = option(
-        help="LLaVA-format JSON list or JSONL", group=NEMO, hparams=(*MODEL, "data", "data_path"), location=True
+        help="LLaVA-format JSON list or JSONL (or an s3:// URL)", group=NEMO, hparams=(*MODEL, "data", "data_path"),
+        location=True, remote=True,
     )
     """LLaVA-format JSON list or JSONL."""
     image_folder: Path | None = option(
-        None, help="image directory or .tar archive", group=NEMO, hparams=(*MODEL, "data", "image_folder"), location=True
+        None, help="image directory or .tar archive (or an s3:// prefix or .tar)", group=NEMO,
+        hparams=(*MODEL, "data", "image_folder"), location=True, remote=True,
     )
     """Directory or .tar archive the records' image paths are relative to."""
     tokenizer_path: Path = option(
@@ -161,12 +164,14 @@ class SampleConfig:
 
     def __post_init__(self):
         check_fields(self)
-        if not self.data_path.is_file():
+        if is_remote(self.data_path):
+            pass  # copied into the staging directory when a run starts (pipeline/staging.py), or refused then
+        elif not self.data_path.is_file():
             what = "no such file" if not self.data_path.exists() else "not a regular file (a directory, device or FIFO)"
             raise ConfigError(f"--data_path {self.data_path}: {what}")
         if not self.tokenizer_path.exists():
             raise ConfigError(f"--tokenizer_path {self.tokenizer_path}: no such file or directory")
-        if self.image_folder is not None and not self.image_folder.exists():
+        if self.image_folder is not None and not is_remote(self.image_folder) and not self.image_folder.exists():
             raise ConfigError(f"--image_folder {self.image_folder}: no such directory or archive")
         if not 0 < self.max_image_decode_seconds < float("inf"):
             raise ConfigError(f"--max_image_decode_seconds {self.max_image_decode_seconds}: must be a number above 0")
@@ -194,7 +199,7 @@ class SampleConfig:
                 out.setdefault(opt.fingerprint, []).append(value)
             else:
                 out[spec.name] = value
-            if spec.name == "data_path":
+            if spec.name == "data_path" and not is_remote(self.data_path):
                 stat = self.data_path.resolve().stat()
                 out["data_size"], out["data_mtime_ns"] = stat.st_size, stat.st_mtime_ns
         out["neva_pack"] = VERSION

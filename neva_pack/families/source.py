@@ -2,7 +2,9 @@
 
 A name must stay inside the folder (after normalisation and symlinks) unless the user allows
 otherwise; a .tar reads as the folder ``tar x`` would unpack; only regular files are opened and at
-most a budget of bytes is read, so one hostile path never blocks or exhausts a worker.
+most a budget of bytes is read, so one hostile path never blocks or exhausts a worker. An ``s3://``
+folder is a prefix (or a .tar object) read by ranged requests (``files.remote``): the same names are
+refused, and no more than the budget is ever fetched.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import BinaryIO
 
 from neva_pack.core import ConfigError
 from neva_pack.records import RecordError
-from neva_pack.files import FileRefused, compression_of, open_regular, regular_file_bytes
+from neva_pack.files import FileRefused, RemoteError, RemoteFiles, compression_of, is_remote, open_regular, regular_file_bytes
 
 DEFAULT_MAX_IMAGE_BYTES = 64 << 20
 """64 MiB per image file (a 24-megapixel JPEG is about 10 MB)."""
@@ -47,14 +49,18 @@ class ImageSource:
     """
 
     def __init__(self, root: str | Path | None, *, max_bytes: int = DEFAULT_MAX_IMAGE_BYTES, allow_outside: bool = False):
-        self.root = None if root is None else Path(root)
+        self.root = None if root is None else root if is_remote(root) else Path(root)
         self.max_bytes = max_bytes
         self.allow_outside = allow_outside
         self._tar_index: dict[str, TarMember] | None = None
         self._tar_file = None
         self._resolved_root = None
+        self._remote: RemoteFiles | None = None
         self._folders: dict[str, str] = {}
         if self.root is None:
+            return
+        if is_remote(self.root):
+            self._open_remote()
             return
         if self.root.is_file() and tarfile.is_tarfile(self.root):
             self._tar_index = _index_tar(self.root)
@@ -65,14 +71,33 @@ class ImageSource:
         else:
             self._resolved_root = self.root.resolve()
 
+    def _open_remote(self) -> None:
+        """An ``s3://`` folder: a .tar object (indexed now, its members read by range) or a prefix."""
+        self._remote = RemoteFiles(self.root)
+        try:
+            size = self._remote.size()
+            if size is not None:
+                with self._remote.open(block_size=1 << 20) as archive:
+                    self._tar_index = _index_members(archive, size, self.root)
+            elif not self._remote.has_objects():
+                raise ConfigError(f"--image_folder {self.root}: no such prefix or archive")
+        except RemoteError as exc:
+            raise ConfigError(f"--image_folder {exc}") from None
+
     def read(self, name: str) -> bytes:
         """The image file's bytes (at most ``max_bytes``): what a sample's images are decoded from."""
         self._check_source(name)
         if self._tar_index is not None:
             member = self._member(name)
+            if self._remote is not None:
+                return self._remote_call(name, self._remote.read, None, member.offset, member.offset + member.size)
             archive = self._archive()
             archive.seek(member.offset)
             return archive.read(member.size)
+        if self._remote is not None:
+            data = self._remote_call(name, self._remote.read, self._remote_name(name), 0, self.max_bytes + 1)
+            self._check_bytes(name, len(data))
+            return data
         path = self._confined(name)
         try:
             return regular_file_bytes(path, self.max_bytes)
@@ -87,11 +112,35 @@ class ImageSource:
         if self._tar_index is not None:
             member = self._member(name)
             return io.BufferedReader(_MemberReader(self._archive(), member.offset, member.size), HEADER_BUFFER)
+        if self._remote is not None:
+            key = self._remote_name(name)
+            size = self._remote_call(name, self._remote.size, key)
+            if size is None:
+                raise RecordError("missing_image", f"{name}: not found in {self.root}")
+            self._check_bytes(name, size)
+            return self._remote_call(name, self._remote.open, key, HEADER_BUFFER)
         path = self._confined(name)
         try:
             return open_regular(path, self.max_bytes)
         except FileRefused as refused:
             raise self._refused(name, refused) from None
+
+    def _remote_name(self, name: str) -> str:
+        """The object's name under the prefix: a relative name, normalised as a path is (no symlinks
+        in object storage; a name leaving the prefix is refused even with ``allow_outside``)."""
+        self._check_relative(name)
+        key = os.path.normpath(name)
+        if key in ("", os.curdir):
+            raise RecordError("missing_image", f"{name}: not found in {self.root}")
+        return key
+
+    def _remote_call(self, name: str, call, *args):
+        try:
+            return call(*args)
+        except FileNotFoundError:
+            raise RecordError("missing_image", f"{name}: not found in {self.root}") from None
+        except RemoteError as exc:
+            raise RecordError("unreadable_image", f"{name}: {exc}") from None
 
     def _check_source(self, name: str) -> None:
         if self.root is None:
@@ -168,7 +217,7 @@ class ImageSource:
 
     def _archive(self):
         if self._tar_file is None:
-            self._tar_file = open(self.root, "rb")
+            self._tar_file = self._remote.open(block_size=HEADER_BUFFER) if self._remote is not None else open(self.root, "rb")
         return self._tar_file
 
     def __getstate__(self):
@@ -182,7 +231,7 @@ class ImageSource:
         self._folders = {}
 
 
-_SOURCE_STATE = ("root", "max_bytes", "allow_outside", "_tar_index", "_resolved_root")
+_SOURCE_STATE = ("root", "max_bytes", "allow_outside", "_tar_index", "_resolved_root", "_remote")
 
 
 class _MemberReader(io.RawIOBase):
@@ -232,9 +281,20 @@ def _not_a_tar(path: Path) -> str:
 def _index_tar(path: Path) -> dict[str, TarMember]:
     """Name -> data of every regular file, hard link and symlink (to a file in the archive), as
     ``tar x`` would lay them out in a folder: the same dataset then reads the same either way."""
-    size = path.stat().st_size
     try:
-        with tarfile.open(path, "r:") as archive:
+        with open(path, "rb") as f:
+            return _index_members(f, path.stat().st_size, path)
+    except OSError as exc:
+        reason = _not_a_tar(path)
+        if reason.startswith("not a"):
+            reason = f"truncated or corrupt tar archive ({exc})"
+        raise ConfigError(f"--image_folder {path}: {reason}") from None
+
+
+def _index_members(file, size: int, path) -> dict[str, TarMember]:
+    """``_index_tar`` of an open archive of ``size`` bytes (a local file, or a remote object read by range)."""
+    try:
+        with tarfile.open(fileobj=file, mode="r:") as archive:
             index, symlinks = {}, {}
             for member in archive:
                 name = _normalise_member_name(member.name)
@@ -258,9 +318,10 @@ def _index_tar(path: Path) -> dict[str, TarMember]:
                     index[name] = index[target]
             return index
     except (tarfile.TarError, OSError) as exc:
-        reason = _not_a_tar(path)
-        if reason.startswith("not a"):
-            reason = f"truncated or corrupt tar archive ({exc})"
+        file.seek(0)
+        kind = compression_of(file.read(8))
+        reason = (f"a {kind}-compressed file; compressed archives are not supported (decompress it to a .tar)" if kind
+                  else f"truncated or corrupt tar archive ({exc})")  # fmt: skip
         raise ConfigError(f"--image_folder {path}: {reason}") from None
 
 

@@ -10,6 +10,7 @@ import os
 from neva_pack.files.checksums import data_extents, file_checksum
 from neva_pack.files.indexed import BIN_SUFFIX, DTYPE_CODES, IDX_SUFFIX, IndexedReader, IndexedWriter, bin_path, idx_path, is_index, read_index
 from neva_pack.files.output_file import OutputFile
+from neva_pack.files.remote import STAGING_VARIABLE, Mirrored, RemoteError, RemoteFiles, is_remote, local_copy, location, mirror, pull, redacted, remote_copy, remote_listing, staging_root, url_join
 from neva_pack.files.paths import LOCK_FILE, META_SUFFIX, PACKED_NAME, PLAN_SUFFIX, TMP_SUFFIX, checkpoint_paths, meta_path, pack_size_of, packed_prefix, packed_prefixes, plan_path, prefix_file, relative_name, skipped_path, stats_path, store_dir, tmp_prefix, write_json_atomic
 from neva_pack.files.untrusted import ANY_SIZE, FileRefused, MAX_OUTPUT_JSON_BYTES, MAX_OUTPUT_TABLE_BYTES, MAX_SETTINGS_BYTES, compression_of, open_file, open_output, open_regular, parse_yaml, read_bytes, read_json, read_text, read_yaml, regular_file_bytes, regular_output
 from neva_pack.files.video_header import MAX_VIDEO_FRAMES, MAX_VIDEO_HEADER_BYTES, MAX_VIDEO_PIXELS, VIDEO_HEADER_REASONS, VideoHeader, VideoHeaderError, read_video_header, read_video_header_at, read_video_header_file
@@ -39,9 +40,13 @@ __all__ = [
     "MAX_VIDEO_HEADER_BYTES",
     "MAX_VIDEO_PIXELS",
     "META_SUFFIX",
+    "Mirrored",
     "OutputFile",
     "PACKED_NAME",
     "PLAN_SUFFIX",
+    "RemoteError",
+    "RemoteFiles",
+    "STAGING_VARIABLE",
     "TMP_SUFFIX",
     "VIDEO_HEADER_REASONS",
     "VideoHeader",
@@ -55,7 +60,11 @@ __all__ = [
     "fsync_close",
     "idx_path",
     "is_index",
+    "is_remote",
+    "local_copy",
+    "location",
     "meta_path",
+    "mirror",
     "open_file",
     "open_output",
     "open_regular",
@@ -65,6 +74,7 @@ __all__ = [
     "parse_yaml",
     "plan_path",
     "prefix_file",
+    "pull",
     "read_bytes",
     "read_index",
     "read_json",
@@ -73,12 +83,17 @@ __all__ = [
     "read_video_header_at",
     "read_video_header_file",
     "read_yaml",
+    "redacted",
     "regular_file_bytes",
     "regular_output",
     "relative_name",
+    "remote_copy",
+    "remote_listing",
     "skipped_path",
+    "staging_root",
     "stats_path",
     "store_dir",
     "tmp_prefix",
+    "url_join",
     "write_json_atomic",
 ]

@@ -7,6 +7,8 @@
                    (run_shard / finish_shards below: what each engine's task and final job call)
     shard_status.py  each shard done, running, stale, missing or made with other settings, and the
                    lines that resubmit the ones left (``neva-pack shards status``)
+    staging.py     an s3:// input or output: the run on a local staging directory, mirrored to the
+                   bucket at each store commit and at the end (completion markers last)
     pack.py        per pack size: the store's lengths --pack()--> PackingPlan, balanced over ranks
     write.py       packs assembled and checked (in workers for large plans) --format writer
                    (checkpointed)--> packed_seq_dataset[_<size>].*; resume checks of a prefix
@@ -50,6 +52,7 @@ from neva_pack.samples import SampleBuilder
 
 from neva_pack.pipeline.plan_input import DECODE_SKIPS_NOTE, laid_out_lengths, lengths_from_input
 from neva_pack.pipeline.shard_status import ShardState, ShardsStatus, shards_status
+from neva_pack.pipeline.staging import needs_staging, staged, staged_output
 
 
 
@@ -71,6 +74,9 @@ class RunResult:
 def preprocess(config: PreprocessConfig, progress: bool = True) -> RunResult:
     """The whole run: the only place, with the stage wiring below, that sees the whole config; each
     stage is handed its part (``config.sample`` / ``config.pack`` / ``config.run``) or less."""
+    if needs_staging(config):  # an s3:// input or output: the same run on a local staging directory
+        with staged(config) as local:
+            return preprocess(local, progress)
     started = time.perf_counter()
     builder = build_sample_builder(config)
     refuse_doomed_run(config.sample.data_path, builder, config.pack.output_format, config.sample.hf_vision_encoder)
@@ -271,6 +277,7 @@ __all__ = [
     "run_shard",
     "sample_builder_for",
     "shards_status",
+    "staged_output",
     "size_skip_details",
     "write_size_skipped",
 ]

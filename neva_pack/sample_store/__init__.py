@@ -33,7 +33,7 @@ from neva_pack.sample_store.files import (
 )
 from neva_pack.sample_store.join import join_part
 from neva_pack.sample_store.reader import SampleStore, StoredTexts
-from neva_pack.sample_store.writer import SampleStoreWriter
+from neva_pack.sample_store.writer import SampleStoreWriter, commits_reported_to
 
 from neva_pack.sample_store.image_pool import ImagePool, PoolSegment, PoolWriter, image_key, pool_segment
 
@@ -56,6 +56,7 @@ __all__ = [
     "StoredTexts",
     "check_input",
     "check_settings",
+    "commits_reported_to",
     "image_key",
     "is_store_file",
     "join_part",

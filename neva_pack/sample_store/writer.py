@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import json
 from pathlib import Path
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -30,7 +33,21 @@ from neva_pack.sample_store.files import (
 )
 from neva_pack.sample_store.image_pool import KEY_BYTES, PoolSegment, PoolWriter, load_keys, pool_segment
 
-__all__ = ["SampleStoreWriter"]
+__all__ = ["SampleStoreWriter", "commits_reported_to"]
+
+_COMMIT_LISTENER: contextvars.ContextVar[Callable[[Path], None] | None] = contextvars.ContextVar("commit_listener", default=None)
+
+
+@contextlib.contextmanager
+def commits_reported_to(listener: Callable[[Path], None]) -> Iterator[None]:
+    """Within the block, ``listener(directory)`` is called each time a store writer has written its
+    progress file (a segment committed, the store finished): a remote output sends the committed files
+    then (``pipeline/staging.py``). A listener's error stops the run as the commit's own would."""
+    token = _COMMIT_LISTENER.set(listener)
+    try:
+        yield
+    finally:
+        _COMMIT_LISTENER.reset(token)
 
 
 class SampleStoreWriter:
@@ -174,6 +191,9 @@ class SampleStoreWriter:
                 "shards": [segment.to_json() for segment in self.segments],
             },
         )
+        listener = _COMMIT_LISTENER.get()
+        if listener is not None:
+            listener(self.directory)
 
 
 class _OpenSegment:
