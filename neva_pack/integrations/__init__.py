@@ -2,20 +2,25 @@
 
     hf_trainer.py  transformers' Trainer: the TrainingArguments packs need, the dataset and hf_collate
     trl.py         TRL's SFTTrainer: the SFTConfig packs need, an index dataset and a collate reading packs
+    automodel.py   NeMo Automodel's VLM recipe: a dataset its YAML builds, items for its neat_packed_vlm_collater
 
 The modules depend on the readers (``reading``, ``training``) and never the other way; the trainers
 themselves (``transformers.Trainer`` with ``accelerate``, ``trl``) are imported only when a function is
 called, so that importing neva_pack never needs them (``pip install 'neva-pack[hf]'`` or ``[trl]``).
 """
 
+from neva_pack.integrations.automodel import AUTOMODEL_IGNORE_INDEX, AutomodelPacks, packed_dataset
 from neva_pack.integrations.hf_trainer import NoCacheRows, check_training_arguments, trainer_data, training_arguments
 from neva_pack.integrations.trl import PackRows, check_sft_config, sft_config, sft_data
 
 __all__ = [
+    "AUTOMODEL_IGNORE_INDEX",
+    "AutomodelPacks",
     "NoCacheRows",
     "PackRows",
     "check_sft_config",
     "check_training_arguments",
+    "packed_dataset",
     "sft_config",
     "sft_data",
     "trainer_data",
