@@ -36,18 +36,8 @@ from nemo_automodel.components.datasets.vlm.neat_packing_vlm import MEDIA_KEYS, 
 
 from neva_pack.formats import open_packed
 from neva_pack.integrations.automodel import collate, packed_dataset
-from tests.llamafactory_workload import ENCODERS, build
+from tests.llamafactory_workload import ENCODERS, QWEN2_VL_TEMPLATE, build
 
-QWEN2_VL_TEMPLATE = (
-    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}<|im_start|>system\n"
-    "You are a helpful assistant.<|im_end|>\n{% endif %}<|im_start|>{{ message['role'] }}\n"
-    "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n{% else %}"
-    "{% for content in message['content'] %}{% if content['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
-    "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-"""Qwen2-VL's chat template (ChatML, the default system block, an image as its three tokens) for the stand-in
-tokenizer, which has none; Qwen3-VL's is its released one (tests/golden/qwen3_vl/chat_template.jinja)."""
 
 out = build(root, case, "compact")
 shipped = json.loads((repo / "neva_pack" / "families" / "shipped" / (ENCODERS[case][0].replace("/", "__") + ".json")).read_text())
