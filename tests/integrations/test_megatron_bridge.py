@@ -4,7 +4,8 @@ tests/golden/megatron_bridge/qwen2_5_vl.npz was made by running Megatron Bridge'
 source at 067f987d, README there) with in-batch packing on the sample records, batched in our plan's
 grouping: one packed THD row per pack, which it found equal to ``BridgeVLMPacks.collate_fn`` of the same
 pack (and of two consecutive packs), and to the train dataset of ``PackedVLMDatasetProvider`` as Bridge's
-``DatasetProvider`` contract builds it. Here, without Bridge: our rows are its rows, key by key.
+``DatasetProvider`` contract builds it. Here, without Bridge: our rows are its rows, key by key, read
+from a compact and from an energon output of the same records.
 """
 
 import dataclasses
@@ -23,13 +24,13 @@ from tests.llamafactory_workload import build, media_first
 GOLDEN = SAMPLE_DATA.parent / "tests" / "golden" / "megatron_bridge"
 
 
-@pytest.fixture(scope="module")
-def case(tmp_path_factory):
-    """Our compact output of the records Bridge's encoder renders as we do, Bridge's rows of it, and a
-    ``visual_inputs`` class with the fields of Bridge's ``GenericVisualInputs``."""
+@pytest.fixture(scope="module", params=["compact", "energon"])
+def case(request, tmp_path_factory):
+    """Our output (compact, energon) of the records Bridge's encoder renders as we do, Bridge's rows of
+    them, and a ``visual_inputs`` class with the fields of Bridge's ``GenericVisualInputs``."""
     golden = np.load(GOLDEN / "qwen2_5_vl.npz")
     visual = dataclasses.make_dataclass("VisualInputs", [(name, object, None) for name in golden["visual_fields"].tolist()])
-    return build(tmp_path_factory.mktemp("bridge"), "qwen2_5_vl", "compact", keep=media_first), golden, visual
+    return build(tmp_path_factory.mktemp(request.param), "qwen2_5_vl", request.param, keep=media_first), golden, visual
 
 
 def golden_batch(golden, p: int) -> dict:
