@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from neva_pack.reading import PackedSeqDataset
+from neva_pack.reading import PackedSamples, PackedSeqDataset
 
 __all__ = ["BRIDGE_IGNORE_INDEX", "BridgeVLMPacks", "bridge_vlm_batch", "bridge_vlm_packs", "check_seq_length"]
 
@@ -101,9 +101,9 @@ class BridgeVLMPacks(Dataset):
 
     def row_lengths(self) -> np.ndarray:
         """int64: the positions of each pack's Bridge row (the pack's, plus one per sample)."""
-        table = self.packs._reader.plan_table()
-        sizes = np.diff(table.offsets)
-        return np.add.reduceat(table.padded_length, table.offsets[:-1]) + sizes  # a pack is never empty
+        samples = PackedSamples(self.packs)
+        sizes = np.diff(samples.offsets)
+        return np.add.reduceat(samples.lengths, samples.offsets[:-1]) + sizes  # a pack is never empty
 
     def collate_fn(self, items: list[dict]) -> dict:
         """The ``vlm_step`` batch of a micro-batch of packs (module docstring)."""
