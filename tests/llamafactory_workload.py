@@ -19,6 +19,17 @@ ENCODERS = {"qwen2_5_vl": ("Qwen/Qwen2.5-VL-7B-Instruct", "qwen2_vl"), "qwen3_vl
 """Golden case -> (--hf_vision_encoder, --conv_template); LLaMA-Factory's template of the same name."""
 MAX_SEQ_LENGTH = 1024
 MAX_PIXELS = 768 * 768
+QWEN2_VL_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}<|im_start|>system\n"
+    "You are a helpful assistant.<|im_end|>\n{% endif %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n{% else %}"
+    "{% for content in message['content'] %}{% if content['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+"""Qwen2-VL's chat template (ChatML, the default system block, an image as its three tokens) for the stand-in
+tokenizer, which has none (the
+automodel and megatron_bridge golden drivers give it to their processors); Qwen3-VL's is its released one (tests/golden/qwen3_vl/chat_template.jinja)."""
 
 
 def records() -> list[dict]:
@@ -28,10 +39,19 @@ def records() -> list[dict]:
     return [r for r in rows if len(r["conversations"]) % 2 == 0 and r.get("image") != "logo.png"]
 
 
-def build(root: Path, case: str = "qwen2_5_vl", output_format: str = "llamafactory", max_pixels: int | None = MAX_PIXELS) -> Path:
+def media_first(record: dict) -> bool:
+    """No image, or one opening the first turn (``<image>\\n...``): where Bridge's encoder puts a sample's
+    media (all of them first, then the turn's text: two images of one turn render otherwise than ours)."""
+    count = sum(turn["value"].count("<image>") for turn in record["conversations"])
+    return count == 0 or (count == 1 and record["conversations"][0]["value"].startswith("<image>\n"))
+
+
+def build(root: Path, case: str = "qwen2_5_vl", output_format: str = "llamafactory", max_pixels: int | None = MAX_PIXELS,
+          keep=None) -> Path:
     """``root``/tok (tokenizer), ``root``/data.json (LLaVA records), ``root``/lf_data.json (the same in
     LLaMA-Factory's sharegpt layout, ``images`` a list), ``root``/out (our output, in ``output_format``).
-    ``max_pixels`` None: the encoder's own bound. Returns ``root``/out."""
+    ``max_pixels`` None: the encoder's own bound; ``keep(record)``: which records to use (default all).
+    Returns ``root``/out."""
     from neva_pack.cli import main
 
     encoder, template = ENCODERS[case]
@@ -41,7 +61,7 @@ def build(root: Path, case: str = "qwen2_5_vl", output_format: str = "llamafacto
     shutil.copy(TOKENIZER, tok / "tokenizer.json")
     (tok / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
                                                            "tokenizer_class": "Qwen2Tokenizer"}))  # fmt: skip
-    rows = records()
+    rows = [r for r in records() if keep is None or keep(r)]
     (root / "data.json").write_text(json.dumps(rows))
     lf_rows = [{"conversations": r["conversations"],
                 "images": [] if "image" not in r else [r["image"]] if isinstance(r["image"], str) else r["image"]} for r in rows]  # fmt: skip

@@ -1,0 +1,102 @@
+"""Megatron Bridge's ``vlm_step`` batches from our packs, against Bridge's own Qwen-VL task encoder.
+
+tests/golden/megatron_bridge/qwen2_5_vl.npz was made by running Megatron Bridge's ``QwenVLTaskEncoder`` (its
+source at 067f987d, README there) with in-batch packing on the sample records, batched in our plan's
+grouping: one packed THD row per pack, which it found equal to ``BridgeVLMPacks.collate_fn`` of the same
+pack (and of two consecutive packs), and to the train dataset of ``PackedVLMDatasetProvider`` as Bridge's
+``DatasetProvider`` contract builds it. Here, without Bridge: our rows are its rows, key by key, read
+from a compact and from an energon output of the same records.
+"""
+
+import dataclasses
+import hashlib
+import types
+
+import numpy as np
+import pytest
+import torch
+
+from neva_pack.families import FAMILIES
+from neva_pack.integrations import BRIDGE_IGNORE_INDEX, BridgeVLMPacks, bridge_vlm_packs, check_seq_length
+from tests.conftest import SAMPLE_DATA
+from tests.llamafactory_workload import build, media_first
+
+GOLDEN = SAMPLE_DATA.parent / "tests" / "golden" / "megatron_bridge"
+
+
+@pytest.fixture(scope="module", params=["compact", "energon"])
+def case(request, tmp_path_factory):
+    """Our output (compact, energon) of the records Bridge's encoder renders as we do, Bridge's rows of
+    them, and a ``visual_inputs`` class with the fields of Bridge's ``GenericVisualInputs``."""
+    golden = np.load(GOLDEN / "qwen2_5_vl.npz")
+    visual = dataclasses.make_dataclass("VisualInputs", [(name, object, None) for name in golden["visual_fields"].tolist()])
+    return build(tmp_path_factory.mktemp(request.param), "qwen2_5_vl", request.param, keep=media_first), golden, visual
+
+
+def golden_batch(golden, p: int) -> dict:
+    prefix = f"batch{p}_"
+    return {name[len(prefix) :]: golden[name] for name in golden.files if name.startswith(prefix)}
+
+
+@pytest.mark.slow
+def test_rows_are_bridges_own_in_batch_packed_rows(case):
+    out, golden, visual = case
+    packs = bridge_vlm_packs(out, visual_inputs=visual)
+    assert len(packs) == sum(name.endswith("_total_tokens") for name in golden.files) > 1
+    for p in range(len(packs)):
+        mine, theirs = packs.collate_fn([packs[p]]), golden_batch(golden, p)
+        assert {key for key, value in mine.items() if value is not None} == {
+            key for key in theirs if not key.startswith(("visual_", "pixel_values"))} | {"visual_inputs"}  # fmt: skip
+        for key in ("input_ids", "labels", "position_ids", "cu_seqlens_q", "cu_seqlens_kv"):
+            assert mine[key].dtype == torch.from_numpy(theirs[key]).dtype and mine[key].numpy().tolist() == theirs[key].tolist(), (p, key)
+        assert mine["loss_mask"].dtype == torch.float32 and mine["loss_mask"].numpy().tolist() == theirs["loss_mask"].tolist()
+        assert int(mine["max_seqlen_q"]) == int(mine["max_seqlen_kv"]) == int(theirs["max_seqlen_q"]) and mine["max_seqlen_q"].dim() == 0
+        assert mine["total_tokens"] == int(theirs["total_tokens"]) == packs.row_lengths()[p]
+        assert mine["visual_inputs"].image_grid_thw.numpy().tolist() == theirs["visual_image_grid_thw"].tolist()
+        pixels = mine["visual_inputs"].pixel_values.to(torch.float32).numpy()
+        assert list(pixels.shape) == theirs["pixel_values_shape"].tolist()
+        assert hashlib.sha256(pixels.tobytes()).hexdigest() == str(theirs["pixel_values_sha256"])
+        assert (mine["labels"][0, mine["cu_seqlens_q"][1:].long() - 1] == BRIDGE_IGNORE_INDEX).all()  # no sample scores its last id
+    check_seq_length(packs, int(packs.row_lengths().max()))
+    with pytest.raises(ValueError, match=r"^rows of 1 pack\(s\) reach \d+ positions [^\n]*$"):
+        check_seq_length(packs, int(packs.row_lengths().max()) - 1)
+
+
+class _Packs:
+    """What ``BridgeVLMPacks`` reads of a dataset before its first batch: its family, meta and first item."""
+
+    def __init__(self, family, positions=None, pad_to_multiple_of=1):
+        self.processor, self.prefix = family, "out"
+        self.meta = types.SimpleNamespace(pad_to_multiple_of=pad_to_multiple_of, ignore_index=-1, pad_id=0)
+        self.first = {"position_ids": torch.zeros((3, 4)) if positions is None else positions}
+
+    def __len__(self):
+        return 1
+
+    def __getitem__(self, p):
+        return self.first
+
+
+VISUAL = dataclasses.make_dataclass("VisualInputs", [(name, object, None) for name in ("pixel_values", "image_grid_thw", "image_sizes",
+                                                                                      "image_position_ids", "mm_token_type_ids")])  # fmt: skip
+
+
+def test_fixed_crops_and_aligned_samples_are_refused_in_one_line():
+    with pytest.raises(ValueError, match=r"^out: an output of fixed crops[^\n]*$"):
+        BridgeVLMPacks(_Packs(None), VISUAL)
+    with pytest.raises(ValueError, match=r"^out: samples padded to a multiple of 8[^\n]*$"):
+        BridgeVLMPacks(_Packs(FAMILIES["native"], pad_to_multiple_of=8), VISUAL)
+
+
+@pytest.mark.parametrize("family", sorted(set(FAMILIES) - {"fixed"}))
+def test_a_family_bridge_cannot_train_packed_is_refused_in_one_line(family):
+    """Taken: a family whose model inputs Bridge's visual inputs carry, attending causally, with position
+    rows the model computes from its grids (the native family, golden-tested above); every other refused."""
+    cls = FAMILIES[family]
+    rows = family == "native"  # the positions its items carry: rows, or 1-D
+    packs = _Packs(cls, positions=torch.zeros((3, 4)) if rows else torch.zeros(4))
+    if family == "native":
+        assert BridgeVLMPacks(packs, VISUAL).fields >= set(cls.batch_keys)
+    else:
+        with pytest.raises(ValueError, match=r"^out: [^\n]*Megatron Bridge[^\n]*$"):
+            BridgeVLMPacks(packs, VISUAL)
