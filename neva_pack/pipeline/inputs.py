@@ -7,9 +7,9 @@ and nothing is published.
 
     --data_path          xxh3-128 of the file's bytes (exact: an edit in place with size and mtime
                          put back is caught)
-    --image_folder       a .tar: its member table as the archive's headers give it (each member's
-                         name, type, size, mtime, data offset, link target), so a rebuilt or edited
-                         archive differs; no byte of image data is read. A directory: each regular
+    --image_folder       a .tar: every member's header block as the archive holds it (name, type,
+                         size, mtime, mode, owner, link target; long-name and pax records too), in
+                         order, so a rebuilt or edited archive differs; no byte of image data is read. A directory: each regular
                          file's relative name, size and mtime (one stat per file, no image read).
                          Both are cheap next to decoding the images, and stable across mount points
                          and copies that keep mtimes (rsync -a, cp -p). Not caught: image bytes
@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import tarfile
 from pathlib import Path
 
 from neva_pack.config import SampleConfig
@@ -136,12 +135,30 @@ def image_folder_digest(folder: Path | None) -> str | None:
 
 
 def _tar_digest(path: Path) -> str:
+    """Every member header block as the archive holds it (and the data of the blocks that extend a
+    header: long names, pax records), the members' data skipped: one read per member."""
+    import xxhash
+
+    digest = xxhash.xxh3_128()
     try:
-        with tarfile.open(path, "r:") as archive:
-            table = [[m.name, m.type.decode("latin-1"), m.size, m.mtime, m.offset_data, m.linkname] for m in archive]
-    except (tarfile.TarError, OSError) as exc:
+        with open(path, "rb") as f:
+            while len(header := f.read(BLOCK)) == BLOCK and header != bytes(BLOCK):
+                digest.update(header)
+                field = header[124:136]
+                size = int.from_bytes(field[1:], "big") if field[0] & 0x80 else int(field.strip(b"\0 ") or b"0", 8)
+                blocks = -(-size // BLOCK) * BLOCK
+                if header[156:157] in EXTENDED_HEADERS:
+                    digest.update(f.read(blocks))
+                else:
+                    f.seek(blocks, os.SEEK_CUR)
+    except (OSError, ValueError) as exc:
         raise InputError(f"--image_folder {path}: unreadable tar archive ({exc})") from None
-    return text_digest(json.dumps(table))
+    return digest.hexdigest()
+
+
+BLOCK = 512
+EXTENDED_HEADERS = (b"L", b"K", b"x", b"g")
+"""Tar members whose data belongs to the next header (GNU long names and links, pax records)."""
 
 
 _DIGESTS = {
