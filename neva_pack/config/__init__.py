@@ -21,11 +21,11 @@ from typing import Iterator
 
 from neva_pack.config.hparams import NEMO_SECTION_KEYS, read_hparams as _read_yaml
 from neva_pack.config.options import (
-    GROUPS, NEMO, OURS, Option, as_field_value, base_type, default_of, flag_of, help_of, options
+    GROUPS, NEMO, OURS, Option, as_field_value, base_type, build, default_of, flag_of, help_of, options, value_of
 )
 from neva_pack.config.pack import MAX_SEED, PackConfig
 from neva_pack.config.run import RunConfig, default_workers, max_workers
-from neva_pack.config.sample import IMAGE_ASPECT_RATIOS, SampleConfig
+from neva_pack.config.sample import IMAGE_ASPECT_RATIOS, RecordBudgets, SampleConfig
 from neva_pack.core import ConfigError
 from neva_pack.formats import FORMATS
 
@@ -108,7 +108,7 @@ class PreprocessConfig:
         derived = {"max_seq_length": size, "pad_to_multiple_of": self.pack.alignment,
                    "step_cost_model": self.pack.step_cost_model if self.pack.balance_data_parallel else None}  # fmt: skip
         return {
-            spec.name: derived.get(spec.name, getattr(part, spec.name))
+            spec.name: derived.get(spec.name, value_of(part, spec.name))
             for part in (self.pack, self.sample)
             for spec, opt in options(part)
             if opt.written_as is not None
@@ -127,7 +127,7 @@ def _parts_of(settings: dict) -> dict:
         if part is None:
             raise TypeError(f"PreprocessConfig: unknown setting {name!r}")
         routed[part][name] = as_field_value(spec, value)
-    return {part: PARTS[part](**values) for part, values in routed.items()}
+    return {part: build(PARTS[part], values) for part, values in routed.items()}
 
 
 def _collect_fields() -> dict[str, tuple[str, dataclasses.Field]]:
@@ -144,7 +144,7 @@ _FIELDS = _collect_fields()
 
 
 def _read_through(part: str, name: str) -> property:
-    return property(lambda self: getattr(getattr(self, part), name), doc=f"``{part}.{name}``")
+    return property(lambda self: value_of(getattr(self, part), name), doc=f"``{part}.{name}``")
 
 
 for _name, (_part, _) in _FIELDS.items():
@@ -187,6 +187,7 @@ __all__ = [
     "PARTS",
     "PackConfig",
     "PreprocessConfig",
+    "RecordBudgets",
     "RunConfig",
     "SampleConfig",
     "as_field_value",

@@ -67,10 +67,50 @@ def option(default: Any = dataclasses.MISSING, *, default_factory: Any = datacla
     return dataclasses.field(default=default, default_factory=default_factory, metadata={"option": Option(**spec)})
 
 
+def nested(cls: type) -> Any:
+    """A dataclass field holding a group of settings, itself a config of option fields (the record
+    budgets): each of its settings is one of the outer config's, by its own name and flag."""
+    return dataclasses.field(default_factory=cls, metadata={"nested": cls})
+
+
 def options(cls_or_instance) -> Iterator[tuple[dataclasses.Field, Option]]:
-    """Each field of a config with its Option, in declaration order."""
+    """Each setting of a config with its Option, in declaration order (a nested group's in its place)."""
     for spec in dataclasses.fields(cls_or_instance):
-        yield spec, spec.metadata["option"]
+        group = spec.metadata.get("nested")
+        if group is not None:
+            yield from options(group)
+        else:
+            yield spec, spec.metadata["option"]
+
+
+def value_of(config, name: str) -> Any:
+    """The value of setting ``name`` of a config instance, also one of a nested group."""
+    for spec in dataclasses.fields(config):
+        if spec.name == name:
+            return getattr(config, name)
+        group = spec.metadata.get("nested")
+        if group is not None and any(inner.name == name for inner, _ in options(group)):
+            return value_of(getattr(config, spec.name), name)
+    raise AttributeError(f"{type(config).__name__} has no setting {name!r}")
+
+
+def build(cls: type, values: dict) -> Any:
+    """``cls`` made from settings by name: a nested group's settings gathered into its own config (or
+    the group given whole, by its field's name)."""
+    direct = {}
+    for spec in dataclasses.fields(cls):
+        group = spec.metadata.get("nested")
+        if group is None or spec.name in values:
+            if spec.name in values:
+                direct[spec.name] = values[spec.name]
+            continue
+        inner = {s.name: values[s.name] for s, _ in options(group) if s.name in values}
+        if inner:
+            direct[spec.name] = build(group, inner)
+    unknown = sorted(set(values) - set(direct) - {s.name for s, _ in options(cls)})
+    if unknown:
+        raise TypeError(f"{cls.__name__}: unknown setting {unknown[0]!r}")
+    return cls(**direct)
 
 
 def default_of(spec: dataclasses.Field) -> Any:
@@ -136,7 +176,7 @@ def check_fields(config) -> None:
     """ConfigError naming the flag, the value and what it must be, for the first field whose value
     has the wrong type, is not one of its choices, or is out of its range."""
     for spec, opt in options(config):
-        value = getattr(config, spec.name)
+        value = value_of(config, spec.name)
         if value is None and base_type(spec) != spec.type:
             continue
         if is_remote(value) and not opt.remote:
@@ -167,6 +207,6 @@ def as_field_value(spec: dataclasses.Field, value: Any) -> Any:
 
 
 __all__ = [
-    "BUDGETS", "GROUPS", "NEMO", "OURS", "TRAINING", "Option", "as_field_value", "base_type", "check_fields",
-    "default_of", "flag_of", "help_of", "hparams_key", "option", "options", "setting_name",
+    "BUDGETS", "GROUPS", "NEMO", "OURS", "TRAINING", "Option", "as_field_value", "base_type", "build", "check_fields",
+    "default_of", "flag_of", "help_of", "hparams_key", "nested", "option", "options", "setting_name", "value_of",
 ]  # fmt: skip

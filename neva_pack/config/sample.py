@@ -4,20 +4,13 @@ compares them (``fingerprint``) before continuing one."""
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from neva_pack.config.options import BUDGETS, NEMO, check_fields, option, options
+from neva_pack.config.budgets import RecordBudgets
+from neva_pack.config.options import NEMO, check_fields, nested, option, options, value_of
 from neva_pack.core import ConfigError, IGNORE_INDEX, VERSION
-from neva_pack.families import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGE_DECODE_SECONDS, DEFAULT_MAX_IMAGE_PIXELS, IMAGE_REFERENCES
-from neva_pack.records import (
-    DEFAULT_MAX_CONVERSATION_CHARS,
-    DEFAULT_MAX_IMAGES_PER_RECORD,
-    DEFAULT_MAX_RECORD_BYTES,
-    DEFAULT_MAX_RECORD_DEPTH,
-    MAX_RECORD_DEPTH_LIMIT,
-)
+from neva_pack.families import IMAGE_REFERENCES
 from neva_pack.text import DEFAULT_TOKENIZATION, TOKENIZATIONS
 from neva_pack.files import is_remote
 
@@ -117,52 +110,16 @@ class SampleConfig:
     """Families offering a choice (``ModelFamily.references``): the reference their image sizes, token
     counts and pixels follow; None: the Hugging Face processor. Recorded with the output (its image
     processor's ``arithmetic``)."""
-    # --- per-record budgets and confinement: what one record may cost ---
-    max_record_bytes: int = option(
-        DEFAULT_MAX_RECORD_BYTES, group=BUDGETS, minimum=1, fingerprint="budgets",
-        help=f"bytes of one record's JSON text (default {DEFAULT_MAX_RECORD_BYTES >> 20} MiB)",
-    )  # fmt: skip
-    """Bytes of one record's JSON text; a longer record is skipped unparsed (record_too_large)."""
-    max_record_depth: int = option(
-        DEFAULT_MAX_RECORD_DEPTH, group=BUDGETS, minimum=1, fingerprint="budgets",
-        help=f"nesting levels of one record (default {{default}}, at most {MAX_RECORD_DEPTH_LIMIT})",
-    )  # fmt: skip
-    """Nesting levels of one record; a deeper record is skipped unparsed (record_too_deep)."""
-    max_conversation_chars: int = option(
-        DEFAULT_MAX_CONVERSATION_CHARS, group=BUDGETS, minimum=1, fingerprint="budgets",
-        help=f"characters of one conversation's text (default {DEFAULT_MAX_CONVERSATION_CHARS:,})",
-    )  # fmt: skip
-    """Characters of one conversation's text; more is skipped before tokenizing (conversation_too_long)."""
-    max_image_bytes: int = option(
-        DEFAULT_MAX_IMAGE_BYTES, group=BUDGETS, minimum=1, fingerprint="budgets",
-        help=f"bytes of one image file (default {DEFAULT_MAX_IMAGE_BYTES >> 20} MiB)",
-    )  # fmt: skip
-    """Bytes read from one image file; a larger file is skipped unread (image_too_large)."""
-    max_image_pixels: int = option(
-        DEFAULT_MAX_IMAGE_PIXELS, group=BUDGETS, minimum=1, fingerprint="budgets",
-        help=f"pixels of one image as decoded, padded or resized (default {DEFAULT_MAX_IMAGE_PIXELS:,})",
-    )  # fmt: skip
-    """Pixels of one image as decoded, padded or resized, checked before each (image_too_large)."""
-    allow_outside_image_folder: bool = option(
-        False, group=BUDGETS, fingerprint="budgets",
-        help="accept absolute image paths, '..' and symlinks that lead out of --image_folder",
-    )  # fmt: skip
-    """Accept absolute image names, '..' and symlinks leading out of image_folder."""
-    max_image_decode_seconds: float = option(
-        DEFAULT_MAX_IMAGE_DECODE_SECONDS, group=BUDGETS, fingerprint="budgets",
-        help="CPU seconds to decode one image; a slower one is stopped and skipped as image_too_slow (default {default})",
-    )  # fmt: skip
-    """CPU seconds to decode one image; a slower decode is stopped and skipped (image_too_slow)."""
-    max_images_per_record: int = option(
-        DEFAULT_MAX_IMAGES_PER_RECORD, group=BUDGETS, minimum=1, fingerprint="budgets",
-        help=f"images of one record, checked before any is read (default {DEFAULT_MAX_IMAGES_PER_RECORD:,})",
-    )  # fmt: skip
-    """Images (and <image> placeholders) of one record; more is skipped before any is read (too_many_images)."""
+    budgets: RecordBudgets = nested(RecordBudgets)
+    """What one record may cost, and where its images may be (config/budgets.py): each a flag of its own
+    (--max_record_bytes, ...), in the fingerprint's ``budgets`` list in their order."""
     crop_size: tuple[int, int] | None = option(None, help=None, hparams=(*ENCODER, "crop_size"), fingerprint="")
     """Expected (H, W) from a NeMo config; must agree with the encoder's processor (a check: the
     encoder, which decides the pixels, is in the fingerprint)."""
 
     def __post_init__(self):
+        if not isinstance(self.budgets, RecordBudgets):
+            raise ConfigError(f"budgets {self.budgets!r:.60}: expected a RecordBudgets, got {type(self.budgets).__name__}")
         check_fields(self)
         if is_remote(self.data_path):
             pass  # copied into the staging directory when a run starts (pipeline/staging.py), or refused then
@@ -173,26 +130,19 @@ class SampleConfig:
             raise ConfigError(f"--tokenizer_path {self.tokenizer_path}: no such file or directory")
         if self.image_folder is not None and not is_remote(self.image_folder) and not self.image_folder.exists():
             raise ConfigError(f"--image_folder {self.image_folder}: no such directory or archive")
-        if not 0 < self.max_image_decode_seconds < float("inf"):
-            raise ConfigError(f"--max_image_decode_seconds {self.max_image_decode_seconds}: must be a number above 0")
-        if self.max_record_depth > MAX_RECORD_DEPTH_LIMIT:
-            raise ConfigError(
-                f"--max_record_depth {self.max_record_depth}: at most {MAX_RECORD_DEPTH_LIMIT} (the JSON parser recurses per level)"
-            )
 
     def fingerprint(self, cut_length: int) -> dict:
-        """Everything that decides the samples, as the sample store records it: ``asdict(self)`` in
-        field order, paths resolved (the data file with its size and mtime), fields sharing a key
+        """Everything that decides the samples, as the sample store records it: every setting in
+        field order (a nested group's, such as the budgets, in its place), paths resolved (the data file with its size and mtime), fields sharing a key
         (``Option.fingerprint``) gathered in one list, the length samples are cut to before
         ``truncate``, and this package's version. A resumed run must match it exactly."""
-        values = dataclasses.asdict(self)
         out: dict = {}
         for spec, opt in options(self):
-            if opt.fingerprint == "" or (opt.fingerprint_when_set and values[spec.name] is None):
+            value = value_of(self, spec.name)
+            if opt.fingerprint == "" or (opt.fingerprint_when_set and value is None):
                 continue
             if spec.name == "truncate":
                 out["max_seq_length"] = cut_length
-            value = values[spec.name]
             if isinstance(value, Path):
                 value = str(value.resolve())
             if opt.fingerprint is not None:
@@ -213,4 +163,4 @@ class SampleConfig:
         return names[:1] + ("data_size", "data_mtime_ns") + names[1:]
 
 
-__all__ = ["IMAGE_ASPECT_RATIOS", "SampleConfig"]
+__all__ = ["IMAGE_ASPECT_RATIOS", "RecordBudgets", "SampleConfig"]

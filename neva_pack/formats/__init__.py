@@ -13,7 +13,7 @@ from pathlib import Path
 
 from neva_pack.core import ConfigError, InputError
 from neva_pack.formats import bridge, bridge_parquet, compact, energon, llamafactory, nemo
-from neva_pack.formats.base import Checkpoint, PackReader, PackWriter, PackedFormat, PrefixFiles, WriteSpec
+from neva_pack.formats.base import Checkpoint, PackReader, PackWriter, PackedFormat, PrefixFiles, WriteSpec, pending_meta_path
 from neva_pack.formats.meta import (
     Counts, ImageTokenIds, META_VERSION, Normalisation, PackedMeta, PackingSettings, ReadPack, checksum_problems,
     meta_checksum_ok, read_meta, read_meta_json
@@ -167,6 +167,7 @@ __all__ = [
     "pack_index",
     "prefix_without_meta",
     "read_meta",
+    "pending_meta_path",
     "read_meta_json",
     "read_without_meta",
     "resolve_prefixes",

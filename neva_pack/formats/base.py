@@ -23,6 +23,7 @@ the temporary prefix, the writer's checkpoint) and the helpers below (``WriteSpe
 
 from __future__ import annotations
 
+import json
 import os
 import zipfile
 from collections.abc import Iterable, Sequence
@@ -33,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 from neva_pack.files import (
-    TMP_SUFFIX, checkpoint_paths, file_checksum, meta_path, prefix_file, relative_name, tmp_prefix, write_json_atomic
+    TMP_SUFFIX, checkpoint_paths, file_checksum, meta_path, prefix_file, relative_name, tmp_prefix
 )
 from neva_pack.core import ConfigError, ImageRun, InputError
 from neva_pack.formats.meta import Normalisation, PackedMeta, ReadPack
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Checkpoint", "Limits", "PackReader", "PackWriter", "PackedFormat", "PrefixFiles", "Problems", "WriteSpec",
-    "meta_is_of", "prefix_files", "publish",
+    "meta_is_of", "pending_meta_path", "prefix_files", "publish", "published_as",
 ]  # fmt: skip
 
 MIN_PACK = 2
@@ -215,8 +216,7 @@ def prefix_files(prefix: Path, suffixes: Sequence[str], plan_table_suffix: str) 
     return PrefixFiles(
         final=(meta, *(prefix_file(prefix, suffix) for suffix in suffixes)),
         plan_table=prefix_file(prefix, plan_table_suffix),
-        temporary=(*(prefix_file(tmp, suffix) for suffix in suffixes), checkpoint, staging,
-                   meta.with_name(meta.name + TMP_SUFFIX)),  # fmt: skip
+        temporary=(*(prefix_file(tmp, suffix) for suffix in suffixes), checkpoint, staging, pending_meta_path(prefix)),
         checkpoint=checkpoint,
     )
 
@@ -342,6 +342,11 @@ def publish(
 ) -> PackedMeta:  # fmt: skip
     """Checksum, rename the temporary files into place, write the meta last. Returns the meta written.
 
+    Crash-safe at every step: the meta is first written under its temporary name (``pending_meta_path``),
+    then the files are renamed, then the meta is renamed into place. A run killed before the last
+    rename has published nothing (no meta); the files already renamed stay recognisably the format's
+    own by the pending meta, so that --resume (or --overwrite) replaces them.
+
     ``renames``: final path -> temporary path; ``checksummed``: other files the output consists of;
     ``known``: (temporary or other) path -> checksum computed while it was written (not read again).
     """
@@ -349,8 +354,27 @@ def publish(
     known = known or {}
     checksums = {relative_name(output_dir, final): known.get(tmp) or file_checksum(tmp) for final, tmp in renames.items()}
     checksums.update({relative_name(output_dir, path): known.get(path) or file_checksum(path) for path in checksummed})
+    meta = meta.replace(checksums=checksums)
+    pending = pending_meta_path(prefix)
+    with open(pending, "w", encoding="utf-8") as f:  # first, durably: what the renames below are of
+        f.write(json.dumps(meta.to_json(), indent=2) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
     for final, tmp in renames.items():
         os.replace(tmp, final)
-    meta = meta.replace(checksums=checksums)
-    write_json_atomic(meta_path(prefix), meta.to_json())
+    os.replace(pending, meta_path(prefix))
     return meta
+
+
+def pending_meta_path(prefix: Path) -> Path:
+    """Where ``publish`` writes the meta before it renames the files into place (its temporary name,
+    among every format's temporaries): while it is there, the final files beside it are the format's
+    own (``published_as``), so that a run killed between two renames resumes, or is overwritten."""
+    meta = meta_path(prefix)
+    return meta.with_name(meta.name + TMP_SUFFIX)
+
+
+def published_as(prefix: Path, name: str) -> bool:
+    """Whether ``prefix`` is published, or being published, as format ``name``: its meta, or the meta
+    its publish wrote before renaming the files into place, says so (unchecked)."""
+    return meta_is_of(meta_path(prefix), name) or meta_is_of(pending_meta_path(prefix), name)

@@ -40,7 +40,7 @@ from typing import Protocol
 import numpy as np
 
 from neva_pack.core import InputError, parsing
-from neva_pack.formats.base import Checkpoint, Limits, PrefixFiles, WriteSpec, meta_is_of, publish
+from neva_pack.formats.base import Checkpoint, Limits, PrefixFiles, WriteSpec, publish, published_as
 from neva_pack.formats.meta import PackedMeta, ReadPack, read_meta
 from neva_pack.files import OutputFile, open_output, regular_output
 from neva_pack.packing import PlanTable, read_plan_table, real_positions, with_padding, write_plan_table
@@ -464,7 +464,7 @@ class BridgeFormat:
             files = self.files(prefix)
             if path in files.temporary:
                 return True
-            if path in files.final and meta_is_of(meta_path(prefix), self.name):
+            if path in files.final and published_as(prefix, self.name):
                 return True
         return False
 

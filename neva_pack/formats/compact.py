@@ -48,7 +48,7 @@ from pathlib import Path
 import numpy as np
 
 from neva_pack.core import InputError, parsing
-from neva_pack.formats.base import Checkpoint, Limits, PrefixFiles, WriteSpec, meta_is_of, prefix_files, publish
+from neva_pack.formats.base import Checkpoint, Limits, PrefixFiles, WriteSpec, prefix_files, publish, published_as
 from neva_pack.formats.meta import PackedMeta, ReadPack, read_meta
 from neva_pack.files import OutputFile, meta_path, prefix_file, regular_output, relative_name
 from neva_pack.packing import PlanTable, with_padding
@@ -479,7 +479,7 @@ class CompactFormat:
         if path in files.temporary:
             return True  # its temporary names
         if path in files.final:  # the meta, or a file the compact meta beside it describes
-            return meta_is_of(meta_path(prefix), NAME)
+            return published_as(prefix, NAME)
         return False
 
     # the contract's writer(prefix, spec, resume), reader(prefix, meta), prepare(packs, spec) and

@@ -70,7 +70,7 @@ from pathlib import Path
 import numpy as np
 
 from neva_pack.core import StoredImage, parsing
-from neva_pack.formats.base import Checkpoint, Limits, PrefixFiles, WriteSpec, meta_is_of, normalised_stack, prefix_files, publish
+from neva_pack.formats.base import Checkpoint, Limits, PrefixFiles, WriteSpec, normalised_stack, prefix_files, publish, published_as
 from neva_pack.formats.energon_samples import (
     DYNAMIC_MEMBERS, IMAGE_LENGTHS_MEMBER, IMAGE_REFS_MEMBER, IMAGES_MEMBER, MEMBERS, carried_members, decode, fetch_from, image_key,
     pack_index, sample_fields,
@@ -319,6 +319,7 @@ class Writer:
         checksums = {name: file_checksum(self.directory / name) for name in shards}
         content = uuid.UUID(bytes=hashlib.sha256(json.dumps(checksums, sort_keys=True).encode()).digest()[:16], version=4)
         loader = SAMPLE_LOADER.format(members="DYNAMIC_MEMBERS" if self.dynamic else "MEMBERS")
+        _remove(self.directory / META_DIR)  # a publish killed while it wrote them left part of them (index.sqlite)
         write_nv_meta(self.directory / META_DIR, index, content, {"dataset.yaml": DATASET_YAML, "sample_loader.py": loader})
         tmp_plan = prefix_file(self._checkpoint.tmp, PLAN_SUFFIX)
         write_plan_table(tmp_plan, plan)
@@ -456,7 +457,7 @@ class EnergonFormat:
             return (path.is_dir() and (path / META_DIR / ".info.json").is_file()
                     and all(entry.name == META_DIR or entry.name.startswith("shard_") for entry in path.iterdir()))  # fmt: skip
         if path in files.final:
-            return path.is_file() and meta_is_of(meta_path(prefix), NAME)
+            return path.is_file() and published_as(prefix, NAME)
         return False
 
     # the contract's writer(prefix, spec, resume), reader(prefix, meta), prepare(packs, spec) and

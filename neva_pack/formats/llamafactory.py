@@ -61,7 +61,7 @@ import numpy as np
 
 from neva_pack.core import ConfigError, StoredImage, parsing
 from neva_pack.files import file_checksum, meta_path, prefix_file, relative_name
-from neva_pack.formats.base import Checkpoint, Limits, PrefixFiles, WriteSpec, meta_is_of, normalised_stack, prefix_files, publish
+from neva_pack.formats.base import Checkpoint, Limits, PrefixFiles, WriteSpec, normalised_stack, prefix_files, publish, published_as
 from neva_pack.formats.meta import PackedMeta, ReadPack, read_meta
 from neva_pack.packing import PlanTable, padded_view, read_plan_table
 
@@ -472,7 +472,7 @@ class LlamaFactoryFormat:
         if path == dataset_path(prefix):  # by its content: exactly what load_from_disk reads
             return path.is_dir() and {entry.name for entry in path.iterdir()} == set(DATASET_FILES)
         if path in files.final:
-            return path.is_file() and meta_is_of(meta_path(prefix), NAME)
+            return path.is_file() and published_as(prefix, NAME)
         return False
 
     writer = staticmethod(Writer)

@@ -34,7 +34,7 @@ from neva_pack.files import (
     meta_path, packed_prefix, plan_path, read_index, regular_output
 )
 from neva_pack.core import InputError
-from neva_pack.formats.base import Checkpoint, Limits, PrefixFiles, WriteSpec, meta_is_of, prefix_files, publish
+from neva_pack.formats.base import Checkpoint, Limits, PrefixFiles, WriteSpec, meta_is_of, prefix_files, publish, published_as
 from neva_pack.formats.common import megatron as _megatron
 from neva_pack.formats.meta import PackedMeta, ReadPack, read_meta
 from neva_pack.packing import PlanTable, padded_view, read_plan_table, write_plan_table
@@ -459,8 +459,8 @@ class NemoFormat:
             return meta_is_of(path, NAME)
         if path == idx_path(prefix):
             return is_index(path)
-        if path == bin_path(prefix):
-            return is_index(idx_path(prefix))
+        if path == bin_path(prefix):  # its index beside it, or (killed between the renames) the meta being published
+            return is_index(idx_path(prefix)) or published_as(prefix, NAME)
         if path == plan_path(prefix):
             return _is_zip(path)
         return False

@@ -1,6 +1,7 @@
 """preprocess(config): the stages wired together, each with a progress bar.
 
     ownership.py   the output directory locked, what is in it checked (--resume / --overwrite)
+    inputs.py      each input's content digest: compared by --resume, and again before each publish
     encode.py      records --DataLoader workers--> StoredBatch messages --> sample store segments
                    (committed at checkpoints), the skip fraction checked as records are read
     parts.py       a sharded run: one shard's part encoded, or the final step joining every part
@@ -41,13 +42,14 @@ from neva_pack.pipeline.doomed import images_not_held_error, refuse_doomed_run
 from neva_pack.pipeline.encode import encode_samples, record_stops, records_per_message, store_images
 from neva_pack.pipeline.ownership import LOCK_FILE, OutputLock, entries, owned_outputs, prepare_output_dir, remove
 from neva_pack.pipeline.pack import balance, better_algorithm, pack_kept
-from neva_pack.pipeline.parts import content_fingerprint, encode_part, input_digest, join_parts
+from neva_pack.pipeline.inputs import INPUTS_KEY, check_resumed_inputs, check_unchanged, input_digests
+from neva_pack.pipeline.parts import content_fingerprint, encode_part, join_parts
 from neva_pack.pipeline.report import packed_meta, run_report
 from neva_pack.pipeline.skipped import size_skip_details, too_many_skipped, write_run_skipped, write_size_skipped
 from neva_pack.pipeline.write import drop_store, plan_digest, remove_stale_tmp, resumed_prefix, write_packs
 from neva_pack.records import IMAGES_NOT_HELD, OVER_IMAGE_BUDGET, RecordIndex, index_records, record_ids
 from neva_pack.commands import RunReport
-from neva_pack.sample_store import SampleStore
+from neva_pack.sample_store import PROGRESS_FILE, SampleStore, read_progress
 from neva_pack.samples import SampleBuilder
 
 from neva_pack.pipeline.plan_input import DECODE_SKIPS_NOTE, laid_out_lengths, lengths_from_input
@@ -81,11 +83,12 @@ def preprocess(config: PreprocessConfig, progress: bool = True) -> RunResult:
     builder = build_sample_builder(config)
     refuse_doomed_run(config.sample.data_path, builder, config.pack.output_format, config.sample.hf_vision_encoder)
     run = config.run
+    inputs = input_digests(config.sample)  # what a resume, and the check before each publish, compare
     if run.num_shards is not None and run.shard_index is not None:
-        note = encode_part(config.sample, run, builder, progress, resume_fingerprint=config.sample_fingerprint())
+        note = encode_part(config.sample, run, builder, progress, resume_fingerprint=config.sample_fingerprint(), inputs=inputs)
         return RunResult(reports={}, exit_code=0, notes=(note,))
     with prepare_output_dir(run, _inputs(config.sample), keep_store=run.num_shards is not None) as lock:
-        return _run(config, builder, lock.path.parent, progress, started)
+        return _run(config, builder, lock.path.parent, progress, started, inputs)
 
 
 def run_shard(config: PreprocessConfig, index: int, num_shards: int, progress: bool = True) -> RunResult:
@@ -120,12 +123,15 @@ def _inputs(sample: SampleConfig) -> dict[str, Path | None]:
     return {"data_path": sample.data_path, "image_folder": sample.image_folder, "tokenizer_path": sample.tokenizer_path}
 
 
-def _run(config: PreprocessConfig, builder: SampleBuilder, output_dir: Path, progress: bool, started) -> RunResult:
+def _run(
+    config: PreprocessConfig, builder: SampleBuilder, output_dir: Path, progress: bool, started, inputs: dict
+) -> RunResult:  # fmt: skip
     """Every stage, while the output directory's lock is held. With --num_shards (and no
     --shard_index) this is the final step of a sharded run: the parts are checked and joined
-    into the sample store instead of encoding, and the rest is the same."""
+    into the sample store instead of encoding, and the rest is the same. ``inputs``: the digests
+    of the inputs when the run started (``pipeline/inputs.py``)."""
     sample, run, sizes = config.sample, config.run, config.pack.sizes
-    digest = input_digest(sample.data_path)
+    digest = inputs["data_path"]
     store_directory = paths.store_dir(output_dir)
     if run.resume and not store_directory.exists():
         published = _published({size: config.write_settings(size) for size in sizes}, output_dir, digest, sample.data_path)
@@ -135,10 +141,12 @@ def _run(config: PreprocessConfig, builder: SampleBuilder, output_dir: Path, pro
     total = index.count
     resume_fingerprint = config.sample_fingerprint()
     if run.num_shards is None:
+        if run.resume and (store_directory / PROGRESS_FILE).is_file():
+            check_resumed_inputs(store_directory, read_progress(store_directory), inputs)
         encode_samples(sample, run, builder, store_directory, output_dir, index, progress, input_digest=digest,
-                       fingerprint=resume_fingerprint)  # fmt: skip
+                       fingerprint=resume_fingerprint, extra={INPUTS_KEY: inputs})  # fmt: skip
     else:
-        fingerprint = content_fingerprint(sample, builder, total, resume_fingerprint, digest)
+        fingerprint = content_fingerprint(sample, builder, total, resume_fingerprint, inputs)
         images = store_images(sample, builder)
         join_parts(
             store_directory, run.num_shards, total, fingerprint, images.image_shape, resume_fingerprint,
@@ -160,7 +168,7 @@ def _run(config: PreprocessConfig, builder: SampleBuilder, output_dir: Path, pro
         )
     reports = {}
     for size in sizes:
-        reports[size] = _write_prefix(config, builder, store, index, size, output_dir, progress, started, digest)
+        reports[size] = _write_prefix(config, builder, store, index, size, output_dir, progress, started, inputs)
     if run.drop_store:
         drop_store(output_dir, [paths.packed_prefix(output_dir, size if len(sizes) > 1 else None) for size in sizes])
     return _result(reports, run.strict)
@@ -190,12 +198,14 @@ def _published(settings: dict[int, dict], output_dir: Path, digest: str, data_pa
 
 def _write_prefix(
     config: PreprocessConfig, builder, store, index: RecordIndex, size: int, output_dir: Path, progress: bool, started,
-    digest: str,
+    inputs: dict,
 ) -> RunReport:  # fmt: skip
     """Pack the store for one pack size and publish its prefix (skipped when --resume finds it complete):
     the wiring of one size's stages (pack, assemble and write, report, meta), each given its part of
-    the config."""
+    the config. Right before publishing, every input must still hold what it held when the run
+    started (``inputs``): one that changed while the run read it is refused, nothing published."""
     sample, settings, run = config.sample, config.pack, config.run
+    digest = inputs["data_path"]
     total = index.count
     named_size = size if len(settings.sizes) > 1 else None
     prefix = paths.packed_prefix(output_dir, named_size)
@@ -249,6 +259,7 @@ def _write_prefix(
     ids = record_ids(sample.data_path, every_own, builder.record_limits, index) if len(every_own) else {}
     details = size_skip_details(size, settings.max_images_per_pack, settings.max_image_tokens_per_pack)
     write_size_skipped(output_dir / paths.SKIPPED_FILE, skipped_file, own_records, ids, details)
+    check_unchanged(sample, inputs, prefix.name)
     paths.write_json_atomic(stats_file, report.to_json())
     writer.publish(
         PlanTable.of(rows, plan, multiple),

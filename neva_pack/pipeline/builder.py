@@ -35,8 +35,9 @@ def sample_builder_for(sample: SampleConfig, pack: PackConfig, *, strict: bool =
     preprocessor, image_run = _family_images(sample, pack.sizes, strict, tokenizer, template, encoder, fmt)
     fmt.check_settings(vocab_size=tokenizer.vocab_size)
     check_token_ids(image_run, tokenizer.vocab_size, pad_id=pack.pad_id, ignore_index=sample.ignore_index)
+    budgets = sample.budgets
     image_source = ImageSource(
-        sample.image_folder, max_bytes=sample.max_image_bytes, allow_outside=sample.allow_outside_image_folder
+        sample.image_folder, max_bytes=budgets.max_image_bytes, allow_outside=budgets.allow_outside_image_folder
     )
     return SampleBuilder(
         tokenizer=tokenizer,
@@ -49,11 +50,11 @@ def sample_builder_for(sample: SampleConfig, pack: PackConfig, *, strict: bool =
         ignore_index=sample.ignore_index,
         system_prompt=sample.system_prompt,
         tokenization=sample.tokenization,
-        record_limits=RecordLimits(max_bytes=sample.max_record_bytes, max_depth=sample.max_record_depth),
-        max_conversation_chars=sample.max_conversation_chars,
-        max_image_pixels=sample.max_image_pixels,
-        max_image_decode_seconds=sample.max_image_decode_seconds,
-        max_images_per_record=sample.max_images_per_record,
+        record_limits=RecordLimits(max_bytes=budgets.max_record_bytes, max_depth=budgets.max_record_depth),
+        max_conversation_chars=budgets.max_conversation_chars,
+        max_image_pixels=budgets.max_image_pixels,
+        max_image_decode_seconds=budgets.max_image_decode_seconds,
+        max_images_per_record=budgets.max_images_per_record,
         text_only=not fmt.holds_images,
     )
 
@@ -66,7 +67,7 @@ def _family_images(
     (only outputs that hold such images)."""
     options = FamilyOptions(
         aspect_ratio=sample.image_aspect_ratio,
-        max_image_pixels=sample.max_image_pixels,
+        max_image_pixels=sample.budgets.max_image_pixels,
         crop_size=None if sample.crop_size is None else tuple(sample.crop_size),
         use_im_start_end=sample.use_im_start_end,
         tokenization=sample.tokenization,

@@ -12,8 +12,8 @@ own part of the store; a final step checks the parts and joins them into the sam
 
 The content fingerprint names what decides the samples by content, never by absolute path or
 mtime (nodes mount the same files at different places): hashes of the data file, the tokenizer
-files and the template, the encoder's settings, and every other sample setting (those of the
-resume fingerprint). The image folder is identified by the records that name its files, not hashed.
+files and the template, the image folder's member table or file list (pipeline/inputs.py), the
+encoder's settings, and every other sample setting (those of the resume fingerprint).
 
 Each part dedups its images within itself; the join drops the images an earlier part already
 holds (sample_store.join_part), so the joined pool is the one a run without shards builds.
@@ -30,6 +30,7 @@ from pathlib import Path
 from neva_pack.config import RunConfig, SampleConfig
 from neva_pack.core import ConfigError, InputError
 from neva_pack.pipeline.encode import encode_samples, records_per_message, store_images
+from neva_pack.pipeline.inputs import text_digest
 from neva_pack.pipeline.ownership import LOCK_FILE, is_part_file, lock_holder, prepare_part_dir
 from neva_pack.pipeline.shard_status import resubmit_lines
 from neva_pack.records import index_records, shard_range
@@ -72,12 +73,13 @@ class Partition:
 
 
 def encode_part(
-    sample: SampleConfig, run: RunConfig, builder: SampleBuilder, progress: bool, *, resume_fingerprint: dict
+    sample: SampleConfig, run: RunConfig, builder: SampleBuilder, progress: bool, *, resume_fingerprint: dict,
+    inputs: dict[str, str | None],
 ) -> str:  # fmt: skip
     """--num_shards N --shard_index i: encode shard i's record range into its own part of the sample
     store; --resume / --overwrite touch only that part. ``resume_fingerprint``: the run's sample
     fingerprint (``PreprocessConfig.sample_fingerprint``), of which the part records the content
-    version. Returns the line that tells the user what next."""
+    version (``inputs``: the run's ``input_digests``). Returns the line that tells the user what next."""
     output_dir = Path(run.output_dir)
     if output_dir.exists() and not output_dir.is_dir():
         raise ConfigError(f"--output_dir {output_dir}: exists and is not a directory")
@@ -92,7 +94,7 @@ def encode_part(
             total_records=total,
             first_record=first,
             end_record=end,
-            fingerprint=content_fingerprint(sample, builder, total, resume_fingerprint),
+            fingerprint=content_fingerprint(sample, builder, total, resume_fingerprint, inputs),
         )
         extra = {"partition": partition.to_json()}
         encode_samples(sample, run, builder, part, part, index, progress, first=first, end=end, extra=extra,
@@ -104,18 +106,18 @@ def encode_part(
 
 
 def content_fingerprint(
-    sample: SampleConfig, builder, total_records: int, resume_fingerprint: dict, data_digest: str | None = None
+    sample: SampleConfig, builder, total_records: int, resume_fingerprint: dict, inputs: dict[str, str | None]
 ) -> dict:  # fmt: skip
     """What decides the samples, by content (no absolute path, no mtime): the resume fingerprint
     (``PreprocessConfig.sample_fingerprint``) with its locations and names replaced by content digests
-    (``data_digest``: the input's ``input_digest`` where the caller has it already)."""
+    (``inputs``: the run's ``input_digests``, computed when it started)."""
     locations = set(sample.location_keys())
-    template = {k: v for k, v in dataclasses.asdict(builder.template).items() if k != "name"}
     return {
-        "data": input_digest(sample.data_path) if data_digest is None else data_digest,
+        "data": inputs["data_path"],
         "records": total_records,
-        "tokenizer": _tokenizer_digest(Path(sample.tokenizer_path)),
-        "template": _text_digest(json.dumps(template, sort_keys=True, default=str)),
+        "tokenizer": inputs["tokenizer_path"],
+        "template": inputs["conv_template"],
+        "image_folder": inputs["image_folder"],
         "encoder": _encoder_digest(sample, builder),
         "image_ids": [builder.image_run.patch_id, builder.image_run.start_id, builder.image_run.end_id],
         "image_positions": builder.image_run.positions,
@@ -128,9 +130,9 @@ def _encoder_digest(sample: SampleConfig, builder) -> str:
     record (``images.processor_record``: encoder settings plus the pixel bounds and arithmetic it resolved)."""
     images = store_images(sample, builder)
     if images.image_processor is not None:
-        return _text_digest(json.dumps(images.image_processor, sort_keys=True))
+        return text_digest(json.dumps(images.image_processor, sort_keys=True))
     encoder = builder.preprocessor.encoder
-    return _text_digest(json.dumps([encoder.processor, encoder.preprocessor_config, encoder.patch_size], sort_keys=True))
+    return text_digest(json.dumps([encoder.processor, encoder.preprocessor_config, encoder.patch_size], sort_keys=True))
 
 
 def join_parts(
@@ -289,23 +291,3 @@ def input_digest(data_path) -> str:
     """The input records file's content digest: what a resume and ``verify --data_path`` compare, so
     that an input edited in place (same size, mtime put back) is never taken for the one packed."""
     return file_checksum(Path(data_path))
-
-
-def _file_digest(path: Path) -> str:
-    return file_checksum(path)
-
-
-def _text_digest(text: str) -> str:
-    import xxhash
-
-    return xxhash.xxh3_128_hexdigest(text.encode("utf-8"))
-
-
-def _tokenizer_digest(path: Path) -> str:
-    """By content: a single file's bytes (not its name: the same .model copied under another name is
-    the same tokenizer); a directory's files by their names inside it (tokenizer.json, ...) and bytes."""
-    if not path.is_dir():
-        return _file_digest(path)
-    files = sorted(p for p in path.iterdir() if p.is_file())
-    return _text_digest(json.dumps([[p.name, _file_digest(p)] for p in files]))
-

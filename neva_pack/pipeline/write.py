@@ -14,7 +14,7 @@ from tqdm import tqdm
 from neva_pack.files import paths
 from neva_pack.config import meta_fields
 from neva_pack.core import InputError, OutputError
-from neva_pack.formats import Checkpoint, read_meta_json, temporary_files
+from neva_pack.formats import Checkpoint, pending_meta_path, read_meta_json, temporary_files
 from neva_pack.packing import PackingPlan
 from neva_pack.assembly import PackJob, pack_batches
 from neva_pack.commands import RunReport, read_report, verify
@@ -43,7 +43,7 @@ def resumed_prefix(prefix: Path, stats_file: Path, settings: dict, digest: str, 
     was not), once its meta -- or, unfinished, the writer's checkpoint -- shows that it was written with
     these settings; otherwise ConfigError naming the setting (nothing is touched). A published prefix
     must also have been packed from this input's content (``digest``, where its report records one):
-    InputError otherwise."""
+    InputError otherwise. A published prefix's temporaries left by a run killed after its meta are removed."""
     meta_file = paths.meta_path(prefix)
     if meta_file.is_file() and stats_file.is_file():
         report = read_report(stats_file)
@@ -56,6 +56,7 @@ def resumed_prefix(prefix: Path, stats_file: Path, settings: dict, digest: str, 
         recorded = None if report.balance is None else report.balance.step_cost_model  # None: unbalanced, or a report from before it
         stored["step_cost_model"] = settings["step_cost_model"] if recorded is None else recorded
         check_settings(stored, {key: settings[key] for key in stored})
+        remove_stale_tmp(prefix, "")  # a run killed after its meta, before removing its checkpoint, left them
         return report
     saved = Checkpoint(prefix, "").saved_digest()
     try:
@@ -70,12 +71,16 @@ def resumed_prefix(prefix: Path, stats_file: Path, settings: dict, digest: str, 
 def remove_stale_tmp(prefix: Path, digest: str) -> None:
     """Before a writer starts: unless the checkpoint beside the prefix is this plan's (which the writer
     continues), every temporary file there is a leftover of another run -- maybe of the other format,
-    whose writer would never touch it -- and goes, so that none outlives the publish."""
+    whose writer would never touch it -- and goes, so that none outlives the publish. The meta a
+    publish killed between its renames left pending stays while no meta is published: it keeps the
+    files already renamed recognisably ours if this run is killed too (the next publish replaces it)."""
     checkpoint = Checkpoint(prefix, digest)
     if checkpoint.saved_digest() == digest:
         leftovers = [checkpoint.staging]
     else:
         leftovers = temporary_files(prefix)
+    if not paths.meta_path(prefix).exists():  # a publish killed between its renames: the files it renamed stay
+        leftovers = [path for path in leftovers if path != pending_meta_path(prefix)]  # ours by it until the next
     for path in leftovers:  # a format may write a directory under a temporary name
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from neva_pack.config import (
-    NEMO, NEMO_SECTION_KEYS, PARTS, PackConfig, PreprocessConfig, RunConfig, SampleConfig, flag_of, hparams_keys,
-    meta_fields, settings
+    NEMO, NEMO_SECTION_KEYS, PARTS, PackConfig, PreprocessConfig, RecordBudgets, RunConfig, SampleConfig, flag_of, hparams_keys,
+    meta_fields, options, settings
 )
 from neva_pack.core import ConfigError
 from neva_pack.cli import preprocess_parser
@@ -59,8 +59,10 @@ def test_field_names_are_unique_across_the_parts_and_read_through(required):
     assert len(names) == len(set(names)) == len(PreprocessConfig.field_names())
     config = PreprocessConfig(**required, seed=3, strict=True, tokenization="llava")
     for part in PARTS:
-        for spec in dataclasses.fields(getattr(config, part)):
-            assert getattr(config, spec.name) == getattr(getattr(config, part), spec.name)
+        holder = getattr(config, part)
+        for spec, _ in options(PARTS[part]):  # a budget reads through the sample part's group
+            owner = holder if spec.name in {f.name for f in dataclasses.fields(holder)} else holder.budgets
+            assert getattr(config, spec.name) == getattr(owner, spec.name)
     assert (config.seed, config.strict, config.tokenization) == (3, True, "llava")
 
 
@@ -105,8 +107,9 @@ def test_pack_sizes_derive_the_sizes_and_overwrite_nothing(required):
 @pytest.mark.parametrize("part", sorted(PARTS))
 def test_a_part_holds_exactly_the_values_it_was_given(required, part):
     config = PreprocessConfig(**required, pack_sizes=[512, 256], crop_size=[336, 336], num_workers=0)
-    values = dataclasses.asdict(getattr(config, part))
-    assert dataclasses.asdict(PARTS[part](**values)) == values
+    given = getattr(config, part)
+    values = {spec.name: getattr(given, spec.name) for spec in dataclasses.fields(given)}
+    assert PARTS[part](**values) == given
 
 
 def test_the_sample_fingerprint_is_the_sample_part(required):
@@ -117,7 +120,7 @@ def test_the_sample_fingerprint_is_the_sample_part(required):
     assert list(fingerprint) == STORED_FINGERPRINT_KEYS  # the default format holds images: no text_only key
     text_only = PreprocessConfig(**required, output_format="bridge").sample_fingerprint()
     assert list(text_only) == STORED_FINGERPRINT_KEYS + ["text_only"] and text_only["text_only"] is True
-    sample = dataclasses.asdict(config.sample)
+    sample = {spec.name: getattr(config, spec.name) for spec, _ in options(SampleConfig)}  # the budgets' among them
     gathered = {}
     for spec, opt in settings():
         if spec.name not in sample or opt.fingerprint == "" or (opt.fingerprint_when_set and sample[spec.name] is None):
@@ -130,6 +133,8 @@ def test_the_sample_fingerprint_is_the_sample_part(required):
             assert fingerprint[spec.name] == sample[spec.name], spec.name
     assert gathered == {key: fingerprint[key] for key in gathered}
     assert fingerprint["image_ids"] == [5, None, None] and fingerprint["budgets"][1] == 9
+    # the budgets' list as the layout before their group (RecordBudgets) recorded it, in that order
+    assert fingerprint["budgets"] == [8 << 20, 9, 1_000_000, 64 << 20, 36_000_000, False, 5.0, 1000]
     left_out = {spec.name for spec, opt in settings() if opt.fingerprint == "" and spec.name in sample}
     assert left_out == {"crop_size"}  # checked against the encoder, which is in the fingerprint
     when_set = {spec.name for spec, opt in settings() if opt.fingerprint_when_set}
@@ -162,7 +167,8 @@ def test_every_writing_setting_changes_the_settings(required):
 def test_parts_separate_the_concerns():
     assert {spec.name for spec in dataclasses.fields(RunConfig)} >= {"output_dir", "num_workers", "resume", "num_shards"}
     assert {"seed", "pad_id", "output_format", "pack_sizes"} <= {spec.name for spec in dataclasses.fields(PackConfig)}
-    assert {"tokenizer_path", "conv_template", "max_image_bytes"} <= {spec.name for spec in dataclasses.fields(SampleConfig)}
+    assert {"tokenizer_path", "conv_template", "budgets"} <= {spec.name for spec in dataclasses.fields(SampleConfig)}
+    assert {"max_record_bytes", "max_image_bytes", "allow_outside_image_folder"} <= {spec.name for spec in dataclasses.fields(RecordBudgets)}
 
 
 def test_settings_by_name_build_the_same_config_as_the_parts(required, tmp_path):

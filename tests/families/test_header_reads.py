@@ -13,7 +13,7 @@ import tarfile
 import numpy as np
 import pytest
 
-from neva_pack.config import PackConfig, SampleConfig
+from neva_pack.config import PackConfig, RecordBudgets, SampleConfig
 from neva_pack.families import ImageSource, dynamic_image_run, dynamic_processor, header_size, resolve_encoder
 from neva_pack.pipeline import sample_builder_for
 from neva_pack.records import RecordError, iter_raw_records
@@ -87,7 +87,7 @@ def records(path, names: list[str]):
 def fixed_builder(images, tmp_path) -> SampleBuilder:
     sample = SampleConfig(
         data_path=tmp_path / "data.json", image_folder=images, tokenizer_path=SAMPLE_DATA / "tokenizer.model",
-        conv_template="nvgpt", max_image_bytes=3 << 20,
+        conv_template="nvgpt", budgets=RecordBudgets(max_image_bytes=3 << 20),
     )  # fmt: skip
     return sample_builder_for(sample, PackConfig(max_seq_length=4096))
 
