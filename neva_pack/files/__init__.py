@@ -1,6 +1,7 @@
 """Files written durably and read back, for the sample store and the output formats alike:
 Megatron-Core's IndexedDataset (.bin/.idx), an output file that checksums what it writes, and
-write-behind. Neither the store nor a format owns them, so neither imports the other for them."""
+write-behind. Neither the store nor a format owns them, so neither imports the other for them.
+Untrusted files are read here too: settings, and video container headers (video_header)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from neva_pack.files.indexed import BIN_SUFFIX, DTYPE_CODES, IDX_SUFFIX, Indexed
 from neva_pack.files.output_file import OutputFile
 from neva_pack.files.paths import LOCK_FILE, META_SUFFIX, PACKED_NAME, PLAN_SUFFIX, TMP_SUFFIX, checkpoint_paths, meta_path, pack_size_of, packed_prefix, packed_prefixes, plan_path, prefix_file, relative_name, skipped_path, stats_path, store_dir, tmp_prefix, write_json_atomic
 from neva_pack.files.untrusted import ANY_SIZE, FileRefused, MAX_OUTPUT_JSON_BYTES, MAX_OUTPUT_TABLE_BYTES, MAX_SETTINGS_BYTES, compression_of, open_file, open_output, open_regular, parse_yaml, read_bytes, read_json, read_text, read_yaml, regular_file_bytes, regular_output
+from neva_pack.files.video_header import MAX_VIDEO_FRAMES, MAX_VIDEO_HEADER_BYTES, MAX_VIDEO_PIXELS, VIDEO_HEADER_REASONS, VideoHeader, VideoHeaderError, read_video_header, read_video_header_at, read_video_header_file
 from neva_pack.files.write_behind import WriteBehind
 
 
@@ -33,11 +35,17 @@ __all__ = [
     "MAX_OUTPUT_JSON_BYTES",
     "MAX_OUTPUT_TABLE_BYTES",
     "MAX_SETTINGS_BYTES",
+    "MAX_VIDEO_FRAMES",
+    "MAX_VIDEO_HEADER_BYTES",
+    "MAX_VIDEO_PIXELS",
     "META_SUFFIX",
     "OutputFile",
     "PACKED_NAME",
     "PLAN_SUFFIX",
     "TMP_SUFFIX",
+    "VIDEO_HEADER_REASONS",
+    "VideoHeader",
+    "VideoHeaderError",
     "WriteBehind",
     "bin_path",
     "checkpoint_paths",
@@ -61,6 +69,9 @@ __all__ = [
     "read_index",
     "read_json",
     "read_text",
+    "read_video_header",
+    "read_video_header_at",
+    "read_video_header_file",
     "read_yaml",
     "regular_file_bytes",
     "regular_output",
