@@ -9,6 +9,10 @@ A plan, which decodes nothing, reads each file's header only (``header_size_of``
 OneVision counts and stores the images of a sample of several images differently (no tiles: one
 square image, base features + one newline), so an image's count depends on how many images its
 sample keeps: ``counted`` is told.
+
+A video clip is planned the same way from its container's header (frame count, fps, size: files'
+``read_video_header``, nothing decoded): the family chooses its frames, their size and its run of ids
+(``ModelFamily.plan_video``); only the clips kept are decoded, once, and only their chosen frames.
 """
 
 from __future__ import annotations
@@ -16,10 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from neva_pack.families import (
-    DEFAULT_MAX_IMAGE_DECODE_SECONDS, DEFAULT_MAX_IMAGE_PIXELS, ImageSource, ModelFamily, StoredImage,
-    check_decoded_size, decode_image, header_size, too_many_pixels
+    DEFAULT_MAX_IMAGE_DECODE_SECONDS, DEFAULT_MAX_IMAGE_PIXELS, ImageSource, ModelFamily, StoredImage, VideoPlan,
+    check_decoded_size, decode_frames, decode_image, header_size, too_many_pixels
 )
-from neva_pack.records import RecordError
+from neva_pack.files import VideoHeaderError, read_video_header
+from neva_pack.records import VIDEOS_NOT_READ, RecordError
 
 __all__ = ["HeaderImage", "HeaderImages", "header_size_of"]
 
@@ -52,6 +57,8 @@ class HeaderImage:
     """Image features in the language model (the run's patch ids)."""
     multi_image: bool
     """Counted as one of several images of its sample (OneVision)."""
+    video: VideoPlan | None = None
+    """A video clip's plan (its frames, size and run of ids); None for a still image."""
 
 
 class HeaderImages:
@@ -63,19 +70,26 @@ class HeaderImages:
         image_source: ImageSource,
         max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
         max_image_decode_seconds: float = DEFAULT_MAX_IMAGE_DECODE_SECONDS,
+        tokenizer=None,
     ):
+        """``tokenizer``: what spells a video clip's run (its timestamp text, where the model has one)."""
+        self.tokenizer = tokenizer
         self.processor = processor
         self.image_source = image_source
         self.max_image_pixels = max_image_pixels
         self.max_image_decode_seconds = max_image_decode_seconds
         self._has_multi_image = processor.counts_images_per_sample
 
-    def read(self, names: tuple[str, ...] | list[str], header_only: bool = False) -> list[HeaderImage]:
+    def read(self, names: tuple[str, ...] | list[str], header_only: bool = False, video_slots=()) -> list[HeaderImage]:
         """Each image's bytes and header size, checked against the pixel budget, and its count (no
-        decode); ``header_only``: the header's bytes only, for a plan (the image cannot be loaded)."""
+        decode); ``header_only``: the header's bytes only, for a plan (the image cannot be loaded).
+        ``video_slots``: which of ``names`` are video clips (``_video``)."""
         multi_image = self._has_multi_image and len(names) > 1
         images = []
-        for name in names:
+        for k, name in enumerate(names):
+            if k in video_slots:
+                images.append(self._video(name, header_only))
+                continue
             if header_only:
                 data, size = None, header_size_of(self.image_source, name)
             else:
@@ -86,6 +100,8 @@ class HeaderImages:
 
     def counted(self, image: HeaderImage, multi_image: bool) -> HeaderImage:
         """The image counted as one of several (or as its sample's only image)."""
+        if image.video is not None:
+            return image
         multi_image = self._has_multi_image and multi_image
         return image if multi_image == image.multi_image else self._counted(image.name, image.data, image.size, multi_image)
 
@@ -104,17 +120,46 @@ class HeaderImages:
             raise RecordError("image_too_large", too_many_pixels(name, what, pixels, self.max_image_pixels))
         return HeaderImage(name=name, data=data, size=size, tokens=tokens, multi_image=multi_image)
 
+    def _video(self, name: str, header_only: bool) -> HeaderImage:
+        """A clip's header read and planned by the family: skipped when the family reads no video, the
+        header is refused (its own reason), it announces frames a decode would not give, the clip is
+        one the reference refuses, or a resized frame exceeds the pixel budget."""
+        if not self.processor.takes_videos:
+            raise RecordError(VIDEOS_NOT_READ, f"{name}: a video clip, and {self.processor.models} (as this run reads it) reads none")
+        data = self.image_source.read(name)
+        try:
+            header = read_video_header(data, max_pixels=self.max_image_pixels)
+        except VideoHeaderError as exc:
+            raise RecordError(exc.reason, f"{name}: {exc}") from None
+        if header.frames_disagree:
+            raise RecordError("video_frames_mismatch", f"{name}: its header declares {header.frame_count} frames, "
+                                                       f"a decoder presents {header.presented_frames}")  # fmt: skip
+        try:
+            plan = self.processor.plan_video(header.frame_count, header.fps, header.width, header.height, self.tokenizer)
+        except ValueError as exc:
+            raise RecordError("unreadable_video", f"{name}: {exc}") from None
+        if plan.size[0] * plan.size[1] > self.max_image_pixels:
+            raise RecordError("image_too_large", too_many_pixels(name, "a frame resized", plan.size[0] * plan.size[1], self.max_image_pixels))
+        return HeaderImage(name=name, data=None if header_only else data, size=(header.width, header.height), tokens=plan.tokens,
+                           multi_image=False, video=plan)  # fmt: skip
+
     def load(self, image: HeaderImage) -> StoredImage:
         """Decode the image's bytes (decode_image's budgets), check the size against the header's, and
-        make its stored uint8 parts."""
+        make its stored uint8 parts; a clip's chosen frames decoded and resized (``decode_frames``)."""
         if image.data is None:
             raise ValueError(f"{image.name}: read for its header only, it cannot be decoded")
+        if image.video is not None:
+            plan = image.video
+            frames = decode_frames(image.data, plan.indices, plan.size, name=image.name, max_seconds=self.max_image_decode_seconds)
+            return self.processor.video_to_stored(frames, plan, image.size)
         decoded = decode_image(image.data, image.name, self.max_image_pixels, self.max_image_decode_seconds)
         check_decoded_size(decoded, image.size, image.name)
         options = {"multi_image": True} if image.multi_image else {}
         return self.processor.to_uint8(decoded, **options)
 
     def vision_cost(self, image: HeaderImage) -> int:
-        """The vision encoder's cost of the image (patches² per encoder pass)."""
+        """The vision encoder's cost of the image (patches² per encoder pass; a clip's, summed over its passes)."""
+        if image.video is not None:
+            return image.video.cost
         options = {"multi_image": True} if image.multi_image else {}
         return self.processor.vision_cost_for_size(*image.size, **options)
