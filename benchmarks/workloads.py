@@ -135,3 +135,48 @@ def text_workload(path: Path, records: int, seed: int = 0, vocabulary: int | Non
             f.write(",\n" if i + 1 < records else "\n")
         f.write("]\n")
     return path
+
+
+def small_image_workload(directory: Path, records: int, images: int = 4000, image_share: float = 0.65, seed: int = 0) -> dict:
+    """Write directory/records.json and directory/images/ (``images`` distinct small JPEGs, 64 to
+    320 pixels a side, smooth gradients plus noise so they compress like photos): a scale workload
+    where text dominates and images are many and cheap: ``image_share`` of the records with images
+    (one of them in twelve with two), 1-3 turns. Returns the paths for the CLI flags."""
+    import numpy as np
+    from PIL import Image
+
+    directory = Path(directory)
+    folder = directory / "images"
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    pixels = np.random.default_rng(seed)
+    names = []
+    for i in range(images):
+        height, width = rng.randint(64, 320), rng.randint(64, 320)
+        y, x = np.mgrid[0:height, 0:width]
+        base = np.stack([(x * 255 // width), (y * 255 // height), ((x + y) * 127 // (width + height))], axis=-1)
+        noisy = np.clip(base + pixels.integers(-12, 13, size=base.shape), 0, 255).astype(np.uint8)
+        name = f"{i:06d}.jpg"
+        Image.fromarray(noisy).save(folder / name, quality=85)
+        names.append(name)
+    data = directory / "records.json"
+    with open(data, "w", encoding="utf-8") as f:
+        f.write("[\n")
+        for i in range(records):
+            roll = rng.random()
+            two = roll >= 1 - image_share / 12
+            record_images = [] if roll < 1 - image_share else rng.sample(names, 2) if two else [rng.choice(names)]
+            turns = []
+            for t in range(rng.choice((1, 1, 2, 3))):
+                question = _sentence(rng, rng.randint(5, 16))
+                if t == 0 and record_images:
+                    question = "".join("<image>\n" for _ in record_images) + question
+                turns.append({"from": "human", "value": question})
+                turns.append({"from": "gpt", "value": _answer(rng, (1, 4))})
+            record = {"id": f"s-{i}", "conversations": turns}
+            if record_images:
+                record["image"] = record_images[0] if len(record_images) == 1 else record_images
+            f.write(json.dumps(record, ensure_ascii=False))
+            f.write(",\n" if i + 1 < records else "\n")
+        f.write("]\n")
+    return {"data_path": data, "image_folder": folder}

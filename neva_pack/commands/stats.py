@@ -277,20 +277,42 @@ def _visual_lines(visual: VisualStats) -> list[str]:
     ]
 
 
+LOG_SCALE_FROM = 100
+"""The lengths panel counts on a log scale only when its tallest bar reaches this many samples: below
+it every count is a small integer, read best on a linear axis with integer ticks."""
+
+
 def plot(arrays: PackingArrays, path: Path, title: str) -> None:
     """One figure, three panels: sample lengths, pack fill (capacity marked), samples per pack."""
+    import matplotlib.pyplot as plt
+
+    fig = stats_figure(arrays, title)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def stats_figure(arrays: PackingArrays, title: str):
+    """The figure ``plot`` saves. Readable at any count: a log axis only where counts span decades
+    (LOG_SCALE_FROM), then with every bar of one sample still drawn (the axis starts below 1) and
+    plain numbers as tick labels; integer ticks wherever a count is shown."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import MaxNLocator, ScalarFormatter
 
     fig, (lengths_ax, fill_ax, count_ax) = plt.subplots(1, 3, figsize=(15, 4.5), constrained_layout=True)
     fig.suptitle(title)
-    lengths_ax.hist(arrays.lengths, bins=min(100, max(10, len(np.unique(arrays.lengths)))), color="#4c72b0")
-    lengths_ax.set_yscale("log")
+    counts, _, _ = lengths_ax.hist(arrays.lengths, bins=min(100, max(10, len(np.unique(arrays.lengths)))), color="#4c72b0")
+    if counts.max(initial=0) >= LOG_SCALE_FROM:
+        lengths_ax.set_yscale("log")
+        lengths_ax.set_ylim(bottom=0.7)
+        lengths_ax.yaxis.set_major_formatter(ScalarFormatter())
+        lengths_ax.set_ylabel("samples (log scale)")
+    else:
+        lengths_ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        lengths_ax.set_ylabel("samples")
     lengths_ax.set_xlabel("sample length (positions: text + image)")
-    lengths_ax.set_ylabel("samples (log scale)")
     lengths_ax.set_title(f"{len(arrays.lengths):,} samples")
     fill_ax.hist(arrays.pack_loads, bins=60, color="#55a868", range=(0, arrays.capacity))
     fill_ax.axvline(arrays.capacity, color="#c44e52", linestyle="--", label=f"capacity {arrays.capacity:,}")
@@ -300,15 +322,15 @@ def plot(arrays: PackingArrays, path: Path, title: str) -> None:
     fill_ax.set_title(f"{arrays.num_packs:,} packs, {100 * efficiency:.2f}% full")
     fill_ax.legend(loc="upper left")
     per_pack = arrays.samples_per_pack
-    edges = np.arange(per_pack.min(initial=0), per_pack.max(initial=0) + 2) - 0.5
-    count_ax.hist(per_pack, bins=edges, color="#8172b2")
+    low, high = (int(per_pack.min()), int(per_pack.max())) if len(per_pack) else (0, 0)
+    edges = np.arange(low, high + 2) - 0.5
+    count_ax.hist(per_pack, bins=edges, color="#8172b2", edgecolor="white")
     count_ax.set_xlabel("samples per pack (n)")
     count_ax.set_ylabel("packs")
     count_ax.set_title(f"n = {per_pack.mean() if len(per_pack) else 0:.2f} on average")
     for axis in (fill_ax.yaxis, count_ax.yaxis, count_ax.xaxis):
         axis.set_major_locator(MaxNLocator(integer=True))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
 def _format_percentiles(values: Percentiles, percent: bool = False) -> str:

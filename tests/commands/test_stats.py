@@ -16,7 +16,7 @@ from neva_pack.files import (
 )
 from neva_pack.commands import (
     AlgorithmSuggestion, BalanceReport, CountSummary, PackingArrays, PackingStats, PaddingStats, Percentiles,
-    RecordCounts, RunReport, explore, format_summary, load_lengths, packing_stats, with_batch_size
+    RecordCounts, RunReport, explore, format_summary, load_lengths, packing_stats, stats_figure, with_batch_size
 )
 from neva_pack.packing import pack
 from tests.conftest import SAMPLE_DATA
@@ -62,6 +62,38 @@ def test_plot_is_a_png_of_sensible_size(output, tmp_path, capsys):
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = struct.unpack(">II", data[16:24])
     assert 1000 <= width <= 3000 and 300 <= height <= 1200 and len(data) > 20_000
+
+
+def _arrays(lengths_per_pack: list[list[int]], capacity: int) -> PackingArrays:
+    lengths = np.array([n for pack_lengths in lengths_per_pack for n in pack_lengths], dtype=np.int64)
+    offsets = np.cumsum([0] + [len(p) for p in lengths_per_pack]).astype(np.int64)
+    return PackingArrays(capacity=capacity, offsets=offsets, lengths=lengths, num_images=None, image_positions=None,
+                         pack_images=np.zeros(len(lengths_per_pack), dtype=np.int64))
+
+
+@pytest.mark.parametrize("samples, log_scale", [(20, False), (20_000, True)])
+def test_plot_counts_on_a_log_axis_only_when_counts_span_decades(samples, log_scale):
+    """At small counts a log axis hides bars of one or two samples and labels ticks 6x10^0: there the
+    lengths panel is linear with integer ticks; at large counts it is log, starting below 1 so a bar
+    of one sample still shows, with plain tick labels."""
+    import matplotlib.pyplot as plt
+
+    rng = np.random.default_rng(samples)
+    lengths = rng.integers(50, 1200, size=samples).tolist()
+    packs = [lengths[i:i + 3] for i in range(0, samples, 3)]
+    fig = stats_figure(_arrays(packs, 4096), "t")
+    lengths_ax = fig.axes[0]
+    try:
+        assert (lengths_ax.get_yscale() == "log") is log_scale
+        if log_scale:
+            assert lengths_ax.get_ylim()[0] < 1
+        else:
+            assert all(float(tick).is_integer() for tick in lengths_ax.get_yticks())
+        fig.canvas.draw()
+        labels = [label.get_text() for label in lengths_ax.get_yticklabels() if label.get_text()]
+        assert labels and not any("times" in label or "^" in label for label in labels), labels
+    finally:
+        plt.close(fig)
 
 
 def test_stats_of_a_prefix_without_meta_reads_the_index(output, tmp_path, capsys):
