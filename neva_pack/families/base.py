@@ -117,10 +117,11 @@ class FamilyOptions:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class VideoRequest:
     """What the user asked of video clips (``--video_profile``, ``--video_fps``, ``--video_max_frames``,
-    ``--video_cap_pixels_per_frame``); a family that reads videos resolves the rest from its settings."""
+    or a profile that turns ``cap_pixels_per_frame`` on); a family that reads videos resolves the rest from its settings."""
 
     profile: str = "hf"
-    """Whose arithmetic samples and sizes the clips (the family's ``video_profiles``; ``hf``: transformers')."""
+    """Whose arithmetic samples and sizes the clips (the family's profiles; ``hf``: transformers', ``hf_cap``:
+    theirs with ``cap_pixels_per_frame``)."""
     fps: float | None = None
     """Frames sampled per second of video; None: the profile's default."""
     max_frames: int | None = None
@@ -145,6 +146,10 @@ class VideoPlan:
     """Seconds per temporal patch (0 where the model reads none)."""
     cost: int
     """The vision encoder's attention cost of the clip (patches² summed over its passes)."""
+    resize: str = "v2"
+    """Which torchvision resize the reference runs on the uint8 frames (``video_frames.decode_frames``):
+    "v2" (``transforms.v2.functional``, transformers') or "v1" (``transforms.functional``, whose uint8
+    bicubic differs by up to tens of levels)."""
 
 
 class ModelFamily(Protocol):

@@ -32,7 +32,10 @@ from PIL import Image
 from neva_pack.core import ConfigError, Normalisation
 from neva_pack.families.base import EncoderSpec, FamilyBase, FamilyOptions, Join, RunRequest, VideoPlan, VideoRequest, model_image_run, processor_normalisation, refuse_layout_options
 from neva_pack.families.headers import StoredImage, planar_uint8
-from neva_pack.families.video_frames import arange_indices, frames_at_fps, linspace_indices, paired_timestamps, temporal_smart_resize
+from neva_pack.families.video_frames import (
+    arange_indices, budget_smart_resize, frames_at_fps, linspace_indices, paired_timestamps, rate_frame_count, temporal_smart_resize,
+    torch_linspace_indices,
+)  # fmt: skip
 
 __all__ = ["VIDEO_PROFILES", "NativeProcessor", "NativeSettings", "NativeVideo", "mrope_position_ids", "smart_resize"]
 
@@ -266,7 +269,13 @@ class NativeProcessor(FamilyBase):
         if v is None:
             raise ValueError(f"{self.models}: this run reads no video")
         tps, factor = s.temporal_patch_size, s.factor
-        if v.timing == "seconds":  # transformers' Qwen2VLVideoProcessor (Qwen2.5-VL)
+        if v.profile == "qwen-vl-utils":  # qwen-vl-utils 0.0.14's fetch_video: frames, then a per-frame budget
+            count = rate_frame_count(frame_count, fps, v.fps, v.min_frames, v.max_frames, tps)
+            indices = torch_linspace_indices(frame_count, count)
+            most = max(min(v.max_pixels, v.max_video_tokens * factor * factor * 0.9 / count * tps), int(v.min_pixels * 1.05))
+            height_out, width_out = budget_smart_resize(height, width, factor, v.min_pixels, most)
+            seconds = tps / (count / max(frame_count, 1e-6) * fps) if v.timing == "seconds" else 0.0
+        elif v.timing == "seconds":  # transformers' Qwen2VLVideoProcessor (Qwen2.5-VL)
             top = math.floor(min(v.max_frames, frame_count) / tps) * tps
             wanted = min(max(frames_at_fps(frame_count, fps, v.fps), v.min_frames), top, frame_count)
             count = math.floor(wanted / tps) * tps
@@ -298,7 +307,8 @@ class NativeProcessor(FamilyBase):
                 parts += [tokenizer.encode_literal(video_timestamp(stamp)).ids, [v.start_id], pads, [v.end_id]]
             ids = np.concatenate([*parts, [v.end_id]])
         return VideoPlan(indices=tuple(int(i) for i in indices), size=(height_out, width_out), tokens=grid_t * frame_tokens,
-                         ids=ids.astype(np.int64), grid_seconds=seconds, cost=grid_t * (grid_h * grid_w) ** 2)  # fmt: skip
+                         ids=ids.astype(np.int64), grid_seconds=seconds, cost=grid_t * (grid_h * grid_w) ** 2,
+                         resize="v1" if v.profile == "qwen-vl-utils" else "v2")  # fmt: skip
 
     def video_to_stored(self, frames: np.ndarray, plan: VideoPlan, size: tuple[int, int]) -> StoredImage:
         """uint8 (T, 3, h, w) -> one part (3, T h, w), the frames top to bottom (core.StoredImage)."""
@@ -341,8 +351,11 @@ class NativeProcessor(FamilyBase):
         return [(tuple(grid), float(np.float32(self.video.tokens_per_second) * second)) for grid, second in zip(grids, seconds)]
 
 
-VIDEO_PROFILES = ("hf",)
-"""Whose arithmetic samples and sizes the clips: ``hf``, transformers' video processors."""
+VIDEO_PROFILES = ("hf", "hf_cap", "qwen-vl-utils")
+"""Whose arithmetic samples and sizes the clips: ``hf``, transformers' video processors; ``hf_cap``, the
+same with ``cap_pixels_per_frame`` on (each frame's share of the whole-clip budget); ``qwen-vl-utils``,
+Qwen's own ``fetch_video`` (0.0.14: 2 fps, frames a multiple of 2, 128..768 tokens a frame within a
+whole-clip budget of 128,000 x 0.9 tokens), whose frames the processor then takes as they are."""
 
 
 def video_timestamp(seconds: float) -> str:
@@ -386,6 +399,8 @@ class NativeVideo:
             timing, (low, high), tokens = "seconds", (settings.min_pixels, settings.max_pixels), 128000
         else:
             raise ConfigError(f"video clips: {encoder.name} ({kind or 'no processor_class'}) is not a Qwen2.5-VL or Qwen3-VL encoder")
+        if request.profile == "qwen-vl-utils":  # VIDEO_MIN/MAX_TOKEN_NUM and MODEL_SEQ_LEN, in pixels of the factor
+            (low, high), tokens = (128 * settings.factor**2, 768 * settings.factor**2), 128000
         run = model_image_run(tokenizer, ("<|vision_start|>", "<|video_pad|>", "<|vision_end|>"), "Qwen2.5-VL / Qwen3-VL", RunRequest())
         start, pad, end = run.start_id, run.patch_id, run.end_id
         mean = encoder.preprocessor_config.get("image_mean", _CLIP_MEAN)
@@ -394,7 +409,7 @@ class NativeVideo:
         return cls(
             profile=request.profile, timing=timing, fps=float(request.fps or 2.0), min_frames=4,
             max_frames=int(request.max_frames or 768), min_pixels=int(low), max_pixels=int(high),
-            cap_pixels_per_frame=bool(request.cap_pixels_per_frame), max_video_tokens=tokens,
+            cap_pixels_per_frame=bool(request.cap_pixels_per_frame) or request.profile == "hf_cap", max_video_tokens=tokens,
             tokens_per_second=int(encoder.model_config.get("tokens_per_second", 2)), pad_id=pad, start_id=start, end_id=end,
             normalisation=Normalisation(rescale_factor=1.0, mean=_fused(mean, rescale), std=_fused(std, rescale)),
         )  # fmt: skip

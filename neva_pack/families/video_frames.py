@@ -11,7 +11,8 @@ frames::
 Frames are numbered in the order the decoder gives them (presentation order), as transformers'
 PyAV reader numbers them; the RGB conversion is PyAV's (``to_ndarray(format="rgb24")``) and the resize
 is torchvision's on the uint8 tensor (bicubic, antialiased), the operations transformers' video
-processors run, so the stored frames are theirs bit for bit. Each frame is resized as soon as it is
+processors run (``transforms.v2``), or qwen-vl-utils' (``transforms.functional``, the v1 API: its uint8
+bicubic rounds differently), so the stored frames are the reference's bit for bit. Each frame is resized as soon as it is
 decoded: a worker never holds more than one full-size frame.
 
 A clip whose stream ends before the last frame its header promised is a skip of its own
@@ -30,7 +31,8 @@ import numpy as np
 from neva_pack.records import RecordError
 
 __all__ = [
-    "arange_indices", "decode_frames", "frames_at_fps", "linspace_indices", "paired_timestamps", "temporal_smart_resize",
+    "arange_indices", "budget_smart_resize", "decode_frames", "frames_at_fps", "linspace_indices", "paired_timestamps",
+    "rate_frame_count", "temporal_smart_resize", "torch_linspace_indices",
 ]  # fmt: skip
 
 
@@ -49,6 +51,45 @@ def linspace_indices(total: int, count: int) -> np.ndarray:
     if count < 1:
         raise ValueError(f"{count} frames to sample")
     return np.linspace(0, total - 1, count).round().astype(np.int64)
+
+
+def torch_linspace_indices(total: int, count: int) -> np.ndarray:
+    """int64 ``count`` indices evenly from the first frame to the last: torch's float32 linspace, rounded
+    half to even (qwen-vl-utils' sampling; for long clips it differs from a float64 linspace)."""
+    import torch
+
+    if count < 1:
+        raise ValueError(f"{count} frames to sample")
+    return torch.linspace(0, total - 1, count).round().long().numpy().astype(np.int64)
+
+
+def rate_frame_count(total: int, fps: float, target_fps: float, min_frames: int, max_frames: int, factor: int) -> int:
+    """The frames sampled at ``target_fps`` from a clip of ``total`` frames at ``fps``, within
+    [min_frames, max_frames] (each rounded to ``factor``) and the clip, rounded down to a multiple of
+    ``factor``: qwen-vl-utils 0.0.14's ``smart_nframes``. ValueError below ``factor`` frames (its refusal)."""
+    low = math.ceil(min_frames / factor) * factor
+    high = math.floor(min(max_frames, total) / factor) * factor
+    count = math.floor(min(max(frames_at_fps(total, fps, target_fps), low), high, total) / factor) * factor
+    if not factor <= count <= total:
+        raise ValueError(f"{total} frame(s): {count} sampled, fewer than the temporal patch of {factor}")
+    return count
+
+
+def budget_smart_resize(height: int, width: int, factor: int, min_pixels: float, max_pixels: float) -> tuple[int, int]:
+    """(height, width) of each frame: multiples of ``factor`` (at least one), area within [min_pixels,
+    max_pixels] up to rounding, as qwen-vl-utils 0.0.14's ``smart_resize`` (its per-frame budget may be
+    fractional). ValueError for an aspect ratio over 200."""
+    if min(height, width) < 1 or max(height, width) / min(height, width) > 200:
+        raise ValueError(f"{width} x {height}: the aspect ratio must be at most 200")
+    h_bar = max(factor, round(height / factor) * factor)
+    w_bar = max(factor, round(width / factor) * factor)
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt(height * width / max_pixels)
+        h_bar, w_bar = math.floor(height / beta / factor) * factor, math.floor(width / beta / factor) * factor
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar, w_bar = math.ceil(height * beta / factor) * factor, math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
 
 
 def frames_at_fps(total: int, fps: float, target_fps: float) -> float:
@@ -93,16 +134,19 @@ def temporal_smart_resize(frames: int, height: int, width: int, temporal_factor:
     return h_bar, w_bar
 
 
-def decode_frames(data: bytes, indices, size: tuple[int, int], *, name: str, max_seconds: float) -> np.ndarray:
+def decode_frames(data: bytes, indices, size: tuple[int, int], *, name: str, max_seconds: float, resize_api: str = "v2") -> np.ndarray:
     """uint8 (len(indices), 3, h, w): the frames at ``indices`` (increasing, decode order) of the clip's
     first video stream, each resized to ``size`` (h, w) as decoded (module docstring).
 
     RecordError ``unreadable_video`` for bytes PyAV cannot demux or decode, ``video_frames_mismatch``
-    for a stream that ends before the last index, ``video_too_slow`` past ``max_seconds`` of CPU."""
+    for a stream that ends before the last index, ``video_too_slow`` past ``max_seconds`` of CPU.
+    ``resize_api``: "v2" (torchvision's ``transforms.v2.functional.resize``) or "v1" (``transforms.functional``'s)."""
     import av
     import torch
-    from torchvision.transforms.v2 import InterpolationMode
-    from torchvision.transforms.v2.functional import resize
+    from torchvision.transforms import InterpolationMode, functional
+    from torchvision.transforms.v2 import functional as functional_v2
+
+    resize = {"v1": functional.resize, "v2": functional_v2.resize}[resize_api]
 
     wanted = np.asarray(indices, dtype=np.int64)
     if not len(wanted) or np.any(np.diff(wanted) <= 0) or wanted[0] < 0:

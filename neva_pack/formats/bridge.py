@@ -411,6 +411,7 @@ class BridgeFormat:
     holds_images = False
     holds_dynamic_images = False
     """Text only: a dynamic-resolution run's records with images are skipped as any image record is."""
+    holds_videos = False
     limits = Limits(
         max_pack=2**31 - 1,
         max_integer=2**63 - 1,

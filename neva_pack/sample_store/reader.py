@@ -46,6 +46,8 @@ class StoredTexts:
     """Per sample, int64 where each of its image runs starts (in the sample, before any cut)."""
     image_lengths: list[np.ndarray]
     """Per sample, int64 length of each of its image runs."""
+    image_whole: list[np.ndarray]
+    """Per sample, bool per image run: kept whole (a video clip's ids), not the store's pattern."""
 
 
 class SampleStore:
@@ -138,7 +140,7 @@ class SampleStore:
         return self.image_runs(i)[0]
 
     def image_runs(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        """int64 (starts, lengths) of sample i's image runs."""
+        """int64 (starts, lengths) of sample i's image runs (``texts`` says which are kept whole)."""
         segment, local = self._locate(i)
         values = np.asarray(self._text_reader(segment)[TEXT_ITEMS * local + 2], dtype=np.int64).reshape(-1, RUN_VALUES)
         return values[:, 0].copy(), values[:, 1].copy()
@@ -148,7 +150,7 @@ class SampleStore:
         when given (None: whole), with one file read per sample and one compiled pass over them all
         (``store_kernels.decode_texts``): what assembly needs for a group of packs.
 
-            stored (per sample)   [t0 t2 t3 | last label]  bits [1 0 1]  runs [1 2]     (run S P at 1)
+            stored (per sample)   [t0 t2 t3 | last label]  bits [1 0 1]  runs [1 2 1]   (run S P at 1, 1 elided)
             ids (per sample)      [t0 S  t2 t3 | last label]        S filled in from the image run
             tokens                [t0 S  t2 t3]       labels  = next id where trained, else ignore
         """
@@ -167,7 +169,7 @@ class SampleStore:
             k = int(np.flatnonzero(items[:, 2] % RUN_VALUES)[0])
             raise ValueError(f"sample {int(indices[k])}: its stored image runs are not (start, length) pairs (a bug)")
         runs = [raw[at : at + n].astype(np.int64).reshape(-1, RUN_VALUES) if n else _NO_RUNS for at, n in zip(starts_at, items[:, 2].tolist())]
-        longest = max((int(r[:, 1].max()) for r in runs if len(r)), default=1)
+        longest = max((int(r[:, 2].max()) + 1 for r in runs if len(r)), default=1)
         run_prefix = np.ascontiguousarray(self.run.elided(longest), dtype=STORE_TEXT_DTYPE)
         bad = decode_texts(raw, items, lengths, keep, run_prefix, STORE_TEXT_DTYPE(self.ignore_index), tokens, labels)
         if bad != SOUND:
@@ -180,6 +182,7 @@ class SampleStore:
             lengths=keep,
             image_starts=[r[:, 0] for r in runs],
             image_lengths=[r[:, 1] for r in runs],
+            image_whole=[(r[:, 2] == 0) & (r[:, 1] > 1) for r in runs],
         )
 
     def _raw_texts(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
