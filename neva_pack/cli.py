@@ -114,6 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     stats.add_argument("--global_batch_size", type=int, help="unpacked GBS, to print the packed GBS to train with")
     stats.add_argument("--crop_size", type=int, nargs=2, metavar=("H", "W"), help="for a prefix without meta")
     stats.add_argument("--max_seq_length", type=int, help="for a prefix without meta (default: longest pack)")
+    stats.add_argument("--data_parallel", type=int, metavar="N", help="model the straggler overhead of N ranks: random, attention and modelled order")
+    stats.add_argument("--step_cost_model", default="auto", metavar="PRESET", help="with --data_parallel: a preset, auto (the output's model), a JSON file, attention")
     explore = sub.add_parser(
         "plan", help="compare pack sizes and algorithms from the stored sample lengths, or from the input",
         description=PLAN_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -228,6 +230,8 @@ def _run_stats(args) -> int:
     reports = []
     for n, (report, arrays) in enumerate(outputs):
         report = with_batch_size(report, args.global_batch_size)
+        if args.data_parallel is not None:
+            report = report.replace(balance=_modelled_balance(arrays, args.data_parallel, args.step_cost_model))
         reports.append(report)
         if not args.json:
             if len(outputs) > 1:
@@ -243,6 +247,16 @@ def _run_stats(args) -> int:
     if args.json:
         print(json.dumps(reports[0].to_json() if len(reports) == 1 else [r.to_json() for r in reports], indent=2))
     return 0
+
+
+def _modelled_balance(arrays, data_parallel: int, setting: str):
+    """``stats --data_parallel N``: the balance report of the output's packs over N ranks (one line on a bad value)."""
+    from neva_pack.commands import step_balance
+
+    try:
+        return step_balance(arrays, data_parallel, setting)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
 
 
 def _run_plan(args) -> int:

@@ -6,14 +6,15 @@ edit list of its own), MP4 MPEG-4 Part 2, WebM VP9, Matroska H.264, QuickTime MO
 ``moov`` before the media (faststart) and after it (FFmpeg's default), a variable frame rate
 (irregular timestamps), odd sizes (33x17: x264 needs 4:4:4 for that, MPEG-4 and VP9 take 4:2:0),
 rotation metadata (the ``tkhd`` display matrix, Matroska's projection roll), one-frame clips
-(shorter than a temporal patch of 2), and
-two edit lists patched into a finished file with the small box writer below: one that starts the
-track late (an empty edit: every frame is still shown) and one that trims the first frames (the
-decoder drops them, so fewer frames are presented than ``stts`` declares).
+(shorter than a temporal patch of 2), and two edit lists patched into a finished file with the
+small box writer below: one that starts the track late (an empty edit: every frame is still shown)
+and one that trims the first frames (the decoder drops them, so fewer frames are presented than
+``stts`` declares).
 
-``mp4_box``/``mp4_boxes``/``rewrite_moov`` are the box writer; ``synthetic_mp4`` and
-``ebml_element`` build header-only files for the hostile cases (no encoder can be asked for 10^9
-frames or an 8K x 8K size at test speed).
+``mp4_box``/``mp4_boxes``/``rewrite_moov`` are the box writer; ``synthetic_mp4``, ``synthetic_mkv``
+and ``ebml_element`` build header-only files for the hostile cases (no encoder can be asked for
+10^9 frames or an 8K x 8K size at test speed); FFmpeg opens them too (PyAV's ``av.open``), so
+declared timings can be checked against it.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pathlib import Path
 import av
 import numpy as np
 
-__all__ = ["NTSC", "ZOO", "ZooClip", "ebml_element", "make_zoo", "mp4_box", "mp4_boxes", "rewrite_moov", "synthetic_mp4"]
+__all__ = ["NTSC", "ZOO", "ZooClip", "ebml_element", "make_clip", "make_zoo", "mp4_box", "mp4_boxes", "rewrite_moov", "synthetic_mkv", "synthetic_mp4"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -178,7 +179,7 @@ def mp4_boxes(data: bytes) -> list[tuple[bytes, bytes]]:
 def rewrite_moov(data: bytes, *, edit: tuple[int, int | None] | None = None) -> bytes:
     """The file with its ``moov`` (FFmpeg writes it last, so no chunk offset moves) rebuilt.
 
-    ``edit=(media_time, delay_ms)`` replaces the video track's edit list: ``delay_ms`` None gives one
+    ``edit=(media_time, delay_ms)`` replaces each track's edit list (a zoo clip has one track): ``delay_ms`` None gives one
     edit that starts ``media_time`` ticks into the media (the frames before it are not shown);
     otherwise an empty edit of ``delay_ms`` then the whole media from ``media_time``."""
     out = []
@@ -248,3 +249,33 @@ def ebml_element(element_id: int, payload: bytes, *, size: int | None = None) ->
     id_bytes = element_id.to_bytes((element_id.bit_length() + 7) // 8, "big")
     declared = len(payload) if size is None else size
     return id_bytes + (0x01 << 56 | declared).to_bytes(8, "big") + payload
+
+
+def _uint(value: int) -> bytes:
+    return value.to_bytes(max(1, (value.bit_length() + 7) // 8), "big")
+
+
+def synthetic_mkv(*, width: int = 64, height: int = 48, track_type: int = 1, codec: bytes = b"V_VP9",
+                  default_duration: int | None = 100_000_000, duration_ms: float | None = 1000.0,
+                  blocks=((1, 1),) * 10, grouped: bool = False, doctype: bytes = b"webm",
+                  cluster: bytes | None = None) -> bytes:
+    """A Matroska file declaring what it is told, its blocks a few bytes of no codec's data: one track
+    (number 1) of ``track_type`` (1 video, 2 audio), and one Cluster of ``blocks`` (track number,
+    frames in the block: more than 1 is a laced block), SimpleBlocks or (``grouped``) BlockGroups;
+    ``cluster`` the Cluster's payload instead."""
+    info = ebml_element(0x2AD7B1, _uint(1_000_000))
+    if duration_ms is not None:
+        info += ebml_element(0x4489, struct.pack(">d", duration_ms))
+    video = ebml_element(0xB0, _uint(width)) + ebml_element(0xBA, _uint(height))
+    entry = (ebml_element(0xD7, _uint(1)) + ebml_element(0x83, _uint(track_type)) + ebml_element(0x86, codec)
+             + (ebml_element(0x23E383, _uint(default_duration)) if default_duration else b"")
+             + ebml_element(0xE0, video))
+    generated = ebml_element(0xE7, _uint(0))
+    for index, (track, frames) in enumerate(blocks):
+        laced = frames > 1
+        block = bytes([0x80 | track]) + struct.pack(">h", index) + bytes([0x80 | (0x02 if laced else 0)])
+        block += (bytes([frames - 1]) + bytes(frames - 1) if laced else b"") + b"\x00\x01\x02"
+        generated += ebml_element(0xA0, ebml_element(0xA1, block)) if grouped else ebml_element(0xA3, block)
+    segment = (ebml_element(0x1549A966, info) + ebml_element(0x1654AE6B, ebml_element(0xAE, entry))
+               + ebml_element(0x1F43B675, cluster if cluster is not None else generated))
+    return ebml_element(0x1A45DFA3, ebml_element(0x4282, doctype)) + ebml_element(0x18538067, segment)

@@ -64,7 +64,7 @@ def rows_at(store, size: int, ignore_index: int) -> tuple[np.ndarray, dict[int, 
     A cut sample's row keeps the image tokens and the vision cost of the images it keeps, exactly:
     each image's run length is in the store; a dynamic image's cost is recomputed from its stored
     image's record with the store's processor (its family's ``vision_cost_of_stored``: a function of
-    the image's size and parts and the processor settings the store records, so the store need not
+    the image's size, parts and tokens and the processor settings the store records, so the store need not
     keep it per image; only cut samples' kept images' records are read, never their pixels), a fixed image's is the sample's cost over its images (they cost alike)."""
     from neva_pack.samples import truncation  # the builder's own cut (imports torch: only when asked)
 
@@ -95,7 +95,7 @@ def _image_costs(store):
 
     def dynamic(i: int, kept: int) -> int:
         records = store.pool.stored_rows(store.image_indices(i)[:kept])
-        return sum(processor.vision_cost_of_stored((int(r["width"]), int(r["height"])), int(r["parts"])) for r in records)
+        return sum(processor.vision_cost_of_stored((int(r["width"]), int(r["height"])), int(r["parts"]), int(r["tokens"])) for r in records)
 
     return dynamic
 

@@ -207,6 +207,16 @@ class BalanceReport:
     report from before it was balanced."""
     vision_overhead_after: float | None = None
     """The vision encoder's cost, balanced order."""
+    step_cost_model: str | None = None
+    """--step_cost_model as set (auto, a preset, a JSON file, attention); None in a report from before it."""
+    step_model: str | None = None
+    """The model the order was balanced by (the preset auto chose, or the file); None: attention (no model)."""
+    step_overhead_random: float | None = None
+    """Modelled step time (``packing.step_cost``): a random order of the packs."""
+    step_overhead_today: float | None = None
+    """Modelled step time: the order by attention + vision cost, unweighted (before the model)."""
+    step_overhead_after: float | None = None
+    """Modelled step time: the order written (balanced by the model)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -17,7 +17,10 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from neva_pack.commands.report import CountSummary, PackingStats, PaddingStats, Percentiles, RecordCounts, RunReport, VisualStats
+from neva_pack.commands.report import (
+    CountSummary, PackingStats, PaddingStats, Percentiles, RecordCounts, RunReport, VisualStats
+)
+from neva_pack.commands.balance import step_line
 
 PERCENTILES = (50, 90, 99)
 
@@ -47,6 +50,10 @@ class PackingArrays:
     max_images_per_pack: int | None = None
     """The visual budgets the packs were made under (None: none)."""
     max_image_tokens_per_pack: int | None = None
+    encoder: str | None = None
+    """The vision encoder the output was made for (its meta's), which ``--step_cost_model auto`` goes by."""
+    family: str | None = None
+    """Its model family (the meta's image processor's), likewise; None for a fixed crop."""
 
     @property
     def num_packs(self) -> int:
@@ -238,6 +245,8 @@ def format_summary(report: RunReport) -> str:
             + (f", vision {100 * balance.vision_overhead_before:.2f}% -> {100 * balance.vision_overhead_after:.2f}%"
                if balance.vision_overhead_before is not None and balance.vision_overhead_after is not None else "")
         )  # fmt: skip
+        if balance.step_overhead_after is not None:
+            lines.append(step_line(balance))
     from neva_pack.formats import NEMO_FORMAT, get_format
 
     output_format = report.output_format or NEMO_FORMAT  # None: a prefix without meta, in NeMo's layout
@@ -404,6 +413,8 @@ def _load_prefix(prefix: Path) -> tuple[RunReport, PackingArrays]:
         vision_cost=table.vision_cost,
         max_images_per_pack=packing.max_images_per_pack,
         max_image_tokens_per_pack=packing.max_image_tokens_per_pack,
+        encoder=meta.encoder,
+        family=(meta.image_processor or {}).get("family"),
     )
     if stats_file.is_file():
         return _moved_to(read_report(stats_file), prefix), arrays

@@ -104,8 +104,9 @@ class PreprocessConfig:
         """Every setting that decides the bytes of one pack size's published files beyond the samples
         (the fields declaring ``written_as``): a resumed prefix, finished or not, must have been
         written with exactly these. The size is the prefix's own; the alignment is the lcm of the
-        padding flags."""
-        derived = {"max_seq_length": size, "pad_to_multiple_of": self.pack.alignment}
+        padding flags; the step cost model counts only when the packs are balanced."""
+        derived = {"max_seq_length": size, "pad_to_multiple_of": self.pack.alignment,
+                   "step_cost_model": self.pack.step_cost_model if self.pack.balance_data_parallel else None}  # fmt: skip
         return {
             spec.name: derived.get(spec.name, getattr(part, spec.name))
             for part in (self.pack, self.sample)

@@ -9,7 +9,9 @@ from dataclasses import dataclass
 from neva_pack.config.options import NEMO, TRAINING, check_fields, option
 from neva_pack.core import ConfigError, PAD_ID
 from neva_pack.formats import DEFAULT_FORMAT, FORMATS
-from neva_pack.packing import ALGORITHMS, DEFAULT_ALGORITHM, RECOMMENDED_ALGORITHM, aligned_capacity, alignment_multiple
+from neva_pack.packing import (
+    ALGORITHMS, AUTO, DEFAULT_ALGORITHM, RECOMMENDED_ALGORITHM, aligned_capacity, alignment_multiple, step_cost_model
+)
 
 MAX_SEED = 2**63 - 1
 """Seeds are non-negative int64 (numpy's generators refuse negative seeds)."""
@@ -95,9 +97,20 @@ class PackConfig:
         written_as="balance_data_parallel",
     )  # fmt: skip
     """Order packs so every N consecutive packs (one micro-step on N data-parallel ranks) cost alike."""
+    step_cost_model: str = option(
+        AUTO, help="what --balance_data_parallel balances: the modelled step time of a preset (auto: the run's "
+        "model; see docs/training.md), a JSON file of one, or 'attention' (sum of squares, the order of old)",
+        group=TRAINING, metavar="PRESET", written_as="",
+    )  # fmt: skip
+    """The step cost model ``balance_data_parallel`` orders by (``packing.step_cost_model``): ``auto``,
+    a preset name, a JSON file, or ``attention``. Recorded in the stats file's balance report."""
 
     def __post_init__(self):
         check_fields(self)
+        try:
+            step_cost_model(self.step_cost_model)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
         # the format's limits: the largest pack it describes exactly
         FORMATS[self.output_format].check_settings(max_seq_length=self.max_seq_length, pack_sizes=self.pack_sizes)
         if self.alignment > self.sizes[0]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from neva_pack.config.options import BUDGETS, NEMO, check_fields, option, options
 from neva_pack.core import ConfigError, IGNORE_INDEX, VERSION
-from neva_pack.families import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGE_DECODE_SECONDS, DEFAULT_MAX_IMAGE_PIXELS
+from neva_pack.families import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGE_DECODE_SECONDS, DEFAULT_MAX_IMAGE_PIXELS, IMAGE_REFERENCES
 from neva_pack.records import (
     DEFAULT_MAX_CONVERSATION_CHARS,
     DEFAULT_MAX_IMAGES_PER_RECORD,
@@ -109,8 +109,8 @@ class SampleConfig:
     video_profile: str | None = option(
         None, fingerprint_when_set=True,
         help="read <video> clips (encoders whose family reads video), sampled and sized as this reference does: hf "
-        "(transformers' video processors), hf_cap (theirs with cap_pixels_per_frame); without it a record with a "
-        "clip is skipped (videos_not_read)",
+        "(transformers' video processors), hf_cap (theirs with cap_pixels_per_frame), or the model authors' own code "
+        "(docs/video.md); without it a record with a clip is skipped (videos_not_read)",
     )  # fmt: skip
     """Whose arithmetic samples and sizes video clips (the family's profiles); None: clips are not read."""
     video_fps: float | None = option(
@@ -121,6 +121,14 @@ class SampleConfig:
         None, minimum=1, fingerprint_when_set=True, help="frames sampled from one clip at most (default: the profile's)"
     )  # fmt: skip
     """Frames sampled from one clip at most; None: the profile's default."""
+    image_reference: str | None = option(
+        None, choices=lambda: IMAGE_REFERENCES, fingerprint_when_set=True,
+        help=lambda: "whose image preprocessing the counts and pixels follow, for families that offer a choice: transformers "
+                     f"(the Hugging Face processor, the default) or the model authors' own code ({', '.join(IMAGE_REFERENCES[1:])})",
+    )  # fmt: skip
+    """Families offering a choice (``ModelFamily.references``): the reference their image sizes, token
+    counts and pixels follow; None: the Hugging Face processor. Recorded with the output (its image
+    processor's ``arithmetic``)."""
     # --- per-record budgets and confinement: what one record may cost ---
     max_record_bytes: int = option(
         DEFAULT_MAX_RECORD_BYTES, group=BUDGETS, minimum=1, fingerprint="budgets",

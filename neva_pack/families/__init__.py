@@ -26,6 +26,7 @@ from neva_pack.families.model_inputs import pack_model_inputs, stored_vision_cos
 from neva_pack.families.registry import (
     FAMILIES,
     IMAGE_DELIMITER_PIECES,
+    IMAGE_REFERENCES,
     dynamic_image_run,
     dynamic_processor,
     known_encoders,
@@ -47,6 +48,7 @@ __all__ = [
     "FAMILIES",
     "FamilyOptions",
     "IMAGE_DELIMITER_PIECES",
+    "IMAGE_REFERENCES",
     "ImageSource",
     "Join",
     "ModelFamily",

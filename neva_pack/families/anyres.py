@@ -34,11 +34,34 @@ from neva_pack.core import ConfigError
 from neva_pack.families.base import EncoderSpec, FamilyBase, FamilyOptions, Join, processor_normalisation, refuse_layout_options
 from neva_pack.families.headers import StoredImage, planar_uint8
 from neva_pack.families.fixed import expand_to_square
+from neva_pack.families.settings_keys import MAX_SIDE, Setting, check_keys, choice, is_int, whole
 
 __all__ = ["ARITHMETICS", "AnyresProcessor", "AnyresSettings", "anyres_settings", "select_best_resolution"]
 
 ARITHMETICS = ("transformers", "llava")
 """Whose token arithmetic to follow (see the module's docstring)."""
+
+
+MAX_PINPOINTS = 1024
+"""Most grid resolutions a settings file may list (OneVision lists 36), and most tiles of
+``anyres_max_N``."""
+
+MAX_GRID_SIDE = 1 << 14
+"""Most pixels on a side of a grid resolution (OneVision's largest: 2,304)."""
+
+_TILE_SIDE = f"an object of one square tile's side: height and width (equal) or shortest_edge, 1 to {MAX_SIDE:,} pixels"
+
+
+def _tile_side(value, keys: tuple[str, ...]) -> bool:
+    """A size that names one square tile's side, as anyres_settings reads it."""
+    if not isinstance(value, dict) or not any(key in value for key in keys):
+        return False
+    sides = [value[key] for key in ("height", "width", "shortest_edge") if key in value]
+    return all(is_int(side) and 0 < side <= MAX_SIDE for side in sides) and len(set(sides)) == 1
+
+
+def _pinpoint(value) -> bool:
+    return isinstance(value, list) and len(value) == 2 and all(is_int(side) and 0 < side <= MAX_GRID_SIDE for side in value)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -77,6 +100,8 @@ def anyres_settings(encoder: EncoderSpec) -> AnyresSettings:
     if encoder.processor == "llava_onevision":
         base = int(model.get("num_image_tokens", (tile // encoder.patch_size) ** 2))
         per_side = math.isqrt(base)
+        if per_side < 1:
+            raise ConfigError(f"--hf_vision_encoder {encoder.name}: a tile of {tile} pixels is less than a patch ({encoder.patch_size})")
         found = re.fullmatch(r"anyres_max_(\d+)", str(model.get("vision_aspect_ratio", "anyres_max_9")))
         if found is None:
             raise ConfigError(f"--hf_vision_encoder {encoder.name}: vision_aspect_ratio must be anyres_max_N")
@@ -85,6 +110,8 @@ def anyres_settings(encoder: EncoderSpec) -> AnyresSettings:
         square_colour = tuple(int(channel * 255) for channel in mean)
     else:
         per_side = int(model.get("image_size", tile)) // encoder.patch_size
+        if per_side < 1:
+            raise ConfigError(f"--hf_vision_encoder {encoder.name}: image_size {model.get('image_size', tile)} is less than a patch ({encoder.patch_size})")
         base = per_side * per_side + int(model.get("num_additional_image_tokens", 0))
         max_num_patches, square_colour = None, None
     return AnyresSettings(
@@ -155,6 +182,25 @@ class AnyresProcessor(FamilyBase):
     """Each image's tiles (padded to the batch's most), its (height, width), and (OneVision only)
     each sample's image count, which tells its model which images are tiled."""
 
+    settings_keys = (
+        Setting("size", _TILE_SIDE, lambda v: _tile_side(v, ("height", "shortest_edge"))),
+        Setting("crop_size", _TILE_SIDE, lambda v: _tile_side(v, ("height",))),
+        Setting("image_grid_pinpoints", f"a list of 1 to {MAX_PINPOINTS} [height, width] pairs of 1 to {MAX_GRID_SIDE:,} pixels",
+                lambda v: isinstance(v, list) and 0 < len(v) <= MAX_PINPOINTS and all(map(_pinpoint, v))),
+    )  # fmt: skip
+    """What the processor reads of a preprocessor_config.json beyond the common keys (settings_keys)."""
+    model_keys = (
+        whole("image_size", 1, MAX_SIDE, " (the vision tower's input side)"),
+        choice("vision_feature_select_strategy", ("default", "full")),
+        whole("num_additional_image_tokens", 0, 16, " (a CLS token: 1)"),
+        Setting("num_image_tokens", "a square integer from 1 to 65,536 (a base image's features, 27 x 27 = 729)",
+                lambda v: is_int(v) and 0 < v <= 1 << 16 and math.isqrt(v) ** 2 == v),
+        Setting("vision_aspect_ratio", f"anyres_max_N, N from 1 to {MAX_PINPOINTS}",
+                lambda v: isinstance(v, str) and (found := re.fullmatch(r"anyres_max_([1-9]\d{0,3})", v)) is not None
+                and int(found[1]) <= MAX_PINPOINTS),
+    )  # fmt: skip
+    """What the token arithmetic reads of a checkpoint's config.json and processor_config.json."""
+
     def __init__(self, settings: AnyresSettings, normalisation, *, arithmetic: str = "transformers"):
         if arithmetic not in ARITHMETICS:
             raise ConfigError(f"anyres arithmetic {arithmetic!r}: choose one of {', '.join(ARITHMETICS)}")
@@ -176,6 +222,8 @@ class AnyresProcessor(FamilyBase):
             "vision_feature_select_strategy": model_config.get("vision_feature_select_strategy"),
             "vision_aspect_ratio": model_config.get("vision_aspect_ratio"),
         }
+        check_keys({key: value for key, value in found.items() if value is not None}, directory / "config.json", AnyresProcessor.model_keys)
+        check_keys(processor_config, processor_file, AnyresProcessor.model_keys)
         for key in ("vision_feature_select_strategy", "num_additional_image_tokens", "num_image_tokens", "vision_aspect_ratio"):
             if key in processor_config:
                 found[key] = processor_config[key]
@@ -211,12 +259,12 @@ class AnyresProcessor(FamilyBase):
         grid_height, grid_width = self.grid(width, height)
         return (grid_height // self.settings.tile) * (grid_width // self.settings.tile)
 
-    def tokens_for_size(self, width: int, height: int, *, multi_image: bool = False) -> int:
+    def tokens_for_size(self, width: int, height: int, *, sample_images: int = 1) -> int:
         """Language-model positions of the image: base features + unpadded tile features + one
-        newline per row. ``multi_image``: a OneVision sample with several images, whose images are
-        not tiled (base features + one newline)."""
+        newline per row. ``sample_images`` over 1: a OneVision sample with several images, whose
+        images are not tiled (base features + one newline)."""
         s = self.settings
-        if multi_image and s.max_num_patches is not None:
+        if sample_images > 1 and s.max_num_patches is not None:
             return s.base_tokens + 1
         if self.arithmetic == "llava":  # LLaVA reads the pinpoints as (width, height), the size as (width, height)
             grid_width, grid_height = self._pinpoints.best(width, height)
@@ -239,35 +287,40 @@ class AnyresProcessor(FamilyBase):
                 features, newlines = int(rows // ratio) * int(columns // ratio), int(rows // ratio)
         return s.base_tokens + features + newlines
 
-    def pixels_for_size(self, width: int, height: int, *, multi_image: bool = False) -> int:
+    def fewest_tokens(self) -> int:
+        """A lower bound: the base image's features (an image of an extreme aspect ratio may keep no
+        row of its tiles' features once unpadded; every other image takes those too)."""
+        return self.settings.base_tokens
+
+    def pixels_for_size(self, width: int, height: int, *, sample_images: int = 1) -> int:
         """Pixels of the largest image the processor makes of it: the padded grid (a OneVision
         multi-image sample's image: its square at the tile size)."""
-        if multi_image and self.settings.square_colour is not None:
+        if sample_images > 1 and self.settings.square_colour is not None:
             return self.settings.tile**2
         grid_height, grid_width = self.grid(width, height)
         return grid_height * grid_width
 
-    def vision_cost_for_size(self, width: int, height: int, *, multi_image: bool = False) -> int:
+    def vision_cost_for_size(self, width: int, height: int, *, sample_images: int = 1) -> int:
         """The vision encoder's attention cost of the image: one pass per tile and the base image,
         each of a tile's patches squared (a OneVision multi-image sample's image: one pass)."""
-        passes = 1 if multi_image and self.settings.max_num_patches is not None else 1 + self.tiles(width, height)
+        passes = 1 if sample_images > 1 and self.settings.max_num_patches is not None else 1 + self.tiles(width, height)
         return passes * self.settings.features_per_side**4
 
-    def vision_cost_of_stored(self, size: tuple[int, int], parts: int) -> int:
+    def vision_cost_of_stored(self, size: tuple[int, int], parts: int, tokens: int) -> int:
         """An image stored as one part is a OneVision multi-image sample's square: one encoder pass."""
-        return self.vision_cost_for_size(*size, multi_image=parts == 1)
+        return self.vision_cost_for_size(*size, sample_images=2 if parts == 1 else 1)
 
     def _truncate(self, value: float) -> int:
         return int(value) if self.arithmetic == "llava" else int(round(value, 7))
 
-    def to_uint8(self, image: Image.Image, *, multi_image: bool = False) -> StoredImage:
+    def to_uint8(self, image: Image.Image, *, sample_images: int = 1) -> StoredImage:
         """RGB image -> (base image at the tile size, image resized into its grid resolution), uint8.
 
-        ``multi_image`` (OneVision): the image padded to a square with the mean colour, at the tile size."""
+        ``sample_images`` over 1 (OneVision): the image padded to a square with the mean colour, at the tile size."""
         s = self.settings
         width, height = image.size
-        tokens = self.tokens_for_size(width, height, multi_image=multi_image)
-        if multi_image and s.square_colour is not None:
+        tokens = self.tokens_for_size(width, height, sample_images=sample_images)
+        if sample_images > 1 and s.square_colour is not None:
             square = expand_to_square(image, s.square_colour).resize((s.tile, s.tile), resample=s.resample)
             return StoredImage(size=(width, height), parts=(planar_uint8(square),), tokens=tokens)
         base = image.resize((s.tile, s.tile), resample=s.resample)

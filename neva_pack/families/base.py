@@ -112,6 +112,9 @@ class FamilyOptions:
     max_soft_tokens: int | None = None
     """``--max_soft_tokens``: the feature tokens an image may take at most, for a family resizing each
     image to a token budget."""
+    reference: str | None = None
+    """``--image_reference``: whose preprocessing the counts and pixels follow, for a family that offers a
+    choice (``ModelFamily.references``); None: the Hugging Face processor's."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -155,8 +158,9 @@ class VideoPlan:
 class ModelFamily(Protocol):
     """One model family's images, from a record's image file to the model's inputs.
 
-    Sizes are (width, height) as an image file's header gives them. ``multi_image`` (where a family
-    takes it) says the image is one of several in its sample (``counts_images_per_sample``)."""
+    Sizes are (width, height) as an image file's header gives them. ``sample_images`` (a keyword,
+    given only to a family that ``counts_images_per_sample``, and only when over 1) is how many images
+    the image's sample holds."""
 
     family: str
     """The family's name, as an output's meta records it (registry.FAMILIES' key)."""
@@ -169,6 +173,9 @@ class ModelFamily(Protocol):
     decide its counts, recorded with an output (``options``)."""
     own_size: ClassVar[bool]
     """Each image is stored at its own size (a format that holds one image shape cannot hold them)."""
+    references: ClassVar[tuple[str, ...]]
+    """The references its counts and pixels can follow (``--image_reference``), the Hugging Face
+    processor's ("transformers") first; empty: its processor's only, the flag refused."""
     counts_images_per_sample: bool
     """Whether an image's count and stored parts depend on how many images its sample holds."""
     stored_shape: tuple[int, int, int] | None
@@ -195,11 +202,15 @@ class ModelFamily(Protocol):
     def pixels_for_size(self, width: int, height: int) -> int:
         """Pixels of the largest image the family makes of one of this size (a pixel budget's measure)."""
 
+    def fewest_tokens(self) -> int:
+        """A lower bound of ``tokens_for_size`` over every size (exact where the family knows it): no
+        image of any size takes fewer positions (an image run's delimiters not counted)."""
+
     def vision_cost_for_size(self, width: int, height: int) -> int:
         """The vision encoder's attention cost of an image of this size, in patches² per encoder pass."""
 
-    def vision_cost_of_stored(self, size: tuple[int, int], parts: int) -> int:
-        """``vision_cost_for_size`` of an image as a pool records it (its size and number of parts)."""
+    def vision_cost_of_stored(self, size: tuple[int, int], parts: int, tokens: int) -> int:
+        """``vision_cost_for_size`` of an image as a pool records it (its size, number of parts and tokens)."""
 
     def to_uint8(self, image) -> StoredImage:
         """RGB PIL image -> its stored uint8 parts (the worker's half): a StoredImage, or for a family
@@ -224,6 +235,10 @@ class ModelFamily(Protocol):
 
     settings_patch_size: ClassVar[bool]
     """A checkpoint's preprocessor_config.json names the patch size (read before its config.json's)."""
+    settings_keys: ClassVar[tuple]
+    """The keys of a preprocessor_config.json the family reads beyond the common ones
+    (settings_keys.COMMON_SETTINGS), each with what it may hold (settings_keys.Setting): checked
+    before ``check_settings_file``, a bad one refused in one line naming the file and the key."""
 
     takes_videos: bool
     """Whether the family reads video clips (after ``with_videos``); a record with a video is skipped otherwise."""
@@ -255,8 +270,10 @@ class FamilyBase:
 
     option_names: ClassVar[tuple[str, ...]] = ()
     own_size: ClassVar[bool] = True
+    references: ClassVar[tuple[str, ...]] = ()
     counts_images_per_sample = False
     settings_patch_size: ClassVar[bool] = False
+    settings_keys: ClassVar[tuple] = ()
     attention: ClassVar[AttentionNeeds] = AttentionNeeds()
     takes_videos = False
 
@@ -288,7 +305,11 @@ class FamilyBase:
         """The model's own (start, patch, end) tokens from the tokenizer (``model_image_run``)."""
         return model_image_run(tokenizer, self.image_tokens, self.models, request)
 
-    def vision_cost_of_stored(self, size: tuple[int, int], parts: int) -> int:
+    def fewest_tokens(self) -> int:
+        """One: every image takes a position (a family whose smallest image takes more says so)."""
+        return 1
+
+    def vision_cost_of_stored(self, size: tuple[int, int], parts: int, tokens: int) -> int:
         """The image's size decides its cost, however it is stored."""
         return self.vision_cost_for_size(*size)
 

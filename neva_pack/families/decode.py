@@ -10,6 +10,19 @@ files, ``struct.error``, ``IndexError``, ...), so any exception raised while dec
 ``unreadable_image`` naming its class. Programming errors of ours cannot hide there: the code
 inside is PIL's and two small conversions.
 
+Which decoders: only PIL's plugins vetted to decode nothing inside ``Image.open`` and to allocate
+nothing there beyond the header, so that the pixel budget is checked on the header's size before any
+pixel is decoded (``DECODED_FORMATS``; ``Image.open`` is given no other). An image of another format
+is an ``unreadable_image`` naming its format: ICO, for one, decodes its largest entry inside
+``Image.open`` (an embedded PNG of any size, past every budget), ICNS, PSD, EPS (Ghostscript, a
+process of its own), DDS, BLP, JPEG 2000, ... are not vetted. WebP's plugin allocates its canvas
+inside ``Image.open``, so its size is read from the RIFF header first (``declared_size``); a TIFF is
+decoded only when its compression's work is bounded by its pixels (libtiff decodes a whole file in one
+call, where the clock below cannot stop it: raw, PackBits, LZW and Deflate only). Only the first
+frame of a multi-frame file (GIF, APNG, MPO, TIFF, WebP) is decoded; embedded previews (an EXIF
+thumbnail, an MPO's other frames) are never decoded. Each class of hostile image and its cost
+against the budgets: benchmarks/bench_hostile_images.py.
+
 The time budget (``--max_image_decode_seconds``). Some files cost far more to decode than their
 bytes and pixels suggest: a progressive JPEG may repeat a scan thousands of times, and every scan
 walks every block of the image (tens of milliseconds each at 36 megapixels), so a 200 KB file
@@ -105,13 +118,17 @@ def decode_image(
     decoded. 16-bit grayscale (mode I;16, I) is scaled to 8 bits, not clipped (which whitens it).
     """
     _allow_pixels(max_pixels)
+    declared = declared_size(data[:30])
+    if declared is not None and declared[0] * declared[1] > max_pixels:  # before its plugin allocates the canvas
+        width, height = declared
+        raise RecordError("image_too_large", too_many_pixels(name, f"{width} x {height}", width * height, max_pixels))
     clock = _DecodeClock(data, max_seconds)
     try:
         with warnings.catch_warnings():
             # our own pixel budget is checked first; what else PIL warns of in one file is no news to
             # the user: the image decodes (and is used) or fails (and is that record's skip)
             warnings.simplefilter("ignore")
-            image = Image.open(clock)
+            image = open_vetted(clock, name, data[:16])
             width, height = image.size
             if width * height > max_pixels:
                 raise RecordError("image_too_large", too_many_pixels(name, f"{width} x {height}", width * height, max_pixels))
@@ -132,6 +149,72 @@ def decode_image(
             too_slow = f"{name}: decoding took more than --max_image_decode_seconds {max_seconds:g} (CPU time)"
             raise RecordError("image_too_slow", too_slow) from None
         raise unreadable(name, exc) from None
+
+
+DECODED_FORMATS = ("JPEG", "PNG", "GIF", "BMP", "TIFF", "WEBP")
+"""The PIL plugins ``Image.open`` is given (the module's docstring): their ``_open`` reads the header
+and allocates nothing of the image's size, and their decode goes through ``ImageFile.load``'s reads of
+the clocked file, or is one call whose work is bounded by the header's pixels. (JPEG's plugin opens an
+MPO file, a JPEG with further frames, as its own format: only the first frame is decoded.)"""
+
+TIFF_COMPRESSIONS = ("raw", "packbits", "tiff_lzw", "tiff_adobe_deflate", "tiff_deflate")
+"""TIFF compressions decoded: libtiff's work on them is one pass over the pixels. Not JPEG-in-TIFF
+(a progressive scan bomb in one libtiff call), nor the others (rare, unvetted)."""
+
+
+def open_vetted(stream, name: str, head: bytes) -> Image.Image:
+    """``Image.open`` over the vetted plugins only (``DECODED_FORMATS``). An image of another format
+    PIL knows is an ``unreadable_image`` naming the format (from its first bytes, ``head``), before
+    its plugin reads further; a TIFF of a compression not vetted likewise, before a pixel is decoded."""
+    Image.init()  # every plugin registered (TIFF's and WebP's are not among PIL's first five); once per process
+    try:
+        image = Image.open(stream, formats=DECODED_FORMATS)
+    except Image.UnidentifiedImageError:
+        other = format_of(head)
+        if other is not None:
+            raise RecordError("unreadable_image", f"{name}: {_not_decoded(other)}") from None
+        raise
+    compression = getattr(image, "_compression", "raw") if image.format == "TIFF" else "raw"
+    if compression not in TIFF_COMPRESSIONS:
+        image.close()
+        raise RecordError("unreadable_image", f"{name}: a TIFF compressed with {compression}, not decoded here "
+                                              f"(only {', '.join(TIFF_COMPRESSIONS)})")  # fmt: skip
+    return image
+
+
+def format_of(head: bytes) -> str | None:
+    """The PIL format, other than the vetted ones, whose plugin accepts these first bytes (16, as
+    PIL reads to choose); None when none does. Only the plugins' ``accept`` checks run: no plugin opens."""
+    Image.init()
+    for fmt, (_, accept) in Image.OPEN.items():
+        if fmt not in DECODED_FORMATS and accept is not None:
+            try:
+                if accept(head[:16]):
+                    return fmt
+            except Exception:  # noqa: BLE001 -- a plugin's check of 16 bytes failing says only "not this one"
+                continue
+    return None
+
+
+def _not_decoded(fmt: str) -> str:
+    return f"{fmt} (by its first bytes), a format not decoded here (only {', '.join(DECODED_FORMATS)})"
+
+
+def declared_size(head: bytes) -> tuple[int, int] | None:
+    """(width, height) a WebP file's RIFF header declares (its first 30 bytes: the canvas of VP8X, or
+    the frame of a simple lossy or lossless file); None for anything else. PIL's WebP plugin allocates
+    the canvas inside ``Image.open``, so this is what the pixel budget is checked on first."""
+    if len(head) < 30 or head[:4] != b"RIFF" or head[8:12] != b"WEBP":
+        return None
+    chunk = head[12:16]
+    if chunk == b"VP8X":
+        return 1 + int.from_bytes(head[24:27], "little"), 1 + int.from_bytes(head[27:30], "little")
+    if chunk == b"VP8L" and head[20] == 0x2F:
+        bits = int.from_bytes(head[21:25], "little")
+        return 1 + (bits & 0x3FFF), 1 + ((bits >> 14) & 0x3FFF)
+    if chunk == b"VP8 " and head[23:26] == b"\x9d\x01\x2a":
+        return int.from_bytes(head[26:28], "little") & 0x3FFF, int.from_bytes(head[28:30], "little") & 0x3FFF
+    return None
 
 
 def _chunk(image: Image.Image, data: bytes) -> int:

@@ -21,6 +21,7 @@ from PIL import Image
 from neva_pack.core import ConfigError, ImageRun
 from neva_pack.families.base import EncoderSpec, FamilyBase, FamilyOptions, Join, RunRequest
 from neva_pack.families.decode import DEFAULT_MAX_IMAGE_PIXELS, too_many_pixels
+from neva_pack.families.settings_keys import MAX_SIDE, Setting, is_int
 from neva_pack.families.image_ids import NEMO_IM_END, NEMO_IM_START, image_run_for
 from neva_pack.records import RecordError
 
@@ -56,6 +57,8 @@ class ImagePreprocessor(FamilyBase):
         self.shape = (3, *crop_size(encoder))
         self.encoder_tokens = encoder_tokens(encoder)
         """Sequence positions one image's features occupy: (H / patch) * (W / patch)."""
+        if self.encoder_tokens < 1:
+            raise ConfigError(f"--hf_vision_encoder {encoder.name}: a crop of {self.shape[1]} x {self.shape[2]} holds no patch of {encoder.patch_size}")
         self.vision_cost = self.encoder_tokens**2
         """Attention cost of one image in the encoder: patches² (one pass over its patches)."""
         mean = encoder.preprocessor_config.get("image_mean", _CLIP_MEAN if encoder.processor == "clip" else _HALF)
@@ -63,6 +66,14 @@ class ImagePreprocessor(FamilyBase):
         self._processors = None
         self._geometry = fast_geometry(encoder)
         self._normalisation = None
+
+    settings_keys = (
+        Setting("size", f"an integer or an object of height and width, or shortest_edge (and longest_edge), 1 to {MAX_SIDE:,} pixels",
+                lambda v: _crop_sides(v, ({"height", "width"}, {"shortest_edge"}, {"shortest_edge", "longest_edge"}))),
+        Setting("crop_size", f"an integer or an object of height and width, 1 to {MAX_SIDE:,} pixels",
+                lambda v: _crop_sides(v, ({"height", "width"},))),
+    )  # fmt: skip
+    """What the processor's geometry reads of a preprocessor_config.json beyond the common keys (settings_keys)."""
 
     @staticmethod
     def check_settings_file(settings: dict, processor: str, path) -> None:
@@ -96,6 +107,10 @@ class ImagePreprocessor(FamilyBase):
         )  # fmt: skip
 
     def tokens_for_size(self, width: int, height: int) -> int:
+        """Every image: ``encoder_tokens``."""
+        return self.encoder_tokens
+
+    def fewest_tokens(self) -> int:
         """Every image: ``encoder_tokens``."""
         return self.encoder_tokens
 
@@ -294,6 +309,13 @@ def encoder_tokens(encoder: EncoderSpec) -> int:
     """Sequence positions one image's features occupy: (H / patch) * (W / patch) of the crop."""
     height, width = crop_size(encoder)
     return (height // encoder.patch_size) * (width // encoder.patch_size)
+
+
+def _crop_sides(value, key_sets) -> bool:
+    """A size of one of ``key_sets`` (or one integer), every side from 1 to MAX_SIDE pixels."""
+    if is_int(value):
+        return 0 < value <= MAX_SIDE
+    return isinstance(value, dict) and set(value) in key_sets and all(is_int(v) and 0 < v <= MAX_SIDE for v in value.values())
 
 
 def _height_width(size) -> tuple[int, int]:

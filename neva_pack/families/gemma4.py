@@ -36,6 +36,7 @@ from PIL import Image
 from neva_pack.core import ConfigError, Normalisation
 from neva_pack.families.base import AttentionNeeds, EncoderSpec, FamilyBase, FamilyOptions, Join, refuse_layout_options
 from neva_pack.families.headers import StoredImage, planar_uint8
+from neva_pack.families.settings_keys import MAX_PATCH, choice, whole
 
 __all__ = ["BUDGETS", "Gemma4Family", "Gemma4Settings", "aspect_ratio_preserving_size"]
 
@@ -99,6 +100,9 @@ class Gemma4Family(FamilyBase):
     attention = AttentionNeeds(bidirectional_images=True, layer_types=("sliding_attention",), marks="mm_token_type_ids")
     """Sliding-window layers see each image's soft tokens both ways; full-attention layers stay causal."""
     settings_patch_size = True
+    settings_keys = (whole("patch_size", 1, MAX_PATCH), whole("pooling_kernel_size", 1, 8, " (patches pooled per side: 3)"),
+                     choice("max_soft_tokens", BUDGETS))  # fmt: skip
+    """What the processor reads of a preprocessor_config.json beyond the common keys (settings_keys)."""
 
     def __init__(self, settings: Gemma4Settings):
         self.settings = settings

@@ -17,7 +17,7 @@ from typing import BinaryIO
 import numpy as np
 from PIL import Image
 
-from neva_pack.families.decode import unreadable
+from neva_pack.families.decode import declared_size, open_vetted, unreadable
 from neva_pack.records import RecordError
 from neva_pack.core import StoredImage
 
@@ -43,38 +43,44 @@ def header_size(data: bytes | str | os.PathLike | BinaryIO, name: str | None = N
     ``data``: the file's bytes, its path, or a binary file object at its first byte (read only as far
     as the header goes); ``name``: the image's name in a skip's detail (default: the path, or "image bytes").
     The file's magic number picks PIL's plugin first (JPEG, PNG), which halves the cost of an open
-    that would otherwise try each plugin in turn; any other file is identified by PIL as usual.
-    Anything PIL cannot identify is an ``unreadable_image`` skip, as it would be when decoded.
+    that would otherwise try each plugin in turn; any other file is identified by the vetted plugins
+    (decode.DECODED_FORMATS; a WebP's size is read from its RIFF header, since its plugin allocates the
+    canvas inside ``Image.open``). Anything they cannot identify is an ``unreadable_image`` skip, as it
+    would be when decoded (naming its format when another PIL plugin knows it).
     (PIL warns, DecompressionBombWarning, of an image over ``Image.MAX_IMAGE_PIXELS``; the caller
     checks its own pixel budget on the size returned.)"""
     name = name or _name(data)
     try:
         if isinstance(data, bytes):
-            return _open_size(io.BytesIO(data), data[:8])
+            return _open_size(io.BytesIO(data), data[:30], name)
         if hasattr(data, "read"):
-            head = data.read(8)
+            head = data.read(30)
             data.seek(0)
-            return _open_size(data, head)
+            return _open_size(data, head, name)
         with open(data, "rb") as f:
-            head = f.read(8)
+            head = f.read(30)
             f.seek(0)
-            return _open_size(f, head)
+            return _open_size(f, head, name)
+    except RecordError:
+        raise
     except Image.DecompressionBombError as exc:
         raise RecordError("image_too_large", f"{name}: {exc}") from None
     except Exception as exc:  # noqa: BLE001 -- PIL's plugins raise far more than OSError (decode.py)
         raise unreadable(name, exc) from None
 
 
-def _open_size(stream, head: bytes) -> tuple[int, int]:
+def _open_size(stream, head: bytes, name: str) -> tuple[int, int]:
+    declared = declared_size(head)
+    if declared is not None:  # WebP: its plugin would allocate the canvas inside Image.open
+        return declared
     formats = next((names for magic, names in _MAGIC if head.startswith(magic)), None)
-    try:
-        with Image.open(stream, formats=formats) as image:
-            return image.size
-    except Image.UnidentifiedImageError:
-        if formats is None:
-            raise
-    stream.seek(0)
-    with Image.open(stream) as image:  # a file whose magic lies about its kind: PIL's full identification
+    if formats is not None:
+        try:
+            with Image.open(stream, formats=formats) as image:
+                return image.size
+        except Image.UnidentifiedImageError:
+            stream.seek(0)  # a file whose magic lies about its kind: every vetted plugin's identification
+    with open_vetted(stream, name, head) as image:
         return image.size
 
 

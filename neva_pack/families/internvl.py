@@ -29,8 +29,12 @@ image is 1.5 from both 2 x 2 and 4 x 1, transformers keeps 2 x 2 and InternVL 4 
 names such ties).
 
 Several images in a sample: the HF processor tiles each image with the whole budget (``max_patches``)
-whatever its sample holds, and so does this family (InternVL's own fine-tuning script divides the
-budget by the sample's image count instead, which a count from the image's size alone cannot follow).
+whatever its sample holds, and so does this family under "transformers". Under "internvl" the budget is
+shared as InternVL's own fine-tuning script shares it (``internvl_chat_finetune.py``,
+``multi_modal_multi_image_get_item``): each of a record's n images gets ``max(1, max_patches // n)``
+tiles at most (12 budget, 3 images: 4 each), so an image's count needs its sample's image count
+(``counts_images_per_sample``; the sample builder passes ``sample_images``). A budget under
+``min_patches`` leaves no grid to choose, and the image is one tile, as there.
 
 Pixels are transformers' ``GotOcr2ImageProcessorPil`` (PIL resize, then its float ops), bit-identical
 (tested over an image zoo): the stored uint8 image is the grid-sized resize the tiles are cut from,
@@ -49,8 +53,13 @@ from PIL import Image
 from neva_pack.core import ConfigError
 from neva_pack.families.base import EncoderSpec, FamilyBase, FamilyOptions, Join, processor_normalisation, refuse_layout_options
 from neva_pack.families.headers import StoredImage, planar_uint8
+from neva_pack.families.settings_keys import MAX_SIDE, Setting, check_keys, whole
 
-__all__ = ["ARITHMETICS", "InternVLProcessor", "TileSettings", "candidate_grids", "closest_grid", "tile_settings"]
+__all__ = ["ARITHMETICS", "MAX_TILES", "InternVLProcessor", "TileSettings", "candidate_grids", "closest_grid", "tile_settings"]
+
+MAX_TILES = 64
+"""Most tiles of a grid a settings file may ask for (12 in every release; the candidate grids grow
+with its square, InternVL's own order with its cube)."""
 
 ARITHMETICS = ("transformers", "internvl")
 """Whose candidate order the grid choice follows (see the module's docstring)."""
@@ -170,6 +179,8 @@ class InternVLProcessor(FamilyBase):
     models = "InternVL 3.5"
     option_names = ("arithmetic",)
     """Whose grid choice to follow ("transformers" or "internvl"), as ``options`` records it."""
+    references = ARITHMETICS
+    """``--image_reference``: the Hugging Face processor's grid choice, or InternVL's own."""
     batch_keys = {"pixel_values": Join.IMAGES}
     """Every image's tiles end to end: (sum of tiles, 3, 448, 448)."""
 
@@ -181,22 +192,30 @@ class InternVLProcessor(FamilyBase):
         """core.Normalisation: the processor's rescale factor, mean and std."""
         self.arithmetic = arithmetic
         self._grids = _GridIndex(candidate_grids(settings.min_patches, settings.max_patches, arithmetic), settings.tile)
+        self._shared: dict[int, _GridIndex] = {}  # a shared budget (``sample_images`` over 1) -> its grids
+
+    settings_keys = (
+        Setting("size", f"an object of height and width, one square tile's side (1 to {MAX_SIDE:,} pixels)",
+                lambda v: isinstance(v, dict) and set(v) == {"height", "width"} and v["height"] == v["width"] and 0 < v["height"] <= MAX_SIDE),
+        whole("min_patches", 1, MAX_TILES, " (fewest tiles of a grid)"),
+        whole("max_patches", 1, MAX_TILES, " (most tiles of a grid: 12 in every release)"),
+    )  # fmt: skip
+    """What the processor reads of a preprocessor_config.json beyond the common keys (settings_keys)."""
 
     @staticmethod
     def model_settings(directory, model_config: dict, read) -> dict:
         """Positions per tile from a checkpoint directory's processor_config.json (``image_seq_length``)."""
         processor_file = directory / "processor_config.json"
         processor_config = read(processor_file) if processor_file.exists() else {}
+        check_keys(processor_config, processor_file, (whole("image_seq_length", 1, 1 << 14, " (positions per tile: 256)"),))
         found = processor_config.get("image_seq_length")
-        if found is not None and (not isinstance(found, int) or isinstance(found, bool) or found < 1):
-            raise ConfigError(f"{processor_file}: image_seq_length {found!r:.60}: expected a positive integer")
         return {} if found is None else {"image_seq_length": found}
 
     @classmethod
     def from_options(cls, encoder: EncoderSpec, options: FamilyOptions) -> InternVLProcessor:
-        """The Hugging Face processor's grid choice (the -HF checkpoints')."""
+        """The Hugging Face processor's grid choice (the -HF checkpoints'), or InternVL's own (``--image_reference``)."""
         refuse_layout_options(encoder, options)
-        return cls.from_encoder(encoder)
+        return cls.from_encoder(encoder, arithmetic=options.reference or "transformers")
 
     @classmethod
     def from_encoder(cls, encoder: EncoderSpec, *, arithmetic: str = "transformers") -> InternVLProcessor:
@@ -207,42 +226,72 @@ class InternVLProcessor(FamilyBase):
         """Whose grid choice the counts follow."""
         return {"arithmetic": self.arithmetic}
 
-    def grid(self, width: int, height: int) -> tuple[int, int]:
-        """(columns, rows) of the image's tiles (1 x 1 when ``max_patches`` is 1: the processor then only resizes)."""
-        s = self.settings
-        if s.max_patches == 1:
-            return 1, 1
-        return self._grids.best(width, height)
+    @property
+    def counts_images_per_sample(self) -> bool:
+        """InternVL's own fine-tuning shares the tile budget among a record's images (the module's docstring)."""
+        return self.arithmetic == "internvl" and self.settings.max_patches > 1
 
-    def tiles(self, width: int, height: int) -> int:
+    def tile_budget(self, sample_images: int = 1) -> int:
+        """Most tiles of one of ``sample_images`` images of a sample: ``max_patches``, or under "internvl"
+        ``max(1, max_patches // sample_images)``."""
+        if not self.counts_images_per_sample:
+            return self.settings.max_patches
+        return max(1, self.settings.max_patches // max(1, sample_images))
+
+    def grid(self, width: int, height: int, *, sample_images: int = 1) -> tuple[int, int]:
+        """(columns, rows) of the image's tiles (1 x 1 when its budget is 1, or under ``min_patches``: the
+        processor then only resizes)."""
+        s = self.settings
+        budget = self.tile_budget(sample_images)
+        if budget == 1 or budget < s.min_patches:
+            return 1, 1
+        if budget == s.max_patches:
+            return self._grids.best(width, height)
+        if budget not in self._shared:
+            self._shared[budget] = _GridIndex(candidate_grids(s.min_patches, budget, self.arithmetic), s.tile)
+        return self._shared[budget].best(width, height)
+
+    def tiles(self, width: int, height: int, *, sample_images: int = 1) -> int:
         """Tiles the model reads of the image: the grid's, plus the thumbnail when the grid has more than one."""
-        columns, rows = self.grid(width, height)
+        columns, rows = self.grid(width, height, sample_images=sample_images)
         return 1 if columns * rows == 1 else columns * rows + 1
 
-    def tokens_for_size(self, width: int, height: int) -> int:
+    def tokens_for_size(self, width: int, height: int, *, sample_images: int = 1) -> int:
         """256 ``<IMG_CONTEXT>`` positions per tile (the run's ``<img>`` / ``</img>`` are the image run's)."""
-        return self.tiles(width, height) * self.settings.tokens_per_tile
+        return self.tiles(width, height, sample_images=sample_images) * self.settings.tokens_per_tile
 
-    def pixels_for_size(self, width: int, height: int) -> int:
+    def fewest_tokens(self) -> int:
+        """The positions of the smallest grid: one tile (``min_patches`` 1), or ``min_patches`` tiles and the thumbnail."""
+        s = self.settings
+        if s.min_patches == 1 or self.counts_images_per_sample:  # a shared budget may come down to one tile
+            return s.tokens_per_tile
+        return s.tokens_per_tile * (s.min_patches + 1)
+
+    def pixels_for_size(self, width: int, height: int, *, sample_images: int = 1) -> int:
         """Pixels of the grid-sized resize (the largest image the processor makes of it)."""
-        columns, rows = self.grid(width, height)
+        columns, rows = self.grid(width, height, sample_images=sample_images)
         return columns * rows * self.settings.tile**2
 
-    def vision_cost_for_size(self, width: int, height: int) -> int:
+    def vision_cost_for_size(self, width: int, height: int, *, sample_images: int = 1) -> int:
         """One encoder pass per tile, each of its 1024 patches squared."""
-        return self.tiles(width, height) * self.settings.patches_per_tile**2
+        return self.tiles(width, height, sample_images=sample_images) * self.settings.patches_per_tile**2
 
-    def to_uint8(self, image: Image.Image) -> StoredImage:
+    def vision_cost_of_stored(self, size: tuple[int, int], parts: int, tokens: int) -> int:
+        """The stored image's tiles (its tokens over a tile's), whatever budget its sample gave it."""
+        return tokens // self.settings.tokens_per_tile * self.settings.patches_per_tile**2
+
+    def to_uint8(self, image: Image.Image, *, sample_images: int = 1) -> StoredImage:
         """RGB image -> (the image resized to its grid,) or, for a grid of several tiles, (that, the
         448 x 448 thumbnail), uint8: the processor's two resizes, the tiles cut from the first on read."""
         s = self.settings
         width, height = image.size
-        columns, rows = self.grid(width, height)
+        columns, rows = self.grid(width, height, sample_images=sample_images)
         resized = image.resize((columns * s.tile, rows * s.tile), resample=s.resample)
         parts = (planar_uint8(resized),)
         if columns * rows > 1:
             parts += (planar_uint8(image.resize((s.tile, s.tile), resample=s.resample)),)
-        return StoredImage(size=(width, height), parts=parts, tokens=self.tokens_for_size(width, height))
+        tokens = self.tiles(width, height, sample_images=sample_images) * s.tokens_per_tile
+        return StoredImage(size=(width, height), parts=parts, tokens=tokens)
 
     def model_inputs(self, images: list[StoredImage]) -> dict[str, np.ndarray]:
         """``pixel_values`` float32 (sum of tiles, 3, 448, 448): each image's tiles row by row, then its

@@ -59,4 +59,4 @@ def pack_model_inputs(
 
 def stored_vision_cost(processor: ModelFamily, image: StoredImage) -> int:
     """The vision encoder's attention cost of one stored image, as the sample builder weighed it."""
-    return processor.vision_cost_of_stored(image.size, len(image.parts))
+    return processor.vision_cost_of_stored(image.size, len(image.parts), image.tokens)

@@ -19,10 +19,25 @@ is h' x w' (``image_grid_thw`` h and w over the merge size), starting at text po
 at ``st + max(h', w')``. Every sample starts at 0, so the ids of a sample inside a pack are those of
 the sample alone: what transformers' ``get_rope_index`` gives for it (Qwen2-VL and Qwen2.5-VL agree
 for still images; tested against both); a sample's padding continues from its largest id + 1.
+
+Two references for an image's size (``reference``, the command line's ``--image_reference``):
+
+- "transformers" (default): the Hugging Face processor, as above, with the encoder's bounds.
+- "qwen_vl_utils": Qwen's own ``qwen-vl-utils`` (0.0.14), whose ``fetch_image`` resizes the image with
+  PIL before the processor (called with ``do_resize=False``, as Qwen3-VL's model card does; for
+  Qwen2/2.5-VL the processor's own resize is then the identity). Its ``smart_resize`` takes each
+  rounded side to at least one factor and does not hold a floored side at one factor; its bounds are
+  4 and 16,384 tokens (``4 * factor**2`` .. ``16384 * factor**2`` pixels, factor ``2 * patch_size``:
+  ``image_patch_size`` 14 for Qwen2/2.5-VL, 16 for Qwen3-VL), not the encoder's, replaced by
+  ``--min_pixels`` / ``--max_pixels`` as a message's own ``min_pixels`` / ``max_pixels`` replace
+  them; PIL's default filter (bicubic). Tokens, grid and pixels equal it (tests/families/
+  test_native_references.py, golden data from the package). Not followed: its compositing of an RGBA
+  image on white (every family here drops alpha, decode.py); a record carries no per-image bounds.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -32,12 +47,13 @@ from PIL import Image
 from neva_pack.core import ConfigError, Normalisation
 from neva_pack.families.base import EncoderSpec, FamilyBase, FamilyOptions, Join, RunRequest, VideoPlan, VideoRequest, model_image_run, processor_normalisation, refuse_layout_options
 from neva_pack.families.headers import StoredImage, planar_uint8
+from neva_pack.families.settings_keys import MAX_AREA, MAX_PATCH, Setting, whole
 from neva_pack.families.video_frames import (
-    arange_indices, budget_smart_resize, frames_at_fps, linspace_indices, paired_timestamps, rate_frame_count, temporal_smart_resize,
-    torch_linspace_indices,
+    arange_indices, frames_at_fps, linspace_indices, paired_timestamps, rate_frame_count, temporal_smart_resize, torch_linspace_indices,
 )  # fmt: skip
 
-__all__ = ["VIDEO_PROFILES", "NativeProcessor", "NativeSettings", "NativeVideo", "mrope_position_ids", "smart_resize"]
+__all__ = ["REFERENCES", "VIDEO_PROFILES", "NativeProcessor", "NativeSettings", "NativeVideo", "mrope_position_ids", "qwen_vl_utils_resize",
+           "smart_resize"]  # fmt: skip
 
 MAX_ASPECT_RATIO = 200
 """The reference refuses an image whose long side is over 200 times its short side."""
@@ -59,6 +75,8 @@ class NativeSettings:
     """Largest resized area (the checkpoints' 12,845,056; transformers' class default is 1,003,520)."""
     resample: int
     """PIL resampling filter of the resize (3, bicubic)."""
+    reference: str = "transformers"
+    """Whose resize the sizes follow (``REFERENCES``; the module's docstring)."""
 
     @property
     def factor(self) -> int:
@@ -71,9 +89,8 @@ def native_settings(encoder: EncoderSpec, *, min_pixels: int | None = None, max_
     ``max_pixels`` over ``size``'s ``shortest_edge`` / ``longest_edge``); the keyword arguments
     (``--min_pixels`` / ``--max_pixels``) override both."""
     cfg = encoder.preprocessor_config
-    size = cfg.get("size") or {}
-    low = min_pixels or cfg.get("min_pixels") or size.get("shortest_edge") or size.get("min_pixels") or 56 * 56
-    high = max_pixels or cfg.get("max_pixels") or size.get("longest_edge") or size.get("max_pixels") or 28 * 28 * 1280
+    file_low, file_high = _areas(cfg)
+    low, high = min_pixels or file_low, max_pixels or file_high
     settings = NativeSettings(
         patch_size=int(cfg.get("patch_size", encoder.patch_size)),
         merge_size=int(cfg.get("merge_size", 2)),
@@ -85,6 +102,63 @@ def native_settings(encoder: EncoderSpec, *, min_pixels: int | None = None, max_
     if not 0 < settings.min_pixels <= settings.max_pixels:
         raise ConfigError(f"--min_pixels {settings.min_pixels} / --max_pixels {settings.max_pixels}: need 0 < min <= max")
     return settings
+
+
+REFERENCES = ("transformers", "qwen_vl_utils")
+"""Whose resize an image's size follows (the module's docstring)."""
+
+QWEN_VL_UTILS_TOKENS = (4, 16384)
+"""qwen-vl-utils' default bounds of an image, in tokens (its IMAGE_MIN_TOKEN_NUM, IMAGE_MAX_TOKEN_NUM):
+``factor**2`` pixels each."""
+
+
+def reference_settings(settings: NativeSettings, reference: str | None, *, min_pixels: int | None = None,
+                       max_pixels: int | None = None) -> NativeSettings:  # fmt: skip
+    """``settings`` for ``reference`` (None: transformers'): for qwen-vl-utils, its own bounds (the
+    flags over them) and PIL's default filter; ConfigError for a reference this family does not know or
+    a merge size qwen-vl-utils cannot make (it merges 2 x 2)."""
+    reference = reference or "transformers"
+    if reference not in REFERENCES:
+        raise ConfigError(f"--image_reference {reference}: Qwen2-VL / Qwen2.5-VL / Qwen3-VL images follow one of {', '.join(REFERENCES)}")
+    if reference == "transformers":
+        return settings
+    if settings.merge_size != 2:
+        raise ConfigError(f"--image_reference {reference}: it merges 2 x 2 patches, the encoder {settings.merge_size} x {settings.merge_size}")
+    low, high = (tokens * settings.factor**2 for tokens in QWEN_VL_UTILS_TOKENS)
+    low, high = min_pixels or low, max_pixels or high
+    if not 0 < low <= high:
+        raise ConfigError(f"--min_pixels {low} / --max_pixels {high}: need 0 < min <= max")
+    return dataclasses.replace(settings, min_pixels=low, max_pixels=high, resample=int(Image.Resampling.BICUBIC), reference=reference)
+
+
+def qwen_vl_utils_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """(height, width) qwen-vl-utils' ``smart_resize`` gives: ``smart_resize``'s steps, but each rounded
+    side at least ``factor`` and a floored side not held at it. ValueError for an aspect ratio over 200
+    (its refusal) and for a side floored to 0 (PIL's refusal of the resize that follows)."""
+    if min(height, width) < 1 or max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
+        raise ValueError(f"{width} x {height}: the aspect ratio must be at most {MAX_ASPECT_RATIO}")
+    h_bar = max(factor, round(height / factor) * factor)
+    w_bar = max(factor, round(width / factor) * factor)
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt((height * width) / max_pixels)
+        h_bar = math.floor(height / beta / factor) * factor
+        w_bar = math.floor(width / beta / factor) * factor
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    if min(h_bar, w_bar) < 1:
+        raise ValueError(f"{width} x {height}: resizes to {w_bar} x {h_bar} under --max_pixels {max_pixels}")
+    return h_bar, w_bar
+
+
+def _areas(cfg: dict) -> tuple[int, int]:
+    """(min_pixels, max_pixels) as the processor reads a settings file: its own keys over ``size``'s,
+    the class defaults for what it leaves out."""
+    size = cfg.get("size") or {}
+    low = cfg.get("min_pixels") or size.get("shortest_edge") or size.get("min_pixels") or 56 * 56
+    high = cfg.get("max_pixels") or size.get("longest_edge") or size.get("max_pixels") or 28 * 28 * 1280
+    return low, high
 
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
@@ -114,14 +188,34 @@ class NativeProcessor(FamilyBase):
     """(start, patch, end) of an image run as the models' tokenizers spell them: one ``<|image_pad|>``
     per merged patch between ``<|vision_start|>`` and ``<|vision_end|>``."""
     models = "Qwen2-VL / Qwen2.5-VL"
-    option_names = ("min_pixels", "max_pixels")
-    """The family's own options (``--min_pixels`` / ``--max_pixels``), as ``options`` records them."""
+    option_names = ("arithmetic", "min_pixels", "max_pixels")
+    """The family's own options (``--image_reference``, as ``arithmetic``; ``--min_pixels`` / ``--max_pixels``),
+    as ``options`` records them."""
+    references = REFERENCES
     batch_keys = {"pixel_values": Join.IMAGES, "image_grid_thw": Join.IMAGES, "pixel_values_videos": Join.IMAGES,
                   "video_grid_thw": Join.IMAGES, "second_per_grid_ts": Join.IMAGES}  # fmt: skip
     """Patch rows of every image end to end, and one (t, h, w) row per image; likewise for video clips
     (a family reading videos), with Qwen2.5-VL's seconds per temporal patch of each clip."""
     settings_patch_size = True
     """Its preprocessor_config.json names the patch size (a checkpoint's config.json may not)."""
+    settings_keys = (
+        Setting("size", "an object of shortest_edge and/or longest_edge, or min_pixels and/or max_pixels (areas in pixels)",
+                lambda v: isinstance(v, dict) and bool(v) and (set(v) <= {"shortest_edge", "longest_edge"} or set(v) <= {"min_pixels", "max_pixels"})),
+        whole("patch_size", 1, MAX_PATCH),
+        whole("merge_size", 1, 8, " (patches merged per side: 2 in every release)"),
+        whole("temporal_patch_size", 1, 8, " (frames per patch: 2 in every release)"),
+        whole("min_pixels", 1, MAX_AREA),
+        whole("max_pixels", 1, MAX_AREA),
+    )  # fmt: skip
+    """What the processor reads of a preprocessor_config.json beyond the common keys (settings_keys)."""
+
+    @staticmethod
+    def check_settings_file(settings: dict, processor: str, path) -> None:
+        """The smallest area must be at most the largest, as the settings spell them."""
+        low, high = _areas(settings)
+        if low > high:
+            raise ConfigError(f"{path}: min_pixels (or size) {low:,} > max_pixels (or size) {high:,}: need min <= max "
+                              "(defaults 3,136 and 1,003,520)")
 
     def __init__(self, settings: NativeSettings, normalisation, encoder: EncoderSpec | None = None, video: NativeVideo | None = None):
         self.settings = settings
@@ -139,17 +233,21 @@ class NativeProcessor(FamilyBase):
     def from_options(cls, encoder: EncoderSpec, options: FamilyOptions) -> NativeProcessor:
         """``--min_pixels`` / ``--max_pixels`` over the encoder's settings."""
         refuse_layout_options(encoder, options)
-        return cls.from_encoder(encoder, min_pixels=options.min_pixels, max_pixels=options.max_pixels)
+        return cls.from_encoder(encoder, arithmetic=options.reference, min_pixels=options.min_pixels, max_pixels=options.max_pixels)
 
     @classmethod
-    def from_encoder(cls, encoder: EncoderSpec, *, min_pixels: int | None = None, max_pixels: int | None = None) -> NativeProcessor:
+    def from_encoder(cls, encoder: EncoderSpec, *, arithmetic: str | None = None, min_pixels: int | None = None,
+                     max_pixels: int | None = None) -> NativeProcessor:  # fmt: skip
+        """``arithmetic``: whose resize to follow (``REFERENCES``; None: transformers')."""
         normalisation = processor_normalisation(encoder, ("do_resize", "do_rescale", "do_normalize"), _CLIP_MEAN, _CLIP_STD)
-        return cls(native_settings(encoder, min_pixels=min_pixels, max_pixels=max_pixels), normalisation, encoder)
+        bounds = {"min_pixels": min_pixels, "max_pixels": max_pixels} if arithmetic in (None, "transformers") else {}
+        settings = native_settings(encoder, **bounds)  # qwen-vl-utils' bounds are its own, not the encoder's
+        return cls(reference_settings(settings, arithmetic, min_pixels=min_pixels, max_pixels=max_pixels), normalisation, encoder)
 
     def options(self) -> dict:
-        """``min_pixels`` / ``max_pixels`` as resolved (the flags, or the encoder's settings), and the
-        video settings of a family reading videos."""
-        options = {"min_pixels": self.settings.min_pixels, "max_pixels": self.settings.max_pixels}
+        """Whose resize (``arithmetic``) and ``min_pixels`` / ``max_pixels`` as resolved (the flags, or the
+        reference's bounds), and the video settings of a family reading videos."""
+        options = {"arithmetic": self.settings.reference, "min_pixels": self.settings.min_pixels, "max_pixels": self.settings.max_pixels}
         if self.video is not None:
             options["video"] = self.video.to_json()
         return options
@@ -157,7 +255,8 @@ class NativeProcessor(FamilyBase):
     def resized_size(self, width: int, height: int) -> tuple[int, int]:
         """(height, width) the image is resized to."""
         s = self.settings
-        return smart_resize(height, width, s.factor, s.min_pixels, s.max_pixels)
+        resize = qwen_vl_utils_resize if s.reference == "qwen_vl_utils" else smart_resize
+        return resize(height, width, s.factor, s.min_pixels, s.max_pixels)
 
     def grid_thw(self, width: int, height: int) -> tuple[int, int, int]:
         """The image's ``image_grid_thw`` row: (1, H / patch, W / patch)."""
@@ -269,11 +368,11 @@ class NativeProcessor(FamilyBase):
         if v is None:
             raise ValueError(f"{self.models}: this run reads no video")
         tps, factor = s.temporal_patch_size, s.factor
-        if v.profile == "qwen-vl-utils":  # qwen-vl-utils 0.0.14's fetch_video: frames, then a per-frame budget
+        if v.profile == "qwen_vl_utils":  # qwen-vl-utils 0.0.14's fetch_video: frames, then a per-frame budget
             count = rate_frame_count(frame_count, fps, v.fps, v.min_frames, v.max_frames, tps)
             indices = torch_linspace_indices(frame_count, count)
             most = max(min(v.max_pixels, v.max_video_tokens * factor * factor * 0.9 / count * tps), int(v.min_pixels * 1.05))
-            height_out, width_out = budget_smart_resize(height, width, factor, v.min_pixels, most)
+            height_out, width_out = qwen_vl_utils_resize(height, width, factor, v.min_pixels, most)
             seconds = tps / (count / max(frame_count, 1e-6) * fps) if v.timing == "seconds" else 0.0
         elif v.timing == "seconds":  # transformers' Qwen2VLVideoProcessor (Qwen2.5-VL)
             top = math.floor(min(v.max_frames, frame_count) / tps) * tps
@@ -308,7 +407,7 @@ class NativeProcessor(FamilyBase):
             ids = np.concatenate([*parts, [v.end_id]])
         return VideoPlan(indices=tuple(int(i) for i in indices), size=(height_out, width_out), tokens=grid_t * frame_tokens,
                          ids=ids.astype(np.int64), grid_seconds=seconds, cost=grid_t * (grid_h * grid_w) ** 2,
-                         resize="v1" if v.profile == "qwen-vl-utils" else "v2")  # fmt: skip
+                         resize="v1" if v.profile == "qwen_vl_utils" else "v2")  # fmt: skip
 
     def video_to_stored(self, frames: np.ndarray, plan: VideoPlan, size: tuple[int, int]) -> StoredImage:
         """uint8 (T, 3, h, w) -> one part (3, T h, w), the frames top to bottom (core.StoredImage)."""
@@ -351,9 +450,9 @@ class NativeProcessor(FamilyBase):
         return [(tuple(grid), float(np.float32(self.video.tokens_per_second) * second)) for grid, second in zip(grids, seconds)]
 
 
-VIDEO_PROFILES = ("hf", "hf_cap", "qwen-vl-utils")
+VIDEO_PROFILES = ("hf", "hf_cap", "qwen_vl_utils")
 """Whose arithmetic samples and sizes the clips: ``hf``, transformers' video processors; ``hf_cap``, the
-same with ``cap_pixels_per_frame`` on (each frame's share of the whole-clip budget); ``qwen-vl-utils``,
+same with ``cap_pixels_per_frame`` on (each frame's share of the whole-clip budget); ``qwen_vl_utils``,
 Qwen's own ``fetch_video`` (0.0.14: 2 fps, frames a multiple of 2, 128..768 tokens a frame within a
 whole-clip budget of 128,000 x 0.9 tokens), whose frames the processor then takes as they are."""
 
@@ -399,7 +498,7 @@ class NativeVideo:
             timing, (low, high), tokens = "seconds", (settings.min_pixels, settings.max_pixels), 128000
         else:
             raise ConfigError(f"video clips: {encoder.name} ({kind or 'no processor_class'}) is not a Qwen2.5-VL or Qwen3-VL encoder")
-        if request.profile == "qwen-vl-utils":  # VIDEO_MIN/MAX_TOKEN_NUM and MODEL_SEQ_LEN, in pixels of the factor
+        if request.profile == "qwen_vl_utils":  # VIDEO_MIN/MAX_TOKEN_NUM and MODEL_SEQ_LEN, in pixels of the factor
             (low, high), tokens = (128 * settings.factor**2, 768 * settings.factor**2), 128000
         run = model_image_run(tokenizer, ("<|vision_start|>", "<|video_pad|>", "<|vision_end|>"), "Qwen2.5-VL / Qwen3-VL", RunRequest())
         start, pad, end = run.start_id, run.patch_id, run.end_id

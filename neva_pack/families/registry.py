@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import importlib.resources
 import json
-import math
 from pathlib import Path
 
 from neva_pack.core import ConfigError, ImageRun
@@ -30,9 +29,10 @@ from neva_pack.families.fixed import ImagePreprocessor
 from neva_pack.families.internvl import InternVLProcessor
 from neva_pack.families.gemma4 import Gemma4Family
 from neva_pack.families.native import NativeProcessor
+from neva_pack.families.settings_keys import COMMON_SETTINGS, MAX_PATCH, check_keys, is_int
 
 __all__ = [
-    "FAMILIES", "IMAGE_DELIMITER_PIECES", "PROCESSOR_FAMILIES", "check_settings", "dynamic_image_run", "dynamic_processor",
+    "FAMILIES", "IMAGE_DELIMITER_PIECES", "IMAGE_REFERENCES", "PROCESSOR_FAMILIES", "check_settings", "dynamic_image_run", "dynamic_processor",
     "known_encoders", "model_family", "processor_from_record", "processor_record", "registered_batch_keys", "resolve_encoder",
 ]  # fmt: skip
 
@@ -110,6 +110,7 @@ def _from_directory(directory: Path, patch_size: int | None) -> EncoderSpec:
             "Qwen2VLImageProcessor or GotOcr2ImageProcessor)"
         )
     family = FAMILIES[PROCESSOR_FAMILIES[processor]]
+    check_keys(settings, config_file, family.settings_keys)
     family.check_settings_file(settings, processor, config_file)
     model_file = directory / "config.json"
     model_config = _read(model_file) if model_file.exists() else {}
@@ -118,13 +119,13 @@ def _from_directory(directory: Path, patch_size: int | None) -> EncoderSpec:
         raise ConfigError(f"{model_file}: vision_config {vision!r:.60}: expected an object, got {type(vision).__name__}")
     if patch_size is None and family.settings_patch_size:
         patch_size = settings.get("patch_size")
-        if patch_size is not None and not _positive_int(patch_size):
-            raise ConfigError(f"{config_file}: patch_size {patch_size!r:.60}: expected a positive integer")
+        if patch_size is not None and not _patch(patch_size):
+            raise ConfigError(f"{config_file}: patch_size {patch_size!r:.60}: expected {_PATCH}")
     if patch_size is None:
         key = "vision_config.patch_size" if vision.get("patch_size") else "patch_size"
         patch_size = _square_side(vision.get("patch_size") or model_config.get("patch_size"))
-        if patch_size and not _positive_int(patch_size):
-            raise ConfigError(f"{model_file}: {key} {patch_size!r:.60}: expected a positive integer")
+        if patch_size and not _patch(patch_size):
+            raise ConfigError(f"{model_file}: {key} {patch_size!r:.60}: expected {_PATCH}")
     if not patch_size:
         raise ConfigError(
             f"--hf_vision_encoder {directory}: patch size unknown (no config.json with patch_size); "
@@ -145,46 +146,21 @@ def _read(path: Path) -> dict:
 
 
 def check_settings(settings: dict, path) -> None:
-    """The settings this tool reads itself have the types the processors expect: a bad one is one
-    line naming the file and the key (not a TypeError deep inside a worker)."""
-
-    def refuse(key: str, expected: str) -> None:
-        value = settings[key]
-        raise ConfigError(f"{path}: {key} {value!r:.60}: expected {expected}, got {type(value).__name__}")
-
-    for key in ("size", "crop_size"):
-        if key in settings and not _is_size(settings[key]):
-            refuse(key, "a positive integer or an object of positive integers: height and width, shortest_edge and/or longest_edge, "
-                        "max_height and max_width, or min_pixels and max_pixels")
-    for key in ("do_resize", "do_center_crop", "do_rescale", "do_normalize", "do_convert_rgb"):
-        if key in settings and not isinstance(settings[key], bool):
-            refuse(key, "true or false")
-    if "resample" in settings and not (_is_int(settings["resample"]) and 0 <= settings["resample"] <= 5):
-        refuse("resample", "a PIL resampling filter number, 0 to 5")
-    if "rescale_factor" in settings and not (_is_number(settings["rescale_factor"]) and settings["rescale_factor"] > 0):
-        refuse("rescale_factor", "a positive number")
-    for key in ("image_mean", "image_std"):
-        value = settings.get(key)
-        if key in settings and not (isinstance(value, list) and len(value) == 3 and all(map(_is_number, value))):
-            refuse(key, "a list of 3 numbers (one per RGB channel)")
-    if any(not 0 <= v <= 1 for v in settings.get("image_mean", ())):
-        refuse("image_mean", "numbers from 0 to 1 (the mean of pixels scaled to 0..1)")
-    if any(v <= 0 for v in settings.get("image_std", ())):
-        refuse("image_std", "numbers above 0 (pixels are divided by them)")
-    if "image_processor_type" in settings and not isinstance(settings["image_processor_type"], str):
-        refuse("image_processor_type", "a class name")
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value) -> bool:
-    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
+    """The settings every family reads alike (settings_keys.COMMON_SETTINGS) have the types and ranges
+    the processors expect: a bad one is one line naming the file and the key (not a TypeError deep
+    inside a worker, nor pixels normalised to infinity)."""
+    check_keys(settings, path, COMMON_SETTINGS)
 
 
 def _positive_int(value) -> bool:
-    return _is_int(value) and value > 0
+    return is_int(value) and value > 0
+
+
+def _patch(value) -> bool:
+    return _positive_int(value) and value <= MAX_PATCH
+
+
+_PATCH = f"a positive integer (pixels on a patch's side, at most {MAX_PATCH})"
 
 
 def _square_side(value):
@@ -193,17 +169,6 @@ def _square_side(value):
     if isinstance(value, list) and len(value) == 2 and value[0] == value[1] and _positive_int(value[0]):
         return value[0]
     return value
-
-
-_SIZE_KEYS = ({"height", "width"}, {"shortest_edge"}, {"shortest_edge", "longest_edge"}, {"longest_edge"},
-              {"max_height", "max_width"}, {"min_pixels", "max_pixels"})
-"""The key sets transformers' image processors accept in a size (any other is its ValueError in a worker)."""
-
-
-def _is_size(value) -> bool:
-    if _positive_int(value):
-        return True
-    return isinstance(value, dict) and set(value) in _SIZE_KEYS and all(map(_positive_int, value.values()))
 
 
 def _shipped():
@@ -238,6 +203,9 @@ def model_family(encoder: EncoderSpec, options: FamilyOptions = FamilyOptions())
     cls = FAMILIES[encoder.family]
     _refuse_others(cls, encoder, {"min_pixels": options.min_pixels, "max_pixels": options.max_pixels,
                                   "max_soft_tokens": options.max_soft_tokens})  # fmt: skip
+    if options.reference is not None and options.reference not in cls.references:
+        follows = f"one of {', '.join(cls.references)}" if cls.references else "its Hugging Face processor only (no --image_reference)"
+        raise ConfigError(f"--image_reference {options.reference}: {encoder.name}'s images ({cls.models}) follow {follows}")
     return cls.from_options(encoder, options)
 
 
@@ -254,6 +222,10 @@ def dynamic_processor(
     _refuse_others(cls, encoder, {"min_pixels": min_pixels, "max_pixels": max_pixels, "max_soft_tokens": max_soft_tokens})
     given = {"arithmetic": arithmetic, "min_pixels": min_pixels, "max_pixels": max_pixels, "max_soft_tokens": max_soft_tokens}
     return cls.from_encoder(encoder, **{name: given[name] for name in cls.option_names})
+
+
+IMAGE_REFERENCES = tuple(dict.fromkeys(reference for cls in FAMILIES.values() for reference in cls.references))
+"""Every reference a family's images can follow (``--image_reference``'s choices; ``ModelFamily.references``)."""
 
 
 def _refuse_others(cls, encoder: EncoderSpec, given: dict) -> None:

@@ -31,7 +31,7 @@ import numpy as np
 from neva_pack.records import RecordError
 
 __all__ = [
-    "arange_indices", "budget_smart_resize", "decode_frames", "frames_at_fps", "linspace_indices", "paired_timestamps",
+    "arange_indices", "decode_frames", "frames_at_fps", "linspace_indices", "paired_timestamps",
     "rate_frame_count", "temporal_smart_resize", "torch_linspace_indices",
 ]  # fmt: skip
 
@@ -73,23 +73,6 @@ def rate_frame_count(total: int, fps: float, target_fps: float, min_frames: int,
     if not factor <= count <= total:
         raise ValueError(f"{total} frame(s): {count} sampled, fewer than the temporal patch of {factor}")
     return count
-
-
-def budget_smart_resize(height: int, width: int, factor: int, min_pixels: float, max_pixels: float) -> tuple[int, int]:
-    """(height, width) of each frame: multiples of ``factor`` (at least one), area within [min_pixels,
-    max_pixels] up to rounding, as qwen-vl-utils 0.0.14's ``smart_resize`` (its per-frame budget may be
-    fractional). ValueError for an aspect ratio over 200."""
-    if min(height, width) < 1 or max(height, width) / min(height, width) > 200:
-        raise ValueError(f"{width} x {height}: the aspect ratio must be at most 200")
-    h_bar = max(factor, round(height / factor) * factor)
-    w_bar = max(factor, round(width / factor) * factor)
-    if h_bar * w_bar > max_pixels:
-        beta = math.sqrt(height * width / max_pixels)
-        h_bar, w_bar = math.floor(height / beta / factor) * factor, math.floor(width / beta / factor) * factor
-    elif h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
-        h_bar, w_bar = math.ceil(height * beta / factor) * factor, math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
 
 
 def frames_at_fps(total: int, fps: float, target_fps: float) -> float:

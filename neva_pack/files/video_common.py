@@ -80,8 +80,10 @@ class VideoHeader:
     """PyAV's ``float(stream.average_rate)``: frames over the sample durations (MP4), 10^9 / the
     track's DefaultDuration (Matroska, approximated as FFmpeg does), else frames over duration."""
     duration_s: float
-    """The stream's duration in seconds as FFmpeg computes it (MP4: edit lists applied); Matroska:
-    the segment's Duration (FFmpeg gives the stream none)."""
+    """The stream's duration in seconds as FFmpeg computes it. MP4: the media header's, capped at the
+    sum of the sample durations and at the edit list's length; 0 where the media header declares
+    none (0, or all ones for "unknown"), as FFmpeg reports. Matroska: the segment's Duration (FFmpeg
+    gives the stream none); it counts in TimecodeScale units (milliseconds as FFmpeg writes it)."""
 
     @property
     def frames_disagree(self) -> bool:
@@ -117,21 +119,22 @@ class ByteSource:
     """An untrusted file seen through ``read(offset, size) -> bytes`` (fewer bytes at its end), of a
     known ``size``; the bytes asked for add up to at most ``budget``. The first ``head`` bytes are
     read once and served from memory; a small read elsewhere (an element header) is served from a
-    ``window`` read at its offset, so a walk over consecutive headers makes one read per window, and
-    a large one (an MP4 ``moov``) is read as asked. A reader never pulls in media data it skips (an
-    MP4 ``mdat``; a Matroska block's payload, beyond the window its header opens)."""
+    ``window`` read at its offset, so a walk over consecutive headers makes one read per window; a
+    reader that expects a large read next asks for a larger window (``prefetch``); any other large
+    read is made as asked. A reader never pulls in media data it skips (an MP4 ``mdat``; a Matroska
+    block's payload, beyond the window its header opens)."""
 
     SMALL = 64
     """Reads up to this many bytes are served from a window."""
 
-    def __init__(self, read: Callable[[int, int], bytes], size: int, *, budget: int, head: int = 1 << 14,
-                 window: int = 1 << 13):
+    def __init__(self, read: Callable[[int, int], bytes], size: int, *, budget: int, head: int = 1 << 15,
+                 window: int = 1 << 10):
         self._read = read
         self.size = size
         self.budget = budget
-        self.spent = 0
         self._window_size = window
-        self._head = self._fetch(0, min(head, size)) if size else b""
+        self.spent = min(head, size, budget)
+        self._head = self._fetch(0, self.spent) if size else b""
         self._window, self._window_at = b"", 0
 
     def _fetch(self, offset: int, length: int) -> bytes:
@@ -149,16 +152,31 @@ class ByteSource:
                                    f"the end of the file ({self.size} bytes)")
         if end <= len(self._head):
             return self._head[offset:end]
+        at = offset - self._window_at
+        if at >= 0 and end - self._window_at <= len(self._window):
+            return self._window[at:at + length]
+        if length > self.SMALL:
+            self._spend(length)
+            return self._fetch(offset, length)
+        self._spend(min(self._window_size, self.size - offset))
+        self._window = self._fetch(offset, min(self._window_size, self.size - offset))
+        self._window_at = offset
+        return self._window[:length]
+
+    def prefetch(self, offset: int, length: int) -> None:
+        """Unless the first read or the window holds ``offset``'s next 16 bytes, reads up to ``length``
+        bytes there into the window (counted against the budget): a reader that knows what comes next
+        (an MP4 ``moov`` after its box header) gets it in one read."""
+        if offset + 16 <= len(self._head) or 0 <= offset - self._window_at <= len(self._window) - 16:
+            return
+        length = min(length, self.size - offset)
+        self._spend(length)
+        self._window, self._window_at = self._fetch(offset, length), offset
+
+    def _spend(self, length: int) -> None:
         self.spent += length
         if self.spent > self.budget:
             raise VideoHeaderError("video_header_too_large", f"the header needs more than {self.budget} bytes read")
-        if length > self.SMALL:
-            return self._fetch(offset, length)
-        at = offset - self._window_at
-        if at < 0 or end - self._window_at > len(self._window):
-            self._window = self._fetch(offset, min(self._window_size, self.size - offset))
-            self._window_at, at = offset, 0
-        return self._window[at:at + length]
 
     def upto(self, offset: int, length: int) -> bytes:
         """Up to ``length`` bytes at ``offset``: fewer where the file ends (a header's look-ahead)."""

@@ -39,9 +39,15 @@ __all__ = ["MP4_BRANDS", "read_mp4_header"]
 MP4_BRANDS = (b"ftyp", b"moov", b"mdat", b"free", b"skip", b"wide", b"pnot", b"uuid")
 """Box types that can open an ISO-BMFF file (QuickTime files may lack ``ftyp``)."""
 
+_LOOK_AHEAD = 1 << 16
+"""Bytes read at a top-level box found past the file's first read: a whole ``moov`` of a few
+minutes of video comes with its header."""
 _MAX_TOP_BOXES = 4096
 """Top-level boxes walked before ``moov`` (real files have a handful)."""
 _MAX_TRACKS = 1024
+_MAX_CHILDREN = 1 << 14
+"""Boxes one container may hold (a moov holds its tracks and a few more): 16-byte boxes filling a
+64 MB moov would otherwise make millions of entries."""
 _MAX_STTS_DELTA = 1 << 31
 """A sample duration this large is a damaged table (FFmpeg clips such values as corrections)."""
 _INT_MAX = (1 << 31) - 1
@@ -51,8 +57,8 @@ _MAX_EDITS = 4096
 
 def read_mp4_header(source: ByteSource, *, max_frames: int, max_pixels: int) -> VideoHeader:
     moov = _find_moov(source)
-    movie_scale = _movie_timescale(moov)
     tracks = _children(moov, 0, len(moov), "moov")
+    movie_scale = _movie_timescale(moov, next((span for kind, *span in tracks if kind == b"mvhd"), None))
     if any(kind == b"mvex" for kind, _, _ in tracks):
         raise VideoHeaderError("video_unsupported", "a fragmented MP4 (moov/mvex): its frames are declared in "
                                "moof boxes through the file, not in the header")
@@ -73,6 +79,7 @@ def _find_moov(source: ByteSource) -> bytes:
     for _ in range(_MAX_TOP_BOXES):
         if offset + 8 > source.size:
             break
+        source.prefetch(offset, _LOOK_AHEAD)  # a box past the first read: it and what follows in one read
         size, kind, header = _box_header(source.upto(offset, 16), source.size - offset)
         if kind == b"moov":
             return source.bytes(offset + header, size - header, "the moov box")
@@ -116,6 +123,8 @@ def _children(data: bytes, start: int, end: int, parent: str) -> list[tuple[byte
     """(type, payload start, payload end) of each box in ``data[start:end]``: at most one per 8 bytes."""
     out, at = [], start
     while at < end:
+        if len(out) == _MAX_CHILDREN:
+            raise VideoHeaderError("video_malformed", f"{parent} holds more than {_MAX_CHILDREN} boxes")
         room = end - at
         if room < 8:
             raise VideoHeaderError("video_malformed", f"{room} stray bytes at the end of {parent}")
@@ -156,8 +165,10 @@ def _payload(data: bytes, span: tuple[int, int], minimum: int, what: str) -> byt
     return data[start:end]
 
 
-def _movie_timescale(moov: bytes) -> int:
-    mvhd = _payload(moov, _need(_index(moov, 0, len(moov), "moov"), b"mvhd", "moov"), 20, "mvhd")
+def _movie_timescale(moov: bytes, span) -> int:
+    if span is None:
+        raise VideoHeaderError("video_malformed", "moov has no mvhd box")
+    mvhd = _payload(moov, span, 20, "mvhd")
     return struct.unpack_from(">I", mvhd, 20 if mvhd[0] == 1 else 12)[0] if len(mvhd) >= 24 else 0
 
 
@@ -167,8 +178,12 @@ def _video_track(moov, boxes, mdia, movie_scale, max_frames, max_pixels) -> Vide
         if len(mdhd) < 32:
             raise VideoHeaderError("video_malformed", "version 1 mdhd box cut short")
         scale, media_duration = struct.unpack_from(">IQ", mdhd, 20)
+        unknown = (1 << 64) - 1
     else:
         scale, media_duration = struct.unpack_from(">II", mdhd, 12)
+        unknown = (1 << 32) - 1
+    if media_duration == unknown:
+        media_duration = 0  # "unknown": FFmpeg reports a duration of 0, as for a declared 0
     minf = _index(moov, *_need(mdia, b"minf", "mdia"), "minf")
     stbl = _index(moov, *_need(minf, b"stbl", "minf"), "stbl")
     codec, width, height = _sample_entry(_payload(moov, _need(stbl, b"stsd", "stbl"), 8, "stsd"))
@@ -227,14 +242,17 @@ def _sample_entry(stsd: bytes) -> tuple[str, int, int]:
 
 
 def _table(box: bytes, what: str) -> tuple[np.ndarray, np.ndarray]:
-    """The (count, value) runs of an ``stts`` or ``ctts`` box, as int64 arrays (values signed for
-    ``ctts`` version 1, whose offsets may be negative)."""
+    """The (count, value) runs of an ``stts`` or ``ctts`` box, as int64 arrays: counts unsigned, and
+    ``ctts`` offsets signed whatever the box's version says (FFmpeg reads them so: encoders write
+    negative offsets in version 0 boxes too)."""
     entries = struct.unpack_from(">I", box, 4)[0]
     if 8 + 8 * entries > len(box):
         raise VideoHeaderError("video_malformed", f"{what} declares {entries} entries in {len(box)} bytes")
-    pairs = np.frombuffer(box, dtype=">i4" if what == "ctts" and box[0] else ">u4", count=2 * entries, offset=8)
-    pairs = pairs.reshape(entries, 2).astype(np.int64)
-    return pairs[:, 0].copy(), pairs[:, 1].copy()
+    pairs = np.frombuffer(box, dtype=">u4", count=2 * entries, offset=8).astype(np.int64)
+    counts, values = pairs[0::2], pairs[1::2]
+    if what == "ctts":
+        values = values - ((values & 0x80000000) << 1)
+    return counts, values
 
 
 def _edits(moov, span, movie_scale, media_scale) -> tuple[list[tuple[int, int]], int]:
@@ -271,16 +289,29 @@ def _edits(moov, span, movie_scale, media_scale) -> tuple[list[tuple[int, int]],
 
 def _presented(counts, deltas, ctts, edits) -> int:
     """How many samples have a composition time inside an edit (each edit counted on its own: an
-    edit list may show a stretch twice): two comparisons per sample and edit, or for a long edit
-    list one sort and a binary search per edit."""
-    durations = np.repeat(deltas, counts)
-    cts = np.cumsum(durations)
-    cts -= durations  # decode times: each sample starts where the ones before it end
-    if ctts is not None:
-        offsets = np.repeat(ctts[1], ctts[0])[:cts.size]
-        if offsets.size:
-            cts[:offsets.size] += offsets
-            cts += max(0, -int(offsets.min()))
+    edit list may show a stretch twice). The usual list, one edit spanning every sample (an encoder's
+    B-frame delay), is answered from the extremes; otherwise two comparisons per sample and edit, or
+    for a long list one sort and a binary search per edit."""
+    frames = int(counts.sum())
+    if counts.size == 1:  # one frame duration throughout: decode times are a range
+        cts = np.arange(0, frames * int(deltas[0]), int(deltas[0]), dtype=np.int64) if deltas[0] else np.zeros(frames, np.int64)
+    else:
+        durations = np.repeat(deltas, counts)
+        cts = np.cumsum(durations)
+        cts -= durations  # decode times: each sample starts where the ones before it end
+    if ctts is not None and ctts[0].size:
+        runs, values = ctts
+        if int(runs.sum()) > frames:  # offsets for more samples than there are: the rest is ignored
+            ends = np.cumsum(runs)
+            last = int(np.searchsorted(ends, frames))
+            runs, values = runs[:last + 1].copy(), values[:last + 1]
+            runs[last] -= int(ends[last]) - frames
+        offsets = np.repeat(values, runs)
+        cts[:offsets.size] += offsets  # negative offsets too: FFmpeg compares these times to the edits unshifted
+    if len(edits) == 1:
+        start, length = edits[0]
+        if start <= int(cts.min()) and int(cts.max()) < start + length:
+            return int(cts.size)
     if len(edits) <= 4:
         return sum(int(np.count_nonzero((cts >= start) & (cts < start + length))) for start, length in edits)
     cts.sort()
@@ -291,7 +322,8 @@ def _presented(counts, deltas, ctts, edits) -> int:
 
 def _rotation(moov: bytes, boxes: dict) -> int:
     """Clockwise degrees from ``tkhd``'s display matrix (a b / c d in 16.16): the angle of (a, b),
-    snapped to a quarter turn as players do; a mirrored matrix is read for its rotation alone."""
+    snapped to a quarter turn as players do; a mirrored matrix is read for its rotation alone, and
+    the movie's own matrix (``mvhd``, the identity in practice) is not applied."""
     if b"tkhd" not in boxes:
         return 0
     tkhd = _payload(moov, boxes[b"tkhd"], 84, "tkhd")

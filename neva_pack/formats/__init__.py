@@ -36,13 +36,15 @@ name, after ``neva-pack convert --to`` it for an output of another format."""
 
 
 def check_dynamic_images(name: str, encoder: str, flag: str = "--output_format") -> None:
-    """ConfigError, one line naming the formats that can, when format ``name`` holds images but not
-    the dynamic-resolution images of ``encoder`` (text-only formats skip image records anyway)."""
+    """ConfigError, one line naming the formats that can, when format ``name`` cannot hold the images
+    of ``encoder``, each at its own size (``PackedFormat.holds_dynamic_images``): one that holds one crop
+    shape, and a text-only one, which could only skip every record with an image."""
     fmt = output_format(name)
-    if fmt.holds_images and not fmt.holds_dynamic_images:
+    if not fmt.holds_dynamic_images:
         holding = " or ".join(other for other, f in FORMATS.items() if f.holds_dynamic_images)
-        raise ConfigError(f"{flag} {name}: cannot hold the dynamic-resolution images of {encoder} (each at its own size); "
-                          f"use {flag} {holding}")  # fmt: skip
+        what = "holds text only" if not fmt.holds_images else "holds one image shape"
+        raise ConfigError(f"{flag} {name}: cannot hold the dynamic-resolution images of {encoder} (each at its own size; "
+                          f"it {what}); use {flag} {holding}")  # fmt: skip
 
 
 def get_format(name: str) -> PackedFormat:

@@ -168,8 +168,8 @@ class PackedFormat(Protocol):
     ``images_not_held``) and convert refuses an output with images."""
     holds_dynamic_images: bool
     """Its files can hold dynamic-resolution images (each at its own size and run length,
-    ``images.StoredImage``). A format that holds images but not these refuses a dynamic-resolution
-    encoder in one line (``formats.check_dynamic_images``)."""
+    ``images.StoredImage``). A format that cannot (one crop shape, or text only) refuses an encoder of
+    such images in one line before any record is read (``formats.check_dynamic_images``)."""
     holds_videos: bool
     """Its files can hold video clips (a StoredImage of stacked frames, its run kept whole: the family's
     own ids). A run reading clips (--video_profile) into any other format is refused in one line."""

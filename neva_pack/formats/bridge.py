@@ -410,7 +410,8 @@ class BridgeFormat:
     uses_image_pool = False
     holds_images = False
     holds_dynamic_images = False
-    """Text only: a dynamic-resolution run's records with images are skipped as any image record is."""
+    """Text only: an encoder of images at their own sizes is refused up front (a fixed-crop run's image
+    records are skipped, as the text-only format it is)."""
     holds_videos = False
     limits = Limits(
         max_pack=2**31 - 1,

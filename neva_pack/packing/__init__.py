@@ -25,6 +25,9 @@ from neva_pack.packing.balance import DEFAULT_TOLERANCE, PackCosts, balance_orde
 from neva_pack.packing.invariant_kernels import fast_pack_problems, pack_is_sound
 from neva_pack.packing.invariants import PackSpec, accounting_problem, pack_problems
 from neva_pack.packing.plan_table import PlanTable, read_plan_table, write_plan_table
+from neva_pack.packing.step_cost import (
+    ATTENTION, AUTO, StepCostModel, StepOverheads, Tower, WORTH_IT, modelled_costs, preset_names, step_cost_model, step_overheads,
+)
 from neva_pack.packing.sum_of_squares import CTZ_TABLE, sum_of_squares_bins, sum_of_squares_reference
 
 ALGORITHMS: dict[str, Callable[..., Any]] = {
@@ -100,6 +103,16 @@ def _validated_lengths(lengths, capacity: int) -> np.ndarray:
     return np.ascontiguousarray(array)
 
 __all__ = [
+    "step_overheads",
+    "step_cost_model",
+    "preset_names",
+    "modelled_costs",
+    "WORTH_IT",
+    "Tower",
+    "StepOverheads",
+    "StepCostModel",
+    "AUTO",
+    "ATTENTION",
     "ALGORITHMS",
     "CTZ_TABLE",
     "DEFAULT_ALGORITHM",

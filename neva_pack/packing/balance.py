@@ -10,8 +10,10 @@ several-fold in attention work (sum of squared sample lengths), so a random orde
 of the attention time (35% for N = 8, 120% for N = 64 on LLaVA-665K-like packs of 4096).
 A rank runs its pack's images through the vision encoder and then the pack through the LM, and
 the ranks meet at the gradient all-reduce, so what a rank costs is both: its *step cost* is the
-LM's attention plus the encoder's (``vision``: sum over images of patches squared, per encoder
-pass; zero without images). ``balance_order`` makes each group of N consecutive packs alike,
+modelled step time (``PackCosts.modelled``, from ``step_cost.py``: the LM's linear layers and
+attention, the projector and the vision encoder, in FLOPs), or without a model the LM's attention
+plus the encoder's (``vision``: sum over images of patches squared, per encoder pass; zero without
+images), the order of earlier releases. ``balance_order`` makes each group of N consecutive packs alike,
 without sorting the epoch::
 
     1. packs sorted by step cost (ties in seeded random order), cut into groups of N
@@ -52,6 +54,9 @@ class PackCosts:
     vision: np.ndarray | None = None
     """int64 sum over the pack's images of patches squared (per encoder pass): the vision encoder's
     attention work; None: not known (balanced as zero)."""
+    modelled: np.ndarray | None = None
+    """float64 modelled step time of the pack (``step_cost.modelled_costs``: FLOPs of the LM, the
+    projector and the vision encoder); None: no model (the step cost is attention + vision)."""
 
     @classmethod
     def of(cls, lengths: np.ndarray, offsets: np.ndarray, num_images: np.ndarray, vision_cost=None) -> "PackCosts":
@@ -67,7 +72,10 @@ class PackCosts:
 
     @property
     def step(self) -> np.ndarray:
-        """What a rank spends on the pack: the LM's attention plus the vision encoder's (int64)."""
+        """What a rank spends on the pack: its modelled step time, or without a model the LM's
+        attention plus the vision encoder's (int64)."""
+        if self.modelled is not None:
+            return self.modelled
         return self.attention if self.vision is None else self.attention + self.vision
 
 

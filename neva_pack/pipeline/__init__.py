@@ -33,8 +33,9 @@ from neva_pack.files import paths
 from neva_pack.assembly import PackJob, rows_at
 from neva_pack.config import PreprocessConfig, SampleConfig
 from neva_pack.core import ConfigError, InputError, OutputError
-from neva_pack.formats import FORMATS, WriteSpec, output_format
+from neva_pack.formats import WriteSpec, output_format
 from neva_pack.pipeline.builder import build_sample_builder, pack_spec, sample_builder_for
+from neva_pack.pipeline.doomed import images_not_held_error, refuse_doomed_run
 from neva_pack.pipeline.encode import encode_samples, record_stops, records_per_message, store_images
 from neva_pack.pipeline.ownership import LOCK_FILE, OutputLock, entries, owned_outputs, prepare_output_dir, remove
 from neva_pack.pipeline.pack import balance, better_algorithm, pack_kept
@@ -72,6 +73,7 @@ def preprocess(config: PreprocessConfig, progress: bool = True) -> RunResult:
     stage is handed its part (``config.sample`` / ``config.pack`` / ``config.run``) or less."""
     started = time.perf_counter()
     builder = build_sample_builder(config)
+    refuse_doomed_run(config.sample.data_path, builder, config.pack.output_format, config.sample.hf_vision_encoder)
     run = config.run
     if run.num_shards is not None and run.shard_index is not None:
         note = encode_part(config.sample, run, builder, progress, resume_fingerprint=config.sample_fingerprint())
@@ -145,9 +147,7 @@ def _run(config: PreprocessConfig, builder: SampleBuilder, output_dir: Path, pro
     if total == 0:
         raise InputError(f"--data_path {sample.data_path}: holds no records (an empty file, an empty list [] or only blank lines)")
     if len(store) == 0 and store.skipped_by_reason.get(IMAGES_NOT_HELD) == total:
-        holding = " or ".join(name for name, fmt in FORMATS.items() if fmt.holds_images)
-        raise InputError(f"every record of {sample.data_path} has images, which --output_format {config.pack.output_format} "
-                         f"cannot hold (text only): use --output_format {holding}")  # fmt: skip
+        raise images_not_held_error(sample.data_path, config.pack.output_format)
     if len(store) == 0:
         raise InputError(
             f"none of the {total} record(s) of {sample.data_path} could be used; reasons in {output_dir / paths.SKIPPED_FILE}"
@@ -209,9 +209,10 @@ def _write_prefix(
         raise InputError(f"pack size {size}: the cut leaves none of the {len(rows)} sample(s) a trained label"
                          + (" within the visual budgets (--max_images_per_pack / --max_image_tokens_per_pack)" if len(over_budget) else ""))  # fmt: skip
     plan = pack_kept(settings, padded, rows, kept, size)
-    plan, balance_report = balance(settings, plan, rows)
-    fmt = output_format(settings.output_format)
     family = builder.preprocessor
+    encoder = store.image_processor["encoder"] if store.image_processor else family.encoder.name  # as the meta records it
+    plan, balance_report = balance(settings, plan, rows, encoder=encoder, family=family.family)
+    fmt = output_format(settings.output_format)
     spec = WriteSpec(
         image_shape=family.stored_shape,
         normalisation=family.model_normalisation,

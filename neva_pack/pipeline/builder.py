@@ -74,6 +74,7 @@ def _family_images(
         min_pixels=sample.min_pixels,
         max_pixels=sample.max_pixels,
         max_soft_tokens=sample.max_soft_tokens,
+        reference=sample.image_reference,
     )
     family = model_family(encoder, options)
     if family.own_size:

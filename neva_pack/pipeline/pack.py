@@ -9,35 +9,37 @@ import numpy as np
 
 from neva_pack.config import PackConfig
 from neva_pack.packing import (
-    PackCosts, PackingPlan, RECOMMENDED_ALGORITHM, balance_order, budget_options, pack, reorder_plan,
-    straggler_overhead
+    PackCosts, PackingPlan, RECOMMENDED_ALGORITHM, budget_options, modelled_costs, pack, reorder_plan, step_cost_model
 )
-from neva_pack.commands import AlgorithmSuggestion, BalanceReport
+from neva_pack.commands import AlgorithmSuggestion, BalanceReport, balance_report
 
 __all__ = ["SUGGEST_WHEN_SAVING", "balance", "better_algorithm", "pack_kept"]
 
 SUGGEST_WHEN_SAVING = 0.01
 """Suggest the recommended algorithm when it would need at least this fraction fewer packs."""
-BALANCE_STREAM = 1
-"""Second number of the balance generator's seed, (seed, 1): independent of the packer's stream."""
 
 
-def balance(settings: PackConfig, plan: PackingPlan, rows: np.ndarray) -> tuple[PackingPlan, BalanceReport | None]:
+def balance(
+    settings: PackConfig, plan: PackingPlan, rows: np.ndarray, encoder: str | None = None, family: str | None = None
+) -> tuple[PackingPlan, BalanceReport | None]:
     """With --balance_data_parallel N: the plan's packs reordered so that every N consecutive packs
-    cost alike (the LM's attention and the vision encoder's, from the rows' ``vision_cost``), and the
-    straggler overheads before (the packer's order) and after."""
+    cost alike -- in modelled step time (--step_cost_model; ``auto`` picks the preset of the run's
+    ``encoder`` or ``family``), or with ``attention`` in the LM's attention plus the vision encoder's
+    -- and the straggler overheads before (the packer's order) and after, with the modelled step
+    time's for a random order, the attention order and the one written."""
     group = settings.balance_data_parallel
     if not group:
         return plan, None
     chosen = rows[plan.indices]
-    costs = PackCosts.of(chosen["length"], plan.offsets, chosen["num_images"], chosen["vision_cost"])
-    order = balance_order(costs, group, np.random.default_rng((settings.seed, BALANCE_STREAM)))
-    overheads = {
-        f"{name}_overhead_{when}": straggler_overhead(getattr(costs, name), group, arrangement)
-        for name in ("attention", "tokens", "images", "vision")
-        for when, arrangement in (("before", None), ("after", order))
-    }
-    return reorder_plan(plan, order), BalanceReport(data_parallel=group, **overheads)
+    model = step_cost_model(settings.step_cost_model, encoder, family)
+    if model is None:
+        costs = PackCosts.of(chosen["length"], plan.offsets, chosen["num_images"], chosen["vision_cost"])
+    else:
+        costs = modelled_costs(
+            model, chosen["length"], plan.offsets, chosen["num_images"], chosen["image_tokens"], chosen["vision_cost"]
+        )
+    order, report = balance_report(costs, group, settings.step_cost_model, model, settings.seed)
+    return reorder_plan(plan, order), report
 
 
 def pack_kept(settings: PackConfig, padded: np.ndarray, rows: np.ndarray, kept: np.ndarray, size: int) -> PackingPlan:

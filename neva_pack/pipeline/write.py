@@ -53,6 +53,8 @@ def resumed_prefix(prefix: Path, stats_file: Path, settings: dict, digest: str, 
         meta = read_meta_json(meta_file)
         stored = {key: meta.get(field) for key, field in meta_fields().items()}  # a setting left unset is not written
         stored["global_batch_size"] = report.global_batch_size
+        recorded = None if report.balance is None else report.balance.step_cost_model  # None: unbalanced, or a report from before it
+        stored["step_cost_model"] = settings["step_cost_model"] if recorded is None else recorded
         check_settings(stored, {key: settings[key] for key in stored})
         return report
     saved = Checkpoint(prefix, "").saved_digest()

@@ -6,9 +6,10 @@ decoded; only the images that survive truncation are then decoded, from the same
 must have the size its header announced (else its count, and the plan made from it, would be wrong).
 A plan, which decodes nothing, reads each file's header only (``header_size_of``).
 
-OneVision counts and stores the images of a sample of several images differently (no tiles: one
-square image, base features + one newline), so an image's count depends on how many images its
-sample keeps: ``counted`` is told.
+Some families count and store the images of a sample of several images differently (OneVision: no
+tiles, one square image, base features + one newline; InternVL's own fine-tuning: the tile budget
+shared among them), so an image's count depends on how many images its sample keeps: ``counted`` is
+told.
 
 A video clip is planned the same way from its container's header (frame count, fps, size: files'
 ``read_video_header``, nothing decoded): the family chooses its frames, their size and its run of ids
@@ -55,8 +56,9 @@ class HeaderImage:
     """(width, height) from the header."""
     tokens: int
     """Image features in the language model (the run's patch ids)."""
-    multi_image: bool
-    """Counted as one of several images of its sample (OneVision)."""
+    sample_images: int
+    """The images of its sample it was counted with (1: alone, or a family whose counts do not depend
+    on it: ``ModelFamily.counts_images_per_sample``)."""
     video: VideoPlan | None = None
     """A video clip's plan (its frames, size and run of ids); None for a still image."""
 
@@ -78,13 +80,13 @@ class HeaderImages:
         self.image_source = image_source
         self.max_image_pixels = max_image_pixels
         self.max_image_decode_seconds = max_image_decode_seconds
-        self._has_multi_image = processor.counts_images_per_sample
+        self._per_sample = processor.counts_images_per_sample
 
     def read(self, names: tuple[str, ...] | list[str], header_only: bool = False, video_slots=()) -> list[HeaderImage]:
         """Each image's bytes and header size, checked against the pixel budget, and its count (no
         decode); ``header_only``: the header's bytes only, for a plan (the image cannot be loaded).
         ``video_slots``: which of ``names`` are video clips (``_video``)."""
-        multi_image = self._has_multi_image and len(names) > 1
+        sample_images = len(names) if self._per_sample else 1
         images = []
         for k, name in enumerate(names):
             if k in video_slots:
@@ -95,21 +97,21 @@ class HeaderImages:
             else:
                 data = self.image_source.read(name)
                 size = header_size(data, name)
-            images.append(self._counted(name, data, size, multi_image))
+            images.append(self._counted(name, data, size, sample_images))
         return images
 
-    def counted(self, image: HeaderImage, multi_image: bool) -> HeaderImage:
-        """The image counted as one of several (or as its sample's only image)."""
+    def counted(self, image: HeaderImage, sample_images: int) -> HeaderImage:
+        """The image counted as one of ``sample_images`` images of its sample (a clip: as it is)."""
         if image.video is not None:
             return image
-        multi_image = self._has_multi_image and multi_image
-        return image if multi_image == image.multi_image else self._counted(image.name, image.data, image.size, multi_image)
+        sample_images = sample_images if self._per_sample else 1
+        return image if sample_images == image.sample_images else self._counted(image.name, image.data, image.size, sample_images)
 
-    def _counted(self, name: str, data: bytes | None, size: tuple[int, int], multi_image: bool) -> HeaderImage:
+    def _counted(self, name: str, data: bytes | None, size: tuple[int, int], sample_images: int) -> HeaderImage:
         width, height = size
         if width * height > self.max_image_pixels:
             raise RecordError("image_too_large", too_many_pixels(name, f"{width} x {height}", width * height, self.max_image_pixels))
-        options = {"multi_image": True} if multi_image else {}
+        options = _per_sample(sample_images)
         try:
             pixels = self.processor.pixels_for_size(width, height, **options)
             tokens = self.processor.tokens_for_size(width, height, **options)
@@ -118,7 +120,7 @@ class HeaderImages:
         if pixels > self.max_image_pixels:
             what = f"{width} x {height} resized"
             raise RecordError("image_too_large", too_many_pixels(name, what, pixels, self.max_image_pixels))
-        return HeaderImage(name=name, data=data, size=size, tokens=tokens, multi_image=multi_image)
+        return HeaderImage(name=name, data=data, size=size, tokens=tokens, sample_images=sample_images)
 
     def _video(self, name: str, header_only: bool) -> HeaderImage:
         """A clip's header read and planned by the family: skipped when the family reads no video, the
@@ -141,7 +143,7 @@ class HeaderImages:
         if plan.size[0] * plan.size[1] > self.max_image_pixels:
             raise RecordError("image_too_large", too_many_pixels(name, "a frame resized", plan.size[0] * plan.size[1], self.max_image_pixels))
         return HeaderImage(name=name, data=None if header_only else data, size=(header.width, header.height), tokens=plan.tokens,
-                           multi_image=False, video=plan)  # fmt: skip
+                           sample_images=1, video=plan)  # fmt: skip
 
     def load(self, image: HeaderImage) -> StoredImage:
         """Decode the image's bytes (decode_image's budgets), check the size against the header's, and
@@ -155,12 +157,16 @@ class HeaderImages:
             return self.processor.video_to_stored(frames, plan, image.size)
         decoded = decode_image(image.data, image.name, self.max_image_pixels, self.max_image_decode_seconds)
         check_decoded_size(decoded, image.size, image.name)
-        options = {"multi_image": True} if image.multi_image else {}
-        return self.processor.to_uint8(decoded, **options)
+        return self.processor.to_uint8(decoded, **_per_sample(image.sample_images))
 
     def vision_cost(self, image: HeaderImage) -> int:
         """The vision encoder's cost of the image (patches² per encoder pass; a clip's, summed over its passes)."""
         if image.video is not None:
             return image.video.cost
-        options = {"multi_image": True} if image.multi_image else {}
-        return self.processor.vision_cost_for_size(*image.size, **options)
+        return self.processor.vision_cost_for_size(*image.size, **_per_sample(image.sample_images))
+
+
+def _per_sample(sample_images: int) -> dict:
+    """The keyword a family counting per sample takes, only when the sample holds several images (so that
+    the families that do not take it are never given it)."""
+    return {"sample_images": sample_images} if sample_images > 1 else {}

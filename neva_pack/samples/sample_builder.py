@@ -285,8 +285,8 @@ class SampleBuilder:
         ids, trained, image_starts = self.encode(conversation, [h.tokens if h.video is None else h.video.ids for h in headers])
         lengths = [self.image_run.length(h.tokens) if h.video is None else len(h.video.ids) for h in headers]
         ids, trained, kept, truncated = self._truncated(ids, trained, image_starts, lengths, keep=True)
-        if 0 < kept < len(headers) and kept == 1 and headers[0].multi_image:
-            headers = [self._header_images.counted(headers[0], multi_image=False), *headers[1:]]
+        if 0 < kept < len(headers) and kept == 1 and headers[0].sample_images > 1:
+            headers = [self._header_images.counted(headers[0], sample_images=1), *headers[1:]]
             ids, trained, image_starts = self.encode(conversation, [h.tokens for h in headers])
             lengths = [self.image_run.length(h.tokens) for h in headers]
             ids, trained, kept, truncated = self._truncated(ids, trained, image_starts, lengths, keep=True)

@@ -10,7 +10,8 @@ with known lengths), and each epoch the sampler
        steps: ``drop_last`` drops the least full bins (their samples are listed in ``dropped``),
        otherwise a few bins are taken apart and dealt as whole steps of lighter bins;
     3. orders the bins with ``packing.balance.balance_order``: the R bins of one step cost alike
-       in attention (sum of squared sample lengths, as --balance_data_parallel), steps in random order::
+       in modelled step time (``packing.step_cost``: the LM's linear layers and attention, the
+       projector and the vision encoder, as --balance_data_parallel), steps in random order::
 
         step      0            1            2
         rank 0  [ 9 8 ]      [ 5 4 2 ]    [ 7 1 ]      each [..] a bin of sample indices,
@@ -34,7 +35,10 @@ from dataclasses import dataclass
 import numpy as np
 from torch.utils.data import Sampler
 
-from neva_pack.packing import DEFAULT_TOLERANCE, PackCosts, RECOMMENDED_ALGORITHM, balance_order, pack, visual_budgets
+from neva_pack.packing import (
+    AUTO, DEFAULT_TOLERANCE, PackCosts, RECOMMENDED_ALGORITHM, StepCostModel, balance_order, modelled_costs, pack,
+    step_cost_model, visual_budgets,
+)
 from neva_pack.training.sampler_state import STATE_VERSION, check_state, lengths_digest, meta_checksum_of, state_of
 
 __all__ = ["FROM_META", "STATE_VERSION", "EpochPlan", "PackedBatchSampler"]
@@ -96,10 +100,13 @@ class PackedBatchSampler(Sampler[list[int]]):
     for loaders that deal batches to processes round robin, as accelerate does for a Trainer
     running several processes (its BatchSamplerShard gives process r the batches r, r + R, ...).
 
-    ``vision_cost`` (per sample, optional: the vision encoder's attention, Σ patches² of its images)
-    is added to each bin's attention cost when the steps are balanced, as --balance_data_parallel
-    does; ``num_images`` (per sample, optional) lets bins of equal cost be balanced by images too,
-    within ``tolerance``. ``max_images_per_pack`` (needs ``num_images``)
+    The R bins of a step are balanced by their modelled step time (``step_cost_model``: a
+    ``packing.StepCostModel``, a preset's name, a JSON file, ``auto`` -- the preset of ``encoder`` or
+    ``family``, else the default one -- or ``attention``: Σ s² plus ``vision_cost``, unweighted, the
+    order of old), from the lengths, ``image_tokens`` and ``vision_cost`` (per sample, optional: the
+    vision encoder's Σ patches² of its images). ``num_images`` (per sample, optional) lets bins of
+    equal cost be balanced by images too, within ``tolerance`` (None: 0 under a model, whose cost
+    holds the images already; ``DEFAULT_TOLERANCE`` under ``attention``). ``max_images_per_pack`` (needs ``num_images``)
     and ``max_image_tokens_per_pack`` (needs ``image_tokens``, per sample) cap every bin as
     ``packing.pack`` does. The extra options go to ``packing.pack`` (``max_samples_per_pack``, an
     algorithm's own options). ``meta_checksum``: that of the packed output the lengths come from
@@ -121,8 +128,11 @@ class PackedBatchSampler(Sampler[list[int]]):
         vision_cost=None,
         max_images_per_pack: int | None = None,
         max_image_tokens_per_pack: int | None = None,
-        tolerance: float = DEFAULT_TOLERANCE,
+        tolerance: float | None = None,
         meta_checksum: str | None = None,
+        step_cost_model: StepCostModel | str | None = AUTO,
+        encoder: str | None = None,
+        family: str | None = None,
         **pack_options,
     ):
         if int(num_replicas) != num_replicas or num_replicas < 1:
@@ -147,6 +157,9 @@ class PackedBatchSampler(Sampler[list[int]]):
         self.rank = None if rank is None else int(rank)
         self.algorithm, self.drop_last, self.tolerance, self.pack_options = algorithm, bool(drop_last), tolerance, pack_options
         self.meta_checksum = meta_checksum
+        self.step_cost = _cost_model(step_cost_model, encoder, family)
+        if self.tolerance is None:
+            self.tolerance = DEFAULT_TOLERANCE if self.step_cost is None else 0.0
         self._fingerprint: dict | None = None
         self.epoch = 0
         self._next_step = 0  # batches of this epoch handed out: where __iter__ starts
@@ -188,7 +201,8 @@ class PackedBatchSampler(Sampler[list[int]]):
             samples.lengths, capacity, num_replicas, rank, seed, algorithm, drop_last,
             num_images=samples.num_images, image_tokens=samples.image_tokens, vision_cost=samples.vision_cost,
             max_images_per_pack=max_images_per_pack, max_image_tokens_per_pack=max_image_tokens_per_pack,
-            meta_checksum=meta_checksum_of(meta), **options,
+            meta_checksum=meta_checksum_of(meta), encoder=getattr(meta, "encoder", None),
+            family=(getattr(meta, "image_processor", None) or {}).get("family"), **options,
         )  # fmt: skip
 
     def set_epoch(self, epoch: int) -> None:
@@ -219,7 +233,12 @@ class PackedBatchSampler(Sampler[list[int]]):
                 offsets, positions = spread
                 indices = indices[positions]
         sizes = self.lengths[indices]
-        costs = PackCosts.of(sizes, offsets, self.num_images[indices], None if self.vision_cost is None else self.vision_cost[indices])
+        vision_cost = None if self.vision_cost is None else self.vision_cost[indices]
+        if self.step_cost is None:
+            costs = PackCosts.of(sizes, offsets, self.num_images[indices], vision_cost)
+        else:
+            image_tokens = None if self.image_tokens is None else self.image_tokens[indices]
+            costs = modelled_costs(self.step_cost, sizes, offsets, self.num_images[indices], image_tokens, vision_cost)
         order = balance_order(costs, self.num_replicas, rng, self.tolerance).reshape(-1, self.num_replicas)
         order = np.take_along_axis(order, np.argsort(rng.random(order.shape), axis=1), axis=1).reshape(-1)
         lengths_per_bin = np.diff(offsets)[order]
@@ -307,6 +326,7 @@ class PackedBatchSampler(Sampler[list[int]]):
                 "batches_of": "every rank" if self.rank is None else "one rank",
                 "algorithm": self.algorithm,
                 "drop_last": self.drop_last,
+                "step_cost_model": None if self.step_cost is None else self.step_cost.fingerprint,
                 "tolerance": float(self.tolerance),
                 "pack_options": {name: repr(value) for name, value in sorted(self.pack_options.items())},
                 "num_samples": len(self.lengths),
@@ -318,6 +338,13 @@ class PackedBatchSampler(Sampler[list[int]]):
                 "meta_checksum": self.meta_checksum,
             }
         return self._fingerprint
+
+
+def _cost_model(choice, encoder, family) -> StepCostModel | None:
+    """The sampler's step cost model: one given, or ``packing.step_cost_model`` of a name (None: attention)."""
+    if isinstance(choice, StepCostModel):
+        return choice
+    return step_cost_model(choice, encoder, family)
 
 
 def _without_least_full(offsets, indices, loads, count):

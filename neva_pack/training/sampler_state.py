@@ -9,6 +9,7 @@ carries, beside ``epoch`` and ``step``:
     lengths_digest      xxh3-128 of the per-sample figures the plan is made of: lengths, images, image
                         tokens, vision cost (another packing of as many records differs here)
     meta_checksum       the packed output's meta checksum (``for_samples``), None for plain lengths
+    step_cost_model     the model its steps are balanced by (name#digest; None: the attention order)
     seed capacity num_replicas algorithm drop_last tolerance pack_options batches_of
     max_images_per_pack max_image_tokens_per_pack     the budgets
     num_samples total_length vision_cost              readable summaries of the inputs (in messages)
@@ -99,5 +100,6 @@ def check_state(state, fingerprint: dict, batches_in) -> tuple[int, int]:
 _WHY = {
     "lengths_digest": " (planned over other samples: their lengths, images or vision cost differ)",
     "meta_checksum": " (planned over another packed output)",
+    "step_cost_model": " (its steps balanced by another step cost model: --step_cost_model / step_cost_model)",
 }
 """What a differing fingerprint field means, where its value alone does not say."""

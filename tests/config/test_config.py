@@ -133,7 +133,7 @@ def test_the_sample_fingerprint_is_the_sample_part(required):
     left_out = {spec.name for spec, opt in settings() if opt.fingerprint == "" and spec.name in sample}
     assert left_out == {"crop_size"}  # checked against the encoder, which is in the fingerprint
     when_set = {spec.name for spec, opt in settings() if opt.fingerprint_when_set}
-    assert when_set == {"min_pixels", "max_pixels", "max_soft_tokens"} and not when_set & set(fingerprint)  # unset: stores made before resume
+    assert when_set == {"min_pixels", "max_pixels", "max_soft_tokens", "image_reference", "video_profile", "video_fps", "video_max_frames"} and not when_set & set(fingerprint)  # unset: stores made before resume
 
 
 def test_min_and_max_pixels_are_in_the_sample_fingerprint_once_set(required):
@@ -150,12 +150,13 @@ def test_every_writing_setting_changes_the_settings(required):
     changed = {"max_seq_length": 2048, "packing_algorithm": "near_optimal", "seed": 1, "global_batch_size": 64,
                "max_samples_per_pack": 3, "output_format": "compact", "pad_to_multiple_of": 8, "pad_id": 2,
                "balance_data_parallel": 2, "ignore_index": -100, "max_images_per_pack": 4,
-               "max_image_tokens_per_pack": 3000}  # fmt: skip
+               "max_image_tokens_per_pack": 3000, "step_cost_model": "qwen2.5-vl-7b"}  # fmt: skip
     assert set(changed) == set(base.write_settings(4096))
     for name, value in changed.items():
-        other = PreprocessConfig(**required, **{name: value})
+        balanced = {"balance_data_parallel": 2} if name == "step_cost_model" else {}  # it orders balanced packs only
+        other = PreprocessConfig(**required, **balanced, **{name: value})
         assert other.write_settings(other.sizes[-1]) != base.write_settings(4096), name
-    assert set(meta_fields()) == set(changed) - {"global_batch_size"}  # the stats file records it
+    assert set(meta_fields()) == set(changed) - {"global_batch_size", "step_cost_model"}  # the stats file records them
 
 
 def test_parts_separate_the_concerns():

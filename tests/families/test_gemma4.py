@@ -214,10 +214,10 @@ def test_an_energon_run_reads_back_the_same_items(run, tokenizer_dir, tmp_path):
         assert all(torch.equal(a[key], b[key]) for key in a), p
 
 
-@pytest.mark.parametrize("fmt", ["nemo"])
-def test_nemo_refuses_it_in_one_line_naming_the_formats_that_can(tmp_path, tokenizer_dir, capsys, fmt):
-    """NeMo's float crops cannot hold images of their own sizes. (bridge, a text-only format, skips image
-    records as it does for every family: tests/test_dynamic_store.py holds that decision.)"""
+@pytest.mark.parametrize("fmt", ["nemo", "bridge"])
+def test_nemo_and_bridge_refuse_it_in_one_line_naming_the_formats_that_can(tmp_path, tokenizer_dir, capsys, fmt):
+    """NeMo's float crops cannot hold images of their own sizes, and bridge holds text only: both refuse
+    before any record is read."""
     random_rgb(64, 64).save(tmp_path / "a.png")
     (tmp_path / "data.json").write_text(json.dumps([{"id": "0", "image": "a.png", "conversations": [
         {"from": "human", "value": "<image>\nHi"}, {"from": "gpt", "value": "Hello"}]}]))  # fmt: skip

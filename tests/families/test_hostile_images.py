@@ -24,6 +24,22 @@ from benchmarks.bench_hostile import (  # the same hostile files the benchmark m
     jpeg_claiming,
     progressive_jpeg_with_scans,
 )
+from benchmarks.bench_hostile_images import (  # the classes the decoder benchmark measures
+    animated_gif,
+    apng,
+    deflate_tiff_at_budget,
+    eps_file,
+    icns_file,
+    ico_holding_png,
+    jpeg_in_tiff,
+    jpeg_with_exif_thumbnail,
+    mpo_with_large_second_frame,
+    multipage_tiff,
+    png_zlib_bomb,
+    psd_file,
+    rle_bmp,
+    webp_declaring,
+)
 from neva_pack.files import skipped_path
 from neva_pack.records import RecordError
 from tests.conftest import SAMPLE_DATA
@@ -121,12 +137,17 @@ def test_an_image_over_pils_own_limit_is_image_too_large_and_a_larger_budget_lif
 # An image can fail to decode in any way, or decode slowly: one record's skip, named
 
 
+NOT_DECODED = "a format not decoded here (only JPEG, PNG, GIF, BMP, TIFF, WEBP)"
+
 DECODER_CASES = {
-    "BLP with an unknown encoding (BLPFormatError)": (
-        "odd.blp", blp_unknown_encoding, (), "unreadable_image", "odd.blp: BLPFormatError: Unknown BLP encoding 9"),
-    "DDS with unknown pixel flags (NotImplementedError)": (
-        "odd.dds", dds_unknown_pixel_format, (), "unreadable_image",
-        "odd.dds: NotImplementedError: Unknown pixel format flags 1073741824"),
+    "BLP, a format not vetted": (
+        "odd.blp", blp_unknown_encoding, (), "unreadable_image", f"odd.blp: BLP (by its first bytes), {NOT_DECODED}"),
+    "DDS, a format not vetted": ("odd.dds", dds_unknown_pixel_format, (), "unreadable_image", f"odd.dds: DDS (by its first bytes), {NOT_DECODED}"),
+    "ICO decoding a PNG of 2,000 x 2,000 inside Image.open": (
+        "big.ico", lambda: ico_holding_png(2_000), ("--max_image_pixels", "1000000"), "unreadable_image",
+        f"big.ico: ICO (by its first bytes), {NOT_DECODED}"),
+    "a damaged BMP (struct.error or the like from a vetted decoder)": (
+        "odd.bmp", lambda: rle_bmp(64, 64)[:60], (), "unreadable_image", None),
     "bytes no decoder knows (no object address in the detail)": (
         "x.jpg", lambda: b"not an image at all", (), "unreadable_image",
         "x.jpg: UnidentifiedImageError: cannot identify image file x.jpg"),
@@ -143,8 +164,43 @@ def test_any_decoder_failure_or_slow_decode_is_that_records_skip_named(tmp_path,
     run = run_with(tmp_path, capsys, images, image_record(name), *extra)
     assert run.code == 0, run.err
     assert run.reasons == {HOSTILE_AT: reason}
-    assert skip_detail(run) == detail
+    assert detail is None or skip_detail(run) == detail
     assert run.verified
+
+HOSTILE_CLASSES = {
+    "decodes inside open: ICO holding a PNG over the budget": (lambda: ico_holding_png(1_200), "unreadable_image", "unreadable_image"),
+    "allocates inside open: WebP declaring a canvas over the budget": (lambda: webp_declaring(4_000, 4_000), "image_too_large", (4_000, 4_000)),
+    "multi-frame: GIF, the first frame decoded": (lambda: animated_gif(300, 40), (300, 300), (300, 300)),
+    "multi-frame: APNG, the first frame decoded": (lambda: apng(300, 20), (300, 300), (300, 300)),
+    "multi-frame: TIFF of 200 pages, the first decoded": (lambda: multipage_tiff(200), (64, 64), (64, 64)),
+    "embedded preview: MPO whose second frame is over the budget": (lambda: mpo_with_large_second_frame(1_500), (640, 480), (640, 480)),
+    "embedded preview: JPEG with an EXIF thumbnail": (jpeg_with_exif_thumbnail, (640, 480), (640, 480)),
+    "one decoder call: JPEG-in-TIFF refused": (lambda: jpeg_in_tiff(64), "unreadable_image", "unreadable_image"),
+    "one decoder call: Deflate TIFF at the budget": (lambda: deflate_tiff_at_budget(1_000, 1_000), (1_000, 1_000), (1_000, 1_000)),
+    "decoder in Python: RLE BMP at the budget": (lambda: rle_bmp(1_000, 1_000), (1_000, 1_000), (1_000, 1_000)),
+    "zlib bomb: PNG over the budget": (lambda: png_zlib_bomb(1_500, 1_500), "image_too_large", (1_500, 1_500)),
+    "not vetted: PSD": (psd_file, "unreadable_image", "unreadable_image"),
+    "not vetted: ICNS": (icns_file, "unreadable_image", "unreadable_image"),
+    "not vetted: EPS, never handed to Ghostscript": (eps_file, "unreadable_image", "unreadable_image"),
+}  # fmt: skip
+"""Each class of hostile image (benchmarks/bench_hostile_images.py measures each at full size against
+the budgets): what decoding it under a budget of 1,000,000 pixels gives, and what its header read gives."""
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_CLASSES))
+def test_every_decoder_is_bounded_before_it_decodes(case):
+    from neva_pack.families import decode_image, header_size
+
+    make, decoded, header = HOSTILE_CLASSES[case]
+    data = make()
+    for outcome, run in ((decoded, lambda: decode_image(data, "x.img", max_pixels=1_000_000).size), (header, lambda: header_size(data, "x.img"))):
+        if isinstance(outcome, str):
+            with pytest.raises(RecordError) as caught:
+                run()
+            assert caught.value.reason == outcome, caught.value.detail
+            assert outcome != "unreadable_image" or "a format not decoded here" in caught.value.detail or "compressed with" in caught.value.detail
+        else:
+            assert tuple(run()) == outcome
 
 
 def test_a_slow_image_in_a_worker_is_stopped_and_the_workers_later_records_are_packed(tmp_path, capsys, images):

@@ -218,7 +218,7 @@ def test_onevision_multi_image_samples_are_not_tiled():
     encoder = resolve_encoder(OV)
     ours, theirs = dynamic_processor(encoder), reference_image_processor(encoder)
     images = [random_rgb(500, 300, seed=1), random_rgb(120, 260, seed=2)]
-    stored = [ours.to_uint8(image, multi_image=True) for image in images]
+    stored = [ours.to_uint8(image, sample_images=2) for image in images]
     expected = theirs(images=[images], return_tensors="np")
     got = ours.model_inputs(stored)
     assert np.array_equal(got["pixel_values"], expected["pixel_values"])

@@ -31,7 +31,7 @@ from tests.families.test_video_native import FPS, FRAMES, QWEN2_5, QWEN3, SIZES,
 from tests.families.test_video_native import tokenizer, tokenizer_dir  # noqa: F401 -- the module's fixtures
 from tests.video_zoo import make_zoo
 
-PROFILE = "qwen-vl-utils"
+PROFILE = "qwen_vl_utils"
 GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "video" / "qwen_vl_utils_0.0.14.json"
 
 

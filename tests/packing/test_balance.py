@@ -117,3 +117,14 @@ def test_pipeline_reorders_the_packs_and_reports_the_overheads(tmp_path, capsys)
     attention = np.add.reduceat(balanced["length"].astype(np.int64) ** 2, balanced["offsets"][:-1])
     assert straggler_overhead(attention, 2) == pytest.approx(report["attention_overhead_after"])
     assert json.loads(stats_path(tmp_path / "plain").read_text())["balance"] is None
+    # by default the order is the modelled step time's (auto: the fixed-crop family's preset), and the
+    # summary says what a random order and the attention order would have wasted
+    assert (report["step_cost_model"], report["step_model"]) == ("auto", "llava-1.5-7b")
+    assert report["step_overhead_after"] <= report["step_overhead_today"] + 1e-12
+    assert "step time      N = 2, model llava-1.5-7b: straggler overhead random " in out
+    # stats models any output over N ranks, balanced or not; a bad model is one line
+    assert main(["stats", str(tmp_path / "plain"), "--data_parallel", "4", "--step_cost_model", "internvl3.5-8b"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("step time"))
+    assert line.startswith("step time      N = 4, model internvl3.5-8b: straggler overhead random ") and "worth it" in line
+    assert main(["stats", str(tmp_path / "plain"), "--data_parallel", "4", "--step_cost_model", "nope"]) == 2
+    assert "--step_cost_model 'nope': choose one of auto, attention" in capsys.readouterr().err

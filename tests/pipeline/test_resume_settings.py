@@ -157,6 +157,19 @@ def test_every_writing_setting_is_read_back_from_a_finished_output(finished):
                               output_dir=str(finished))  # fmt: skip
     settings = config.write_settings(512)
     meta = json.loads(meta_path(packed_prefix(finished)).read_text())
-    assert set(settings) == set(meta_fields()) | {"global_batch_size"}
+    assert set(settings) == set(meta_fields()) | {"global_batch_size", "step_cost_model"}
     assert all(field in meta for field in meta_fields().values())
     assert "global_batch_size" in json.loads(stats_path(finished).read_text())
+
+
+def test_a_balanced_output_resumes_only_with_the_step_cost_model_it_was_ordered_by(tmp_path, capsys):
+    """The stats file's balance report records --step_cost_model; an unbalanced output ignores it."""
+    out = tmp_path / "out"
+    assert main(command(out, "--balance_data_parallel", "2")) == 0
+    before = files(out)
+    capsys.readouterr()
+    assert main(command(out, "--balance_data_parallel", "2", "--resume", "--step_cost_model", "attention")) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--resume: the output was started with step_cost_model='auto'" in err, err
+    assert main(command(out, "--balance_data_parallel", "2", "--resume")) == 0
+    assert files(out) == before

@@ -251,7 +251,7 @@ def test_an_image_decoded_at_another_size_than_its_header_said_is_skipped_with_b
     loader = HeaderImages(dynamic_processor(resolve_encoder(QWEN2_VL)), ImageSource(images))
     (image,) = loader.read(["r99x88.png"])
     assert image.size == (99, 88) and loader.load(image).size == (99, 88)
-    stale = HeaderImage(name=image.name, data=image.data, size=(100, 88), tokens=image.tokens, multi_image=False)
+    stale = HeaderImage(name=image.name, data=image.data, size=(100, 88), tokens=image.tokens, sample_images=1)
     with pytest.raises(RecordError, match="decoded as 99 x 88, its header said 100 x 88") as error:
         loader.load(stale)
     assert error.value.reason == "unreadable_image"

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from neva_pack.packing import ALGORITHMS
+from neva_pack.packing import ALGORITHMS, step_cost_model
 from neva_pack.training import PackedBatchSampler
 
 CAPACITY = 64
@@ -94,26 +94,28 @@ def test_every_sample_once_per_epoch_across_ranks_or_listed_as_dropped(setup, ep
 
 
 @given(setups())
-def test_each_step_groups_bins_of_alike_attention_cost(setup):
-    """With tolerance 0 the steps are the bins sorted by sum of squared lengths, cut R at a time:
-    the step maxima are every R-th cost of that sorted list (the least sum of maxima any dealing has)."""
+def test_each_step_groups_bins_of_alike_modelled_step_time(setup):
+    """By default a bin costs its modelled step time (the default preset's FLOPs of its samples, their
+    image tokens counted):
+    the step maxima are every R-th cost of the bins sorted by it (the least sum of maxima any dealing has)."""
     replicas = setup["num_replicas"]
-    sampler = PackedBatchSampler(capacity=CAPACITY, tolerance=0, **setup)
+    sampler = PackedBatchSampler(capacity=CAPACITY, **setup)
     plan = sampler.plan_epoch(0)
-    lengths = np.asarray(setup["lengths"], dtype=np.int64)
-    cost = np.array([(lengths[plan.batch(s, r)] ** 2).sum() for s in range(plan.num_steps) for r in range(replicas)])
+    flops = step_cost_model("auto").sample_flops(setup["lengths"], setup.get("image_tokens"))  # image tokens, if drawn
+    cost = np.array([flops[plan.batch(s, r)].sum() for s in range(plan.num_steps) for r in range(replicas)])
     steps = cost.reshape(-1, replicas)
-    assert sorted(steps.max(axis=1).tolist(), reverse=True) == np.sort(cost)[::-1][::replicas].tolist()
+    assert np.allclose(sorted(steps.max(axis=1).tolist(), reverse=True), np.sort(cost)[::-1][::replicas], rtol=1e-12)
 
 
 @given(setups(), st.integers(0, 2**32))
 def test_each_step_groups_bins_of_alike_attention_and_vision_cost(setup, salt):
-    """Given each sample's vision cost (the vision encoder's attention), a bin costs its LM attention
-    plus that: with tolerance 0 the step maxima are every R-th cost of the bins sorted by the sum."""
+    """Under step_cost_model="attention" (the order of old), given each sample's vision cost (the vision
+    encoder's attention), a bin costs its LM attention plus that: with tolerance 0 the step maxima are
+    every R-th cost of the bins sorted by the sum."""
     replicas = setup["num_replicas"]
     lengths = np.asarray(setup["lengths"], dtype=np.int64)
     vision = np.random.default_rng(salt).integers(0, 4, len(lengths)) * 576**2
-    sampler = PackedBatchSampler(capacity=CAPACITY, tolerance=0, vision_cost=vision, **setup)
+    sampler = PackedBatchSampler(capacity=CAPACITY, tolerance=0, vision_cost=vision, step_cost_model="attention", **setup)
     plan = sampler.plan_epoch(0)
     cost = np.array([
         (lengths[plan.batch(s, r)] ** 2).sum() + vision[plan.batch(s, r)].sum()

@@ -3,6 +3,7 @@ not this sampler's, or that is out of range, is refused in one line naming the f
 (neva_pack/training/sampler_state.py). Property tests over random edits of saved states, by class:
 a fingerprint field changed, a key dropped or added, an epoch or step out of range or of the wrong type."""
 
+import importlib.resources
 import json
 
 import numpy as np
@@ -138,3 +139,21 @@ def test_the_meta_checksum_of_the_output_is_part_of_the_fingerprint(tmp_path):
                                vision_cost=samples.vision_cost, meta_checksum="0" * 32)  # fmt: skip
     refused(state, "meta_checksum", other)
     np.testing.assert_array_equal(other.lengths, samples.lengths)
+
+
+def test_the_step_cost_model_is_part_of_the_fingerprint(tmp_path):
+    """A state planned by one step cost model is refused by a sampler balancing by another (its steps
+    are other bins), whether the model is a preset, a file of other numbers or the attention order."""
+    from neva_pack.packing import step_cost_model
+
+    lengths = [3, 4, 5, 9, 2, 7, 8, 8, 1, 6]
+    state = PackedBatchSampler(lengths, CAPACITY, num_replicas=2, step_cost_model="llava-1.5-7b").state_dict()
+    assert state["step_cost_model"] == step_cost_model("llava-1.5-7b").fingerprint
+    PackedBatchSampler(lengths, CAPACITY, num_replicas=2).load_state_dict(state)  # auto, no encoder: the default preset
+    for other in ("internvl3.5-8b", "attention"):
+        refused(state, "step_cost_model", PackedBatchSampler(lengths, CAPACITY, num_replicas=2, step_cost_model=other))
+    shipped = importlib.resources.files("neva_pack.packing") / "step_cost_presets.json"
+    preset = json.loads(shipped.read_text())["presets"]["llava-1.5-7b"]
+    trained = {**preset, "vision": {**preset["vision"], "trained": True}}
+    (tmp_path / "trained.json").write_text(json.dumps(trained))
+    refused(state, "step_cost_model", PackedBatchSampler(lengths, CAPACITY, num_replicas=2, step_cost_model=str(tmp_path / "trained.json")))
