@@ -27,7 +27,7 @@ from neva_pack.sample_store.files import (
     segment_skipped_path,
     segment_text_prefix,
 )
-from neva_pack.sample_store.image_pool import KEY_BYTES, ImagePool, load_keys, pool_segment
+from neva_pack.sample_store.image_pool import KEY_BYTES, ImagePool, image_bytes, load_keys, pool_segment, read_shapes
 
 __all__ = ["SampleStore", "StoredTexts"]
 
@@ -117,6 +117,19 @@ class SampleStore:
             for reason, count in segment.skipped_by_reason.items():
                 total[reason] = total.get(reason, 0) + count
         return total
+
+    def clip_totals(self) -> tuple[int, int, int]:
+        """(clips, frames, uint8 bytes) of the video clips in the pool (each distinct clip once); zeros
+        for a fixed store. Reads the pool's rows, never its pixels."""
+        if not self.dynamic:
+            return 0, 0, 0
+        clips = frames = size = 0
+        for segment in self.pool.segments:
+            rows = read_shapes(segment)
+            videos = rows["frames"] > 0
+            clips, frames = clips + int(videos.sum()), frames + int(rows["frames"][videos].sum())
+            size += int(image_bytes(rows[videos]).sum())
+        return clips, frames, size
 
     def skipped_files(self) -> list[Path]:
         return [segment_skipped_path(self.directory, s.name) for s in self.segments]

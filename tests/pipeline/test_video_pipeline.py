@@ -94,6 +94,7 @@ def test_a_video_run_reads_back_as_the_family_computes_it_directly(name, workloa
     skipped = [json.loads(line) for line in paths.skipped_path_of(prefix).read_text().splitlines()]
     assert [(s["index"], s["reason"]) for s in skipped] == [(5, "video_truncated")]  # an MP4 with no moov: a counted skip
     assert "video_truncated\": 1" in (tmp_path / "one" / "stats.json").read_text()  # counted in the run's report
+    stats_clips = json.loads((tmp_path / "one" / "stats.json").read_text())["clips"]  # bytes per clip: each distinct clip once
 
     reader = open_packed(tmp_path / "one")
     assert reader.meta.image_processor["video"]["profile"] == "hf"
@@ -101,6 +102,11 @@ def test_a_video_run_reads_back_as_the_family_computes_it_directly(name, workloa
     clips = [image for image in stored if image.frames]
     assert len(clips) == 4 and len(reader.pool) == 5  # h264 twice, stored once; two images
     assert all(clip.parts[0].dtype == np.uint8 for clip in clips)
+    distinct = {clip.parts[0].tobytes(): clip for clip in clips}.values()
+    assert stats_clips == {"clips": 3, "frames": sum(c.frames for c in distinct), "bytes": sum(c.parts[0].nbytes for c in distinct)}
+    capsys.readouterr()
+    assert main(["stats", str(tmp_path / "one")]) == 0
+    assert "video clips    3 stored once each" in capsys.readouterr().out
 
     # the family's model inputs, computed directly from the records
     tokenizer = load_tokenizer(workload)
