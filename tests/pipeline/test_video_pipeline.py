@@ -175,3 +175,19 @@ def test_formats_that_hold_no_clip_refuse_a_video_run_in_one_line(fmt, workload,
     assert run(workload, QWEN2_5, tmp_path, 0, fmt=fmt) == 2
     error = capsys.readouterr().err.strip()
     assert len(error.splitlines()) == 1 and fmt in error
+
+
+def test_a_store_written_before_clips_is_refused_on_resume_in_one_line(workload, tmp_path, capsys):
+    """Store version 7 keeps a clip's run whole and its frames in the pool's rows: an older store cannot
+    be continued, and says so instead of misreading its runs."""
+    data = tmp_path / "text.json"
+    data.write_text(json.dumps([RECORDS[2]] * 3))
+    command = ["preprocess", "--quiet", "--data_path", str(data), "--tokenizer_path", str(workload), "--hf_vision_encoder",
+               QWEN2_5, "--conv_template", "qwen2_vl", "--output_format", "compact", "--output_dir", str(tmp_path / "out")]  # fmt: skip
+    assert main(command) == 0
+    progress = tmp_path / "out" / paths.STORE_DIR / "progress.json"
+    progress.write_text(progress.read_text().replace('"version": 7', '"version": 6'))
+    capsys.readouterr()
+    assert main([*command, "--resume"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and "a sample store of version 6; this neva_pack needs 7" in error
