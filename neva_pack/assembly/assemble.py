@@ -50,6 +50,9 @@ class AssembledPack:
     """``labels`` padded the same way with the ignore value."""
     image_lengths: np.ndarray | None = None
     """int64 run length of each image, in placeholder order (fixed stores: all the run's length)."""
+    whole_runs: np.ndarray | None = None
+    """bool per image: its run is kept whole, its ids its family's own (a video clip's), not the
+    store's ``[start] patch ... [end]``; None: none is."""
 
 
 def rows_at(store, size: int, ignore_index: int) -> tuple[np.ndarray, dict[int, tuple[int, int]], np.ndarray]:
@@ -137,6 +140,7 @@ def _assemble_group(
     indices = [no_images] * len(members)
     starts = [no_images] * len(members)
     run_lengths = [no_images] * len(members)
+    whole = [np.zeros(0, dtype=bool)] * len(members)
     for k in with_images:  # text-only samples need no per-sample work
         i = int(members[k])
         sample_images = store.image_indices(i)
@@ -145,6 +149,7 @@ def _assemble_group(
         indices[k] = sample_images.astype(np.int64)
         starts[k] = text.image_starts[k][: len(sample_images)]
         run_lengths[k] = text.image_lengths[k][: len(sample_images)]
+        whole[k] = text.image_whole[k][: len(sample_images)]
     with_pixels = with_pixels and not store.dynamic
     for b in range(stop - start):
         low, high = int(sample_bounds[b]), int(sample_bounds[b + 1])
@@ -166,4 +171,5 @@ def _assemble_group(
             padded_tokens=with_padding(tokens, lengths, pack_padded, pad_id),
             padded_labels=with_padding(labels, lengths, pack_padded, ignore_index),
             image_lengths=np.concatenate(run_lengths[low:high]) if with_images else no_images,
+            whole_runs=np.concatenate(whole[low:high]) if with_images else np.zeros(0, dtype=bool),
         )

@@ -60,7 +60,7 @@ def pack_problem(pack: AssembledPack, checks: invariants.PackSpec) -> str | None
     tokens, labels = padded_view(pack, checks.pad_id, checks.ignore_index)
     cu_seqlens = np.concatenate([[0], np.cumsum(pack.padded_lengths)])
     problems = fast_pack_problems(checks, cu_seqlens, tokens, labels, len(pack.image_indices), real_lengths=pack.lengths,
-                                  image_lengths=pack.image_lengths)
+                                  image_lengths=pack.image_lengths, whole_runs=pack.whole_runs)
     return problems[0] if problems else None
 
 

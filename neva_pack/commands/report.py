@@ -220,6 +220,22 @@ class BalanceReport:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ClipStats:
+    """The video clips a run stored: each distinct clip once, its kept frames as uint8 (sample store's pool)."""
+
+    clips: int
+    """Distinct clips stored."""
+    frames: int
+    """Frames they keep, summed."""
+    bytes: int
+    """uint8 bytes of those frames."""
+
+    @property
+    def bytes_per_clip(self) -> float:
+        return self.bytes / max(self.clips, 1)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RecordCounts:
     """What happened to the input records."""
 
@@ -274,6 +290,8 @@ class RunReport:
     input_digest: str | None = None
     """xxh3-128 of the input records file's bytes as packed: --resume and ``verify --data_path`` tell
     by it whether the input changed since (None in a report written before it was recorded)."""
+    clips: ClipStats | None = None
+    """Video clips stored (their count, frames and bytes); None: none, or a report from before clips."""
 
     def to_json(self) -> dict:
         """The stats.json layout: keys in field order, nested parts as objects."""
@@ -289,6 +307,7 @@ class RunReport:
         values["packing"] = PackingStats.from_json(data["packing"])
         values["suggestion"] = None if suggestion is None else AlgorithmSuggestion(**suggestion)
         values["balance"] = None if balance is None else BalanceReport(**balance)
+        values["clips"] = None if data.get("clips") is None else ClipStats(**data["clips"])
         values["crop_size"] = list(data["crop_size"])
         values["training_overrides"] = list(data["training_overrides"])
         return cls(**values)

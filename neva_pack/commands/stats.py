@@ -235,6 +235,10 @@ def format_summary(report: RunReport) -> str:
         lines.append("  image        " + _format_percentiles(packing.image_positions_per_sample))
     if packing.visual is not None:
         lines += _visual_lines(packing.visual)
+    if report.clips is not None:
+        clips = report.clips
+        lines.append(f"video clips    {clips.clips:,} stored once each, {clips.frames:,} frames, {clips.bytes / 1e6:,.1f} MB uint8 "
+                     f"({clips.bytes_per_clip / 1e6:,.2f} MB per clip)")  # fmt: skip
     balance = report.balance
     if balance:
         lines.append(

@@ -102,6 +102,21 @@ class SampleConfig:
     )  # fmt: skip
     """Families whose processor resizes each image to fit a feature-token budget: the most tokens one
     image may take (the family checks the values its processor accepts)."""
+    video_profile: str | None = option(
+        None, fingerprint_when_set=True,
+        help="read <video> clips (encoders whose family reads video), sampled and sized as this reference does: hf "
+        "(transformers' video processors), hf_cap (theirs with cap_pixels_per_frame), or the model authors' own code "
+        "(docs/video.md); without it a record with a clip is skipped (videos_not_read)",
+    )  # fmt: skip
+    """Whose arithmetic samples and sizes video clips (the family's profiles); None: clips are not read."""
+    video_fps: float | None = option(
+        None, fingerprint_when_set=True, help="frames sampled per second of video (default: the profile's)"
+    )  # fmt: skip
+    """Frames sampled per second of a clip; None: the profile's default (2)."""
+    video_max_frames: int | None = option(
+        None, minimum=1, fingerprint_when_set=True, help="frames sampled from one clip at most (default: the profile's)"
+    )  # fmt: skip
+    """Frames sampled from one clip at most; None: the profile's default."""
     image_reference: str | None = option(
         None, choices=lambda: IMAGE_REFERENCES, fingerprint_when_set=True,
         help=lambda: "whose image preprocessing the counts and pixels follow, for families that offer a choice: transformers "
@@ -130,6 +145,10 @@ class SampleConfig:
             raise ConfigError(f"--tokenizer_path {self.tokenizer_path}: no such file or directory")
         if self.image_folder is not None and not is_remote(self.image_folder) and not self.image_folder.exists():
             raise ConfigError(f"--image_folder {self.image_folder}: no such directory or archive")
+        if self.video_fps is not None and not 0 < self.video_fps < float("inf"):
+            raise ConfigError(f"--video_fps {self.video_fps}: must be a number above 0")
+        if self.video_profile is None and (self.video_fps, self.video_max_frames) != (None, None):
+            raise ConfigError("--video_fps / --video_max_frames need --video_profile (hf)")
 
     def fingerprint(self, cut_length: int) -> dict:
         """Everything that decides the samples, as the sample store records it: every setting in

@@ -31,3 +31,8 @@ class StoredImage:
     into its best grid resolution, before padding), or one for a OneVision multi-image sample."""
     tokens: int
     """Sequence positions the image takes in the language model."""
+    frames: int = 0
+    """0 for a still image; for a video clip, the frames kept (its one part is them stacked top to
+    bottom: (3, frames * h, w), frame k at rows [k h, (k + 1) h))."""
+    grid_seconds: float = 0.0
+    """A video's seconds per temporal patch (what the model reads as ``second_per_grid_ts``); 0 for an image."""

@@ -12,12 +12,13 @@
     headers.py     header sizes and token counts from headers, planar uint8 parts
     source.py      ImageSource: a folder or a .tar archive, names confined to it, budgets before reading
     decode.py      decode_image: bytes -> RGB PIL image, pixel budget from the header, decode-time budget
+    video_frames.py  a clip's frame sampling and frame-size arithmetic, and its kept frames decoded once (PyAV)
 
 Code outside this package asks a family object for what it needs and never names a family: the
 names of one family's module (its settings, its arithmetic) are imported from that module.
 """
 
-from neva_pack.families.base import AttentionNeeds, EncoderSpec, FamilyOptions, Join, ModelFamily, RunRequest, restarting_positions
+from neva_pack.families.base import AttentionNeeds, EncoderSpec, FamilyOptions, Join, ModelFamily, RunRequest, VideoPlan, VideoRequest, restarting_positions
 from neva_pack.families.decode import DEFAULT_MAX_IMAGE_DECODE_SECONDS, DEFAULT_MAX_IMAGE_PIXELS, decode_image, too_many_pixels
 from neva_pack.families.headers import StoredImage, check_decoded_size, header_size, tokens_from_header
 from neva_pack.families.image_ids import check_token_ids, image_run_for, missing_nemo_specials
@@ -36,6 +37,7 @@ from neva_pack.families.registry import (
     resolve_encoder,
 )
 from neva_pack.families.source import DEFAULT_MAX_IMAGE_BYTES, ImageSource
+from neva_pack.families.video_frames import decode_frames
 
 __all__ = [
     "AttentionNeeds",
@@ -52,8 +54,11 @@ __all__ = [
     "ModelFamily",
     "RunRequest",
     "StoredImage",
+    "VideoPlan",
+    "VideoRequest",
     "check_decoded_size",
     "check_token_ids",
+    "decode_frames",
     "decode_image",
     "dynamic_image_run",
     "dynamic_processor",

@@ -21,7 +21,7 @@ import numpy as np
 
 from neva_pack.core import ConfigError, ImageRun, Normalisation, StoredImage
 
-__all__ = ["AttentionNeeds", "EncoderSpec", "FamilyBase", "FamilyOptions", "Join", "ModelFamily", "RunRequest", "model_image_run", "processor_normalisation", "refuse_layout_options", "restarting_positions"]
+__all__ = ["AttentionNeeds", "EncoderSpec", "FamilyBase", "FamilyOptions", "Join", "ModelFamily", "RunRequest", "VideoPlan", "VideoRequest", "model_image_run", "processor_normalisation", "refuse_layout_options", "restarting_positions"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -117,6 +117,44 @@ class FamilyOptions:
     choice (``ModelFamily.references``); None: the Hugging Face processor's."""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VideoRequest:
+    """What the user asked of video clips (``--video_profile``, ``--video_fps``, ``--video_max_frames``,
+    or a profile that turns ``cap_pixels_per_frame`` on); a family that reads videos resolves the rest from its settings."""
+
+    profile: str = "hf"
+    """Whose arithmetic samples and sizes the clips (the family's profiles; ``hf``: transformers', ``hf_cap``:
+    theirs with ``cap_pixels_per_frame``)."""
+    fps: float | None = None
+    """Frames sampled per second of video; None: the profile's default."""
+    max_frames: int | None = None
+    """Frames sampled at most from one clip; None: the profile's default."""
+    cap_pixels_per_frame: bool = False
+    """transformers' ``cap_pixels_per_frame`` (its ``hf`` profile only): each frame's share of a whole-clip budget."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VideoPlan:
+    """A clip laid out from its header alone (``ModelFamily.plan_video``): nothing decoded."""
+
+    indices: tuple[int, ...]
+    """The frames kept, increasing, numbered in decode (presentation) order."""
+    size: tuple[int, int]
+    """(height, width) every kept frame is resized to."""
+    tokens: int
+    """Video feature positions in the language model (the run's pad ids)."""
+    ids: np.ndarray
+    """int64: the clip's whole run of ids, delimiters and any timestamp text included."""
+    grid_seconds: float
+    """Seconds per temporal patch (0 where the model reads none)."""
+    cost: int
+    """The vision encoder's attention cost of the clip (patches² summed over its passes)."""
+    resize: str = "v2"
+    """Which torchvision resize the reference runs on the uint8 frames (``video_frames.decode_frames``):
+    "v2" (``transforms.v2.functional``, transformers') or "v1" (``transforms.functional``, whose uint8
+    bicubic differs by up to tens of levels)."""
+
+
 class ModelFamily(Protocol):
     """One model family's images, from a record's image file to the model's inputs.
 
@@ -202,6 +240,20 @@ class ModelFamily(Protocol):
     (settings_keys.COMMON_SETTINGS), each with what it may hold (settings_keys.Setting): checked
     before ``check_settings_file``, a bad one refused in one line naming the file and the key."""
 
+    takes_videos: bool
+    """Whether the family reads video clips (after ``with_videos``); a record with a video is skipped otherwise."""
+
+    def with_videos(self, request: VideoRequest, tokenizer) -> ModelFamily:
+        """The family reading video clips as ``request`` asks, their runs spelled with ``tokenizer``'s
+        ids (ConfigError, one line, for a family that reads none or a tokenizer lacking its tokens)."""
+
+    def plan_video(self, frame_count: int, fps: float, width: int, height: int, tokenizer) -> VideoPlan:
+        """A clip's frames, size, run and cost from its header's numbers (ValueError for a clip the
+        reference refuses: too short, an aspect ratio over 200)."""
+
+    def video_to_stored(self, frames: np.ndarray, plan: VideoPlan, size: tuple[int, int]) -> StoredImage:
+        """uint8 (T, 3, h, w) kept frames -> the clip's stored form (``size``: the header's (width, height))."""
+
     @staticmethod
     def check_settings_file(settings: dict, processor: str, path) -> None:
         """ConfigError, one line, for a checkpoint's preprocessor_config.json the family cannot honour."""
@@ -223,6 +275,17 @@ class FamilyBase:
     settings_patch_size: ClassVar[bool] = False
     settings_keys: ClassVar[tuple] = ()
     attention: ClassVar[AttentionNeeds] = AttentionNeeds()
+    takes_videos = False
+
+    def with_videos(self, request: VideoRequest, tokenizer):
+        """None: the family reads no video."""
+        raise ConfigError(f"video clips: {self.models} reads no video (a native-resolution encoder does)")
+
+    def plan_video(self, frame_count, fps, width, height, tokenizer) -> VideoPlan:
+        raise ValueError(f"{self.models} reads no video")
+
+    def video_to_stored(self, frames, plan, size) -> StoredImage:
+        raise ValueError(f"{self.models} reads no video")
 
     def options(self) -> dict:
         """None of its own."""

@@ -44,12 +44,16 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from neva_pack.core import ConfigError
-from neva_pack.families.base import EncoderSpec, FamilyBase, FamilyOptions, Join, processor_normalisation, refuse_layout_options
+from neva_pack.core import ConfigError, Normalisation
+from neva_pack.families.base import EncoderSpec, FamilyBase, FamilyOptions, Join, RunRequest, VideoPlan, VideoRequest, model_image_run, processor_normalisation, refuse_layout_options
 from neva_pack.families.headers import StoredImage, planar_uint8
 from neva_pack.families.settings_keys import MAX_AREA, MAX_PATCH, Setting, whole
+from neva_pack.families.video_frames import (
+    arange_indices, frames_at_fps, linspace_indices, paired_timestamps, rate_frame_count, temporal_smart_resize, torch_linspace_indices,
+)  # fmt: skip
 
-__all__ = ["REFERENCES", "NativeProcessor", "NativeSettings", "mrope_position_ids", "qwen_vl_utils_resize", "smart_resize"]
+__all__ = ["REFERENCES", "VIDEO_PROFILES", "NativeProcessor", "NativeSettings", "NativeVideo", "mrope_position_ids", "qwen_vl_utils_resize",
+           "smart_resize"]  # fmt: skip
 
 MAX_ASPECT_RATIO = 200
 """The reference refuses an image whose long side is over 200 times its short side."""
@@ -188,8 +192,10 @@ class NativeProcessor(FamilyBase):
     """The family's own options (``--image_reference``, as ``arithmetic``; ``--min_pixels`` / ``--max_pixels``),
     as ``options`` records them."""
     references = REFERENCES
-    batch_keys = {"pixel_values": Join.IMAGES, "image_grid_thw": Join.IMAGES}
-    """Patch rows of every image end to end, and one (t, h, w) row per image."""
+    batch_keys = {"pixel_values": Join.IMAGES, "image_grid_thw": Join.IMAGES, "pixel_values_videos": Join.IMAGES,
+                  "video_grid_thw": Join.IMAGES, "second_per_grid_ts": Join.IMAGES}  # fmt: skip
+    """Patch rows of every image end to end, and one (t, h, w) row per image; likewise for video clips
+    (a family reading videos), with Qwen2.5-VL's seconds per temporal patch of each clip."""
     settings_patch_size = True
     """Its preprocessor_config.json names the patch size (a checkpoint's config.json may not)."""
     settings_keys = (
@@ -211,10 +217,17 @@ class NativeProcessor(FamilyBase):
             raise ConfigError(f"{path}: min_pixels (or size) {low:,} > max_pixels (or size) {high:,}: need min <= max "
                               "(defaults 3,136 and 1,003,520)")
 
-    def __init__(self, settings: NativeSettings, normalisation):
+    def __init__(self, settings: NativeSettings, normalisation, encoder: EncoderSpec | None = None, video: NativeVideo | None = None):
         self.settings = settings
         self.normalisation = normalisation
         """core.Normalisation: the processor's rescale factor, mean and std."""
+        self.encoder = encoder
+        self.video = video
+        """How video clips are read (``with_videos``); None: the family reads none."""
+
+    @property
+    def takes_videos(self) -> bool:
+        return self.video is not None
 
     @classmethod
     def from_options(cls, encoder: EncoderSpec, options: FamilyOptions) -> NativeProcessor:
@@ -229,12 +242,15 @@ class NativeProcessor(FamilyBase):
         normalisation = processor_normalisation(encoder, ("do_resize", "do_rescale", "do_normalize"), _CLIP_MEAN, _CLIP_STD)
         bounds = {"min_pixels": min_pixels, "max_pixels": max_pixels} if arithmetic in (None, "transformers") else {}
         settings = native_settings(encoder, **bounds)  # qwen-vl-utils' bounds are its own, not the encoder's
-        return cls(reference_settings(settings, arithmetic, min_pixels=min_pixels, max_pixels=max_pixels), normalisation)
+        return cls(reference_settings(settings, arithmetic, min_pixels=min_pixels, max_pixels=max_pixels), normalisation, encoder)
 
     def options(self) -> dict:
         """Whose resize (``arithmetic``) and ``min_pixels`` / ``max_pixels`` as resolved (the flags, or the
-        reference's bounds)."""
-        return {"arithmetic": self.settings.reference, "min_pixels": self.settings.min_pixels, "max_pixels": self.settings.max_pixels}
+        reference's bounds), and the video settings of a family reading videos."""
+        options = {"arithmetic": self.settings.reference, "min_pixels": self.settings.min_pixels, "max_pixels": self.settings.max_pixels}
+        if self.video is not None:
+            options["video"] = self.video.to_json()
+        return options
 
     def resized_size(self, width: int, height: int) -> tuple[int, int]:
         """(height, width) the image is resized to."""
@@ -270,21 +286,30 @@ class NativeProcessor(FamilyBase):
 
     def model_inputs(self, images: list[StoredImage]) -> dict[str, np.ndarray]:
         """``pixel_values`` float32 (sum of patches, 3 * t * p * p) and ``image_grid_thw`` int64 (n, 3),
-        as transformers' processor returns them for these images in this order.
+        as transformers' processor returns them for these images in this order; for a family reading
+        videos also ``pixel_values_videos`` / ``video_grid_thw`` of the clips among them, in their order
+        (and Qwen2.5-VL's ``second_per_grid_ts``, float32 per clip).
 
         The uint8 pixels are put in row order first (a byte per value) and normalised straight into
         the rows: no float image in between, no strided copy of floats, no concatenation."""
         s = self.settings
         p, t = s.patch_size, s.temporal_patch_size
-        grids = [(1, image.parts[0].shape[1] // p, image.parts[0].shape[2] // p) for image in images]
+        stills = [image for image in images if not image.frames]
+        clips = [image for image in images if image.frames]
+        if clips and self.video is None:
+            raise ValueError("a pack holds video clips, but the output's family reads none")
+        grids = [(1, image.parts[0].shape[1] // p, image.parts[0].shape[2] // p) for image in stills]
         counts = [h * w for _, h, w in grids]
         pixel_values = np.empty((sum(counts), 3 * t * p * p), dtype=np.float32)
         start = 0
-        for image, count in zip(images, counts):
+        for image, count in zip(stills, counts):
             rows = pixel_values[start : start + count].reshape(count, 3, t * p, p)
             self.normalisation.apply(self._patches_uint8(image.parts[0]).reshape(rows.shape), out=rows)
             start += count
-        return {"pixel_values": pixel_values, "image_grid_thw": np.array(grids, dtype=np.int64).reshape(-1, 3)}
+        inputs = {"pixel_values": pixel_values, "image_grid_thw": np.array(grids, dtype=np.int64).reshape(-1, 3)}
+        if self.video is not None:
+            inputs.update(self._video_inputs(clips))
+        return inputs
 
     def _patches_uint8(self, pixels: np.ndarray) -> np.ndarray:
         """uint8 (3, H, W) -> (patches, 3, t, p, p): merge block by merge block, each patch (channel,
@@ -297,32 +322,230 @@ class NativeProcessor(FamilyBase):
         patches[...] = blocks[:, :, :, :, :, None]
         return patches.reshape(grid_h * grid_w, channels, t, p, p)
 
-
     def position_ids(self, tokens, cu_seqlens, real_lengths, num_images, inputs, patch_id) -> np.ndarray:
         """(3, L): each sample's mRoPE ids alone; its padding continues from its largest id + 1."""
         tokens = np.asarray(tokens, dtype=np.int64)
         bounds = np.asarray(cu_seqlens, dtype=np.int64)
-        counts = np.asarray(num_images, dtype=np.int64)
-        grids = inputs["image_grid_thw"]
         out = np.empty((3, int(bounds[-1])), dtype=np.int64)
-        first = np.concatenate([[0], np.cumsum(counts)])
-        for k in range(len(counts)):
+        image_grids = iter(np.asarray(inputs["image_grid_thw"], dtype=np.int64).reshape(-1, 3).tolist())
+        video_runs = iter(self._video_runs(inputs))
+        video_pad = None if self.video is None else self.video.pad_id
+        for k in range(len(bounds) - 1):
             start, end, length = int(bounds[k]), int(bounds[k + 1]), int(real_lengths[k])
-            mask = tokens[start : start + length] == patch_id
-            sample = mrope_position_ids(mask, grids[first[k] : first[k + 1]], self.settings.merge_size)
+            sample_tokens = tokens[start : start + length]
+            image_mask = sample_tokens == patch_id
+            video_mask = np.zeros_like(image_mask) if video_pad is None else sample_tokens == video_pad
+            grids, intervals = [], []
+            for first in _run_starts(image_mask | video_mask):
+                grid, interval = (next(video_runs, None) if video_mask[first] else (next(image_grids, None), 1.0)) or (None, 1.0)
+                if grid is None:
+                    raise ValueError(f"more {'video' if video_mask[first] else 'image'} token runs than grids")
+                grids.append(grid)
+                intervals.append(interval)
+            sample = mrope_position_ids(image_mask | video_mask, np.array(grids, dtype=np.int64).reshape(-1, 3),
+                                        self.settings.merge_size, time_intervals=intervals)  # fmt: skip
             out[:, start : start + length] = sample
             following = int(sample.max(initial=-1)) + 1
             out[:, start + length : end] = np.arange(following, following + end - start - length)
         return out
 
+    # ------------------------------------------------------------ video clips
 
-def mrope_position_ids(image_mask: np.ndarray, image_grid_thw: np.ndarray, merge_size: int = 2) -> np.ndarray:
+    def with_videos(self, request: VideoRequest, tokenizer) -> NativeProcessor:
+        """The family reading video clips as ``request`` asks (``NativeVideo.resolve``)."""
+        video = NativeVideo.resolve(self.encoder, self.settings, request, tokenizer)
+        return NativeProcessor(self.settings, self.normalisation, self.encoder, video)
+
+    def with_video_record(self, record: dict | None) -> NativeProcessor:
+        """The family with the video settings an output recorded (``options()["video"]``)."""
+        if record is None:
+            return self
+        return NativeProcessor(self.settings, self.normalisation, self.encoder, NativeVideo.from_json(record))
+
+    def plan_video(self, frame_count: int, fps: float, width: int, height: int, tokenizer) -> VideoPlan:
+        """The clip's frames, frame size, run and cost, as the profile's reference lays it out."""
+        v, s = self.video, self.settings
+        if v is None:
+            raise ValueError(f"{self.models}: this run reads no video")
+        tps, factor = s.temporal_patch_size, s.factor
+        if v.profile == "qwen_vl_utils":  # qwen-vl-utils 0.0.14's fetch_video: frames, then a per-frame budget
+            count = rate_frame_count(frame_count, fps, v.fps, v.min_frames, v.max_frames, tps)
+            indices = torch_linspace_indices(frame_count, count)
+            most = max(min(v.max_pixels, v.max_video_tokens * factor * factor * 0.9 / count * tps), int(v.min_pixels * 1.05))
+            height_out, width_out = qwen_vl_utils_resize(height, width, factor, v.min_pixels, most)
+            seconds = tps / (count / max(frame_count, 1e-6) * fps) if v.timing == "seconds" else 0.0
+        elif v.timing == "seconds":  # transformers' Qwen2VLVideoProcessor (Qwen2.5-VL)
+            top = math.floor(min(v.max_frames, frame_count) / tps) * tps
+            wanted = min(max(frames_at_fps(frame_count, fps, v.fps), v.min_frames), top, frame_count)
+            count = math.floor(wanted / tps) * tps
+            if count < 1:
+                raise ValueError(f"{frame_count} frame(s): fewer than one temporal patch of {tps}")
+            indices = arange_indices(frame_count, count)
+            most = v.max_pixels
+            if v.cap_pixels_per_frame:
+                most = max(min(most, int(v.max_video_tokens * factor * factor * 0.9) * tps // len(indices)), int(v.min_pixels * 1.05))
+            height_out, width_out = smart_resize(height, width, factor, v.min_pixels, most)
+            seconds = tps / (len(indices) / frame_count * fps)
+        else:  # transformers' Qwen3VLVideoProcessor
+            count = min(max(int(frames_at_fps(frame_count, fps, v.fps)), v.min_frames), v.max_frames, frame_count)
+            indices = linspace_indices(frame_count, count)
+            most = v.max_pixels
+            if v.cap_pixels_per_frame:
+                most = max(min(v.max_video_tokens * factor * factor, v.max_pixels // count), int(v.min_pixels * 1.05)) * count
+            height_out, width_out = temporal_smart_resize(count, height, width, tps, factor, v.min_pixels, most)
+            seconds = 0.0
+        grid_t = -(-len(indices) // tps)
+        grid_h, grid_w = height_out // s.patch_size, width_out // s.patch_size
+        frame_tokens = grid_h * grid_w // s.merge_size**2
+        pads = np.full(frame_tokens, v.pad_id, dtype=np.int64)
+        if v.timing == "seconds":
+            ids = np.concatenate([[v.start_id], np.tile(pads, grid_t), [v.end_id]])
+        else:
+            parts = [[v.start_id]]
+            for stamp in paired_timestamps(indices, fps, tps):
+                parts += [tokenizer.encode_literal(video_timestamp(stamp)).ids, [v.start_id], pads, [v.end_id]]
+            ids = np.concatenate([*parts, [v.end_id]])
+        return VideoPlan(indices=tuple(int(i) for i in indices), size=(height_out, width_out), tokens=grid_t * frame_tokens,
+                         ids=ids.astype(np.int64), grid_seconds=seconds, cost=grid_t * (grid_h * grid_w) ** 2,
+                         resize="v1" if v.profile == "qwen_vl_utils" else "v2")  # fmt: skip
+
+    def video_to_stored(self, frames: np.ndarray, plan: VideoPlan, size: tuple[int, int]) -> StoredImage:
+        """uint8 (T, 3, h, w) -> one part (3, T h, w), the frames top to bottom (core.StoredImage)."""
+        count, channels, height, width = frames.shape
+        part = np.ascontiguousarray(frames.transpose(1, 0, 2, 3)).reshape(channels, count * height, width)
+        return StoredImage(size=tuple(size), parts=(part,), tokens=plan.tokens, frames=count, grid_seconds=plan.grid_seconds)
+
+    def _video_inputs(self, clips: list[StoredImage]) -> dict[str, np.ndarray]:
+        """``pixel_values_videos`` float32 (sum of patches, 3 t p p), ``video_grid_thw`` int64 (n, 3) and,
+        for Qwen2.5-VL, ``second_per_grid_ts`` float32 (n,): the video processor's, clip by clip."""
+        s = self.settings
+        p, m, t = s.patch_size, s.merge_size, s.temporal_patch_size
+        grids, blocks = [], []
+        for clip in clips:
+            part = clip.parts[0]
+            frames = part.reshape(3, clip.frames, part.shape[1] // clip.frames, part.shape[2]).transpose(1, 0, 2, 3)
+            if clip.frames % t:
+                frames = np.concatenate([frames, np.repeat(frames[-1:], t - clip.frames % t, axis=0)])
+            grid_t, (grid_h, grid_w) = len(frames) // t, (frames.shape[2] // p, frames.shape[3] // p)
+            patches = frames.reshape(grid_t, t, 3, grid_h // m, m, p, grid_w // m, m, p).transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)
+            blocks.append(np.ascontiguousarray(patches).reshape(grid_t * grid_h * grid_w, 3, t * p, p))
+            grids.append((grid_t, grid_h, grid_w))
+        rows = np.concatenate(blocks) if blocks else np.zeros((0, 3, t * p, p), dtype=np.uint8)
+        values = self.video.normalisation.apply(rows).reshape(len(rows), 3 * t * p * p)
+        inputs = {"pixel_values_videos": values, "video_grid_thw": np.array(grids, dtype=np.int64).reshape(-1, 3)}
+        if self.video.timing == "seconds":
+            inputs["second_per_grid_ts"] = np.array([clip.grid_seconds for clip in clips], dtype=np.float32)
+        return inputs
+
+    def _video_runs(self, inputs: dict) -> list[tuple[tuple[int, int, int], float]]:
+        """(grid, temporal interval) of each run of video pads, in order: Qwen2.5-VL one run per clip,
+        its temporal positions ``tokens_per_second x second_per_grid_ts`` apart (float32, truncated,
+        as ``get_rope_index``); Qwen3-VL one run per temporal patch, each a grid of one."""
+        if self.video is None:
+            return []
+        grids = np.asarray(inputs["video_grid_thw"], dtype=np.int64).reshape(-1, 3).tolist()
+        if self.video.timing == "timestamps":
+            return [((1, h, w), 1.0) for t, h, w in grids for _ in range(t)]
+        seconds = np.asarray(inputs["second_per_grid_ts"], dtype=np.float32)
+        return [(tuple(grid), float(np.float32(self.video.tokens_per_second) * second)) for grid, second in zip(grids, seconds)]
+
+
+VIDEO_PROFILES = ("hf", "hf_cap", "qwen_vl_utils")
+"""Whose arithmetic samples and sizes the clips: ``hf``, transformers' video processors; ``hf_cap``, the
+same with ``cap_pixels_per_frame`` on (each frame's share of the whole-clip budget); ``qwen_vl_utils``,
+Qwen's own ``fetch_video`` (0.0.14: 2 fps, frames a multiple of 2, 128..768 tokens a frame within a
+whole-clip budget of 128,000 x 0.9 tokens), whose frames the processor then takes as they are."""
+
+
+def video_timestamp(seconds: float) -> str:
+    """The text Qwen3-VL writes before a temporal patch: ``<1.5 seconds>``."""
+    return f"<{seconds:.1f} seconds>"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NativeVideo:
+    """How a native-resolution family reads video clips: the profile's numbers and the run's ids."""
+
+    profile: str
+    timing: str
+    """"seconds" (Qwen2.5-VL: ``second_per_grid_ts``) or "timestamps" (Qwen3-VL: text before each temporal patch)."""
+    fps: float
+    min_frames: int
+    max_frames: int
+    min_pixels: int
+    """Smallest area: of a frame ("seconds"), of all frames together ("timestamps")."""
+    max_pixels: int
+    cap_pixels_per_frame: bool
+    max_video_tokens: int
+    tokens_per_second: int
+    """Qwen2.5-VL's ``vision_config.tokens_per_second``: temporal positions per second of video."""
+    pad_id: int
+    start_id: int
+    end_id: int
+    normalisation: Normalisation
+    """The video processor's fused rescale and normalise: ``(v - 255 mean) / (255 std)`` in float32."""
+
+    @classmethod
+    def resolve(cls, encoder: EncoderSpec, settings: NativeSettings, request: VideoRequest, tokenizer) -> NativeVideo:
+        """The settings transformers' video processor of ``encoder`` uses (module docstring), the
+        request's fps / max frames / cap over them, the ids from ``tokenizer``."""
+        if request.profile not in VIDEO_PROFILES:
+            raise ConfigError(f"--video_profile {request.profile!r}: one of {', '.join(VIDEO_PROFILES)}")
+        kind = encoder.preprocessor_config.get("processor_class", "")
+        if kind == "Qwen3VLProcessor":
+            timing, (low, high), tokens = "timestamps", _QWEN3_VIDEO_SIZE, 768
+        elif kind == "Qwen2_5_VLProcessor":
+            timing, (low, high), tokens = "seconds", (settings.min_pixels, settings.max_pixels), 128000
+        else:
+            raise ConfigError(f"video clips: {encoder.name} ({kind or 'no processor_class'}) is not a Qwen2.5-VL or Qwen3-VL encoder")
+        if request.profile == "qwen_vl_utils":  # VIDEO_MIN/MAX_TOKEN_NUM and MODEL_SEQ_LEN, in pixels of the factor
+            (low, high), tokens = (128 * settings.factor**2, 768 * settings.factor**2), 128000
+        run = model_image_run(tokenizer, ("<|vision_start|>", "<|video_pad|>", "<|vision_end|>"), "Qwen2.5-VL / Qwen3-VL", RunRequest())
+        start, pad, end = run.start_id, run.patch_id, run.end_id
+        mean = encoder.preprocessor_config.get("image_mean", _CLIP_MEAN)
+        std = encoder.preprocessor_config.get("image_std", _CLIP_STD)
+        rescale = float(encoder.preprocessor_config.get("rescale_factor", 1 / 255))
+        return cls(
+            profile=request.profile, timing=timing, fps=float(request.fps or 2.0), min_frames=4,
+            max_frames=int(request.max_frames or 768), min_pixels=int(low), max_pixels=int(high),
+            cap_pixels_per_frame=bool(request.cap_pixels_per_frame) or request.profile == "hf_cap", max_video_tokens=tokens,
+            tokens_per_second=int(encoder.model_config.get("tokens_per_second", 2)), pad_id=pad, start_id=start, end_id=end,
+            normalisation=Normalisation(rescale_factor=1.0, mean=_fused(mean, rescale), std=_fused(std, rescale)),
+        )  # fmt: skip
+
+    def to_json(self) -> dict:
+        values = {name: getattr(self, name) for name in self.__slots__ if name != "normalisation"}
+        return {**values, "normalisation": self.normalisation.to_json()}
+
+    @classmethod
+    def from_json(cls, data: dict) -> NativeVideo:
+        return cls(**{**data, "normalisation": Normalisation.from_json(data["normalisation"])})
+
+
+_QWEN3_VIDEO_SIZE = (4096, 25165824)
+"""The released Qwen3-VL video_preprocessor_config.json's ``size`` (shortest_edge, longest_edge): a
+pixel budget for all the sampled frames of a clip together."""
+
+
+def _fused(values, rescale: float) -> tuple[float, float, float]:
+    """float32(value) x float32(1 / rescale), as the video processor fuses rescaling into the mean and std."""
+    return tuple(float(v) for v in (np.asarray(values, dtype=np.float32) * np.float32(1.0 / rescale)))
+
+
+def _run_starts(mask: np.ndarray) -> list[int]:
+    """Where each maximal run of True starts."""
+    return np.flatnonzero(np.diff(np.concatenate(([False], mask)).astype(np.int8)) == 1).tolist()
+
+
+def mrope_position_ids(image_mask: np.ndarray, image_grid_thw: np.ndarray, merge_size: int = 2, *, time_intervals=None) -> np.ndarray:
     """int64 (3, L) mRoPE position ids of one sample (the module's docstring).
 
-    ``image_mask``: bool (L,), True where the token is an image placeholder (``<|image_pad|>``);
-    each maximal run of them is one image, in order. ``image_grid_thw``: int (n, 3), one row per
-    run, as the processor returns it. ValueError when the runs and the grids disagree (count or
-    length): the positions would silently be those of other images.
+    ``image_mask``: bool (L,), True where the token is an image placeholder (``<|image_pad|>``, or a
+    clip's ``<|video_pad|>``); each maximal run of them is one image (or clip, or temporal patch), in
+    order. ``image_grid_thw``: int (n, 3), one row per run. ``time_intervals``: per run, the temporal
+    spacing of its patches (float32 arithmetic, truncated, as ``get_rope_index``); None: 1 each.
+    ValueError when the runs and the grids disagree (count or length): the positions would silently
+    be those of other images.
     """
     mask = np.asarray(image_mask, dtype=bool).reshape(-1)
     grids = np.asarray(image_grid_thw, dtype=np.int64).reshape(-1, 3)
@@ -330,16 +553,18 @@ def mrope_position_ids(image_mask: np.ndarray, image_grid_thw: np.ndarray, merge
     starts, ends = edges[0::2], edges[1::2]
     if len(starts) != len(grids):
         raise ValueError(f"{len(starts)} image token runs but {len(grids)} image_grid_thw rows")
+    intervals = [1.0] * len(grids) if time_intervals is None else list(time_intervals)
     out = np.empty((3, mask.size), dtype=np.int64)
     position = 0  # the next text position
     cursor = 0  # the next token index
-    for (t, h, w), start, end in zip(grids.tolist(), starts.tolist(), ends.tolist()):
+    for (t, h, w), interval, start, end in zip(grids.tolist(), intervals, starts.tolist(), ends.tolist()):
         rows, columns = h // merge_size, w // merge_size
         if end - start != t * rows * columns:
             raise ValueError(f"an image token run of {end - start} tokens at {start}, but its grid {t} x {h} x {w} makes {t * rows * columns}")
         out[:, cursor:start] = np.arange(position, position + start - cursor)
         position += start - cursor
-        temporal, row, column = np.meshgrid(np.arange(t), np.arange(rows), np.arange(columns), indexing="ij")
+        times = (np.arange(t, dtype=np.float32) * np.float32(interval)).astype(np.int64)
+        temporal, row, column = np.meshgrid(times, np.arange(rows), np.arange(columns), indexing="ij")
         out[0, start:end] = temporal.reshape(-1) + position
         out[1, start:end] = row.reshape(-1) + position
         out[2, start:end] = column.reshape(-1) + position

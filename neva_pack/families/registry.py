@@ -266,4 +266,7 @@ def processor_from_record(record: dict) -> ModelFamily:
         preprocessor_config=record["preprocessor_config"], patch_size=int(record["patch_size"]),
         model_config=record.get("model_config") or {},
     )  # fmt: skip
-    return FAMILIES[encoder.family].from_encoder(encoder, **{name: record[name] for name in FAMILIES[encoder.family].option_names})
+    family = FAMILIES[encoder.family].from_encoder(encoder, **{name: record[name] for name in FAMILIES[encoder.family].option_names})
+    if record.get("video") is not None:  # a family reading video clips (native.py: NativeVideo)
+        family = family.with_video_record(record["video"])
+    return family

@@ -171,6 +171,9 @@ class PackedFormat(Protocol):
     """Its files can hold dynamic-resolution images (each at its own size and run length,
     ``images.StoredImage``). A format that cannot (one crop shape, or text only) refuses an encoder of
     such images in one line before any record is read (``formats.check_dynamic_images``)."""
+    holds_videos: bool
+    """Its files can hold video clips (a StoredImage of stacked frames, its run kept whole: the family's
+    own ids). A run reading clips (--video_profile) into any other format is refused in one line."""
     limits: Limits
     """What it stores exactly (largest pack, largest id or label)."""
 

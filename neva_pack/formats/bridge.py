@@ -412,6 +412,7 @@ class BridgeFormat:
     holds_dynamic_images = False
     """Text only: an encoder of images at their own sizes is refused up front (a fixed-crop run's image
     records are skipped, as the text-only format it is)."""
+    holds_videos = False
     limits = Limits(
         max_pack=2**31 - 1,
         max_integer=2**63 - 1,

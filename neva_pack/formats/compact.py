@@ -19,12 +19,13 @@
       image_indices  int64 (I)         pool index of each image instance, in placeholder order
       image_starts   int64 (I)         where its run starts in the pack's (unpadded) positions
       image_lengths  int64 (I)         its run's length (dynamic images only: fixed crops' are the meta's image_positions)
+      image_whole    int8 (I)          1: its run stored whole (a video clip's own ids); 0 (or absent): its last position
 
-Dynamic-resolution images (Qwen2-VL, LLaVA-NeXT / OneVision): the pool holds each image at its own
-size (``images.StoredImage``, sample_store/image_pool.py), the meta's ``image_shape`` is null and its
-``image_processor`` rebuilds the processor; a run is [start] patch x (L - delimiters) [end] of its
-image's own length L, and its first L - 1 positions are not stored either. The reader gives the
-pack's ``stored_images`` (no ``pixels``); ``neva_pack.reading.dataset`` turns them into the model's inputs.
+Images each at its own size (``images.StoredImage``, sample_store/image_pool.py): the meta's
+``image_shape`` is null and its ``image_processor`` rebuilds the family; a run is [start] patch x
+(L - delimiters) [end] of its image's own length L, its first L - 1 positions not stored either, but
+for a video clip's run (its family's own ids), stored whole. The reader gives the pack's
+``stored_images`` (no ``pixels``); ``neva_pack.reading.dataset`` makes the model's inputs of them.
 
 An image run is the same ids every time ([start] patch x N [end], from the meta) and its labels are
 the ignore value except at its last position (the next token may be trained: the plain template's
@@ -74,11 +75,11 @@ ARRAYS = {
     "image_tokens": "<i8",
     "vision_cost": "<i8",
     "image_lengths": "<i8",
+    "image_whole": "<i1",
 }
-_OPTIONAL = ("image_lengths",)
-"""Arrays of dynamic-resolution outputs only: a fixed-crop output's runs are all the meta's length
-(its index stays as it was before dynamic images; the reader fills them in)."""
-_PER_IMAGE = ("image_indices", "image_starts", "image_lengths")
+_OPTIONAL = ("image_lengths", "image_whole")
+"""Arrays of dynamic-resolution outputs only (image_whole: of those with a video clip); the reader fills them in."""
+_PER_IMAGE = ("image_indices", "image_starts", "image_lengths", "image_whole")
 _PER_PACK = ("samples", "tokens", "images")
 _PER_SAMPLE = ("length", "padded_length", "record_index", "num_images")
 _FROM_PLAN = ("image_tokens", "vision_cost")
@@ -135,6 +136,7 @@ class Writer:
             **{name: None if plan is None else getattr(plan, name) for name in _FROM_PLAN},
         }
         dynamic = self.spec.image_run.positions is None
+        values["image_whole"] = values["image_whole"] if any(values["image_whole"]) else None  # none: the index as before
         written = {name: dtype for name, dtype in ARRAYS.items() if values[name] is not None and (dynamic or name not in _OPTIONAL)}
         return {name: np.asarray(values[name], dtype=dtype) for name, dtype in written.items()}
 
@@ -188,8 +190,8 @@ class Reader:
         index = prefix_file(self.prefix, INDEX)
         for name, dtype in ARRAYS.items():
             spec = layout.get("arrays", {}).get(name)
-            if spec is None and name in _OPTIONAL and not self.meta.dynamic:
-                continue  # filled in below from the meta's run length
+            if spec is None and name in _OPTIONAL and (not self.meta.dynamic or name == "image_whole"):
+                continue  # filled in below: the meta's run length; no run kept whole
             if spec is None and name in _FROM_PLAN:
                 continue  # an index from before these arrays: their figures are unknown
             if spec is None:
@@ -206,6 +208,7 @@ class Reader:
                 raise InputError(f"{path}: {len(ids)} ids, not the {ends.tolist()} that {index.name} lists (damaged)")
         if "image_lengths" not in self.arrays:
             self.arrays["image_lengths"] = np.full(len(self.arrays["image_starts"]), self.meta.image_positions, dtype=np.int64)
+        self.arrays.setdefault("image_whole", np.zeros(len(self.arrays["image_starts"]), dtype=np.int8))  # absent: none is
         parts = [PoolSegment(images_file=output_dir / part["images"], keys_file=output_dir / part["keys"], count=int(part["count"]),
                              shapes_file=output_dir / part["shapes"] if "shapes" in part else None)
                  for part in layout["pool"]]  # fmt: skip
@@ -243,15 +246,15 @@ class Reader:
         padded = a["padded_length"][first:last].astype(np.int64)
         starts = a["image_starts"][i0:i1]
         run_lengths = a["image_lengths"][i0:i1]
+        whole = a["image_whole"][i0:i1].astype(bool)
         tokens = np.empty(int(lengths.sum()), dtype=np.int64)
         labels = np.empty(len(tokens), dtype=np.int64)
-        keep = _stored_positions(len(tokens), starts, run_lengths)
+        keep = _stored_positions(len(tokens), starts[~whole], run_lengths[~whole])
         tokens[keep] = self.tokens[t0:t1]
         labels[keep] = self.labels[t0:t1]
-        if len(starts):
-            dropped = ~keep
-            tokens[dropped] = self.elided(run_lengths)
-            labels[dropped] = self.ignore_index
+        if len(starts) > whole.sum():
+            tokens[~keep] = self.elided(run_lengths[~whole])
+            labels[~keep] = self.ignore_index
         if not np.array_equal(lengths, padded):
             tokens = with_padding(tokens, lengths, padded, self.pad_id)
             labels = with_padding(labels, lengths, padded, self.ignore_index)
@@ -309,19 +312,18 @@ def prepare(packs, spec: WriteSpec) -> PreparedPacks:
     """The packs' bytes and index entries; an image run that is not the spec's image run with ignored
     labels (before its last position) raises ValueError."""
     elided = _elided_ids(spec.image_run)
-    tokens, labels, run_lengths = [], [], []
+    tokens, labels, run_lengths, wholes = [], [], [], []
     for pack in packs:
         pack_tokens, pack_labels = pack.tokens, pack.labels
         lengths = _run_lengths(pack, spec.image_run)
-        if len(pack.image_starts) and np.any(lengths > 1):  # the runs' first L - 1 positions are not stored
-            keep = _stored_positions(len(pack_tokens), pack.image_starts, lengths)
-            dropped = ~keep
-            if not (np.array_equal(pack_tokens[dropped], elided(lengths)) and np.all(pack_labels[dropped] == spec.ignore_index)):
+        whole = np.zeros(len(lengths), dtype=bool) if getattr(pack, "whole_runs", None) is None else np.asarray(pack.whole_runs, dtype=bool)
+        if len(pack.image_starts) and np.any(lengths[~whole] > 1):  # first L - 1 positions not stored (a video clip's run: all)
+            keep = _stored_positions(len(pack_tokens), pack.image_starts[~whole], lengths[~whole])
+            if not (np.array_equal(pack_tokens[~keep], elided(lengths[~whole])) and np.all(pack_labels[~keep] == spec.ignore_index)):
                 raise ValueError("an image run of the pack is not the image run's ids with ignored labels")
             pack_tokens, pack_labels = pack_tokens[keep], pack_labels[keep]
-        tokens.append(pack_tokens)
-        labels.append(pack_labels)
-        run_lengths.append(lengths)
+        for out, values in ((tokens, pack_tokens), (labels, pack_labels), (run_lengths, lengths), (wholes, whole.astype(np.int64))):
+            out.append(values)
 
     def joined(arrays, dtype=np.int64) -> np.ndarray:
         return np.ascontiguousarray(np.concatenate(arrays) if arrays else np.zeros(0), dtype=dtype)
@@ -340,6 +342,7 @@ def prepare(packs, spec: WriteSpec) -> PreparedPacks:
             "num_images": joined([p.num_images for p in packs]),
             "image_indices": joined([p.image_indices for p in packs]),
             "image_lengths": joined(run_lengths),
+            "image_whole": joined(wholes),
         },
     )
 
@@ -402,14 +405,14 @@ def check(reader: Reader, result) -> None:
             result.add(f"index: {name} has {len(a[name])} values for {samples} samples")
             return
     if any(len(a[name]) != a["image_offsets"][-1] for name in _PER_IMAGE):
-        result.add("index: image_indices/image_starts/image_lengths disagree with image_offsets")
+        result.add("index: image_indices/image_starts/image_lengths/image_whole disagree with image_offsets")
         return
     if samples and packs:
         starts = a["pack_offsets"][:-1]
         if np.any(np.diff(a["pack_offsets"]) == 0):
             result.add("index: a pack without samples")
             return
-        elided = np.concatenate([[0], np.cumsum(a["image_lengths"] - 1)])  # positions not stored, cumulated per image
+        elided = np.concatenate([[0], np.cumsum((a["image_lengths"] - 1) * (a["image_whole"] == 0))])  # positions not stored, cumulated per image
         hidden = np.diff(elided[a["image_offsets"]])
         if not np.array_equal(np.add.reduceat(a["length"].astype(np.int64), starts) - hidden, np.diff(a["token_offsets"])):
             result.add("index: token_offsets disagree with the samples' lengths")
@@ -452,6 +455,7 @@ class CompactFormat:
     holds_images = True
     holds_dynamic_images = True
     """Each image at its own size in the pool (images.StoredImage), each run's length in the index."""
+    holds_videos = True
     limits = Limits(
         max_pack=int(np.iinfo(ID_DTYPE).max),
         max_integer=int(np.iinfo(ID_DTYPE).max),

@@ -31,11 +31,14 @@ image's run has its own length. Such a sample holds, after the four above::
     images.npy                uint8 (B,)       the parts of the U images this pack is the first of its
                                                shard to use, back to back, each (3, h, w) C-order
     image_refs.npy            int64 (N, 2)     as above: (carrying pack, image's row in its image_info)
-    image_info.npy            int64 (U, 4)     per carried image: width, height (decoded size), tokens
-                                               (language-model positions), parts (Qwen 1, anyres 2 or 1)
+    image_info.npy            int64 (U, 5)     per carried image: width, height (decoded size), tokens
+                                               (language-model positions), parts (Qwen 1, anyres 2 or 1),
+                                               frames (0; a video clip's, stacked in its one part)
     part_shapes.npy           int64 (Σ parts, 2)  (h, w) of each part of those images, in order
+    image_seconds.npy         float64 (U,)     a clip's seconds per temporal patch (0 for an image)
     image_lengths.npy         int64 (N,)       each image's run length in positions, placeholder order
-                                               ([start] patch x (L - delimiters) [end], the meta's ids)
+                                               ([start] patch x (L - delimiters) [end], the meta's ids;
+                                               a clip's: its family's own ids, in tokens.npy as all are)
 
 Energon's loaders then yield ``PackSample``s with ``stored_images`` (each image's uint8 parts, bit for
 bit as the sample store held them) and ``image_lengths``, ``pixels`` None; the model's inputs are made
@@ -426,6 +429,7 @@ class EnergonFormat:
     """Images are stored (uint8) and normalised when read."""
     holds_dynamic_images = True
     """Its samples carry dynamic-resolution images as their uint8 parts, sizes, tokens and run lengths."""
+    holds_videos = True
     limits = Limits(
         max_pack=(1 << 31) - BLOCK,
         max_integer=int(np.iinfo(np.int32).max),

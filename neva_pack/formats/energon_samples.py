@@ -25,12 +25,16 @@ __all__ = [
 IMAGES_MEMBER = "images.npy"
 IMAGE_INFO_MEMBER = "image_info.npy"
 PART_SHAPES_MEMBER = "part_shapes.npy"
+IMAGE_SECONDS_MEMBER = "image_seconds.npy"
 FIXED_CARRIED = (IMAGES_MEMBER,)
 """The members a fixed-crop sample carries its images in."""
-DYNAMIC_CARRIED = (IMAGES_MEMBER, IMAGE_INFO_MEMBER, PART_SHAPES_MEMBER)
+DYNAMIC_CARRIED = (IMAGES_MEMBER, IMAGE_INFO_MEMBER, PART_SHAPES_MEMBER, IMAGE_SECONDS_MEMBER)
 """The members a dynamic-resolution sample carries its images in, in the order they are written."""
-INFO_COLUMNS = ("width", "height", "tokens", "parts")
-"""The columns of ``image_info.npy``, one row per carried image."""
+INFO_COLUMNS = ("width", "height", "tokens", "parts", "frames")
+"""The columns of ``image_info.npy``, one row per carried image (``frames``: 0 for a still image, a video
+clip's frames stacked in its one part); ``image_seconds.npy`` float64 (U,): a clip's seconds per
+temporal patch (0 for an image). A dataset written before clips has 4 columns and no seconds: stills."""
+STILL_COLUMNS = 4
 IMAGE_REFS_MEMBER = "image_refs.npy"
 IMAGE_LENGTHS_MEMBER = "image_lengths.npy"
 MEMBERS = ("tokens.npy", "labels.npy", "cu_seqlens.npy", "cu_seqlens_unpadded.npy", IMAGES_MEMBER, IMAGE_REFS_MEMBER)
@@ -46,10 +50,12 @@ def carried_members(images: list, dynamic: bool, image_shape=None) -> dict[str, 
         carried = np.stack(images) if images else np.zeros((0, *image_shape), np.uint8)
         return {IMAGES_MEMBER: npy_bytes(carried)}
     parts = [np.ascontiguousarray(part, dtype=np.uint8) for image in images for part in image.parts]
-    info = np.asarray([(*image.size, image.tokens, len(image.parts)) for image in images], np.int64).reshape(-1, len(INFO_COLUMNS))
+    info = np.asarray([(*image.size, image.tokens, len(image.parts), image.frames) for image in images], np.int64)
     shapes = np.asarray([part.shape[1:] for part in parts], np.int64).reshape(-1, 2)
     pixels = np.concatenate([part.reshape(-1) for part in parts]) if parts else np.zeros(0, np.uint8)
-    return {IMAGES_MEMBER: npy_bytes(pixels), IMAGE_INFO_MEMBER: npy_bytes(info), PART_SHAPES_MEMBER: npy_bytes(shapes)}
+    seconds = np.asarray([image.grid_seconds for image in images], np.float64)
+    return {IMAGES_MEMBER: npy_bytes(pixels), IMAGE_INFO_MEMBER: npy_bytes(info.reshape(-1, len(INFO_COLUMNS))),
+            PART_SHAPES_MEMBER: npy_bytes(shapes), IMAGE_SECONDS_MEMBER: npy_bytes(seconds)}  # fmt: skip
 
 
 def carried_images(values: dict[str, np.ndarray], dynamic: bool) -> list:
@@ -62,9 +68,14 @@ def carried_images(values: dict[str, np.ndarray], dynamic: bool) -> list:
             raise ValueError(f"{IMAGES_MEMBER} of shape {pixels.shape} and dtype {pixels.dtype}, not uint8 (U, 3, H, W)")
         return list(pixels)
     info, shapes = values[IMAGE_INFO_MEMBER], values[PART_SHAPES_MEMBER]
-    if pixels.ndim != 1 or pixels.dtype != np.uint8 or info.ndim != 2 or info.shape[1] != len(INFO_COLUMNS) or shapes.ndim != 2 or shapes.shape[1] != 2:
+    if pixels.ndim != 1 or pixels.dtype != np.uint8 or info.ndim != 2 or info.shape[1] not in (STILL_COLUMNS, len(INFO_COLUMNS)) or shapes.ndim != 2 or shapes.shape[1] != 2:
         raise ValueError(f"{IMAGES_MEMBER}, {IMAGE_INFO_MEMBER}, {PART_SHAPES_MEMBER} of shapes {pixels.shape}, {info.shape}, "
                          f"{shapes.shape}: not (bytes,), (U, {len(INFO_COLUMNS)}), (parts, 2)")  # fmt: skip
+    if info.shape[1] == STILL_COLUMNS:  # written before video clips: every image a still one
+        info = np.concatenate([info, np.zeros((len(info), 1), dtype=info.dtype)], axis=1)
+    seconds = values.get(IMAGE_SECONDS_MEMBER, np.zeros(len(info)))
+    if seconds.shape != (len(info),) or np.any(info[:, 4] < 0):
+        raise ValueError(f"{IMAGE_SECONDS_MEMBER} of shape {seconds.shape} or frames {info[:, 4].tolist()} for {len(info)} images")
     counts = info[:, 3]
     if np.any(counts < 1) or int(counts.sum()) != len(shapes) or np.any(shapes < 1):
         raise ValueError(f"{IMAGE_INFO_MEMBER} lists {counts.tolist()} parts, {PART_SHAPES_MEMBER} {len(shapes)} part shapes")
@@ -74,10 +85,23 @@ def carried_images(values: dict[str, np.ndarray], dynamic: bool) -> list:
     ends = np.cumsum(sizes)
     parts = [pixels[end - size : end].reshape(3, h, w) for (h, w), size, end in zip(shapes.tolist(), sizes.tolist(), ends.tolist())]
     images, first = [], 0
-    for width, height, tokens, count in info.tolist():
-        images.append(StoredImage(size=(width, height), parts=tuple(parts[first : first + count]), tokens=tokens))
+    for (width, height, tokens, count, frames), grid_seconds in zip(info.tolist(), seconds.tolist()):
+        images.append(StoredImage(size=(width, height), parts=tuple(parts[first : first + count]), tokens=tokens,
+                                  frames=frames, grid_seconds=grid_seconds))  # fmt: skip
         first += count
     return images
+
+
+def _fetched(fetch, carrier: int, names) -> dict:
+    """Another sample's members carrying its images (a dataset written before clips lacks image_seconds.npy)."""
+    members = {}
+    for name in names:
+        try:
+            members[name] = npy_array(fetch(f"{carrier:09d}.{name}"))
+        except KeyError:
+            if name != IMAGE_SECONDS_MEMBER:
+                raise
+    return members
 
 
 def fetch_from(store):
@@ -124,7 +148,8 @@ def decode(sample: dict, fetch=None) -> ReadPack:
     dynamic = IMAGE_LENGTHS_MEMBER in sample
     carried = DYNAMIC_CARRIED if dynamic else FIXED_CARRIED
     try:
-        values = {name: npy_array(sample[name]) for name in (DYNAMIC_MEMBERS if dynamic else MEMBERS)}
+        values = {name: npy_array(sample[name]) for name in (DYNAMIC_MEMBERS if dynamic else MEMBERS)
+                  if name != IMAGE_SECONDS_MEMBER or name in sample}  # a dataset written before clips has no seconds
     except KeyError as missing:
         raise InputError(f"sample {sample.get('__key__')!r}: no member {missing} (not a neva_pack energon sample)") from None
     refs, own, carriers = values[IMAGE_REFS_MEMBER].astype(np.int64).reshape(-1, 2).tolist(), pack_index(sample), {}
@@ -132,7 +157,7 @@ def decode(sample: dict, fetch=None) -> ReadPack:
         if carrier not in carriers:
             if carrier != own and fetch is None:
                 raise InputError(f"sample {sample['__key__']!r} uses images of pack {carrier}: decode it with a fetch (see decode)")
-            members = values if carrier == own else {name: npy_array(fetch(f"{carrier:09d}.{name}")) for name in carried}
+            members = values if carrier == own else _fetched(fetch, carrier, carried)
             try:
                 carriers[carrier] = carried_images(members, dynamic)
             except ValueError as exc:

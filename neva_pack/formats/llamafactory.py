@@ -448,6 +448,7 @@ class LlamaFactoryFormat:
     holds_images = True
     holds_dynamic_images = True
     """Qwen-VL images, one stored part each (anyres images are refused by the writer, in one line)."""
+    holds_videos = False
     limits = Limits(max_pack=int(np.iinfo(ID_DTYPE).max) // 2, max_integer=int(np.iinfo(ID_DTYPE).max),
                     why="the llamafactory format stores ids, labels and positions as int32")  # fmt: skip
 

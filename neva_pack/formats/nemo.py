@@ -430,6 +430,7 @@ class NemoFormat:
     holds_images = True
     holds_dynamic_images = False
     """NeMo's reader reshapes one float32 item to (-1, 3, crop_h, crop_w): one crop size for every image."""
+    holds_videos = False
     limits = Limits(
         max_pack=EXACT_FLOAT32,
         max_integer=EXACT_FLOAT32,

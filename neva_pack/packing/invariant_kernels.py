@@ -19,7 +19,8 @@ from neva_pack.packing.invariants import PackSpec, pack_problems
 _NONE = -1  # a start or end id that the image run does not have
 
 
-def pack_is_sound(spec: PackSpec, cu_seqlens, tokens, labels, num_images: int, real_lengths=None, image_lengths=None) -> bool:
+def pack_is_sound(spec: PackSpec, cu_seqlens, tokens, labels, num_images: int, real_lengths=None, image_lengths=None,
+                  whole_runs=None) -> bool:  # fmt: skip
     """True when ``invariants.pack_problems`` would find nothing wrong with the pack (same arguments)."""
     cu = np.asarray(cu_seqlens, dtype=np.int64)
     real = np.diff(cu) if real_lengths is None else np.asarray(real_lengths, dtype=np.int64)
@@ -33,8 +34,11 @@ def pack_is_sound(spec: PackSpec, cu_seqlens, tokens, labels, num_images: int, r
             cu, np.asarray(tokens), np.asarray(labels), real, 0, spec.max_seq_length, spec.ignore_index, spec.pad_id,
             0, image_run.patch_id, _NONE, _NONE, np.zeros(0, dtype=np.int64),
         )  # fmt: skip
+        whole = np.zeros(len(image_lengths), dtype=np.bool_) if whole_runs is None else np.asarray(whole_runs, dtype=np.bool_)
+        if len(whole) != len(image_lengths):
+            return False
         return text and _dynamic_runs_sound(
-            np.asarray(tokens), np.asarray(image_lengths, dtype=np.int64), image_run.patch_id,
+            np.asarray(tokens), np.asarray(image_lengths, dtype=np.int64), whole, image_run.patch_id,
             _NONE if image_run.start_id is None else image_run.start_id, _NONE if image_run.end_id is None else image_run.end_id,
         )  # fmt: skip
     run = _image_run(spec)
@@ -51,17 +55,20 @@ def _image_run(spec: PackSpec) -> np.ndarray:
     return spec.image_run.ids() if spec.image_run.positions > 0 else np.zeros(0, dtype=np.int64)
 
 
-def fast_pack_problems(spec: PackSpec, cu_seqlens, tokens, labels, num_images: int, real_lengths=None, image_lengths=None) -> list[str]:
+def fast_pack_problems(spec: PackSpec, cu_seqlens, tokens, labels, num_images: int, real_lengths=None, image_lengths=None,
+                       whole_runs=None) -> list[str]:  # fmt: skip
     """``invariants.pack_problems``' answer, a sound pack told apart by the compiled pass first
     (what the writer's check and ``verify`` call for every pack)."""
-    if pack_is_sound(spec, cu_seqlens, tokens, labels, num_images, real_lengths=real_lengths, image_lengths=image_lengths):
+    given = {"real_lengths": real_lengths, "image_lengths": image_lengths, "whole_runs": whole_runs}
+    if pack_is_sound(spec, cu_seqlens, tokens, labels, num_images, **given):
         return []
-    return pack_problems(spec, cu_seqlens, tokens, labels, num_images, real_lengths=real_lengths, image_lengths=image_lengths)
+    return pack_problems(spec, cu_seqlens, tokens, labels, num_images, **given)
 
 
 @numba.njit(cache=True, nogil=True)
-def _dynamic_runs_sound(tokens, lengths, patch_id, start_id, end_id):
-    """Image k's run is [start] patch ... [end] of lengths[k] positions, in order, and no start, end
+def _dynamic_runs_sound(tokens, lengths, whole, patch_id, start_id, end_id):
+    """Image k's run is [start] patch ... [end] of lengths[k] positions (a run kept whole, whole[k]:
+    opened by the start id, closed by the end id, no patch id inside), in order, and no start, end
     or patch id lies outside the runs (``invariants.dynamic_run_problems`` finds nothing)."""
     delimiters = (start_id != _NONE) + (end_id != _NONE)
     n = len(tokens)
@@ -77,6 +84,15 @@ def _dynamic_runs_sound(tokens, lengths, patch_id, start_id, end_id):
         length = lengths[k]
         if length < max(delimiters, 1) or p + length > n:
             return False
+        if whole[k]:
+            if (start_id != _NONE and tokens[p] != start_id) or (end_id != _NONE and tokens[p + length - 1] != end_id):
+                return False
+            for j in range(length):
+                if tokens[p + j] == patch_id:
+                    return False
+            p += length
+            k += 1
+            continue
         for j in range(length):
             expected = patch_id
             if j == 0 and start_id != _NONE:

@@ -12,6 +12,8 @@ One pack (3 samples, one image run of N positions in the second)::
 - every image run whole (start, N - 2 patches, end; or N patches without delimiters), and as
   many runs as images in the pack; a dynamic-resolution run (``image_run.positions`` None) is each
   image's own length (``image_lengths``), in order, exactly its ids, and no patch id outside them;
+  a run kept whole (``whole_runs``: a video clip's, its ids its family's own) opens with the start id
+  and closes with the end id (where the run has them) and holds no image patch id;
 - every label is the next token of its sample or the ignore value.
 """
 
@@ -75,35 +77,53 @@ def run_ids(image_run: ImageRun, length: int) -> np.ndarray:
     return ids if features >= 0 else np.zeros(0, dtype=np.int64)
 
 
-def dynamic_run_problems(tokens: np.ndarray, image_run: ImageRun, image_lengths) -> list[str]:
+def dynamic_run_problems(tokens: np.ndarray, image_run: ImageRun, image_lengths, whole_runs=None) -> list[str]:
     """What is wrong with the image runs of a dynamic-resolution pack: image k's run is exactly
-    ``run_ids(image_lengths[k])``, the runs in order, and no start, end or patch id elsewhere."""
+    ``run_ids(image_lengths[k])`` (a run kept whole, ``whole_runs[k]``: opened by the start id, closed
+    by the end id, no patch id inside), the runs in order, and no start, end or patch id elsewhere."""
     tokens = np.asarray(tokens, dtype=np.int64)
     lengths = np.asarray(image_lengths, dtype=np.int64)
+    whole = np.zeros(len(lengths), dtype=bool) if whole_runs is None else np.asarray(whole_runs, dtype=bool)
     delimiters = (image_run.start_id is not None) + (image_run.end_id is not None)
     if np.any(lengths < max(delimiters, 1)):
         return [f"image run lengths {lengths[:8].tolist()}... shorter than a run's delimiters"]
-    marks = [image_run.patch_id] + [i for i in (image_run.start_id, image_run.end_id) if i is not None]
-    positions = np.flatnonzero(np.isin(tokens, marks))  # every position an image run may hold
-    if len(positions) != int(lengths.sum()):
-        return [f"{len(positions)} image positions in the pack, its {len(lengths)} image runs make {int(lengths.sum())}"]
-    # the marked positions, grouped into maximal stretches, must be the runs back to back, in order
-    at = 0
-    for k, length in enumerate(lengths.tolist()):
-        start = int(positions[at])
+    if len(whole) != len(lengths):
+        return [f"{len(whole)} run kinds for {len(lengths)} image runs"]
+    marks = np.isin(tokens, [image_run.patch_id] + [i for i in (image_run.start_id, image_run.end_id) if i is not None])
+    # walk the marked positions: each opens the next run, which must be whole where it is
+    p, k = 0, 0
+    while True:
+        following = np.flatnonzero(marks[p:])
+        if not len(following):
+            break
+        start = p + int(following[0])
+        if k >= len(lengths):
+            return [f"an image position at {start} outside the pack's {len(lengths)} image runs"]
+        length = int(lengths[k])
         window = tokens[start : start + length]
-        if not np.array_equal(window, run_ids(image_run, length)):
+        if whole[k]:
+            sound = (len(window) == length and image_run.patch_id not in window
+                     and (image_run.start_id is None or window[0] == image_run.start_id)
+                     and (image_run.end_id is None or window[-1] == image_run.end_id))  # fmt: skip
+        else:
+            sound = np.array_equal(window, run_ids(image_run, length))
+        if not sound:
             return [f"image run {k} at position {start} is not its {length} ids"]
-        at += length
+        p, k = start + length, k + 1
+    if k != len(lengths):
+        return [f"{k} image runs in the pack, {len(lengths)} image run lengths"]
     return []
 
 
-def pack_problems(spec: PackSpec, cu_seqlens, tokens, labels, num_images: int, real_lengths=None, image_lengths=None) -> list[str]:
+def pack_problems(
+    spec: PackSpec, cu_seqlens, tokens, labels, num_images: int, real_lengths=None, image_lengths=None, whole_runs=None
+) -> list[str]:  # fmt: skip
     """Everything wrong with one pack (empty when it is sound), one line each.
 
     ``cu_seqlens`` are the buffer boundaries; ``real_lengths`` the samples' lengths before alignment
     padding (None: no padding). Padding positions must hold the pad id with ignored labels.
-    ``image_lengths``: each image's run length, needed for a dynamic-resolution run.
+    ``image_lengths``: each image's run length, needed for a dynamic-resolution run; ``whole_runs``:
+    which of those runs are kept whole (a video clip's ids; None: none).
     """
     cu = np.asarray(cu_seqlens, dtype=np.int64)
     tokens = np.asarray(tokens, dtype=np.int64)
@@ -138,7 +158,7 @@ def pack_problems(spec: PackSpec, cu_seqlens, tokens, labels, num_images: int, r
         if image_lengths is None or len(image_lengths) != num_images:
             problems.append(f"{num_images} images, {'no' if image_lengths is None else len(image_lengths)} image run lengths")
         else:
-            problems += dynamic_run_problems(tokens, spec.image_run, image_lengths)
+            problems += dynamic_run_problems(tokens, spec.image_run, image_lengths, whole_runs)
         return problems
     runs, broken = image_runs(tokens, spec)
     if broken:

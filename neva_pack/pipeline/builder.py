@@ -10,7 +10,8 @@ from neva_pack.config import PackConfig, PreprocessConfig, SampleConfig
 from neva_pack.core import ConfigError, ImageRun
 from neva_pack.formats import check_dynamic_images, output_format
 from neva_pack.families import (
-    FamilyOptions, ImageSource, ModelFamily, RunRequest, check_token_ids, missing_nemo_specials, model_family, resolve_encoder,
+    FamilyOptions, ImageSource, ModelFamily, RunRequest, VideoRequest, check_token_ids, missing_nemo_specials, model_family,
+    resolve_encoder,
 )  # fmt: skip
 from neva_pack.records import RecordLimits
 from neva_pack.samples import SampleBuilder
@@ -79,6 +80,11 @@ def _family_images(
     family = model_family(encoder, options)
     if family.own_size:
         check_dynamic_images(fmt.name, encoder.name)
+    if sample.video_profile is not None:  # the family reads clips as asked (ConfigError: one that reads none)
+        if not fmt.holds_videos:
+            raise ConfigError(f"--video_profile: --output_format {fmt.name} holds no video clip (compact and energon do)")
+        video = VideoRequest(profile=sample.video_profile, fps=sample.video_fps, max_frames=sample.video_max_frames)
+        family = family.with_videos(video, tokenizer)
     request = RunRequest(
         patch_id=sample.image_patch_id,
         start_id=sample.image_start_id,

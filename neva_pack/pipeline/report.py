@@ -10,7 +10,7 @@ from neva_pack.formats import Counts, ImageTokenIds, META_VERSION, PackedMeta, P
 from neva_pack.packing import budget_options
 from neva_pack.pipeline.pack import better_algorithm
 from neva_pack.commands import (
-    RecordCounts, RunReport, arrays_from_plan, global_batch_size_advice, packing_stats, training_overrides
+    ClipStats, RecordCounts, RunReport, arrays_from_plan, global_batch_size_advice, packing_stats, training_overrides
 )
 from neva_pack.samples import SampleBuilder
 
@@ -59,7 +59,14 @@ def run_report(
         packed_global_batch_size=gbs,
         training_overrides=[] if shape is None else training_overrides(str(prefix), shape[1:], gbs, settings.output_format),
         seconds=round(seconds, 3),
+        clips=_clip_stats(store),
     )
+
+
+def _clip_stats(store) -> ClipStats | None:
+    """The video clips the store holds (None: none)."""
+    clips, frames, size = store.clip_totals()
+    return ClipStats(clips=clips, frames=frames, bytes=size) if clips else None
 
 
 def packed_meta(sample: SampleConfig, written: dict, builder: SampleBuilder, spec: WriteSpec, report: RunReport) -> PackedMeta:

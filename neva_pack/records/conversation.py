@@ -8,7 +8,10 @@ Accepted input: a JSON list of records, or JSONL (one record per line). A record
      "conversations": [{"from": "human", "value": "<image>\\nWhat is ..."},
                        {"from": "gpt", "value": "The bus ..."}]}
 
-(``"images": [...]``, as several LLaVA-derived datasets write it, is read as ``image``.)
+(``"images": [...]``, as several LLaVA-derived datasets write it, is read as ``image``.) Video clips,
+as LLaVA-Video, ms-swift and LLaMA-Factory records name them: ``"video"`` (a name or a list) or
+``"videos"``, one ``<video>`` placeholder in the human turns per clip; a record may mix images and
+clips, each taken in the order its placeholder comes.
 
 A record that cannot be used raises ``RecordError`` with a reason from ``SKIP_REASONS``;
 the pipeline turns it into a counted, reported skip. The source index of every record
@@ -17,17 +20,25 @@ travels end to end.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
+
+from neva_pack.files import VIDEO_HEADER_REASONS
 
 __all__ = [
     "ASSISTANT_ROLES", "DEFAULT_MAX_CONVERSATION_CHARS", "DEFAULT_MAX_IMAGES_PER_RECORD", "DEFAULT_MAX_RECORD_BYTES",
     "DEFAULT_MAX_RECORD_DEPTH", "IMAGES_NOT_HELD", "IMAGE_PLACEHOLDER", "MAX_RECORD_DEPTH_LIMIT", "OVER_IMAGE_BUDGET",
-    "SKIP_REASONS",
+    "PLACEHOLDERS", "SKIP_REASONS", "VIDEO_PLACEHOLDER", "VIDEOS_NOT_READ",
     "USER_ROLES", "Conversation", "RawRecord", "RecordError", "RecordLimits", "Turn", "parse_record",
 ]  # fmt: skip
 
 IMAGE_PLACEHOLDER = "<image>"
+VIDEO_PLACEHOLDER = "<video>"
+PLACEHOLDERS = re.compile("<image>|<video>")
+"""Where a turn's text holds a visual item: an image or a video clip."""
+VIDEOS_NOT_READ = "videos_not_read"
+"""The skip reason of a record with a video clip where the run reads none."""
 
 USER_ROLES = frozenset({"human", "user"})
 ASSISTANT_ROLES = frozenset({"gpt", "assistant"})
@@ -61,6 +72,14 @@ SKIP_REASONS = {
     "images_not_held": "the record has images and --output_format holds text only",
     "over_image_budget": "the sample alone has more images or image tokens than --max_images_per_pack / "
     "--max_image_tokens_per_pack allow in a pack",
+    "videos_not_read": "the record has a video clip and the run's model family reads none (a native-resolution "
+    "encoder does), or the output format holds text only",
+    "video_frames_mismatch": "a video's stream ends before the last frame its header promised (an edit list that "
+    "trims frames, a truncated file): the frames sampled from the header are not all there",
+    "video_too_slow": "decoding one video's frames took more CPU time than --max_image_decode_seconds (it was stopped)",
+    "unreadable_video": "a video's frames cannot be decoded, or the clip is one the model's processor refuses "
+    "(fewer frames than a temporal patch, an aspect ratio over 200)",
+    **VIDEO_HEADER_REASONS,
 }
 """Every reason a record can be skipped for, with what it means (shown in the summary)."""
 
@@ -99,7 +118,9 @@ class Conversation:
     turns: tuple[Turn, ...]
     """Starts with a user turn and alternates."""
     images: tuple[str, ...]
-    """Image file names relative to the image folder, in placeholder order."""
+    """Image (and video clip) file names relative to the image folder, in placeholder order."""
+    video_slots: tuple[int, ...] = ()
+    """Which of ``images`` are video clips (their positions there): a <video> placeholder's."""
     system: str | None = None
     """The record's own "system" prompt, if any (used by templates that read it: NeMo's nvgpt)."""
 
@@ -164,8 +185,12 @@ def parse_record(
     record_id = raw.record_id
     if "image" in record and "images" in record:
         raise RecordError("malformed_record", "both 'image' and 'images' are given (use one of them)")
+    if "video" in record and "videos" in record:
+        raise RecordError("malformed_record", "both 'video' and 'videos' are given (use one of them)")
     field = "images" if "images" in record else "image"
     images = _image_list(record.get(field), field, max_images)
+    field = "videos" if "videos" in record else "video"
+    videos = _image_list(record.get(field), field, max_images)
     conversations = record.get("conversations")
     if not isinstance(conversations, list):
         raise RecordError("malformed_record", "'conversations' is missing or not a list")
@@ -194,29 +219,43 @@ def parse_record(
     if not turns:
         raise RecordError("empty_conversation", "no human turn to start the conversation")
     placeholders = in_answers = 0
+    order: list[str] = []  # each placeholder of the human turns, in order
     for position, turn in enumerate(turns):
         if placeholders > max_images:
             break
         expected = "assistant" if position & 1 else "user"
         if turn.role != expected:
             raise RecordError("roles_not_alternating", f"turn {position} is {turn.role}, expected {expected}")
-        if IMAGE_PLACEHOLDER in turn.text:
+        if "<" in turn.text:
+            found = PLACEHOLDERS.findall(turn.text)
             if position & 1:
-                in_answers += turn.text.count(IMAGE_PLACEHOLDER)
+                in_answers += len(found)
             else:
-                placeholders += turn.text.count(IMAGE_PLACEHOLDER)
+                placeholders += len(found)
+                order.extend(found[: max_images + 1])
     if placeholders > max_images:
         raise RecordError("too_many_images", f"more than --max_images_per_record {max_images:,} <image> placeholders")
     if len(turns) < 2:
         raise RecordError("no_assistant_turn", "the conversation has no gpt turn")
     if in_answers:
-        raise RecordError("placeholder_mismatch", f"{in_answers} <image> placeholder(s) in gpt turns")
-    if placeholders != len(images):
-        raise RecordError("placeholder_mismatch", f"{placeholders} <image> placeholder(s) for {len(images)} image(s)")
+        raise RecordError("placeholder_mismatch", f"{in_answers} <image>/<video> placeholder(s) in gpt turns")
+    counted = order.count(VIDEO_PLACEHOLDER)
+    if placeholders - counted != len(images):
+        raise RecordError("placeholder_mismatch", f"{placeholders - counted} <image> placeholder(s) for {len(images)} image(s)")
+    if counted != len(videos):
+        raise RecordError("placeholder_mismatch", f"{counted} <video> placeholder(s) for {len(videos)} video(s)")
+    video_slots = ()
+    if videos:
+        if len(images) + len(videos) > max_images:
+            raise RecordError("too_many_images", f"{len(images) + len(videos):,} images and videos > --max_images_per_record {max_images:,}")
+        stills, clips = iter(images), iter(videos)
+        images = tuple(next(clips) if kind == VIDEO_PLACEHOLDER else next(stills) for kind in order)
+        video_slots = tuple(k for k, kind in enumerate(order) if kind == VIDEO_PLACEHOLDER)
     system = record.get("system")
     if system is not None and not isinstance(system, str):
         raise RecordError("malformed_record", f"'system' is a {type(system).__name__}, not a string")
-    return Conversation(index=raw.index, record_id=record_id, turns=tuple(turns), images=images, system=system)
+    return Conversation(index=raw.index, record_id=record_id, turns=tuple(turns), images=images, system=system,
+                        video_slots=video_slots)  # fmt: skip
 
 
 def _image_list(value, field: str, max_images: int) -> tuple[str, ...]:

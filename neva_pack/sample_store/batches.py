@@ -4,7 +4,8 @@ that the main process only writes bytes.
 An image run is ``[start] patch ... [end]`` (the same N ids every time in a fixed store; each image's
 own length in a dynamic one) with ignored labels except at its last position, so, as in the compact
 format, only its last position is stored (with each run's start and length); ``store_document``
-refuses a sample that breaks this and the reader puts the runs back. A label is the next id where
+refuses a sample that breaks this and the reader puts the runs back. A video clip's run is kept
+whole (its ids are its family's: other pad ids, timestamp text), its labels ignored all the same. A label is the next id where
 trained (samples.py), so only which positions are trained is stored.
 """
 
@@ -18,7 +19,7 @@ from neva_pack.sample_store.files import RUN_VALUES, SAMPLE_ROW, STORE_IMAGE_DTY
 from neva_pack.sample_store.image_pool import image_key
 from neva_pack.core import StoredImage
 
-__all__ = ["StoreDocument", "StoredBatch", "elided_ids", "elided_positions", "image_run_lengths", "store_document", "stored_batch"]
+__all__ = ["StoreDocument", "StoredBatch", "elided_ids", "elided_positions", "image_run_lengths", "store_document", "stored_batch", "whole_runs"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -26,7 +27,8 @@ class StoreDocument:
     """One sample as the store writes it. Bytes, not arrays: they pickle as one copy each."""
 
     text: bytes
-    """int32 items of the sample's text document: stored tokens + the last label, trained bits, (start, length) per image run."""
+    """int32 items of the sample's text document: stored tokens + the last label, trained bits, (start,
+    length, elided) per image run."""
     lengths: tuple[int, int, int]
     """Values in each of the three items."""
     image_keys: bytes
@@ -42,7 +44,9 @@ def store_document(sample, image_run, ignore_index: int, image_shape) -> StoreDo
     (3, H, W) of a fixed store's images, None for a dynamic store (``sample.images`` StoredImages,
     each run ``image.tokens`` + its delimiters long). The store leaves out the first length - 1
     positions of each image run and keeps only which positions are trained, so a sample that
-    breaks either assumption is refused (a bug)."""
+    breaks either assumption is refused (a bug). A video clip's run (``StoredImage.frames``) is not
+    the store's pattern (its own pad ids, timestamp text between its temporal patches): it is kept
+    whole, as the family spelled it, with its labels ignored."""
     run = StoreRun.of(image_run)
     tokens, labels, starts = sample.tokens, sample.labels, np.asarray(sample.image_starts, dtype=np.int64)
     run_lengths = image_run_lengths(sample, run, image_shape)
@@ -51,12 +55,17 @@ def store_document(sample, image_run, ignore_index: int, image_shape) -> StoreDo
     trained = labels != ignore_index
     if not np.array_equal(labels[:-1][trained[:-1]], tokens[1:][trained[:-1]]):
         raise ValueError(f"record {sample.index}: a trained label is not the next token (a bug)")
+    whole = whole_runs(sample.images, run)
+    elided_counts = np.where(whole, 0, run_lengths - 1)
     if len(starts):
-        elided = elided_positions(starts, run_lengths, len(tokens))
-        whole = np.array_equal(tokens[elided], elided_ids(run, run_lengths)) and not trained[elided].any()
-        if whole and run.dynamic:
-            whole = bool(np.all(tokens[starts + run_lengths - 1] == run.last_id()))
-        if not whole:
+        if trained[elided_positions(starts, run_lengths, len(tokens))].any():  # every run's first L - 1 positions
+            raise ValueError(f"record {sample.index}: an image run is not the image run's ids with ignored labels (a bug)")
+        patterned = ~whole
+        elided = elided_positions(starts[patterned], run_lengths[patterned], len(tokens))
+        ok = np.array_equal(tokens[elided], elided_ids(run, run_lengths[patterned]))
+        if ok and run.dynamic:
+            ok = bool(np.all(tokens[starts[patterned] + run_lengths[patterned] - 1] == run.last_id()))
+        if not ok:
             raise ValueError(f"record {sample.index}: an image run is not the image run's ids with ignored labels (a bug)")
         kept = np.ones(len(tokens), dtype=bool)
         kept[elided] = False
@@ -67,7 +76,7 @@ def store_document(sample, image_run, ignore_index: int, image_shape) -> StoreDo
     values[: len(tokens)] = tokens
     values[len(tokens) : sizes[0]] = labels[-1:]
     values[sizes[0] : sizes[0] + sizes[1]] = bits
-    values[sizes[0] + sizes[1] :] = np.stack([starts, run_lengths], axis=1).ravel()
+    values[sizes[0] + sizes[1] :] = np.stack([starts, run_lengths, elided_counts], axis=1).ravel()
     row = np.array(
         [(sample.index, len(sample.tokens), len(sample.images), sample.truncated, int(run_lengths.sum()), sample.vision_cost)],
         dtype=SAMPLE_ROW,
@@ -80,20 +89,32 @@ def store_document(sample, image_run, ignore_index: int, image_shape) -> StoreDo
     )
 
 
+def whole_runs(images, run: StoreRun) -> np.ndarray:
+    """bool per image: its run is kept whole (a video clip's, in a dynamic store), not elided to its last position."""
+    if not run.dynamic:
+        return np.zeros(len(images), dtype=bool)
+    return np.array([bool(image.frames) for image in images], dtype=bool)
+
+
 def image_run_lengths(sample, run: StoreRun, image_shape) -> np.ndarray:
     """int64 run length of each of the sample's images, checked against what the sample says
-    (``sample.image_tokens``) and against the store (a fixed store's shape, a dynamic store's images)."""
+    (``sample.image_tokens``) and against the store (a fixed store's shape, a dynamic store's images;
+    a video clip's run, spelled by its family, at least its feature positions long)."""
     images = sample.images
+    said = np.asarray(sample.image_tokens, dtype=np.int64)
     if run.dynamic:
         if image_shape is not None or not all(isinstance(image, StoredImage) for image in images):
             raise ValueError(f"record {sample.index}: a dynamic store holds StoredImages only (a bug)")
         lengths = np.array([image.tokens + run.delimiters for image in images], dtype=np.int64)
+        clips = whole_runs(images, run)
+        if len(said) == len(lengths) and np.all(said[clips] >= lengths[clips]):
+            lengths[clips] = said[clips]
     else:
         if not isinstance(images, np.ndarray) or images.shape[1:] != tuple(image_shape):
             raise ValueError(f"image shape {getattr(images, 'shape', None)} != store's {tuple(image_shape)}")
         lengths = np.full(len(images), run.fixed_length, dtype=np.int64)
-    if not np.array_equal(np.asarray(sample.image_tokens, dtype=np.int64), lengths):
-        raise ValueError(f"record {sample.index}: image_tokens {np.asarray(sample.image_tokens).tolist()} are not its "
+    if not np.array_equal(said, lengths):
+        raise ValueError(f"record {sample.index}: image_tokens {said.tolist()} are not its "
                          f"images' run lengths {lengths.tolist()} (a bug)")  # fmt: skip
     return lengths
 

@@ -7,8 +7,9 @@
       shard_00000.skipped.jsonl     the segment's skipped records
       shard_00000_text.bin/.idx     IndexedDataset int32, document i = sample i: [tokens + the label
                                     of the last token, trained bits (labels != ignore_index, packed
-                                    8 a byte), image runs (start, length) per image]; tokens and bits
-                                    without each image run's first length - 1 positions
+                                    8 a byte), image runs (start, length, elided) per image]; tokens and
+                                    bits without each image run's first length - 1 positions (none
+                                    left out of a run kept whole: a video clip's, elided 0)
       shard_00000.image_refs        16-byte content key of every image of the segment's samples, in order
       shard_00000.images            the segment's share of the image pool: each image not seen in an
       shard_00000.image_keys        earlier segment or earlier in this one, uint8 (3, H, W) after
@@ -69,14 +70,17 @@ __all__ = [
 ]
 
 STORE_FORMAT = "neva_pack.sample_store"
-STORE_FORMAT_VERSION = 6  # 5: image runs elided from the text, labels as trained bits; 6: image tokens, vision cost,
-# each run's (start, length) in the text, dynamic-resolution pools
+STORE_FORMAT_VERSION = 7  # 5: image runs elided from the text, labels as trained bits; 6: image tokens, vision cost,
+# each run's (start, length) in the text, dynamic-resolution pools; 7: runs kept whole (video clips), each run's
+# elided positions in the text, frames and seconds per temporal patch in the pool's rows
 PROGRESS_FILE = "progress.json"
 STORE_TEXT_DTYPE = np.int32
 TEXT_ITEMS = 3
 """Items of a sample's text document: tokens + last label, trained bits, image runs."""
-RUN_VALUES = 2
-"""Values per image in the text document's third item: its run's start and its run's length."""
+RUN_VALUES = 3
+"""Values per image in the text document's third item: its run's start, its run's length and how many
+of its first positions the store left out (length - 1 for a run of the store's pattern, 0 for a run
+kept whole: a video clip's, whose ids -- other pad ids, timestamp text -- are not one repeated pattern)."""
 STORE_IMAGE_DTYPE = np.uint8
 """Images are stored after resize/crop/pad, before rescale/normalise (image_pool.py)."""
 SAMPLE_ROW = np.dtype(
@@ -99,6 +103,8 @@ POOL_IMAGE_ROW = np.dtype(
         ("tokens", "<i4"),  # its language-model positions (StoredImage.tokens)
         ("parts", "<i4"),  # parts stored, 1..MAX_IMAGE_PARTS
         ("shapes", "<i4", (MAX_IMAGE_PARTS, 2)),  # (H, W) of each part (3, H, W); zeros past ``parts``
+        ("frames", "<i4"),  # 0 for a still image; a video clip's frames, stacked in its one part (StoredImage.frames)
+        ("grid_seconds", "<f8"),  # a clip's seconds per temporal patch (StoredImage.grid_seconds); 0 for an image
     ]
 )
 """One image of a dynamic pool's .image_shapes file; its parts lie back to back in .images."""

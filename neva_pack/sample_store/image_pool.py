@@ -3,7 +3,8 @@
     <segment>.images        raw uint8; fixed: image k = bytes [k * 3*H*W, (k + 1) * 3*H*W), (3, H, W) C-order;
                             dynamic: each image's parts (3, h, w) back to back, at the shapes below
     <segment>.image_keys    raw, 16 bytes per image of <segment>.images: BLAKE2b-128 of its content
-    <segment>.image_shapes  dynamic only: files.POOL_IMAGE_ROW per image (size, tokens, parts' shapes)
+    <segment>.image_shapes  dynamic only: files.POOL_IMAGE_ROW per image (size, tokens, parts' shapes; a
+                            video clip's frames and seconds per temporal patch)
 
 A pool is a list of segments (the sample store writes one beside each of its segments); pool
 index = position in the concatenation of the segments. The key is the content hash (a fixed image:
@@ -56,6 +57,10 @@ def pool_row(image: StoredImage) -> np.ndarray:
     row["parts"] = len(parts)
     for k, part in enumerate(parts):
         row["shapes"][0, k] = part.shape[1:]
+    if image.frames and (len(parts) != 1 or image.frames < 1 or parts[0].shape[1] % image.frames):
+        raise ValueError(f"a video clip of {image.frames} frames must be one part of that many frames stacked (got {parts[0].shape})")
+    row["frames"] = image.frames
+    row["grid_seconds"] = image.grid_seconds
     return row
 
 
@@ -177,7 +182,7 @@ def read_shapes(segment: PoolSegment) -> np.ndarray:
     if len(rows) != segment.count or segment.shapes_file.stat().st_size != segment.count * POOL_IMAGE_ROW.itemsize:
         raise ValueError(f"{segment.shapes_file.name}: not {segment.count} image rows")
     parts = rows["parts"]
-    if np.any(parts < 1) or np.any(parts > MAX_IMAGE_PARTS) or np.any(rows["shapes"] < 0):
+    if np.any(parts < 1) or np.any(parts > MAX_IMAGE_PARTS) or np.any(rows["shapes"] < 0) or np.any(rows["frames"] < 0):
         raise ValueError(f"{segment.shapes_file.name}: an image row with impossible parts or shapes")
     return rows
 
@@ -188,7 +193,8 @@ def stored_image(row, data: np.ndarray) -> StoredImage:
     for height, width in row["shapes"][: int(row["parts"])].tolist():
         parts.append(data[at : at + 3 * height * width].reshape(3, height, width))
         at += 3 * height * width
-    return StoredImage(size=(int(row["width"]), int(row["height"])), parts=tuple(parts), tokens=int(row["tokens"]))
+    return StoredImage(size=(int(row["width"]), int(row["height"])), parts=tuple(parts), tokens=int(row["tokens"]),
+                       frames=int(row["frames"]), grid_seconds=float(row["grid_seconds"]))  # fmt: skip
 
 
 def image_bytes(rows: np.ndarray) -> np.ndarray:

@@ -3,10 +3,11 @@
 A pack group's samples (hundreds for a group of text-only packs) are decoded in one compiled pass
 over their positions: per-sample NumPy calls, or NumPy passes over every position (masks, gathers),
 cost more than the samples' file reads. What is decoded, for one sample of ``length`` positions
-whose image runs start at s_j and are L_j long (``sample_store.SampleStore.texts``)::
+whose image runs start at s_j, are L_j long and had their first E_j positions left out (L_j - 1, or 0
+for a run kept whole: a video clip's) (``sample_store.SampleStore.texts``)::
 
-    raw        [ stored ids + last label | trained bits (int32 words) | s_0 L_0 s_1 L_1 ... ]
-    ids        stored ids, with the first L_j - 1 ids of run j put back at s_j (run_prefix[:L_j - 1])
+    raw        [ stored ids + last label | trained bits (int32 words) | s_0 L_0 E_0 s_1 L_1 E_1 ... ]
+    ids        stored ids, with the first E_j ids of run j put back at s_j (run_prefix[:E_j])
     tokens     ids[:keep]          labels  ids[p + 1] where position p is trained, else ignore
 
 The trained bits are np.packbits' order: byte j of the words (little-endian int32) holds
@@ -25,7 +26,8 @@ SOUND = -1
 def decode_texts(raw, items, lengths, keep, run_prefix, ignore, tokens, labels):
     """Fills ``tokens`` and ``labels`` (sum(keep) each) with the samples' first keep[k] positions;
     returns SOUND, or the index of the first sample whose stored items do not fit its length or
-    whose image runs overlap, leave it or are longer than ``run_prefix`` + 1 (the caller says which)."""
+    whose image runs overlap, leave it, elide neither L - 1 nor 0 positions or more than ``run_prefix``
+    holds (the caller says which)."""
     base = 0
     out = 0
     for k in range(len(lengths)):
@@ -33,18 +35,19 @@ def decode_texts(raw, items, lengths, keep, run_prefix, ignore, tokens, labels):
         n_ids, n_words, n_values = items[k, 0], items[k, 1], items[k, 2]
         first_word = base + n_ids
         first_start = first_word + n_words
-        n_starts = n_values // 2
-        if n_values != 2 * n_starts:
+        n_starts = n_values // 3
+        if n_values != 3 * n_starts:
             return k
         elided_total = 0
         previous_end = 0
         for s in range(n_starts):
-            start = raw[first_start + 2 * s]
-            run = raw[first_start + 2 * s + 1]
-            if run < 1 or run - 1 > len(run_prefix) or start < previous_end or start + run > length:
+            start = raw[first_start + 3 * s]
+            run = raw[first_start + 3 * s + 1]
+            elide = raw[first_start + 3 * s + 2]
+            if run < 1 or (elide != run - 1 and elide != 0) or elide > len(run_prefix) or start < previous_end or start + run > length:
                 return k
             previous_end = start + run
-            elided_total += run - 1
+            elided_total += elide
         trained_count = length - elided_total
         if n_ids != trained_count + 1 or n_words * 32 < trained_count:
             return k
@@ -54,9 +57,9 @@ def decode_texts(raw, items, lengths, keep, run_prefix, ignore, tokens, labels):
         next_start = 0
         p = 0
         while p < cut:
-            if next_start < n_starts and p == raw[first_start + 2 * next_start]:
-                # the run's first L - 1 positions: ids from the image run, never trained
-                elide = raw[first_start + 2 * next_start + 1] - 1
+            if next_start < n_starts and p == raw[first_start + 3 * next_start]:
+                # the run's first L - 1 positions: ids from the image run, never trained (none: a run kept whole)
+                elide = raw[first_start + 3 * next_start + 2]
                 for r in range(elide):
                     if p + r < cut:
                         tokens[out + p + r] = run_prefix[r]
@@ -70,7 +73,7 @@ def decode_texts(raw, items, lengths, keep, run_prefix, ignore, tokens, labels):
             tokens[out + p] = raw[stored]
             if trained:
                 # the next position's id: stored next, or the run's first id if a run starts there
-                if next_start < n_starts and p + 1 == raw[first_start + 2 * next_start] and raw[first_start + 2 * next_start + 1] > 1:
+                if next_start < n_starts and p + 1 == raw[first_start + 3 * next_start] and raw[first_start + 3 * next_start + 2] > 0:
                     labels[out + p] = run_prefix[0]
                 else:
                     labels[out + p] = raw[stored + 1]

@@ -27,7 +27,7 @@ from neva_pack.sample_store.files import (
     segment_skipped_path,
     segment_text_prefix,
 )
-from neva_pack.sample_store.image_pool import KEY_BYTES, ImagePool, load_keys, pool_segment
+from neva_pack.sample_store.image_pool import KEY_BYTES, ImagePool, image_bytes, load_keys, pool_segment, read_shapes
 
 __all__ = ["SampleStore", "StoredTexts"]
 
@@ -46,6 +46,8 @@ class StoredTexts:
     """Per sample, int64 where each of its image runs starts (in the sample, before any cut)."""
     image_lengths: list[np.ndarray]
     """Per sample, int64 length of each of its image runs."""
+    image_whole: list[np.ndarray]
+    """Per sample, bool per image run: kept whole (a video clip's ids), not the store's pattern."""
 
 
 class SampleStore:
@@ -116,6 +118,19 @@ class SampleStore:
                 total[reason] = total.get(reason, 0) + count
         return total
 
+    def clip_totals(self) -> tuple[int, int, int]:
+        """(clips, frames, uint8 bytes) of the video clips in the pool (each distinct clip once); zeros
+        for a fixed store. Reads the pool's rows, never its pixels."""
+        if not self.dynamic:
+            return 0, 0, 0
+        clips = frames = size = 0
+        for segment in self.pool.segments:
+            rows = read_shapes(segment)
+            videos = rows["frames"] > 0
+            clips, frames = clips + int(videos.sum()), frames + int(rows["frames"][videos].sum())
+            size += int(image_bytes(rows[videos]).sum())
+        return clips, frames, size
+
     def skipped_files(self) -> list[Path]:
         return [segment_skipped_path(self.directory, s.name) for s in self.segments]
 
@@ -138,7 +153,7 @@ class SampleStore:
         return self.image_runs(i)[0]
 
     def image_runs(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        """int64 (starts, lengths) of sample i's image runs."""
+        """int64 (starts, lengths) of sample i's image runs (``texts`` says which are kept whole)."""
         segment, local = self._locate(i)
         values = np.asarray(self._text_reader(segment)[TEXT_ITEMS * local + 2], dtype=np.int64).reshape(-1, RUN_VALUES)
         return values[:, 0].copy(), values[:, 1].copy()
@@ -148,7 +163,7 @@ class SampleStore:
         when given (None: whole), with one file read per sample and one compiled pass over them all
         (``store_kernels.decode_texts``): what assembly needs for a group of packs.
 
-            stored (per sample)   [t0 t2 t3 | last label]  bits [1 0 1]  runs [1 2]     (run S P at 1)
+            stored (per sample)   [t0 t2 t3 | last label]  bits [1 0 1]  runs [1 2 1]   (run S P at 1, 1 elided)
             ids (per sample)      [t0 S  t2 t3 | last label]        S filled in from the image run
             tokens                [t0 S  t2 t3]       labels  = next id where trained, else ignore
         """
@@ -167,7 +182,7 @@ class SampleStore:
             k = int(np.flatnonzero(items[:, 2] % RUN_VALUES)[0])
             raise ValueError(f"sample {int(indices[k])}: its stored image runs are not (start, length) pairs (a bug)")
         runs = [raw[at : at + n].astype(np.int64).reshape(-1, RUN_VALUES) if n else _NO_RUNS for at, n in zip(starts_at, items[:, 2].tolist())]
-        longest = max((int(r[:, 1].max()) for r in runs if len(r)), default=1)
+        longest = max((int(r[:, 2].max()) + 1 for r in runs if len(r)), default=1)
         run_prefix = np.ascontiguousarray(self.run.elided(longest), dtype=STORE_TEXT_DTYPE)
         bad = decode_texts(raw, items, lengths, keep, run_prefix, STORE_TEXT_DTYPE(self.ignore_index), tokens, labels)
         if bad != SOUND:
@@ -180,6 +195,7 @@ class SampleStore:
             lengths=keep,
             image_starts=[r[:, 0] for r in runs],
             image_lengths=[r[:, 1] for r in runs],
+            image_whole=[(r[:, 2] == 0) & (r[:, 1] > 1) for r in runs],
         )
 
     def _raw_texts(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -92,7 +92,8 @@ class ConversationIds:
     def encode(self, conversation: Conversation, image_features=None) -> tuple[np.ndarray, np.ndarray, list[int]]:
         """The text side of a sample, before truncation: (ids, trained mask, start of each image
         run). No pixels are read; the parity tests against NeMo's and LLaVA's goldens call this.
-        ``image_features``: a dynamic run's features per image, in placeholder order."""
+        ``image_features``: a dynamic run's features per image, in placeholder order (a video clip's
+        entry: its run's ids, as its family spells them)."""
         record_system = conversation.system if self.template.system_from_record else None
         pieces = render(self.template, conversation.turns, self.system_prompt, record_system)
         if self.image_run.dynamic:
@@ -140,7 +141,8 @@ class ConversationIds:
             elif image_features is None:
                 ids = self._run_ids
             else:
-                ids = self.image_run.ids(image_features[image])
+                feature = image_features[image]  # a count of features, or a video clip's whole run of ids
+                ids = feature if isinstance(feature, np.ndarray) else self.image_run.ids(feature)
                 image += 1
             marker = self._markers.get(name)
             if marker is not None:

@@ -36,6 +36,7 @@ from neva_pack.records import (
     RawRecord,
     RecordError,
     RecordLimits,
+    VIDEOS_NOT_READ,
     parse_record,
 )
 from neva_pack.text import DEFAULT_TOKENIZATION, TOKENIZATIONS, Template, Tokenization, Tokenizer
@@ -200,7 +201,7 @@ class SampleBuilder:
         self.max_images_per_record = max_images_per_record
         self._run_ids = None if image_run.dynamic else image_run.ids()
         self._header_images = (
-            HeaderImages(preprocessor, image_source, max_image_pixels, max_image_decode_seconds) if image_run.dynamic else None
+            HeaderImages(preprocessor, image_source, max_image_pixels, max_image_decode_seconds, tokenizer) if image_run.dynamic else None
         )
         self._ids = ConversationIds(
             tokenizer=tokenizer, template=template, image_run=image_run, tokenization=self.tokenization,
@@ -265,6 +266,9 @@ class SampleBuilder:
         images are read as far as their headers only)."""
         if self.text_only and conversation.images:
             raise RecordError(IMAGES_NOT_HELD, f"{len(conversation.images)} image(s), and the output format holds text only")
+        if conversation.video_slots and not getattr(self.preprocessor, "takes_videos", False):
+            what = getattr(self.preprocessor, "models", "the encoder")
+            raise RecordError(VIDEOS_NOT_READ, f"{len(conversation.video_slots)} video clip(s), and {what} (as this run reads it) reads none")
         if self._header_images is not None:
             return self._arranged_dynamic(conversation, header_only)
         ids, trained, image_starts = self.encode(conversation)
@@ -277,9 +281,9 @@ class SampleBuilder:
     def _arranged_dynamic(self, conversation: Conversation, header_only: bool) -> _Arranged:
         """Each image's run length from its header; ids laid out and truncated with them (a OneVision
         sample cut to one image counts it again as its only one); the images kept, still undecoded."""
-        headers = self._header_images.read(conversation.images, header_only)
-        ids, trained, image_starts = self.encode(conversation, [h.tokens for h in headers])
-        lengths = [self.image_run.length(h.tokens) for h in headers]
+        headers = self._header_images.read(conversation.images, header_only, conversation.video_slots)
+        ids, trained, image_starts = self.encode(conversation, [h.tokens if h.video is None else h.video.ids for h in headers])
+        lengths = [self.image_run.length(h.tokens) if h.video is None else len(h.video.ids) for h in headers]
         ids, trained, kept, truncated = self._truncated(ids, trained, image_starts, lengths, keep=True)
         if 0 < kept < len(headers) and kept == 1 and headers[0].sample_images > 1:
             headers = [self._header_images.counted(headers[0], sample_images=1), *headers[1:]]

@@ -22,7 +22,7 @@ from typing import Literal
 
 
 from neva_pack.core import ConfigError
-from neva_pack.records import IMAGE_PLACEHOLDER, RecordError, Turn
+from neva_pack.records import IMAGE_PLACEHOLDER, PLACEHOLDERS, RecordError, Turn
 from neva_pack.files import parse_yaml, read_text
 
 
@@ -233,7 +233,8 @@ def _add_system(pieces: list[Piece], template: Template, system_pieces: list[Pie
 
 
 def _add_content(pieces: list[Piece], text: str, images_only: bool) -> None:
-    parts = text.split(IMAGE_PLACEHOLDER)
+    """A user turn's text, each <image> (or <video>: a clip is a visual item of its own run) an image piece."""
+    parts = PLACEHOLDERS.split(text)
     images_only = images_only and len(parts) > 1
     for k, part in enumerate(parts):
         if k:
