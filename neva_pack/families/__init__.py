@@ -5,6 +5,8 @@
     fixed.py       the fixed-crop family (CLIP / SigLIP: one square crop per image)
     anyres.py      the family of a base image plus grid tiles
     native.py      the native-resolution family (each image near its own size; multimodal positions)
+    patch_grid.py  sizes on a patch grid (sides multiples of a factor within pixel bounds) and uint8
+                   pixels cut into merge-ordered patches, for a family that resizes that way
     registry.py    the families by name, the shipped encoder settings, and a family rebuilt from an
                    output's record
     model_inputs.py  a pack's model inputs, put together from what its family gives
@@ -12,7 +14,8 @@
     headers.py     header sizes and token counts from headers, planar uint8 parts
     source.py      ImageSource: a folder or a .tar archive, names confined to it, budgets before reading
     decode.py      decode_image: bytes -> RGB PIL image, pixel budget from the header, decode-time budget
-    video_frames.py  a clip's frame sampling and frame-size arithmetic, and its kept frames decoded once (PyAV)
+    video_frames.py  a clip's frame sampling and frame-size arithmetic, its frames stacked into one stored
+                   part, and its kept frames decoded once (PyAV)
 
 Code outside this package asks a family object for what it needs and never names a family: the
 names of one family's module (its settings, its arithmetic) are imported from that module.

@@ -21,7 +21,15 @@ import numpy as np
 
 from neva_pack.core import ConfigError, ImageRun, Normalisation, StoredImage
 
-__all__ = ["AttentionNeeds", "EncoderSpec", "FamilyBase", "FamilyOptions", "Join", "ModelFamily", "RunRequest", "VideoPlan", "VideoRequest", "model_image_run", "processor_normalisation", "refuse_layout_options", "restarting_positions"]
+__all__ = ["CLIP_MEAN", "CLIP_STD", "AttentionNeeds", "EncoderSpec", "FamilyBase", "FamilyOptions", "Join", "ModelFamily", "RunRequest", "VideoPlan", "VideoRequest", "fused_normalisation", "model_image_run", "processor_normalisation", "refuse_layout_options",
+           "restarting_positions", "run_starts"]  # fmt: skip
+
+
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+"""OpenAI CLIP's per-channel mean (transformers' OPENAI_CLIP_MEAN): the default of the processors
+whose settings leave ``image_mean`` out (CLIP's, Qwen2-VL's)."""
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+"""OpenAI CLIP's per-channel std (OPENAI_CLIP_STD), the same processors' default ``image_std``."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -374,6 +382,26 @@ def processor_normalisation(encoder: EncoderSpec, steps: tuple[str, ...], mean=N
         mean=tuple(float(v) for v in cfg.get("image_mean", mean)),
         std=tuple(float(v) for v in cfg.get("image_std", std)),
     )
+
+def fused_normalisation(encoder: EncoderSpec, mean, std) -> Normalisation:
+    """The encoder's rescale and normalisation fused into one, as transformers' video processors apply
+    them: rescale factor 1, the mean and std each float32(value) x float32(1 / rescale), so that a uint8
+    value v becomes ``(v - 255 mean) / (255 std)`` in float32. ``mean`` / ``std``: the processor class's
+    defaults, for settings that leave them out."""
+    cfg = encoder.preprocessor_config
+    rescale = float(cfg.get("rescale_factor", 1 / 255))
+
+    def fused(values) -> tuple[float, float, float]:
+        return tuple(float(v) for v in (np.asarray(values, dtype=np.float32) * np.float32(1.0 / rescale)))
+
+    return Normalisation(rescale_factor=1.0, mean=fused(cfg.get("image_mean", mean)), std=fused(cfg.get("image_std", std)))
+
+
+def run_starts(mask: np.ndarray) -> list[int]:
+    """Where each maximal run of True in a bool mask starts (a family's runs of placeholder tokens):
+    [F, T, T, F, T] -> [1, 4]."""
+    return np.flatnonzero(np.diff(np.concatenate(([False], mask)).astype(np.int8)) == 1).tolist()
+
 
 def restarting_positions(cu_seqlens: np.ndarray) -> np.ndarray:
     """int64 positions 0, 1, ... restarting at every boundary: [0, 3, 5] -> [0, 1, 2, 0, 1]."""

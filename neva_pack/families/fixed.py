@@ -19,7 +19,7 @@ import numpy as np
 from PIL import Image
 
 from neva_pack.core import ConfigError, ImageRun
-from neva_pack.families.base import EncoderSpec, FamilyBase, FamilyOptions, Join, RunRequest
+from neva_pack.families.base import CLIP_MEAN, EncoderSpec, FamilyBase, FamilyOptions, Join, RunRequest
 from neva_pack.families.decode import DEFAULT_MAX_IMAGE_PIXELS, too_many_pixels
 from neva_pack.families.settings_keys import MAX_SIDE, Setting, is_int
 from neva_pack.families.image_ids import NEMO_IM_END, NEMO_IM_START, image_run_for
@@ -61,7 +61,7 @@ class ImagePreprocessor(FamilyBase):
             raise ConfigError(f"--hf_vision_encoder {encoder.name}: a crop of {self.shape[1]} x {self.shape[2]} holds no patch of {encoder.patch_size}")
         self.vision_cost = self.encoder_tokens**2
         """Attention cost of one image in the encoder: patches² (one pass over its patches)."""
-        mean = encoder.preprocessor_config.get("image_mean", _CLIP_MEAN if encoder.processor == "clip" else _HALF)
+        mean = encoder.preprocessor_config.get("image_mean", CLIP_MEAN if encoder.processor == "clip" else _HALF)
         self._pad_colour = tuple(int(channel * 255) for channel in mean)  # LLaVA's expand2square background
         self._processors = None
         self._geometry = fast_geometry(encoder)
@@ -338,7 +338,6 @@ def expand_to_square(image: Image.Image, background: tuple[int, int, int]) -> Im
     return canvas
 
 
-_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # transformers' OPENAI_CLIP_MEAN, the CLIP processor default
 _HALF = (0.5, 0.5, 0.5)  # the SigLIP processor default
 _NOT_PROCESSOR_KWARGS = {"image_processor_type", "processor_class", "feature_extractor_type", "auto_map"}
 _FAST_KEYS = _NOT_PROCESSOR_KWARGS | {

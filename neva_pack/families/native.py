@@ -38,26 +38,24 @@ Two references for an image's size (``reference``, the command line's ``--image_
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image
 
 from neva_pack.core import ConfigError, Normalisation
-from neva_pack.families.base import EncoderSpec, FamilyBase, FamilyOptions, Join, RunRequest, VideoPlan, VideoRequest, model_image_run, processor_normalisation, refuse_layout_options
+from neva_pack.families.base import CLIP_MEAN, CLIP_STD, EncoderSpec, FamilyBase, FamilyOptions, Join, RunRequest, VideoPlan, VideoRequest, fused_normalisation, model_image_run, processor_normalisation, refuse_layout_options, run_starts
 from neva_pack.families.headers import StoredImage, planar_uint8
+from neva_pack.families.patch_grid import clip_patches, smart_resize, still_patches
+from neva_pack.families.patch_grid import smart_resize_unheld as qwen_vl_utils_resize  # qwen-vl-utils' own variant
 from neva_pack.families.settings_keys import MAX_AREA, MAX_PATCH, Setting, whole
 from neva_pack.families.video_frames import (
-    arange_indices, frames_at_fps, linspace_indices, paired_timestamps, rate_frame_count, temporal_smart_resize, torch_linspace_indices,
+    arange_indices, bounded_frame_count, linspace_indices, paired_timestamps, patch_frame_count, rate_frame_count, stack_frames,
+    temporal_smart_resize, torch_linspace_indices, unstack_frames,
 )  # fmt: skip
 
 __all__ = ["REFERENCES", "VIDEO_PROFILES", "NativeProcessor", "NativeSettings", "NativeVideo", "mrope_position_ids", "qwen_vl_utils_resize",
            "smart_resize"]  # fmt: skip
-
-MAX_ASPECT_RATIO = 200
-"""The reference refuses an image whose long side is over 200 times its short side."""
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NativeSettings:
@@ -131,27 +129,6 @@ def reference_settings(settings: NativeSettings, reference: str | None, *, min_p
     return dataclasses.replace(settings, min_pixels=low, max_pixels=high, resample=int(Image.Resampling.BICUBIC), reference=reference)
 
 
-def qwen_vl_utils_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
-    """(height, width) qwen-vl-utils' ``smart_resize`` gives: ``smart_resize``'s steps, but each rounded
-    side at least ``factor`` and a floored side not held at it. ValueError for an aspect ratio over 200
-    (its refusal) and for a side floored to 0 (PIL's refusal of the resize that follows)."""
-    if min(height, width) < 1 or max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
-        raise ValueError(f"{width} x {height}: the aspect ratio must be at most {MAX_ASPECT_RATIO}")
-    h_bar = max(factor, round(height / factor) * factor)
-    w_bar = max(factor, round(width / factor) * factor)
-    if h_bar * w_bar > max_pixels:
-        beta = math.sqrt((height * width) / max_pixels)
-        h_bar = math.floor(height / beta / factor) * factor
-        w_bar = math.floor(width / beta / factor) * factor
-    elif h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
-    if min(h_bar, w_bar) < 1:
-        raise ValueError(f"{width} x {height}: resizes to {w_bar} x {h_bar} under --max_pixels {max_pixels}")
-    return h_bar, w_bar
-
-
 def _areas(cfg: dict) -> tuple[int, int]:
     """(min_pixels, max_pixels) as the processor reads a settings file: its own keys over ``size``'s,
     the class defaults for what it leaves out."""
@@ -159,25 +136,6 @@ def _areas(cfg: dict) -> tuple[int, int]:
     low = cfg.get("min_pixels") or size.get("shortest_edge") or size.get("min_pixels") or 56 * 56
     high = cfg.get("max_pixels") or size.get("longest_edge") or size.get("max_pixels") or 28 * 28 * 1280
     return low, high
-
-
-def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
-    """(height, width) of the resized image: both multiples of ``factor``, area within
-    [min_pixels, max_pixels] (up to the rounding to the factor), aspect ratio kept as closely as that
-    allows. ValueError for a side of 0 or an aspect ratio over 200 (the reference's own refusal)."""
-    if min(height, width) < 1 or max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
-        raise ValueError(f"{width} x {height}: the aspect ratio must be at most {MAX_ASPECT_RATIO}")
-    h_bar = round(height / factor) * factor
-    w_bar = round(width / factor) * factor
-    if h_bar * w_bar > max_pixels:
-        beta = math.sqrt(height * width / max_pixels)
-        h_bar = max(factor, math.floor(height / beta / factor) * factor)
-        w_bar = max(factor, math.floor(width / beta / factor) * factor)
-    elif h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
 
 
 class NativeProcessor(FamilyBase):
@@ -239,7 +197,7 @@ class NativeProcessor(FamilyBase):
     def from_encoder(cls, encoder: EncoderSpec, *, arithmetic: str | None = None, min_pixels: int | None = None,
                      max_pixels: int | None = None) -> NativeProcessor:  # fmt: skip
         """``arithmetic``: whose resize to follow (``REFERENCES``; None: transformers')."""
-        normalisation = processor_normalisation(encoder, ("do_resize", "do_rescale", "do_normalize"), _CLIP_MEAN, _CLIP_STD)
+        normalisation = processor_normalisation(encoder, ("do_resize", "do_rescale", "do_normalize"), CLIP_MEAN, CLIP_STD)
         bounds = {"min_pixels": min_pixels, "max_pixels": max_pixels} if arithmetic in (None, "transformers") else {}
         settings = native_settings(encoder, **bounds)  # qwen-vl-utils' bounds are its own, not the encoder's
         return cls(reference_settings(settings, arithmetic, min_pixels=min_pixels, max_pixels=max_pixels), normalisation, encoder)
@@ -304,23 +262,12 @@ class NativeProcessor(FamilyBase):
         start = 0
         for image, count in zip(stills, counts):
             rows = pixel_values[start : start + count].reshape(count, 3, t * p, p)
-            self.normalisation.apply(self._patches_uint8(image.parts[0]).reshape(rows.shape), out=rows)
+            self.normalisation.apply(still_patches(image.parts[0], p, s.merge_size, t).reshape(rows.shape), out=rows)
             start += count
         inputs = {"pixel_values": pixel_values, "image_grid_thw": np.array(grids, dtype=np.int64).reshape(-1, 3)}
         if self.video is not None:
             inputs.update(self._video_inputs(clips))
         return inputs
-
-    def _patches_uint8(self, pixels: np.ndarray) -> np.ndarray:
-        """uint8 (3, H, W) -> (patches, 3, t, p, p): merge block by merge block, each patch (channel,
-        time, row, column), a still image repeated over time."""
-        p, m, t = self.settings.patch_size, self.settings.merge_size, self.settings.temporal_patch_size
-        channels, height, width = pixels.shape
-        grid_h, grid_w = height // p, width // p
-        blocks = pixels.reshape(channels, grid_h // m, m, p, grid_w // m, m, p).transpose(1, 4, 2, 5, 0, 3, 6)
-        patches = np.empty((*blocks.shape[:5], t, p, p), dtype=np.uint8)
-        patches[...] = blocks[:, :, :, :, :, None]
-        return patches.reshape(grid_h * grid_w, channels, t, p, p)
 
     def position_ids(self, tokens, cu_seqlens, real_lengths, num_images, inputs, patch_id) -> np.ndarray:
         """(3, L): each sample's mRoPE ids alone; its padding continues from its largest id + 1."""
@@ -336,7 +283,7 @@ class NativeProcessor(FamilyBase):
             image_mask = sample_tokens == patch_id
             video_mask = np.zeros_like(image_mask) if video_pad is None else sample_tokens == video_pad
             grids, intervals = [], []
-            for first in _run_starts(image_mask | video_mask):
+            for first in run_starts(image_mask | video_mask):
                 grid, interval = (next(video_runs, None) if video_mask[first] else (next(image_grids, None), 1.0)) or (None, 1.0)
                 if grid is None:
                     raise ValueError(f"more {'video' if video_mask[first] else 'image'} token runs than grids")
@@ -375,11 +322,7 @@ class NativeProcessor(FamilyBase):
             height_out, width_out = qwen_vl_utils_resize(height, width, factor, v.min_pixels, most)
             seconds = tps / (count / max(frame_count, 1e-6) * fps) if v.timing == "seconds" else 0.0
         elif v.timing == "seconds":  # transformers' Qwen2VLVideoProcessor (Qwen2.5-VL)
-            top = math.floor(min(v.max_frames, frame_count) / tps) * tps
-            wanted = min(max(frames_at_fps(frame_count, fps, v.fps), v.min_frames), top, frame_count)
-            count = math.floor(wanted / tps) * tps
-            if count < 1:
-                raise ValueError(f"{frame_count} frame(s): fewer than one temporal patch of {tps}")
+            count = patch_frame_count(frame_count, fps, v.fps, v.min_frames, v.max_frames, tps)
             indices = arange_indices(frame_count, count)
             most = v.max_pixels
             if v.cap_pixels_per_frame:
@@ -387,7 +330,7 @@ class NativeProcessor(FamilyBase):
             height_out, width_out = smart_resize(height, width, factor, v.min_pixels, most)
             seconds = tps / (len(indices) / frame_count * fps)
         else:  # transformers' Qwen3VLVideoProcessor
-            count = min(max(int(frames_at_fps(frame_count, fps, v.fps)), v.min_frames), v.max_frames, frame_count)
+            count = bounded_frame_count(frame_count, fps, v.fps, v.min_frames, v.max_frames)
             indices = linspace_indices(frame_count, count)
             most = v.max_pixels
             if v.cap_pixels_per_frame:
@@ -411,9 +354,8 @@ class NativeProcessor(FamilyBase):
 
     def video_to_stored(self, frames: np.ndarray, plan: VideoPlan, size: tuple[int, int]) -> StoredImage:
         """uint8 (T, 3, h, w) -> one part (3, T h, w), the frames top to bottom (core.StoredImage)."""
-        count, channels, height, width = frames.shape
-        part = np.ascontiguousarray(frames.transpose(1, 0, 2, 3)).reshape(channels, count * height, width)
-        return StoredImage(size=tuple(size), parts=(part,), tokens=plan.tokens, frames=count, grid_seconds=plan.grid_seconds)
+        part = stack_frames(frames)
+        return StoredImage(size=tuple(size), parts=(part,), tokens=plan.tokens, frames=len(frames), grid_seconds=plan.grid_seconds)
 
     def _video_inputs(self, clips: list[StoredImage]) -> dict[str, np.ndarray]:
         """``pixel_values_videos`` float32 (sum of patches, 3 t p p), ``video_grid_thw`` int64 (n, 3) and,
@@ -422,14 +364,9 @@ class NativeProcessor(FamilyBase):
         p, m, t = s.patch_size, s.merge_size, s.temporal_patch_size
         grids, blocks = [], []
         for clip in clips:
-            part = clip.parts[0]
-            frames = part.reshape(3, clip.frames, part.shape[1] // clip.frames, part.shape[2]).transpose(1, 0, 2, 3)
-            if clip.frames % t:
-                frames = np.concatenate([frames, np.repeat(frames[-1:], t - clip.frames % t, axis=0)])
-            grid_t, (grid_h, grid_w) = len(frames) // t, (frames.shape[2] // p, frames.shape[3] // p)
-            patches = frames.reshape(grid_t, t, 3, grid_h // m, m, p, grid_w // m, m, p).transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)
-            blocks.append(np.ascontiguousarray(patches).reshape(grid_t * grid_h * grid_w, 3, t * p, p))
-            grids.append((grid_t, grid_h, grid_w))
+            block, grid = clip_patches(unstack_frames(clip.parts[0], clip.frames, t), p, m, t)
+            blocks.append(block)
+            grids.append(grid)
         rows = np.concatenate(blocks) if blocks else np.zeros((0, 3, t * p, p), dtype=np.uint8)
         values = self.video.normalisation.apply(rows).reshape(len(rows), 3 * t * p * p)
         inputs = {"pixel_values_videos": values, "video_grid_thw": np.array(grids, dtype=np.int64).reshape(-1, 3)}
@@ -502,15 +439,12 @@ class NativeVideo:
             (low, high), tokens = (128 * settings.factor**2, 768 * settings.factor**2), 128000
         run = model_image_run(tokenizer, ("<|vision_start|>", "<|video_pad|>", "<|vision_end|>"), "Qwen2.5-VL / Qwen3-VL", RunRequest())
         start, pad, end = run.start_id, run.patch_id, run.end_id
-        mean = encoder.preprocessor_config.get("image_mean", _CLIP_MEAN)
-        std = encoder.preprocessor_config.get("image_std", _CLIP_STD)
-        rescale = float(encoder.preprocessor_config.get("rescale_factor", 1 / 255))
         return cls(
             profile=request.profile, timing=timing, fps=float(request.fps or 2.0), min_frames=4,
             max_frames=int(request.max_frames or 768), min_pixels=int(low), max_pixels=int(high),
             cap_pixels_per_frame=bool(request.cap_pixels_per_frame) or request.profile == "hf_cap", max_video_tokens=tokens,
             tokens_per_second=int(encoder.model_config.get("tokens_per_second", 2)), pad_id=pad, start_id=start, end_id=end,
-            normalisation=Normalisation(rescale_factor=1.0, mean=_fused(mean, rescale), std=_fused(std, rescale)),
+            normalisation=fused_normalisation(encoder, CLIP_MEAN, CLIP_STD),
         )  # fmt: skip
 
     def to_json(self) -> dict:
@@ -525,16 +459,6 @@ class NativeVideo:
 _QWEN3_VIDEO_SIZE = (4096, 25165824)
 """The released Qwen3-VL video_preprocessor_config.json's ``size`` (shortest_edge, longest_edge): a
 pixel budget for all the sampled frames of a clip together."""
-
-
-def _fused(values, rescale: float) -> tuple[float, float, float]:
-    """float32(value) x float32(1 / rescale), as the video processor fuses rescaling into the mean and std."""
-    return tuple(float(v) for v in (np.asarray(values, dtype=np.float32) * np.float32(1.0 / rescale)))
-
-
-def _run_starts(mask: np.ndarray) -> list[int]:
-    """Where each maximal run of True starts."""
-    return np.flatnonzero(np.diff(np.concatenate(([False], mask)).astype(np.int8)) == 1).tolist()
 
 
 def mrope_position_ids(image_mask: np.ndarray, image_grid_thw: np.ndarray, merge_size: int = 2, *, time_intervals=None) -> np.ndarray:
@@ -572,7 +496,3 @@ def mrope_position_ids(image_mask: np.ndarray, image_grid_thw: np.ndarray, merge
         cursor = end
     out[:, cursor:] = np.arange(position, position + mask.size - cursor)
     return out
-
-
-_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # the Qwen2-VL processor's defaults (OpenAI CLIP's)
-_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)

@@ -31,8 +31,8 @@ import numpy as np
 from neva_pack.records import RecordError
 
 __all__ = [
-    "arange_indices", "decode_frames", "frames_at_fps", "linspace_indices", "paired_timestamps",
-    "rate_frame_count", "temporal_smart_resize", "torch_linspace_indices",
+    "arange_indices", "bounded_frame_count", "decode_frames", "frames_at_fps", "linspace_indices", "paired_timestamps",
+    "patch_frame_count", "rate_frame_count", "stack_frames", "temporal_smart_resize", "torch_linspace_indices", "unstack_frames",
 ]  # fmt: skip
 
 
@@ -75,6 +75,25 @@ def rate_frame_count(total: int, fps: float, target_fps: float, min_frames: int,
     return count
 
 
+def patch_frame_count(total: int, fps: float, target_fps: float, min_frames: int, max_frames: int, factor: int) -> int:
+    """The frames sampled at ``target_fps`` from a clip of ``total`` frames at ``fps``, at least
+    ``min_frames``, at most ``max_frames`` and the clip (that bound rounded down to ``factor``), then
+    rounded down to a multiple of ``factor``: transformers' Qwen2-VL video processor's ``sample_frames``.
+    ValueError below ``factor`` frames."""
+    top = math.floor(min(max_frames, total) / factor) * factor
+    wanted = min(max(frames_at_fps(total, fps, target_fps), min_frames), top, total)
+    count = math.floor(wanted / factor) * factor
+    if count < 1:
+        raise ValueError(f"{total} frame(s): fewer than one temporal patch of {factor}")
+    return count
+
+
+def bounded_frame_count(total: int, fps: float, target_fps: float, min_frames: int, max_frames: int) -> int:
+    """The frames sampled at ``target_fps`` from a clip of ``total`` frames at ``fps`` (truncated), at
+    least ``min_frames``, at most ``max_frames`` and the clip: transformers' Qwen3-VL video processor's."""
+    return min(max(int(frames_at_fps(total, fps, target_fps)), min_frames), max_frames, total)
+
+
 def frames_at_fps(total: int, fps: float, target_fps: float) -> float:
     """The frame count that samples a clip of ``total`` frames at ``fps`` with ``target_fps`` (unrounded)."""
     return total / fps * target_fps
@@ -115,6 +134,21 @@ def temporal_smart_resize(frames: int, height: int, width: int, temporal_factor:
         h_bar = math.ceil(height * beta / factor) * factor
         w_bar = math.ceil(width * beta / factor) * factor
     return h_bar, w_bar
+
+
+def stack_frames(frames: np.ndarray) -> np.ndarray:
+    """uint8 (T, C, h, w) -> one stored part (C, T h, w), the frames top to bottom."""
+    count, channels, height, width = frames.shape
+    return np.ascontiguousarray(frames.transpose(1, 0, 2, 3)).reshape(channels, count * height, width)
+
+
+def unstack_frames(part: np.ndarray, count: int, multiple: int = 1) -> np.ndarray:
+    """A stored part (C, T h, w) of ``count`` frames -> (T', C, h, w): the frames in order (a view), the
+    last repeated up to T', the next multiple of ``multiple`` (a copy then)."""
+    frames = part.reshape(part.shape[0], count, part.shape[1] // count, part.shape[2]).transpose(1, 0, 2, 3)
+    if count % multiple:
+        frames = np.concatenate([frames, np.repeat(frames[-1:], multiple - count % multiple, axis=0)])
+    return frames
 
 
 def decode_frames(data: bytes, indices, size: tuple[int, int], *, name: str, max_seconds: float, resize_api: str = "v2") -> np.ndarray:
