@@ -83,7 +83,7 @@ def preprocess(config: PreprocessConfig, progress: bool = True) -> RunResult:
     builder = build_sample_builder(config)
     refuse_doomed_run(config.sample.data_path, builder, config.pack.output_format, config.sample.hf_vision_encoder)
     run = config.run
-    inputs = input_digests(config.sample)  # what a resume, and the check before each publish, compare
+    inputs = input_digests(config.sample, exclude=run.output_dir)  # what a resume, and the check before each publish, compare
     if run.num_shards is not None and run.shard_index is not None:
         note = encode_part(config.sample, run, builder, progress, resume_fingerprint=config.sample_fingerprint(), inputs=inputs)
         return RunResult(reports={}, exit_code=0, notes=(note,))
@@ -259,7 +259,7 @@ def _write_prefix(
     ids = record_ids(sample.data_path, every_own, builder.record_limits, index) if len(every_own) else {}
     details = size_skip_details(size, settings.max_images_per_pack, settings.max_image_tokens_per_pack)
     write_size_skipped(output_dir / paths.SKIPPED_FILE, skipped_file, own_records, ids, details)
-    check_unchanged(sample, inputs, prefix.name)
+    check_unchanged(sample, inputs, prefix.name, exclude=output_dir)
     paths.write_json_atomic(stats_file, report.to_json())
     writer.publish(
         PlanTable.of(rows, plan, multiple),

@@ -41,21 +41,22 @@ INPUTS_KEY = "inputs"
 them lacks it, and resumes as it did)."""
 
 
-def input_digests(sample: SampleConfig, data_digest: str | None = None) -> dict[str, str | None]:
+def input_digests(sample: SampleConfig, data_digest: str | None = None, exclude: Path | None = None) -> dict[str, str | None]:
     """The digest of each input, by flag (None: the input is not given). ``data_digest``: the data
-    file's, where the caller computed it already."""
-    digests = {flag: digest(sample) for flag, digest in _DIGESTS.items()}
+    file's, where the caller computed it already. ``exclude``: the run's output directory, left out of
+    an image folder that holds it (what the run writes there is not its input)."""
+    digests = {flag: digest(sample, exclude) for flag, digest in _DIGESTS.items()}
     if data_digest is not None:
         digests["data_path"] = data_digest
     return digests
 
 
-def changed_input(sample: SampleConfig, started: dict[str, str | None]) -> str | None:
+def changed_input(sample: SampleConfig, started: dict[str, str | None], exclude: Path | None = None) -> str | None:
     """The first input (its flag) whose content differs from ``started`` (the digests the run started
     with); None when every one is unchanged. One gone or unreadable now has changed all the same."""
     for flag, digest in started.items():
         try:
-            now = _DIGESTS[flag](sample)
+            now = _DIGESTS[flag](sample, exclude)
         except (ConfigError, InputError, OSError):
             return flag
         if now != digest:
@@ -63,9 +64,10 @@ def changed_input(sample: SampleConfig, started: dict[str, str | None]) -> str |
     return None
 
 
-def check_unchanged(sample: SampleConfig, started: dict[str, str | None], what: str) -> None:
-    """Before ``what`` is published: InputError naming the input that changed since the run started."""
-    flag = changed_input(sample, started)
+def check_unchanged(sample: SampleConfig, started: dict[str, str | None], what: str, exclude: Path | None = None) -> None:
+    """Before ``what`` is published: InputError naming the input that changed since the run started
+    (``exclude`` as for ``input_digests``)."""
+    flag = changed_input(sample, started, exclude)
     if flag is not None:
         raise InputError(f"--{flag} {getattr(sample, flag)}: changed while the run read it (its content differs from "
                          f"when the run started); {what} was not published: run again with --overwrite")  # fmt: skip
@@ -115,15 +117,18 @@ def encoder_digest(sample: SampleConfig) -> str:
     return text_digest(json.dumps(settings, sort_keys=True, default=str))
 
 
-def image_folder_digest(folder: Path | None) -> str | None:
+def image_folder_digest(folder: Path | None, exclude: Path | None = None) -> str | None:
+    """The image folder's digest (the module's docstring); a directory ``exclude`` inside it (the
+    run's output) is left out."""
     if folder is None:
         return None
     folder = Path(folder)
     if folder.is_file():
         return _tar_digest(folder)
+    skipped = os.path.realpath(exclude) if exclude is not None else None
     entries = []
     for directory, subdirectories, files in os.walk(folder):
-        subdirectories.sort()
+        subdirectories[:] = sorted(d for d in subdirectories if os.path.realpath(os.path.join(directory, d)) != skipped)
         for name in sorted(files):
             path = os.path.join(directory, name)
             try:
@@ -162,10 +167,10 @@ EXTENDED_HEADERS = (b"L", b"K", b"x", b"g")
 
 
 _DIGESTS = {
-    "data_path": lambda sample: file_checksum(Path(sample.data_path)),
-    "image_folder": lambda sample: image_folder_digest(sample.image_folder),
-    "conv_template": template_digest,
-    "tokenizer_path": lambda sample: tokenizer_digest(Path(sample.tokenizer_path)),
-    "hf_vision_encoder": encoder_digest,
+    "data_path": lambda sample, exclude: file_checksum(Path(sample.data_path)),
+    "image_folder": lambda sample, exclude: image_folder_digest(sample.image_folder, exclude),
+    "conv_template": lambda sample, exclude: template_digest(sample),
+    "tokenizer_path": lambda sample, exclude: tokenizer_digest(Path(sample.tokenizer_path)),
+    "hf_vision_encoder": lambda sample, exclude: encoder_digest(sample),
 }
 """How each input's digest is computed from the run's sample settings, by flag."""

@@ -77,8 +77,11 @@ class _Packs:
         return self.first
 
 
-VISUAL = dataclasses.make_dataclass("VisualInputs", [(name, object, None) for name in ("pixel_values", "image_grid_thw", "image_sizes",
-                                                                                      "image_position_ids", "mm_token_type_ids")])  # fmt: skip
+VISUAL = dataclasses.make_dataclass("VisualInputs", [(name, object, None) for name in (
+    "pixel_values", "pixel_values_videos", "image_grid_thw", "video_grid_thw", "second_per_grid_ts", "image_sizes",
+    "image_position_ids", "mm_token_type_ids",
+)])  # fmt: skip
+"""The fields of Bridge's ``GenericVisualInputs`` at the golden data's commit (its ``visual_fields``)."""
 
 
 def test_fixed_crops_and_aligned_samples_are_refused_in_one_line():
@@ -100,3 +103,9 @@ def test_a_family_bridge_cannot_train_packed_is_refused_in_one_line(family):
     else:
         with pytest.raises(ValueError, match=r"^out: [^\n]*Megatron Bridge[^\n]*$"):
             BridgeVLMPacks(packs, VISUAL)
+
+
+def test_the_stand_in_visual_inputs_are_bridges_own_fields():
+    """VISUAL above is the field list the golden run read from Bridge's GenericVisualInputs, no more, no less."""
+    golden = np.load(GOLDEN / "qwen2_5_vl.npz")
+    assert sorted(f.name for f in dataclasses.fields(VISUAL)) == sorted(golden["visual_fields"].tolist())

@@ -20,7 +20,7 @@ import pytest
 
 import neva_pack.pipeline
 from neva_pack.cli import main
-from neva_pack.files import bin_path, paths
+from neva_pack.files import bin_path, idx_path, paths
 from neva_pack.sample_store import PROGRESS_FILE
 from tests.conftest import ROOT, SAMPLE_DATA
 
@@ -192,3 +192,22 @@ def test_a_shard_encoded_from_another_tar_is_refused_by_the_final_step(inputs, t
     err = one_line(capsys)
     assert "image_folder differs" in err and "part_00000" in err, err
     assert not paths.meta_path(paths.packed_prefix(out)).exists()
+
+
+@pytest.mark.parametrize("shards", [None, 2])
+def test_an_output_inside_the_image_folder_is_not_an_input_that_changed(inputs, tmp_path, shards):
+    """Users keep outputs beside their images (--image_folder data/ --output_dir data/packed): what the run
+    writes there is not its input, so neither the check before publish nor a shard's recorded image
+    folder sees it change; the bytes are the run's with the output elsewhere."""
+    inside = inputs["images"] / "packed"
+    elsewhere = tmp_path / "elsewhere"
+    for out in (inside, elsewhere):
+        flags = command(inputs, out, image_folder="images")
+        if shards is None:
+            assert main(flags) == 0
+        else:
+            for index in range(shards):
+                assert main([*flags, "--num_shards", str(shards), "--shard_index", str(index)]) == 0
+            assert main([*flags, "--num_shards", str(shards)]) == 0
+    for file_of in (bin_path, idx_path):
+        assert file_of(paths.packed_prefix(inside)).read_bytes() == file_of(paths.packed_prefix(elsewhere)).read_bytes()
