@@ -10,7 +10,8 @@
   the ETag this run last wrote (``If-Match``).
 - A holder is dead when its lock was not refreshed for ``LOCK_TIMEOUT_S`` seconds (the age is the
   storage's own clock: its ``Date`` against the object's ``Last-Modified``, so the pods' clocks do not
-  matter), or at once when it names this host and a pid that is no longer running. A dead holder's lock
+  matter), or at once when it names this host and pid namespace and a pid that is no longer running
+  (containers sharing a host name but not their pids never judge each other's). A dead holder's lock
   is taken over by a write conditional on the ETag read: of two runs taking it over, one wins.
 - A run whose lock was taken over (it stalled past the timeout) learns it at its next heartbeat, and
   ``check`` stops it before it sends anything more to the bucket.
@@ -116,12 +117,21 @@ def _read(url: str) -> tuple[dict, str, float] | None:
     return (record if isinstance(record, dict) else {}), response["ETag"], max(0.0, (now - modified).total_seconds())
 
 
+def _pid_namespace() -> str | None:
+    """This process's pid namespace (Linux), None where there is no telling."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
 def _dead(record: dict, age: float) -> bool:
-    """A holder not heard from for the timeout, or one on this host whose process is gone."""
+    """A holder not heard from for the timeout, or one on this host (and pid namespace) whose process is gone."""
     if age > LOCK_TIMEOUT_S:
         return True
-    pid = record.get("pid")
-    if record.get("host") != socket.gethostname() or not isinstance(pid, int) or pid == os.getpid():
+    pid, namespace = record.get("pid"), _pid_namespace()
+    if (record.get("host") != socket.gethostname() or namespace is None or record.get("pid_namespace") != namespace
+            or not isinstance(pid, int) or pid == os.getpid()):  # fmt: skip
         return False
     try:
         os.kill(pid, 0)
@@ -148,7 +158,7 @@ class RemoteLock:
     def __init__(self, directory_url: str, what: str):
         self.url = url_join(directory_url, LOCK_FILE)
         self.what = what
-        self._record = {"pid": os.getpid(), "host": socket.gethostname(), "started": _now()}
+        self._record = {"pid": os.getpid(), "host": socket.gethostname(), "pid_namespace": _pid_namespace(), "started": _now()}
         self._etag: str | None = None
         self._lost: str | None = None
         self._guard = threading.Lock()

@@ -75,6 +75,11 @@ def test_a_stale_lock_is_taken_over_and_its_old_holder_stops(server, monkeypatch
     server.fs().pipe(key, json.dumps(gone).encode())
     with pytest.raises(ConfigError, match=r"in use by another neva-pack run \(pid 4242 on pod-7, started 2026-01-01"):
         RemoteLock(url, "--output_dir test").acquire()  # another host's: alive until the timeout
+    other_container = {**gone, "host": socket.gethostname(), "pid": 2**22 + 1, "pid_namespace": "pid:[1]"}
+    server.fs().pipe(key, json.dumps(other_container).encode())  # this host's name, another pid namespace
+    with pytest.raises(ConfigError, match=f"in use by another neva-pack run \\(pid {2**22 + 1} on "):
+        RemoteLock(url, "--output_dir test").acquire()  # its pid is not this container's to judge
+    server.fs().pipe(key, json.dumps(gone).encode())
     monkeypatch.setattr(remote_lock_module, "LOCK_TIMEOUT_S", 1.0)
     time.sleep(2.1)
     assert remote_lock_holder(url) is None  # stale: nobody holds it
