@@ -234,7 +234,7 @@ def _on_local_copy(command, keep=lambda name: True):
             buffer = io.StringIO()
             try:
                 with contextlib.redirect_stdout(buffer):
-                    return command(argparse.Namespace(**{**vars(args), "output": target}))
+                    return command(argparse.Namespace(**{**vars(args), "output": target, "output_url": (target, url)}))
             except NevaPackError as error:
                 raise type(error)(str(error).replace(*shown).replace(str(local), directory if whole else url)) from None
             finally:
@@ -244,10 +244,12 @@ def _on_local_copy(command, keep=lambda name: True):
 
 
 def _progress_file(name: str) -> bool:
-    """What ``shards status`` reads of a sharded output: its parts' (and the joined store's) progress files."""
+    """What ``shards status`` reads of a sharded output: its parts' (and the joined store's) progress files,
+    and their lock objects (a running part may have committed nothing yet)."""
+    from neva_pack.files import LOCK_FILE
     from neva_pack.sample_store import PROGRESS_FILE
 
-    return name.rsplit("/", 1)[-1] == PROGRESS_FILE
+    return name.rsplit("/", 1)[-1] in (PROGRESS_FILE, LOCK_FILE)
 
 
 def _as_given(output_dir):
@@ -391,7 +393,17 @@ def _run_shards(args) -> int:
 
     from neva_pack.pipeline import shards_status
 
-    status = shards_status(args.output, args.num_shards)
+    if getattr(args, "output_url", None):  # a local copy of an s3:// output: the locks are the bucket's objects
+        from neva_pack.files import remote_lock_holder, url_join
+
+        copy, url = args.output_url
+
+        def holder(part):
+            return remote_lock_holder(url_join(url, Path(part).relative_to(copy).as_posix()))
+
+        status = shards_status(args.output, args.num_shards, holder=holder)
+    else:
+        status = shards_status(args.output, args.num_shards)
     print(json.dumps(status.to_json(), indent=2) if args.json else "\n".join(status.lines()))
     return 0 if status.done else 1
 

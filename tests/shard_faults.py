@@ -7,6 +7,7 @@ a segment's files and the progress file that commits them, or in the middle of a
 at any moment would. The step is drawn from a seeded generator, so the test is the same every time.
 
     python -m tests.shard_faults ARGS...    the neva-pack command line, killed before step $KILL_AT_STEP
+                                            (or, with $PAUSE_AT_STEP=N:FILE, paused there: FILE written)
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from importlib import import_module
 from pathlib import Path
 
@@ -26,6 +28,7 @@ RECORDS = json.loads((SAMPLE_DATA / "llava_sample.json").read_text())
 MISSING_IMAGE = {"id": "bad", "image": "no_such.jpg", "conversations": [
     {"from": "human", "value": "<image>\nWhat is this?"}, {"from": "gpt", "value": "Nothing."}]}  # fmt: skip
 KILL_VARIABLE = "KILL_AT_STEP"
+PAUSE_VARIABLE = "PAUSE_AT_STEP"
 STEPS = (
     ("neva_pack.sample_store.writer", "SampleStoreWriter", "append_stored"),
     ("neva_pack.sample_store.writer", "_OpenSegment", "close"),
@@ -70,10 +73,11 @@ def outputs(output_dir: Path) -> dict[str, bytes]:
     return {path.name: path.read_bytes() for path in files}
 
 
-def install(kill_at: int | None, patch=setattr) -> list[int]:
+def install(kill_at: int | None, patch=setattr, pause: tuple[int, Path] | None = None) -> list[int]:
     """Count the writer's steps (the returned list holds the count) and, with ``kill_at``, SIGKILL this
     process before step ``kill_at`` (1-based). ``patch``: how to replace a method (``monkeypatch.setattr``
-    to count in a test's own process)."""
+    to count in a test's own process). ``pause`` (step, file): before that step, write the file and sleep
+    (a run caught in the middle, until the test kills it)."""
     counter = [0]
     for module, owner_name, name in STEPS:
         owner = getattr(import_module(module), owner_name)
@@ -83,6 +87,9 @@ def install(kill_at: int | None, patch=setattr) -> list[int]:
             counter[0] += 1
             if counter[0] == kill_at:
                 os.kill(os.getpid(), signal.SIGKILL)
+            if pause is not None and counter[0] == pause[0]:
+                Path(pause[1]).write_text(str(os.getpid()))
+                time.sleep(600)
             return _original(*args, **kwargs)
 
         patch(owner, name, step)
@@ -95,6 +102,14 @@ def killed_run(args: list[str], kill_at: int, env: dict[str, str] | None = None)
     environ = {**os.environ, **(env or {}), KILL_VARIABLE: str(kill_at), "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, "-m", "tests.shard_faults", *args], env=environ, cwd=ROOT,
                           capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+
+
+def paused_run(args: list[str], pause_at: int, marker: Path) -> subprocess.Popen:
+    """The command line in a child process, paused before step ``pause_at`` (``marker`` is written
+    then); the caller kills it."""
+    environ = {**os.environ, PAUSE_VARIABLE: f"{pause_at}:{marker}", "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-m", "tests.shard_faults", *args], env=environ, cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
 
 
 def killed_once(config, index: int, num_shards: int, kill_at: int, marker: Path) -> int:
@@ -114,7 +129,11 @@ def killed_once(config, index: int, num_shards: int, kill_at: int, marker: Path)
 def main() -> int:
     from neva_pack.cli import main as cli
 
-    install(int(os.environ[KILL_VARIABLE]))
+    if PAUSE_VARIABLE in os.environ:
+        step, marker = os.environ[PAUSE_VARIABLE].split(":", 1)
+        install(None, pause=(int(step), Path(marker)))
+    else:
+        install(int(os.environ[KILL_VARIABLE]))
     return cli(sys.argv[1:])
 
 

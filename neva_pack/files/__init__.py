@@ -11,6 +11,7 @@ from neva_pack.files.checksums import data_extents, file_checksum
 from neva_pack.files.indexed import BIN_SUFFIX, DTYPE_CODES, IDX_SUFFIX, IndexedReader, IndexedWriter, bin_path, idx_path, is_index, read_index
 from neva_pack.files.output_file import OutputFile
 from neva_pack.files.remote import STAGING_VARIABLE, Mirrored, RemoteError, RemoteFiles, is_remote, local_copy, location, mirror, pull, redacted, remote_copy, remote_listing, staging_root, url_join
+from neva_pack.files.remote_lock import HEARTBEAT_S, LOCK_TIMEOUT_S, RemoteLock, remote_lock_holder
 from neva_pack.files.paths import LOCK_FILE, META_SUFFIX, PACKED_NAME, PLAN_SUFFIX, TMP_SUFFIX, checkpoint_paths, meta_path, pack_size_of, packed_prefix, packed_prefixes, plan_path, prefix_file, relative_name, skipped_path, stats_path, store_dir, tmp_prefix, write_json_atomic
 from neva_pack.files.untrusted import ANY_SIZE, FileRefused, MAX_OUTPUT_JSON_BYTES, MAX_OUTPUT_TABLE_BYTES, MAX_SETTINGS_BYTES, compression_of, open_file, open_output, open_regular, parse_yaml, read_bytes, read_json, read_text, read_yaml, regular_file_bytes, regular_output
 from neva_pack.files.video_header import MAX_VIDEO_FRAMES, MAX_VIDEO_HEADER_BYTES, MAX_VIDEO_PIXELS, VIDEO_HEADER_REASONS, VideoHeader, VideoHeaderError, read_video_header, read_video_header_at, read_video_header_file
@@ -29,10 +30,12 @@ __all__ = [
     "BIN_SUFFIX",
     "DTYPE_CODES",
     "FileRefused",
+    "HEARTBEAT_S",
     "IDX_SUFFIX",
     "IndexedReader",
     "IndexedWriter",
     "LOCK_FILE",
+    "LOCK_TIMEOUT_S",
     "MAX_OUTPUT_JSON_BYTES",
     "MAX_OUTPUT_TABLE_BYTES",
     "MAX_SETTINGS_BYTES",
@@ -46,6 +49,7 @@ __all__ = [
     "PLAN_SUFFIX",
     "RemoteError",
     "RemoteFiles",
+    "RemoteLock",
     "STAGING_VARIABLE",
     "TMP_SUFFIX",
     "VIDEO_HEADER_REASONS",
@@ -89,6 +93,7 @@ __all__ = [
     "relative_name",
     "remote_copy",
     "remote_listing",
+    "remote_lock_holder",
     "skipped_path",
     "staging_root",
     "stats_path",

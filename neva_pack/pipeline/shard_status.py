@@ -142,9 +142,11 @@ def _redo(indexes) -> str:
     return ", ".join(f"--shard_index {i} --overwrite" for i in indexes)
 
 
-def shards_status(output_dir: Path, num_shards: int | None = None) -> ShardsStatus:
+def shards_status(output_dir: Path, num_shards: int | None = None, holder=lock_holder) -> ShardsStatus:
     """The status of every shard in ``output_dir`` (``num_shards``: the run's --num_shards, or None to
-    take it from the parts' names; ConfigError when they disagree or there is none to read it from)."""
+    take it from the parts' names; ConfigError when they disagree or there is none to read it from).
+    ``holder``: who holds a part's lock (part directory -> "pid 12 on node3, ..." or None); a local
+    copy of an ``s3://`` output asks the bucket's lock objects (``files.remote_lock_holder``)."""
     output_dir = Path(output_dir)
     if not output_dir.is_dir():
         raise ConfigError(f"{output_dir}: not a directory (the --output_dir of a sharded run)")
@@ -169,7 +171,7 @@ def shards_status(output_dir: Path, num_shards: int | None = None) -> ShardsStat
     reference = _common_fingerprint([partitions[i].get("fingerprint") for i in sorted(partitions)])
     totals = [p.get("total_records") for p in partitions.values() if isinstance(p.get("total_records"), int)]
     total = Counter(totals).most_common(1)[0][0] if totals else None
-    shards = tuple(_state(store, num_shards, i, progress[i], reference, total) for i in range(num_shards))
+    shards = tuple(_state(store, num_shards, i, progress[i], reference, total, holder) for i in range(num_shards))
     return ShardsStatus(output_dir=output_dir, num_shards=num_shards, joined=False, shards=shards)
 
 
@@ -204,22 +206,23 @@ def _common_fingerprint(fingerprints: list) -> dict | None:
     return json.loads(Counter(keyed).most_common(1)[0][0]) if keyed else None
 
 
-def _state(store: Path, num_shards: int, index: int, progress: dict | None, reference: dict | None, total) -> ShardState:
+def _state(store: Path, num_shards: int, index: int, progress: dict | None, reference: dict | None, total,
+           holder=lock_holder) -> ShardState:  # fmt: skip
     part = part_dir(store, num_shards, index)
     first, end = shard_range(total, num_shards, index) if total is not None else (None, None)
     fingerprint = ((progress or {}).get("partition") or {}).get("fingerprint")
     segments = (progress or {}).get("shards") or []
     committed = segments[-1]["end_record"] - first if segments and first is not None else 0
-    state, detail = _classify(part, progress, fingerprint, reference)
+    state, detail = _classify(part, progress, fingerprint, reference, holder)
     if state == DONE and first is not None:
         committed = end - first
     return ShardState(index=index, state=state, first_record=first, end_record=end, committed=committed, detail=detail)
 
 
-def _classify(part: Path, progress: dict | None, fingerprint, reference) -> tuple[str, str]:
+def _classify(part: Path, progress: dict | None, fingerprint, reference, holder_of=lock_holder) -> tuple[str, str]:
     if not part.is_dir():
         return MISSING, ""
-    holder = lock_holder(part)
+    holder = holder_of(part)
     if holder is not None:
         return RUNNING, holder
     if progress == {}:

@@ -19,8 +19,10 @@ checksums, resume) and the bucket only ever holds what a POSIX output directory 
 
 Each run stages in a directory of its own, removed when it ends (a killed run's is removed by the
 next run of that output on the machine): nothing on a local disk outlives a run, so nothing there is
-ever trusted over the bucket. Two runs given the same output (or the same shard) at once are not kept
-apart: the bucket has no lock (a Kubernetes Indexed Job runs one pod per index at a time).
+ever trusted over the bucket. Two runs given the same output (or two pods the same shard) at once are
+kept apart by a lock object in the bucket (``files.RemoteLock``: the output's, or the part's), taken
+before anything is pulled, refreshed while the run lives, checked before each mirror, and released at
+the end: the second is refused in one line naming the holder.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from neva_pack.files import (
     LOCK_FILE,
     META_SUFFIX,
     Mirrored,
+    RemoteLock,
     is_remote,
     local_copy,
     mirror,
@@ -92,7 +95,8 @@ def _refuse_if_not_empty(url: str, run) -> None:
     if run.resume or run.overwrite:
         return
     final_step = run.num_shards is not None  # its parts are in the store, as a local final step expects
-    held = sorted(name for name in remote_listing(url) if not (final_step and name.startswith(paths.STORE_DIR + "/")))
+    held = sorted(name for name in remote_listing(url)
+                  if not (_the_lock(name) or (final_step and name.startswith(paths.STORE_DIR + "/"))))
     if held:
         raise ConfigError(f"--output_dir {url}: not empty ({held[0]}{', ...' if len(held) > 1 else ''}); "
                           "pass --resume to continue an interrupted run or --overwrite to replace it")  # fmt: skip
@@ -148,26 +152,33 @@ def staged(config: PreprocessConfig) -> Iterator[PreprocessConfig]:
 def _mirrored(config: PreprocessConfig, sample, url: str, local: Path) -> Iterator[PreprocessConfig]:
     """``staged`` once the output has a staging directory: pull, run, mirror."""
     run = config.run
-    if run.num_shards is not None and run.shard_index is not None:  # its part only: every file there is a part's
-        part = part_dir(store_dir(local), run.num_shards, run.shard_index)
-        skip = _the_lock
-        state = pull(url_join(url, part.relative_to(local).as_posix()), part, skip=skip)
-    else:
-        _refuse_if_not_empty(url, run)
-        skip = _not_sent
-        state = pull(url, local, skip=skip)
-    local_config = PreprocessConfig(sample=sample, pack=config.pack, run=dataclasses.replace(run, output_dir=local))
-    try:
-        with commits_reported_to(lambda directory: _committed(state, Path(directory), skip)):
-            yield local_config
-    except BaseException:
-        with contextlib.suppress(Exception):  # what the run committed or reported is kept, as on a local disk
-            mirror(state, is_marker, skip=skip)
-        raise
-    mirror(state, is_marker, skip=skip)
+    sharded = run.num_shards is not None and run.shard_index is not None
+    part = part_dir(store_dir(local), run.num_shards, run.shard_index) if sharded else None
+    locked = url_join(url, part.relative_to(local).as_posix()) if sharded else url
+    with RemoteLock(locked, f"--output_dir {url}" + (f" (shard {run.shard_index})" if sharded else "")) as lock:
+        if sharded:  # its part only: every file there is a part's
+            skip = _the_lock
+            state = pull(locked, part, skip=skip)
+        else:
+            _refuse_if_not_empty(url, run)
+            skip = _not_sent
+            state = pull(url, local, skip=skip)
+        local_config = PreprocessConfig(sample=sample, pack=config.pack, run=dataclasses.replace(run, output_dir=local))
+        try:
+            with commits_reported_to(lambda directory: _committed(state, Path(directory), skip, lock)):
+                yield local_config
+        except BaseException:
+            with contextlib.suppress(Exception):  # what the run committed or reported is kept, as on a local disk
+                lock.check()
+                mirror(state, is_marker, skip=skip)
+            raise
+        lock.check()
+        mirror(state, is_marker, skip=skip)
 
 
-def _committed(state: Mirrored, directory: Path, skip) -> None:
-    """A store (or part) committed a segment in ``directory``: send its files, then its progress file."""
+def _committed(state: Mirrored, directory: Path, skip, lock: RemoteLock) -> None:
+    """A store (or part) committed a segment in ``directory``: send its files, then its progress file
+    (unless another run took this one's lock over: then it stops)."""
+    lock.check()
     under = directory.relative_to(state.local).as_posix() if directory != state.local else ""
     mirror(state, is_marker, under="" if under == "." else under, skip=skip)

@@ -8,6 +8,9 @@ credentials and endpoint from the environment only.
   continues from the last segment committed in the bucket.
 - The bucket never holds an output that looks complete before it is: verify and stats on an
   unfinished s3:// output refuse it; after the final step they pass.
+- Two runs given the same shard at once: the second is refused in one line naming the first (the part's
+  lock object in the bucket), ``shards status`` shows the shard running, and once the first is killed
+  the shard is taken over and resumed.
 - No output of a failing run shows a credential."""
 
 import json
@@ -28,6 +31,7 @@ from tests.shard_faults import (
     install,
     killed_run,
     outputs,
+    paused_run,
     write_dataset,
 )
 
@@ -123,6 +127,7 @@ def test_four_shards_on_s3_give_the_bytes_of_the_posix_run_and_look_complete_onl
     capsys.readouterr()
     assert main(remote_command(out, f"s3://{BUCKET}/images", "--num_shards", SHARDS)) == 2  # as a local directory
     assert f"--output_dir {out}: not empty (NOTES.txt)" in capsys.readouterr().err
+    assert not [name for name in server.listing(out) if name.endswith(".lock")]  # released on the refusal too
     assert main(remote_command(out, f"s3://{BUCKET}/images", "--num_shards", SHARDS, "--resume")) == 0
     got = tmp_path / "got"
     same_as_posix(posix, fetched(server, out, got), f"s3://{BUCKET}/images")
@@ -158,6 +163,38 @@ def test_a_shard_killed_midway_resumes_from_its_last_segment_in_the_bucket(serve
         assert main(remote_command(out, f"s3://{BUCKET}/images", "--num_shards", SHARDS, "--shard_index", index)) == 0
     assert main(remote_command(out, f"s3://{BUCKET}/images", "--num_shards", SHARDS)) == 0
     same_as_posix(posix, fetched(server, out, tmp_path / "got"), f"s3://{BUCKET}/images")
+
+
+@pytest.mark.slow
+def test_a_second_run_of_the_same_shard_is_refused_naming_the_first_which_status_shows_running(server, tmp_path, capsys):
+    import socket
+    import time
+
+    out = f"s3://{BUCKET}/contended"
+    shard = remote_command(out, f"s3://{BUCKET}/images", "--num_shards", SHARDS, "--shard_index", 2)
+    marker = tmp_path / "paused"
+    first = paused_run(shard, 6, marker)  # a pod caught mid-way, after its first commits
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists():
+            assert first.poll() is None and time.monotonic() < deadline, first.stderr.read()[-2000:] if first.stderr else ""
+            time.sleep(0.1)
+        holder = f"pid {first.pid} on {socket.gethostname()}, started "
+        capsys.readouterr()
+        assert main([*shard, "--resume"]) == 2
+        refused = capsys.readouterr().err
+        assert refused.count("\n") == 1 and f"--output_dir {out} (shard 2): in use by another neva-pack run ({holder}" in refused
+        assert main(["shards", "status", out, "--json"]) == 1
+        states = {shard["index"]: shard for shard in json.loads(capsys.readouterr().out)["shards"]}
+        assert states[2]["state"] == "running" and states[2]["detail"].startswith(holder), states[2]
+        assert {states[i]["state"] for i in (0, 1, 3)} == {"missing"}
+    finally:
+        first.kill()
+        first.wait()
+    assert main(["shards", "status", out, "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["shards"][2]["state"] == "stale"  # its holder is gone
+    assert main([*shard, "--resume"]) == 0  # a dead holder's lock (this host, its pid gone) is taken over
+    assert not [name for name in server.listing(out) if name.endswith(".lock")]  # released at the end
 
 
 @pytest.mark.slow
