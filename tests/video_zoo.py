@@ -27,7 +27,7 @@ from pathlib import Path
 import av
 import numpy as np
 
-__all__ = ["NTSC", "ZOO", "ZooClip", "ebml_element", "make_clip", "make_zoo", "mp4_box", "mp4_boxes", "rewrite_moov", "synthetic_mkv", "synthetic_mp4"]
+__all__ = ["NTSC", "ZOO", "ZooClip", "ebml_element", "make_clip", "make_random_clips", "make_zoo", "mp4_box", "mp4_boxes", "rewrite_moov", "synthetic_mkv", "synthetic_mp4"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -109,6 +109,32 @@ _CODECS = {("libx264", False): "avc1", ("mpeg4", False): "mp4v", ("libx264", Tru
 def make_zoo(folder: Path) -> dict[str, ZooClip]:
     """Every zoo clip written into ``folder`` (a test's tmp dir), by name."""
     return {name: make_clip(folder, name) for name in ZOO}
+
+
+def make_random_clips(folder: Path, count: int = 56, seed: int = 30) -> dict[str, Path]:
+    """``count`` more small clips, each drawn from ``seed`` (the same clips for the same seed): MP4
+    or MOV, H.264 or MPEG-4, 1 to 40 frames at 2.5 to 60 fps (29.97 and 23.976 among them), 16 to 96
+    pixels a side (odd sides by MPEG-4 or 4:4:4 H.264), some short H.264 ones with a variable frame rate."""
+    rng = np.random.default_rng(seed)
+    rates = (fractions.Fraction(5, 2), fractions.Fraction(10), fractions.Fraction(24000, 1001), fractions.Fraction(25), NTSC,
+             fractions.Fraction(30), fractions.Fraction(60))  # fmt: skip
+    clips = {}
+    for k in range(count):
+        encoder = ("libx264", "mpeg4")[int(rng.integers(2))]
+        width, height = (int(v) for v in rng.integers(16, 97, 2))
+        odd = width % 2 or height % 2
+        frames = int(rng.integers(1, 41))
+        rate = rates[int(rng.integers(len(rates)))]
+        times = None
+        if encoder == "libx264" and 1 < frames <= 8 and rng.random() < 0.5:  # irregular timestamps, increasing
+            times = tuple(int(t) for t in np.cumsum(np.concatenate([[0], rng.integers(10, 300, frames - 1)])))
+        fmt = ("mp4", "mov")[int(rng.integers(2))]
+        spec = _Spec(fmt, encoder, width, height, frames, rate=rate, times_ms=times,
+                     pix_fmt="yuv444p" if odd and encoder == "libx264" else "yuv420p")  # fmt: skip
+        path = Path(folder) / f"random_{k:02d}.{fmt}"
+        _encode(path, spec)
+        clips[path.name] = path
+    return clips
 
 
 def make_clip(folder: Path, name: str) -> ZooClip:

@@ -105,8 +105,8 @@ class SampleConfig:
     video_profile: str | None = option(
         None, fingerprint_when_set=True,
         help="read <video> clips (encoders whose family reads video), sampled and sized as this reference does: hf "
-        "(transformers' video processors), hf_cap (theirs with cap_pixels_per_frame), or the model authors' own code "
-        "(docs/video.md); without it a record with a clip is skipped (videos_not_read)",
+        "(transformers' video processors), hf_cap (theirs with cap_pixels_per_frame), or another reference's "
+        "own code (docs/video.md: the model authors', LLaMA-Factory's); without it a record with a clip is skipped (videos_not_read)",
     )  # fmt: skip
     """Whose arithmetic samples and sizes video clips (the family's profiles); None: clips are not read."""
     video_fps: float | None = option(

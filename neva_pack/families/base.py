@@ -255,9 +255,10 @@ class ModelFamily(Protocol):
         """The family reading video clips as ``request`` asks, their runs spelled with ``tokenizer``'s
         ids (ConfigError, one line, for a family that reads none or a tokenizer lacking its tokens)."""
 
-    def plan_video(self, frame_count: int, fps: float, width: int, height: int, tokenizer) -> VideoPlan:
+    def plan_video(self, frame_count: int, fps: float, width: int, height: int, tokenizer, *, duration_s: float | None = None) -> VideoPlan:
         """A clip's frames, size, run and cost from its header's numbers (ValueError for a clip the
-        reference refuses: too short, an aspect ratio over 200)."""
+        reference refuses: too short, an aspect ratio over 200). ``duration_s``: the stream's duration
+        as FFmpeg reports it (None: it reports none), for a profile that samples by it."""
 
     def video_to_stored(self, frames: np.ndarray, plan: VideoPlan, size: tuple[int, int]) -> StoredImage:
         """uint8 (T, 3, h, w) kept frames -> the clip's stored form (``size``: the header's (width, height))."""
@@ -289,7 +290,7 @@ class FamilyBase:
         """None: the family reads no video."""
         raise ConfigError(f"video clips: {self.models} reads no video (a native-resolution encoder does)")
 
-    def plan_video(self, frame_count, fps, width, height, tokenizer) -> VideoPlan:
+    def plan_video(self, frame_count, fps, width, height, tokenizer, *, duration_s=None) -> VideoPlan:
         raise ValueError(f"{self.models} reads no video")
 
     def video_to_stored(self, frames, plan, size) -> StoredImage:

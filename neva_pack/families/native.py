@@ -50,8 +50,8 @@ from neva_pack.families.patch_grid import clip_patches, smart_resize, still_patc
 from neva_pack.families.patch_grid import smart_resize_unheld as qwen_vl_utils_resize  # qwen-vl-utils' own variant
 from neva_pack.families.settings_keys import MAX_AREA, MAX_PATCH, Setting, whole
 from neva_pack.families.video_frames import (
-    arange_indices, bounded_frame_count, linspace_indices, paired_timestamps, patch_frame_count, rate_frame_count, stack_frames,
-    temporal_smart_resize, torch_linspace_indices, unstack_frames,
+    arange_indices, bounded_frame_count, duration_indices, fit_frame_area, linspace_indices, paired_times, paired_timestamps,
+    patch_frame_count, rate_frame_count, stack_frames, temporal_smart_resize, torch_linspace_indices, unstack_frames, video_timestamp,
 )  # fmt: skip
 
 __all__ = ["REFERENCES", "VIDEO_PROFILES", "NativeProcessor", "NativeSettings", "NativeVideo", "mrope_position_ids", "qwen_vl_utils_resize",
@@ -309,13 +309,19 @@ class NativeProcessor(FamilyBase):
             return self
         return NativeProcessor(self.settings, self.normalisation, self.encoder, NativeVideo.from_json(record))
 
-    def plan_video(self, frame_count: int, fps: float, width: int, height: int, tokenizer) -> VideoPlan:
+    def plan_video(self, frame_count: int, fps: float, width: int, height: int, tokenizer, *, duration_s: float | None = None) -> VideoPlan:
         """The clip's frames, frame size, run and cost, as the profile's reference lays it out."""
         v, s = self.video, self.settings
         if v is None:
             raise ValueError(f"{self.models}: this run reads no video")
-        tps, factor = s.temporal_patch_size, s.factor
-        if v.profile == "qwen_vl_utils":  # qwen-vl-utils 0.0.14's fetch_video: frames, then a per-frame budget
+        tps, factor, lf = s.temporal_patch_size, s.factor, v.profile == "llamafactory"
+        if lf:  # LLaMA-Factory 0.9.5's Qwen2/3-VL plugins: by the stream's duration, each frame fitted to an area, frames made even
+            indices = duration_indices(frame_count, duration_s, v.fps, v.max_frames)
+            width, height = fit_frame_area(width, height, *_LLAMAFACTORY_FRAME_AREA)
+            even, seconds = len(indices) + len(indices) % 2, tps / (len(indices) / duration_s) if v.timing == "seconds" else 0.0
+            height_out, width_out = (smart_resize(height, width, factor, v.min_pixels, v.max_pixels) if v.timing == "seconds" else
+                                     temporal_smart_resize(even, height, width, tps, factor, v.min_pixels, v.max_pixels))  # fmt: skip
+        elif v.profile == "qwen_vl_utils":  # qwen-vl-utils 0.0.14's fetch_video: frames, then a per-frame budget
             count = rate_frame_count(frame_count, fps, v.fps, v.min_frames, v.max_frames, tps)
             indices = torch_linspace_indices(frame_count, count)
             most = max(min(v.max_pixels, v.max_video_tokens * factor * factor * 0.9 / count * tps), int(v.min_pixels * 1.05))
@@ -343,11 +349,10 @@ class NativeProcessor(FamilyBase):
         pads = np.full(frame_tokens, v.pad_id, dtype=np.int64)
         if v.timing == "seconds":
             ids = np.concatenate([[v.start_id], np.tile(pads, grid_t), [v.end_id]])
-        else:
-            parts = [[v.start_id]]
-            for stamp in paired_timestamps(indices, fps, tps):
-                parts += [tokenizer.encode_literal(video_timestamp(stamp)).ids, [v.start_id], pads, [v.end_id]]
-            ids = np.concatenate([*parts, [v.end_id]])
+        else:  # LLaMA-Factory: each stamp from the index rescaled to its fps (it writes no start and end around the clip: docs/video.md)
+            stamps = paired_times([i / fps * v.fps for i in indices], v.fps, s.merge_size) if lf else paired_timestamps(indices, fps, tps)
+            runs = [part for stamp in stamps for part in (tokenizer.encode_literal(video_timestamp(stamp)).ids, [v.start_id], pads, [v.end_id])]
+            ids = np.concatenate([[v.start_id], *runs, [v.end_id]])
         return VideoPlan(indices=tuple(int(i) for i in indices), size=(height_out, width_out), tokens=grid_t * frame_tokens,
                          ids=ids.astype(np.int64), grid_seconds=seconds, cost=grid_t * (grid_h * grid_w) ** 2,
                          resize="v1" if v.profile == "qwen_vl_utils" else "v2")  # fmt: skip
@@ -387,16 +392,13 @@ class NativeProcessor(FamilyBase):
         return [(tuple(grid), float(np.float32(self.video.tokens_per_second) * second)) for grid, second in zip(grids, seconds)]
 
 
-VIDEO_PROFILES = ("hf", "hf_cap", "qwen_vl_utils")
+VIDEO_PROFILES = ("hf", "hf_cap", "qwen_vl_utils", "llamafactory")
 """Whose arithmetic samples and sizes the clips: ``hf``, transformers' video processors; ``hf_cap``, the
 same with ``cap_pixels_per_frame`` on (each frame's share of the whole-clip budget); ``qwen_vl_utils``,
 Qwen's own ``fetch_video`` (0.0.14: 2 fps, frames a multiple of 2, 128..768 tokens a frame within a
-whole-clip budget of 128,000 x 0.9 tokens), whose frames the processor then takes as they are."""
-
-
-def video_timestamp(seconds: float) -> str:
-    """The text Qwen3-VL writes before a temporal patch: ``<1.5 seconds>``."""
-    return f"<{seconds:.1f} seconds>"
+whole-clip budget of 128,000 x 0.9 tokens), whose frames the processor then takes as they are; ``llamafactory``,
+LLaMA-Factory 0.9.5's (``video_fps`` 2 over the stream's duration, at most ``video_maxlen`` 128; each frame fitted to 256 x 256 first)."""
+_LLAMAFACTORY_FRAME_AREA = (256 * 256, 16 * 16, 28, 200, 180)  # video_max/min_pixels' defaults; least side, most ratio, cut to
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -441,7 +443,7 @@ class NativeVideo:
         start, pad, end = run.start_id, run.patch_id, run.end_id
         return cls(
             profile=request.profile, timing=timing, fps=float(request.fps or 2.0), min_frames=4,
-            max_frames=int(request.max_frames or 768), min_pixels=int(low), max_pixels=int(high),
+            max_frames=int(request.max_frames or (128 if request.profile == "llamafactory" else 768)), min_pixels=int(low), max_pixels=int(high),
             cap_pixels_per_frame=bool(request.cap_pixels_per_frame) or request.profile == "hf_cap", max_video_tokens=tokens,
             tokens_per_second=int(encoder.model_config.get("tokens_per_second", 2)), pad_id=pad, start_id=start, end_id=end,
             normalisation=fused_normalisation(encoder, CLIP_MEAN, CLIP_STD),

@@ -31,8 +31,9 @@ import numpy as np
 from neva_pack.records import RecordError
 
 __all__ = [
-    "arange_indices", "bounded_frame_count", "decode_frames", "frames_at_fps", "linspace_indices", "paired_timestamps",
-    "patch_frame_count", "rate_frame_count", "stack_frames", "temporal_smart_resize", "torch_linspace_indices", "unstack_frames",
+    "arange_indices", "bounded_frame_count", "decode_frames", "duration_indices", "fit_frame_area", "frames_at_fps",
+    "linspace_indices", "paired_times", "paired_timestamps", "patch_frame_count", "rate_frame_count", "stack_frames",
+    "temporal_smart_resize", "torch_linspace_indices", "unstack_frames", "video_timestamp",
 ]  # fmt: skip
 
 
@@ -61,6 +62,36 @@ def torch_linspace_indices(total: int, count: int) -> np.ndarray:
     if count < 1:
         raise ValueError(f"{count} frames to sample")
     return torch.linspace(0, total - 1, count).round().long().numpy().astype(np.int64)
+
+
+def duration_indices(total: int, duration_s: float | None, target_fps: float, max_frames: int) -> np.ndarray:
+    """int64 indices sampled by the stream's duration: ``floor(duration x target_fps)`` frames (at least
+    one; at most ``max_frames`` and the clip) spread evenly from the first frame to the last by a float64
+    linspace, each truncated (LLaMA-Factory's sampling). ValueError for a stream without a duration or
+    a frame count (FFmpeg reports none for Matroska): that reference samples such a clip as unbounded."""
+    if not total or duration_s is None or not duration_s > 0:
+        raise ValueError(f"the stream declares {total} frames over {duration_s} s: sampling by its duration needs both")
+    count = min(total, max_frames, max(1, math.floor(duration_s * target_fps)))
+    return np.linspace(0, total - 1, count).astype(np.int32).astype(np.int64)
+
+
+def fit_frame_area(width: int, height: int, max_pixels: int, min_pixels: int, min_side: int, max_ratio: float, ratio_to: int) -> tuple[int, int]:
+    """(width, height) of a frame first fitted to an area: scaled down (sides truncated) past
+    ``max_pixels``, up below ``min_pixels``, each side at least ``min_side``, and a side over
+    ``max_ratio`` times the other cut to ``ratio_to`` times it (LLaMA-Factory's frame regularisation)."""
+    if width * height > max_pixels:
+        scale = math.sqrt(max_pixels / (width * height))
+        width, height = int(width * scale), int(height * scale)
+    if width * height < min_pixels:
+        scale = math.sqrt(min_pixels / (width * height))
+        width, height = int(width * scale), int(height * scale)
+    if min(width, height) < min_side:
+        width, height = max(width, min_side), max(height, min_side)
+    if width / height > max_ratio:
+        width = height * ratio_to
+    if height / width > max_ratio:
+        height = width * ratio_to
+    return width, height
 
 
 def rate_frame_count(total: int, fps: float, target_fps: float, min_frames: int, max_frames: int, factor: int) -> int:
@@ -102,11 +133,21 @@ def frames_at_fps(total: int, fps: float, target_fps: float) -> float:
 def paired_timestamps(indices, fps: float, group: int) -> list[float]:
     """Seconds of each group of ``group`` consecutive sampled frames (the mean of the group's first and
     last frame times); a last incomplete group is filled with the last index repeated."""
-    indices = [int(i) for i in indices]
-    if len(indices) % group:
-        indices.extend([indices[-1]] * (group - len(indices) % group))
-    seconds = [i / fps for i in indices]
+    return paired_times([int(i) for i in indices], fps, group)
+
+
+def paired_times(positions, rate: float, group: int) -> list[float]:
+    """``paired_timestamps`` of positions counted at ``rate`` a second, taken as they are (floats too)."""
+    positions = list(positions)
+    if len(positions) % group:
+        positions.extend([positions[-1]] * (group - len(positions) % group))
+    seconds = [p / rate for p in positions]
     return [(seconds[k] + seconds[k + group - 1]) / 2 for k in range(0, len(seconds), group)]
+
+
+def video_timestamp(seconds: float) -> str:
+    """The text written before a temporal patch of a clip: ``<1.5 seconds>``."""
+    return f"<{seconds:.1f} seconds>"
 
 
 def temporal_smart_resize(frames: int, height: int, width: int, temporal_factor: int, factor: int,

@@ -137,7 +137,8 @@ class HeaderImages:
             raise RecordError("video_frames_mismatch", f"{name}: its header declares {header.frame_count} frames, "
                                                        f"a decoder presents {header.presented_frames}")  # fmt: skip
         try:
-            plan = self.processor.plan_video(header.frame_count, header.fps, header.width, header.height, self.tokenizer)
+            stream_s = header.duration_s if header.container == "mp4" else None  # FFmpeg gives a Matroska stream no duration
+            plan = self.processor.plan_video(header.frame_count, header.fps, header.width, header.height, self.tokenizer, duration_s=stream_s)
         except ValueError as exc:
             raise RecordError("unreadable_video", f"{name}: {exc}") from None
         if plan.size[0] * plan.size[1] > self.max_image_pixels:

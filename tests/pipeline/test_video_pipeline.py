@@ -68,11 +68,28 @@ def workload(tmp_path_factory):
     return folder
 
 
-def run(workload: Path, name: str, output_dir: Path, workers: int, *extra: str, fmt: str = "compact") -> int:
+def run(workload: Path, name: str, output_dir: Path, workers: int, *extra: str, fmt: str = "compact", profile: str = "hf") -> int:
     return main(["preprocess", "--quiet", "--data_path", str(workload / "data.json"), "--image_folder", str(workload / "media"),
                  "--tokenizer_path", str(workload), "--hf_vision_encoder", name, "--conv_template", TEMPLATES[name],
-                 "--output_format", fmt, "--max_seq_length", "2048", "--video_profile", "hf",
+                 "--output_format", fmt, "--max_seq_length", "2048", "--video_profile", profile,
                  "--output_dir", str(output_dir), "--num_workers", str(workers), *extra])  # fmt: skip
+
+
+@pytest.mark.parametrize("name", [QWEN2_5, QWEN3])
+def test_the_llamafactory_profile_samples_by_the_stream_duration_and_is_recorded(name, workload, tmp_path):
+    """LLaMA-Factory's sampling from the header (tests/families/test_video_llamafactory.py holds it to the
+    reference): h264.mp4, 10 frames over 1 s, keeps floor(1 s x 2 fps) = 2 frames; a WebM stream has no
+    duration of its own (FFmpeg's), so that record is a counted skip with the reason."""
+    assert run(workload, name, tmp_path / "lf", 1, profile="llamafactory") == 0
+    prefix = paths.packed_prefix(tmp_path / "lf")
+    skipped = [json.loads(line) for line in paths.skipped_path_of(prefix).read_text().splitlines()]
+    assert [(s["index"], s["reason"]) for s in skipped] == [(1, "unreadable_video"), (5, "video_truncated")]
+    assert "vp9.webm" in skipped[0]["detail"] and "duration" in skipped[0]["detail"]
+    reader = open_packed(tmp_path / "lf")
+    video = reader.meta.image_processor["video"]
+    assert (video["profile"], video["fps"], video["max_frames"]) == ("llamafactory", 2.0, 128)
+    clips = [image for p in range(len(reader)) for image in reader.pack(p).stored_images if image.frames]
+    assert [clip.frames for clip in clips] == [2, 2]
 
 
 def output_files(output_dir: Path) -> dict[str, bytes]:
