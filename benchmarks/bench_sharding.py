@@ -88,8 +88,14 @@ def finish(process: subprocess.Popen) -> dict:
     return measured
 
 
+BANDWIDTH_SAMPLE = 2 << 30
+"""At most this many bytes are copied to measure the disk (the parts of a large run may not fit twice)."""
+
+
 def disk_bandwidth(directory: Path, size: int) -> float:
-    """Bytes/s of copying a ``size``-byte file on this disk, fsynced (the join's floor)."""
+    """Bytes/s of copying a file of ``size`` bytes (at most BANDWIDTH_SAMPLE) on this disk, fsynced:
+    the join's floor is the parts' bytes at this rate."""
+    size = min(size, BANDWIDTH_SAMPLE)
     source, target = directory / "bandwidth.src", directory / "bandwidth.dst"
     block = os.urandom(1 << 20)
     with open(source, "wb") as f:
