@@ -47,7 +47,7 @@ def run_report(
         suggestion=better_algorithm(
             padded[kept], plan, algorithm=settings.packing_algorithm, seed=settings.seed,
             max_samples_per_pack=settings.max_samples_per_pack,
-            **budget_options(rows[kept], settings.max_images_per_pack, settings.max_image_tokens_per_pack),
+            **budget_options(rows[kept], settings.max_images_per_pack, settings.max_image_tokens_per_pack, settings.max_video_tokens_per_pack),
         ),
         balance=balance,
         max_seq_length=plan.capacity,
