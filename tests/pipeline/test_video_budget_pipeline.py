@@ -2,7 +2,7 @@
 a record of two clips and an image, images, text; the stand-in tokenizer) for Qwen2.5-VL. A sample's
 video tokens are the positions of its clips' runs (the sample store's runs kept whole), counted in its
 image tokens too; no pack holds more than the budget, a sample over it alone is a counted skip with
-the visual budgets' reason, the meta records the budget, a resume with another one is refused, and
+the visual budgets' reason, the meta and the stats record the budget, a resume with another one is refused, and
 ``neva-pack verify`` passes."""
 
 from __future__ import annotations
@@ -50,6 +50,11 @@ def test_no_pack_holds_more_video_tokens_than_the_budget_and_a_sample_over_it_is
     assert "--max_video_tokens_per_pack 27" in over["detail"]
     assert json.loads((out / "stats.json").read_text())["records"]["skipped_by_reason"]["over_image_budget"] == 1
     assert verify(prefix, progress=False).ok
+    visual = json.loads((out / "stats.json").read_text())["packing"]["visual"]  # stats report it, as the image budgets
+    assert visual["max_video_tokens_per_pack"] == BUDGET and visual["video_tokens_per_pack"]["max"] == 14
+    capsys.readouterr()
+    assert main(["stats", str(out)]) == 0
+    assert "video tokens mean 14.0   max 14   budget 27 (max at 51.9%" in capsys.readouterr().out
 
     capsys.readouterr()  # the budget is in the resume fingerprint: another one is refused, naming it
     assert run(workload, QWEN2_5, out, 1, "--max_video_tokens_per_pack", "40", "--resume") == 2
@@ -62,3 +67,4 @@ def test_without_the_budget_the_single_clips_share_a_pack(workload, tmp_path):
     plan = open_packed(out).plan_table()
     assert np.array_equal(np.sort(plan.record_index), [0, 1, 2, 3, 4]) and len(plan.offsets) == 2  # one pack
     assert "max_video_tokens_per_pack" not in json.loads(paths.meta_path(paths.packed_prefix(out)).read_text())
+    assert json.loads((out / "stats.json").read_text())["packing"]["visual"]["video_tokens_per_pack"] is None
