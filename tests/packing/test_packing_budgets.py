@@ -291,3 +291,16 @@ def test_a_row_over_the_video_budget_alone_is_the_one_a_run_skips():
     assert plan.num_bins == 1
     assert "video_tokens" not in budget_options(kept, 4, None)
     assert budget_options(kept, None, None, 64)["video_tokens"].tolist() == [0, 20]
+
+
+def test_budget_problems_name_each_budget_a_pack_exceeds():
+    from neva_pack.packing.invariants import budget_problems
+
+    lengths, whole = [10, 30, 20], [False, True, True]  # one image run, two clips' runs (50 video positions)
+    assert budget_problems(3, lengths, whole, max_images=3, max_image_tokens=60, max_video_tokens=50) == []
+    assert budget_problems(3, lengths, whole, max_images=2, max_image_tokens=59, max_video_tokens=49) == [
+        "3 images, over max_images_per_pack 2",
+        "60 image tokens, over max_image_tokens_per_pack 59",
+        "50 video tokens, over max_video_tokens_per_pack 49",
+    ]
+    assert budget_problems(1, [10], None, max_video_tokens=1) == []  # no clip run in the pack
