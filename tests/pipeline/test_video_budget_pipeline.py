@@ -17,7 +17,11 @@ from neva_pack.files import paths
 from neva_pack.formats import open_packed
 from neva_pack.sample_store import SampleStore
 from tests.families.test_video_native import QWEN2_5
-from tests.pipeline.test_video_pipeline import RECORDS, run, workload  # noqa: F401 (the module's fixture)
+from tests.pipeline import test_video_pipeline
+from tests.pipeline.test_video_pipeline import RECORDS, run
+
+workload = test_video_pipeline.workload
+"""The video pipeline's records and media (its module fixture)."""
 
 BUDGET = 27
 """One clip's run is 14 positions at these settings: two single-clip samples (28) never share a pack,
