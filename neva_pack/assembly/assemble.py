@@ -61,14 +61,16 @@ def rows_at(store, size: int, ignore_index: int) -> tuple[np.ndarray, dict[int, 
     this size as ``no_supervised_tokens``, as a run at this size would skip them). ``size`` is the
     aligned capacity when samples are padded, so that a cut sample's padded length still fits its pack.
 
-    A cut sample's row keeps the image tokens and the vision cost of the images it keeps, exactly:
+    The rows are the store's (``SAMPLE_ROW``) and a ``video_tokens`` field: the positions of each
+    sample's video clips' runs (``SampleStore.video_tokens``; they are in ``image_tokens`` too).
+    A cut sample's row keeps the image tokens, video tokens and vision cost of the images it keeps, exactly:
     each image's run length is in the store; a dynamic image's cost is recomputed from its stored
     image's record with the store's processor (its family's ``vision_cost_of_stored``: a function of
     the image's size, parts and tokens and the processor settings the store records, so the store need not
     keep it per image; only cut samples' kept images' records are read, never their pixels), a fixed image's is the sample's cost over its images (they cost alike)."""
     from neva_pack.samples import truncation  # the builder's own cut (imports torch: only when asked)
 
-    rows = store.rows.copy()
+    rows = with_video_tokens(store.rows, store.video_tokens())
     cuts = {}
     unsupervised = []
     cost = _image_costs(store)
@@ -76,10 +78,20 @@ def rows_at(store, size: int, ignore_index: int) -> tuple[np.ndarray, dict[int, 
         starts, lengths = store.image_runs(i)
         cut, kept = truncation(starts, lengths if store.dynamic else store.run.fixed_length, size)
         cuts[i] = (cut - 1, kept)
-        rows[i] = (rows["record_index"][i], cut - 1, kept, 1, int(lengths[:kept].sum()), cost(i, kept))
+        video = int(lengths[:kept][store.video_runs(i)[:kept]].sum()) if rows["video_tokens"][i] else 0
+        rows[i] = (rows["record_index"][i], cut - 1, kept, 1, int(lengths[:kept].sum()), cost(i, kept), video)
         if not np.any(store.tokens_labels(i)[1][: cut - 1] != ignore_index):
             unsupervised.append(i)
     return rows, cuts, np.asarray(unsupervised, dtype=np.int64)
+
+
+def with_video_tokens(rows: np.ndarray, video_tokens: np.ndarray) -> np.ndarray:
+    """The store's rows with a ``video_tokens`` field (int64, one per row) after their own."""
+    out = np.empty(len(rows), dtype=np.dtype(rows.dtype.descr + [("video_tokens", "<i8")]))
+    for name in rows.dtype.names:
+        out[name] = rows[name]
+    out["video_tokens"] = video_tokens
+    return out
 
 
 def _image_costs(store):

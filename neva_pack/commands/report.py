@@ -90,6 +90,11 @@ class VisualStats:
     """--max_images_per_pack the packs were made under (None: none)."""
     max_image_tokens_per_pack: int | None = None
     """--max_image_tokens_per_pack the packs were made under (None: none)."""
+    video_tokens_per_pack: CountSummary | None = None
+    """Video positions (its clips' runs, in its image positions too) of each pack; None: not known
+    (only a run under --max_video_tokens_per_pack counts them)."""
+    max_video_tokens_per_pack: int | None = None
+    """--max_video_tokens_per_pack the packs were made under (None: none)."""
 
     @classmethod
     def from_json(cls, data: dict) -> VisualStats:
@@ -102,6 +107,8 @@ class VisualStats:
             vision_cost_per_pack=summary(data.get("vision_cost_per_pack")),
             max_images_per_pack=data.get("max_images_per_pack"),
             max_image_tokens_per_pack=data.get("max_image_tokens_per_pack"),
+            video_tokens_per_pack=summary(data.get("video_tokens_per_pack")),
+            max_video_tokens_per_pack=data.get("max_video_tokens_per_pack"),
         )
 
 

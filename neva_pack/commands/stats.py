@@ -50,6 +50,9 @@ class PackingArrays:
     max_images_per_pack: int | None = None
     """The visual budgets the packs were made under (None: none)."""
     max_image_tokens_per_pack: int | None = None
+    video_tokens: np.ndarray | None = None
+    """int64 video positions (its clips' runs) of each sample; None when not counted (no video budget)."""
+    max_video_tokens_per_pack: int | None = None
     encoder: str | None = None
     """The vision encoder the output was made for (its meta's), which ``--step_cost_model auto`` goes by."""
     family: str | None = None
@@ -78,7 +81,7 @@ def per_pack_sum(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
 
 def arrays_from_plan(
     plan, rows, image_positions: int, padded=None, pad_to_multiple_of: int = 1, max_images_per_pack: int | None = None,
-    max_image_tokens_per_pack: int | None = None,
+    max_image_tokens_per_pack: int | None = None, max_video_tokens_per_pack: int | None = None,
 ) -> PackingArrays:  # fmt: skip
     """The arrays of a run: its plan over the sample store's rows (and their padded lengths), and the
     visual budgets it was made under."""
@@ -97,6 +100,8 @@ def arrays_from_plan(
         vision_cost=chosen["vision_cost"].astype(np.int64),
         max_images_per_pack=max_images_per_pack,
         max_image_tokens_per_pack=max_image_tokens_per_pack,
+        video_tokens=chosen["video_tokens"].astype(np.int64) if max_video_tokens_per_pack is not None else None,
+        max_video_tokens_per_pack=max_video_tokens_per_pack,
     )
 
 
@@ -112,6 +117,8 @@ def visual_stats(arrays: PackingArrays) -> VisualStats:
         vision_cost_per_pack=per_pack(arrays.vision_cost),
         max_images_per_pack=arrays.max_images_per_pack,
         max_image_tokens_per_pack=arrays.max_image_tokens_per_pack,
+        video_tokens_per_pack=per_pack(arrays.video_tokens),
+        max_video_tokens_per_pack=arrays.max_video_tokens_per_pack,
     )
 
 
@@ -286,6 +293,8 @@ def _visual_lines(visual: VisualStats) -> list[str]:
         "per pack",
         line("images", visual.images_per_pack, visual.max_images_per_pack),
         line("image tokens", visual.image_tokens_per_pack, visual.max_image_tokens_per_pack),
+        *([line("video tokens", visual.video_tokens_per_pack, visual.max_video_tokens_per_pack)]
+          if visual.max_video_tokens_per_pack is not None else []),
         line("vision cost", visual.vision_cost_per_pack),
     ]
 
@@ -417,6 +426,7 @@ def _load_prefix(prefix: Path) -> tuple[RunReport, PackingArrays]:
         vision_cost=table.vision_cost,
         max_images_per_pack=packing.max_images_per_pack,
         max_image_tokens_per_pack=packing.max_image_tokens_per_pack,
+        max_video_tokens_per_pack=packing.max_video_tokens_per_pack,
         encoder=meta.encoder,
         family=(meta.image_processor or {}).get("family"),
     )

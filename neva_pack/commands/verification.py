@@ -5,7 +5,7 @@ Checked, for every prefix of the output (each --pack_sizes size) and every pack 
 - the format's own structure (its ``check``, formats/base.py); as many packs as the meta says;
 - every invariant of ``neva_pack.packing.invariants`` (which the writer checked too, before writing):
   cu_seqlens, lengths, labels, alignment padding (pad id, ignored labels), whole image runs, as many
-  runs as images;
+  runs as images, the meta's visual budgets (images, image tokens, video tokens per pack);
 - the plan table agrees with cu_seqlens; with ``data_path``: every input record is packed
   exactly once or listed in the prefix's skipped list (skipped.jsonl; skipped_<size>.jsonl for a
   prefix of a multi-size run), never both.
@@ -220,6 +220,12 @@ def verify_packs(reader, meta: PackedMeta, plan, result, progress: bool) -> None
         elif pack.image_lengths is not None:
             for problem in _image_run_problems(pack, plan, offsets[p], offsets[p + 1], meta.image_run):
                 result.add(f"{where}: {problem}")
+        for problem in invariants.budget_problems(
+            pack.num_images, pack.image_lengths, whole, max_images=meta.max_images_per_pack,
+            max_image_tokens=meta.max_image_tokens_per_pack if pack.image_lengths is not None else None,
+            max_video_tokens=meta.max_video_tokens_per_pack,
+        ):  # fmt: skip
+            result.add(f"{where}: {problem}")
         samples += max(len(cu) - 1, 0)
     result.checked["packs"] = result.checked.get("packs", 0) + num_packs
     result.checked["samples"] = result.checked.get("samples", 0) + samples

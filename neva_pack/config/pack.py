@@ -61,6 +61,12 @@ class PackConfig:
     )  # fmt: skip
     """Cap on image tokens (positions of image runs) per pack: with dynamic-resolution encoders the
     vision encoder's memory follows them; a sample with more alone is skipped (``over_image_budget``)."""
+    max_video_tokens_per_pack: int | None = option(
+        None, help="cap on video tokens (positions of video clips' runs) per pack (a sample with more is skipped)",
+        minimum=1, written_as="max_video_tokens_per_pack",
+    )  # fmt: skip
+    """Cap on video tokens (positions of video clips' runs, which count as image tokens too) per pack;
+    a sample with more alone is skipped (``over_image_budget``)."""
     output_format: str = option(
         DEFAULT_FORMAT, choices=lambda: sorted(FORMATS), written_as="format",
         help=lambda: "; ".join(f"{name}: {fmt.description}" for name, fmt in FORMATS.items()) + "; default {default}",

@@ -74,6 +74,8 @@ class PackingSettings:
     """Cap on images per pack, if any (--max_images_per_pack)."""
     max_image_tokens_per_pack: int | None = None
     """Cap on image tokens per pack, if any (--max_image_tokens_per_pack)."""
+    max_video_tokens_per_pack: int | None = None
+    """Cap on video tokens (positions of video clips' runs) per pack, if any (--max_video_tokens_per_pack)."""
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
@@ -87,7 +89,7 @@ class PackingSettings:
         return cls(**{name: data[name] for name in cls.keys() if name not in _OPTIONAL_FIELDS or name in data})
 
     def to_json(self) -> dict:
-        return {name: getattr(self, name) for name in self.keys()}
+        return {name: getattr(self, name) for name in self.keys() if name not in _WRITTEN_WHEN_SET or getattr(self, name) is not None}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -190,6 +192,10 @@ class PackedMeta:
     def max_image_tokens_per_pack(self) -> int | None:
         return self.packing.max_image_tokens_per_pack
 
+    @property
+    def max_video_tokens_per_pack(self) -> int | None:
+        return self.packing.max_video_tokens_per_pack
+
     def replace(self, **changes) -> "PackedMeta":
         return dataclasses.replace(self, **changes)
 
@@ -263,8 +269,10 @@ _PLAIN_FIELDS = (
 """The meta's own fields written as they are, in this order; the packing settings' keys follow them."""
 
 
-_OPTIONAL_FIELDS = ("max_images_per_pack", "max_image_tokens_per_pack")
+_OPTIONAL_FIELDS = ("max_images_per_pack", "max_image_tokens_per_pack", "max_video_tokens_per_pack")
 """Packing settings added within the meta's version: a meta without them was written without them (None)."""
+_WRITTEN_WHEN_SET = ("max_video_tokens_per_pack",)
+"""Packing settings written only when set: a meta without one is byte-identical to one written before it existed."""
 
 
 def _self_checksum(data: dict) -> str:

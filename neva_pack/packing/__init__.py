@@ -1,6 +1,6 @@
 """Packing: group sample indices into bins of at most ``capacity`` positions.
 
-The packer sees only lengths (and, under visual budgets, image counts and image tokens), never
+The packer sees only lengths (and, under visual budgets, image counts, image tokens and video tokens), never
 tokens or pixels::
 
     from neva_pack.packing import pack
@@ -55,11 +55,15 @@ def pack(
     image_tokens=None,
     max_images_per_pack: int | None = None,
     max_image_tokens_per_pack: int | None = None,
+    video_tokens=None,
+    max_video_tokens_per_pack: int | None = None,
     **options: Any,
 ) -> PackingPlan:
     """Pack ``lengths`` (one per sample) into bins of at most ``capacity``; with visual budgets,
-    every bin also holds at most ``max_images_per_pack`` images and ``max_image_tokens_per_pack``
-    image tokens (``images``, ``image_tokens``: one count per sample; ignored without their budget).
+    every bin also holds at most ``max_images_per_pack`` images, ``max_image_tokens_per_pack``
+    image tokens and ``max_video_tokens_per_pack`` video tokens (``images``, ``image_tokens``,
+    ``video_tokens``: one count per sample; ignored without their budget). A video clip's run counts
+    in the image budgets too, as one image of its positions.
 
     Raises ValueError for an unknown algorithm, a capacity < 1, a length < 1, any length
     above the capacity (the pipeline truncates before packing; the packer never drops a
@@ -74,7 +78,10 @@ def pack(
     if max_samples_per_pack is not None and max_per_bin < 1:
         raise ValueError(f"max_samples_per_pack must be >= 1, got {max_samples_per_pack!r}")
     lengths = _validated_lengths(lengths, capacity)
-    budgets = visual_budgets(len(lengths), images, image_tokens, max_images_per_pack, max_image_tokens_per_pack)
+    budgets = visual_budgets(
+        len(lengths), images, image_tokens, max_images_per_pack, max_image_tokens_per_pack,
+        video_tokens=video_tokens, max_video_tokens_per_pack=max_video_tokens_per_pack,
+    )
     rng = np.random.default_rng(seed)
     order, bin_of_pos, num_bins = ALGORITHMS[algorithm](lengths, capacity, rng, max_per_bin, budgets, **options)
     offsets, indices, loads = kernels.group_by_bin(lengths, order, bin_of_pos, num_bins)

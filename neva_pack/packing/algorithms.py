@@ -107,7 +107,7 @@ def near_optimal(
 def _first_fit_decreasing_of(lengths, shuffled, capacity, max_per_bin, budgets):
     """FFD over ``shuffled`` sorted by decreasing size (numpy's sort and numba release the GIL): the
     length, or under visual budgets the largest share of a limit the sample takes (of the capacity,
-    the image budget or the image-token budget), which packs best when a budget binds."""
+    or of one visual budget), which packs best when a budget binds."""
     order = shuffled[np.argsort(-_dominant_share(lengths, capacity, budgets)[shuffled], kind="stable")]
     ranks, num_bins = kernels.first_fit_ranks(lengths, order, capacity, max_per_bin, *budgets.kernel_args())
     return order, ranks, num_bins
@@ -118,9 +118,8 @@ def _dominant_share(lengths, capacity, budgets):
     if not budgets.active:
         return lengths
     share = lengths / capacity
-    for values, limit in ((budgets.images, budgets.max_images), (budgets.image_tokens, budgets.max_image_tokens)):
-        if limit > 0:
-            share = np.maximum(share, values / limit)
+    for values, limit in budgets.pairs():
+        share = np.maximum(share, values / limit)
     return share
 
 

@@ -14,7 +14,9 @@ One pack (3 samples, one image run of N positions in the second)::
   image's own length (``image_lengths``), in order, exactly its ids, and no patch id outside them;
   a run kept whole (``whole_runs``: a video clip's, its ids its family's own) opens with the start id
   and closes with the end id (where the run has them) and holds no image patch id;
-- every label is the next token of its sample or the ignore value.
+- every label is the next token of its sample or the ignore value;
+- within the visual budgets the pack was made under (``budget_problems``): its images, the positions
+  of its image runs, and those of its video clips' runs (the runs kept whole; image runs too).
 """
 
 from __future__ import annotations
@@ -165,6 +167,24 @@ def pack_problems(
         problems.append(f"{len(broken)} incomplete image run(s) (first at position {broken[0]})")
     if runs != num_images:
         problems.append(f"{num_images} images for {runs} image runs")
+    return problems
+
+
+def budget_problems(num_images: int, image_lengths=None, whole_runs=None, *, max_images: int | None = None,
+                    max_image_tokens: int | None = None, max_video_tokens: int | None = None) -> list[str]:
+    """What exceeds a visual budget in one pack (a budget None: none): its images, its image runs'
+    positions (``image_lengths``, needed for that budget) and its video clips' (the runs kept whole,
+    ``whole_runs``; none when None)."""
+    problems = []
+    if max_images is not None and num_images > max_images:
+        problems.append(f"{num_images} images, over max_images_per_pack {max_images}")
+    lengths = np.zeros(0, dtype=np.int64) if image_lengths is None else np.asarray(image_lengths, dtype=np.int64)
+    if max_image_tokens is not None and int(lengths.sum()) > max_image_tokens:
+        problems.append(f"{int(lengths.sum())} image tokens, over max_image_tokens_per_pack {max_image_tokens}")
+    if max_video_tokens is not None and whole_runs is not None:
+        video = int(lengths[np.asarray(whole_runs, dtype=bool)].sum())
+        if video > max_video_tokens:
+            problems.append(f"{video} video tokens, over max_video_tokens_per_pack {max_video_tokens}")
     return problems
 
 

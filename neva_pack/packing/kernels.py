@@ -53,13 +53,17 @@ def _tree_first_at_least(tree, size, need):
 
 
 @numba.njit(cache=True)
-def _tree_first_fitting(tree, images_tree, tokens_tree, size, need, images, tokens, stack):
-    """Leftmost leaf whose three values are >= the three needs, or -1: a depth-first search, left
-    child first, that skips every subtree whose maximum of one value is short."""
+def _tree_first_fitting(tree, budget_trees, size, need, needs, stack):
+    """Leftmost leaf whose length and every budget's value are >= their needs, or -1: a depth-first
+    search, left child first, that skips every subtree whose maximum of one value is short."""
     pos = 1
     depth = 0
+    nb = needs.shape[0]
     while True:
-        if tree[pos] >= need and images_tree[pos] >= images and tokens_tree[pos] >= tokens:
+        fits = tree[pos] >= need
+        for j in range(nb):
+            fits = fits and budget_trees[j, pos] >= needs[j]
+        if fits:
             if pos >= size:
                 return pos - size
             stack[depth] = 2 * pos + 1
@@ -82,24 +86,27 @@ def _smallest(values, order):
 
 
 @numba.njit(cache=True, nogil=True)
-def first_fit_ranks(lengths, order, capacity, max_per_bin, images, tokens, max_images, max_tokens):
+def first_fit_ranks(lengths, order, capacity, max_per_bin, budget_values, budget_limits):
     """First fit over ``lengths[order]`` with completed-bin pruning order.
 
     Returns (rank of the bin of each position, number of bins). A bin is *completed*
-    once it can take nothing more of this input (its remaining capacity, images or image
-    tokens below the smallest item's); completed bins come first in the order they completed,
+    once it can take nothing more of this input (its remaining capacity, or what is left of one
+    budget, below the smallest item's); completed bins come first in the order they completed,
     then the bins still open, in opening order. The bins themselves are those of naive first
-    fit, a bin taking an item only when its length, images and image tokens all fit. Budgets
-    of 0 are no budgets (``images`` and ``tokens`` are then not read).
+    fit, a bin taking an item only when its length and its value of every budget fit
+    (``budget_values[j]``: per-sample values of budget j, ``budget_limits[j]``: its limit per bin;
+    no rows: no budgets).
     """
     n = order.shape[0]
     bin_of_pos = np.empty(n, dtype=np.int64)
     if n == 0:
         return bin_of_pos, 0
-    visual = max_images > 0 or max_tokens > 0
+    nb = budget_limits.shape[0]
+    visual = nb > 0
     shortest = _smallest(lengths, order)
-    fewest_images = _smallest(images, order) if max_images > 0 else 0
-    fewest_tokens = _smallest(tokens, order) if max_tokens > 0 else 0
+    fewest = np.empty(nb, dtype=np.int64)
+    for j in range(nb):
+        fewest[j] = _smallest(budget_values[j], order)
     # first fit leaves at most one bin at most half full, so without a per-bin cap it opens
     # at most 2 * sum / capacity + 1 bins: a smaller tree is a faster tree
     total = 0
@@ -109,12 +116,13 @@ def first_fit_ranks(lengths, order, capacity, max_per_bin, images, tokens, max_i
     size = _tree_size(most_bins)
     tree = np.full(2 * size, capacity, dtype=np.int64)
     remaining = np.full(n, capacity, dtype=np.int64)
-    # visual budgets: images and image tokens left per bin, one tree each (1 leaf when unused)
-    visual_size = size if visual else 1
-    images_left = np.full(visual_size, max_images if max_images > 0 else 1, dtype=np.int64)
-    tokens_left = np.full(visual_size, max_tokens if max_tokens > 0 else 1, dtype=np.int64)
-    images_tree = np.full(2 * visual_size, max_images if max_images > 0 else 1, dtype=np.int64)
-    tokens_tree = np.full(2 * visual_size, max_tokens if max_tokens > 0 else 1, dtype=np.int64)
+    # budgets: what is left of each per bin, one tree each
+    budget_left = np.empty((nb, size), dtype=np.int64)
+    budget_trees = np.empty((nb, 2 * size), dtype=np.int64)
+    for j in range(nb):
+        budget_left[j, :] = budget_limits[j]
+        budget_trees[j, :] = budget_limits[j]
+    needs = np.zeros(nb, dtype=np.int64)
     stack = np.empty(64, dtype=np.int64)
     count = np.zeros(n, dtype=np.int64)
     completed_at = np.full(n, -1, dtype=np.int64)  # completion sequence number, -1 = open
@@ -123,13 +131,12 @@ def first_fit_ranks(lengths, order, capacity, max_per_bin, images, tokens, max_i
     for p in range(n):
         item = lengths[order[p]]
         if visual:
-            item_images = images[order[p]] if max_images > 0 else 0
-            item_tokens = tokens[order[p]] if max_tokens > 0 else 0
-            b = _tree_first_fitting(tree, images_tree, tokens_tree, size, item, item_images, item_tokens, stack)
-            images_left[b] -= item_images
-            tokens_left[b] -= item_tokens
-            _tree_update(images_tree, size, b, images_left[b])
-            _tree_update(tokens_tree, size, b, tokens_left[b])
+            for j in range(nb):
+                needs[j] = budget_values[j, order[p]]
+            b = _tree_first_fitting(tree, budget_trees, size, item, needs, stack)
+            for j in range(nb):
+                budget_left[j, b] -= needs[j]
+                _tree_update(budget_trees[j], size, b, budget_left[j, b])
         else:
             b = _tree_first_at_least(tree, size, item)
         if b >= num_bins:
@@ -138,8 +145,8 @@ def first_fit_ranks(lengths, order, capacity, max_per_bin, images, tokens, max_i
         remaining[b] -= item
         count[b] += 1
         full = max_per_bin > 0 and count[b] >= max_per_bin
-        if visual:  # a bin that can take nothing more leaves the search
-            full = full or images_left[b] < fewest_images or tokens_left[b] < fewest_tokens
+        for j in range(nb):  # a bin that can take nothing more leaves the search
+            full = full or budget_left[j, b] < fewest[j]
         _tree_update(tree, size, b, _CLOSED if full else remaining[b])
         if completed_at[b] < 0 and (full or remaining[b] < shortest):
             completed_at[b] = num_completed
@@ -158,7 +165,7 @@ def first_fit_ranks(lengths, order, capacity, max_per_bin, images, tokens, max_i
 
 
 @numba.njit(cache=True, parallel=True)
-def chunked_first_fit_ranks(lengths, order, capacity, max_per_bin, images, tokens, max_images, max_tokens, chunk_size):
+def chunked_first_fit_ranks(lengths, order, capacity, max_per_bin, budget_values, budget_limits, chunk_size):
     """First fit run independently on consecutive chunks of ``order``, chunks in parallel.
 
     Bins of chunk k are ranked after all bins of chunks < k, so the result is the same
@@ -171,7 +178,7 @@ def chunked_first_fit_ranks(lengths, order, capacity, max_per_bin, images, token
     for c in numba.prange(num_chunks):
         start = c * chunk_size
         stop = min(start + chunk_size, n)
-        local, nb = first_fit_ranks(lengths, order[start:stop], capacity, max_per_bin, images, tokens, max_images, max_tokens)
+        local, nb = first_fit_ranks(lengths, order[start:stop], capacity, max_per_bin, budget_values, budget_limits)
         bin_of_pos[start:stop] = local
         bins_in_chunk[c] = nb
     base = 0
@@ -185,35 +192,31 @@ def chunked_first_fit_ranks(lengths, order, capacity, max_per_bin, images, token
 
 
 @numba.njit(cache=True)
-def next_fit_ranks(lengths, order, capacity, max_per_bin, images, tokens, max_images, max_tokens):
+def next_fit_ranks(lengths, order, capacity, max_per_bin, budget_values, budget_limits):
     """Next fit: fill the current bin in visit order; open a new one when the item does not fit
-    (its length, its images or its image tokens; budgets of 0 are none)."""
+    (its length, or its value of one budget: ``budget_values[j]`` per sample, at most
+    ``budget_limits[j]`` per bin)."""
     n = order.shape[0]
+    nb = budget_limits.shape[0]
     bin_of_pos = np.empty(n, dtype=np.int64)
     current = -1
     load = capacity + 1
     count = 0
-    held_images = 0
-    held_tokens = 0
+    held = np.zeros(nb, dtype=np.int64)
     for p in range(n):
         item = lengths[order[p]]
-        item_images = images[order[p]] if max_images > 0 else 0
-        item_tokens = tokens[order[p]] if max_tokens > 0 else 0
-        if (
-            load + item > capacity
-            or (max_per_bin > 0 and count >= max_per_bin)
-            or (max_images > 0 and held_images + item_images > max_images)
-            or (max_tokens > 0 and held_tokens + item_tokens > max_tokens)
-        ):
+        new_bin = load + item > capacity or (max_per_bin > 0 and count >= max_per_bin)
+        for j in range(nb):
+            new_bin = new_bin or held[j] + budget_values[j, order[p]] > budget_limits[j]
+        if new_bin:
             current += 1
             load = 0
             count = 0
-            held_images = 0
-            held_tokens = 0
+            held[:] = 0
         load += item
         count += 1
-        held_images += item_images
-        held_tokens += item_tokens
+        for j in range(nb):
+            held[j] += budget_values[j, order[p]]
         bin_of_pos[p] = current
     return bin_of_pos, current + 1
 

@@ -106,15 +106,13 @@ def _next_set(bits, start, limit, table):
 
 
 @numba.njit(cache=True)
-def _visual_fit(head, below, g, held_images, held_tokens, need_images, need_tokens, max_images, max_tokens):
-    """The first bin of gap ``g``'s stack whose images and image tokens leave room for the item, and
-    the bin above it in the stack (-1: it is the head); (-1, -1) when none does."""
+def _visual_fit(head, below, g, held_budget, needs, budget_limits):
+    """The first bin of gap ``g``'s stack where every budget leaves room for the item, and the bin
+    above it in the stack (-1: it is the head); (-1, -1) when none does."""
     above = -1
     b = head[g]
     while b >= 0:
-        if (max_images <= 0 or held_images[b] + need_images <= max_images) and (
-            max_tokens <= 0 or held_tokens[b] + need_tokens <= max_tokens
-        ):
+        if _room(held_budget, b, needs, budget_limits):
             return b, above
         above = b
         b = below[b]
@@ -122,11 +120,19 @@ def _visual_fit(head, below, g, held_images, held_tokens, need_images, need_toke
 
 
 @numba.njit(cache=True)
+def _room(held_budget, b, needs, budget_limits):
+    """Whether bin ``b`` has room for ``needs`` in every budget."""
+    for j in range(budget_limits.shape[0]):
+        if held_budget[j, b] + needs[j] > budget_limits[j]:
+            return False
+    return True
+
+
+@numba.njit(cache=True)
 def _best_visual_fit(
-    counts, single, multi, num_multi, head, below, s, capacity, held_images, held_tokens, need_images, need_tokens,
-    max_images, max_tokens, table,
+    counts, single, multi, num_multi, head, below, s, capacity, held_budget, needs, budget_limits, table,
 ):  # fmt: skip
-    """SS restricted to the bins with room for the item's images and image tokens: the best gap
+    """SS restricted to the bins with room for the item in every budget: the best gap
     (``capacity``: a new bin), its bin and the bin above that in its stack. It visits the open gaps
     only (the N == 1 bitset and the N >= 2 list) and runs only when the best gap overall has no such bin."""
     best_g = capacity
@@ -138,7 +144,7 @@ def _best_visual_fit(
         while s <= g < capacity:
             score = 1 - 2 * counts[g] if g == s else 2 + 2 * counts[g - s] - 2 * counts[g]
             if score < best or (score == best and g < best_g):
-                b, above = _visual_fit(head, below, g, held_images, held_tokens, need_images, need_tokens, max_images, max_tokens)
+                b, above = _visual_fit(head, below, g, held_budget, needs, budget_limits)
                 if b >= 0:
                     best, best_g, best_bin, best_above = score, g, b, above
             g = capacity if k < num_multi else _next_set(single, g + 1, capacity, table)
@@ -146,29 +152,26 @@ def _best_visual_fit(
 
 
 @numba.njit(cache=True, nogil=True)
-def sum_of_squares_bins(lengths, order, capacity, max_per_bin, images, tokens, max_images, max_tokens, table):
+def sum_of_squares_bins(lengths, order, capacity, max_per_bin, budget_values, budget_limits, table):
     """SS over ``lengths[order]``: (bin id of each position, number of bins, gap of each bin).
 
     Bin ids are in opening order. A bin holding ``max_per_bin`` samples (if > 0) is closed:
-    it leaves the gap counts and takes nothing more. With visual budgets (``max_images``,
-    ``max_tokens`` > 0) an item goes to the best gap among the bins with room for its images and
-    image tokens (the first such bin of that gap's stack), and a bin left without room for the
-    smallest item's is closed too.
+    it leaves the gap counts and takes nothing more. With budgets (``budget_values[j]`` per sample,
+    at most ``budget_limits[j]`` per bin; no rows: none) an item goes to the best gap among the
+    bins with room for it in every budget (the first such bin of that gap's stack), and a bin left
+    without room for the smallest item's value of one budget is closed too.
     """
     n = order.shape[0]
-    visual = max_images > 0 or max_tokens > 0
-    fewest_images = 0
-    fewest_tokens = 0
-    if visual and n > 0:
-        fewest_images = images[order[0]] if max_images > 0 else 0
-        fewest_tokens = tokens[order[0]] if max_tokens > 0 else 0
+    nb = budget_limits.shape[0]
+    visual = nb > 0
+    fewest = np.zeros(nb, np.int64)
+    for j in range(nb):
+        if n > 0:
+            fewest[j] = budget_values[j, order[0]]
         for p in range(n):
-            if max_images > 0 and images[order[p]] < fewest_images:
-                fewest_images = images[order[p]]
-            if max_tokens > 0 and tokens[order[p]] < fewest_tokens:
-                fewest_tokens = tokens[order[p]]
-    held_images = np.zeros(max(n, 1) if visual else 1, np.int64)
-    held_tokens = np.zeros(max(n, 1) if visual else 1, np.int64)
+            fewest[j] = min(fewest[j], budget_values[j, order[p]])
+    held_budget = np.zeros((nb, max(n, 1)), np.int64)
+    needs = np.zeros(nb, np.int64)
     words = (capacity >> 6) + 1
     counts = np.zeros(capacity + 1, np.int64)  # N(g)
     zero = np.zeros(words, np.uint64)  # gaps 1..C-1 with N == 0
@@ -216,18 +219,15 @@ def sum_of_squares_bins(lengths, order, capacity, max_per_bin, images, tokens, m
                         best_g = g
                     g = _next_set(single, g + 1, capacity, table)
         above = -1
-        need_images = 0
-        need_tokens = 0
         b = -1
         if visual:
-            need_images = images[order[p]] if max_images > 0 else 0
-            need_tokens = tokens[order[p]] if max_tokens > 0 else 0
+            for j in range(nb):
+                needs[j] = budget_values[j, order[p]]
             if best_g < capacity:
-                b, above = _visual_fit(head, below, best_g, held_images, held_tokens, need_images, need_tokens, max_images, max_tokens)
+                b, above = _visual_fit(head, below, best_g, held_budget, needs, budget_limits)
                 if b < 0:
                     best_g, b, above = _best_visual_fit(
-                        counts, single, multi, num_multi, head, below, s, capacity, held_images, held_tokens,
-                        need_images, need_tokens, max_images, max_tokens, table,
+                        counts, single, multi, num_multi, head, below, s, capacity, held_budget, needs, budget_limits, table,
                     )  # fmt: skip
         if best_g == capacity:
             b = num_bins
@@ -258,12 +258,9 @@ def sum_of_squares_bins(lengths, order, capacity, max_per_bin, images, tokens, m
         bin_of_pos[p] = b
         g = gap[b]
         closed = max_per_bin > 0 and held[b] >= max_per_bin
-        if visual:  # a bin without room for the smallest item's images or image tokens takes nothing more
-            held_images[b] += need_images
-            held_tokens[b] += need_tokens
-            if max_images > 0 and held_images[b] + fewest_images > max_images:
-                closed = True
-            if max_tokens > 0 and held_tokens[b] + fewest_tokens > max_tokens:
+        for j in range(nb):  # a bin without room for the smallest item's value of one budget takes nothing more
+            held_budget[j, b] += needs[j]
+            if held_budget[j, b] + fewest[j] > budget_limits[j]:
                 closed = True
         if g > 0 and not closed:
             below[b] = head[g]
@@ -282,30 +279,29 @@ def sum_of_squares_bins(lengths, order, capacity, max_per_bin, images, tokens, m
 
 
 @numba.njit(cache=True)
-def sum_of_squares_reference(lengths, order, capacity, max_per_bin, images, tokens, max_images, max_tokens):
-    """The same algorithm scanning every gap value (O(C) per item) and, with visual budgets, every
+def sum_of_squares_reference(lengths, order, capacity, max_per_bin, budget_values, budget_limits):
+    """The same algorithm scanning every gap value (O(C) per item) and, with budgets, every
     bin of a gap: the specification the bitset kernel is tested against."""
     n = order.shape[0]
-    fewest_images = 0
-    fewest_tokens = 0
-    for p in range(n):
-        if p == 0 or images[order[p]] < fewest_images:
-            fewest_images = images[order[p]]
-        if p == 0 or tokens[order[p]] < fewest_tokens:
-            fewest_tokens = tokens[order[p]]
+    nb = budget_limits.shape[0]
+    fewest = np.zeros(nb, np.int64)
+    for j in range(nb):
+        for p in range(n):
+            if p == 0 or budget_values[j, order[p]] < fewest[j]:
+                fewest[j] = budget_values[j, order[p]]
     counts = np.zeros(capacity + 1, np.int64)
     gap = np.zeros(max(n, 1), np.int64)
     held = np.zeros(max(n, 1), np.int64)
-    held_images = np.zeros(max(n, 1), np.int64)
-    held_tokens = np.zeros(max(n, 1), np.int64)
+    held_budget = np.zeros((nb, max(n, 1)), np.int64)
+    needs = np.zeros(nb, np.int64)
     stack_head = np.full(capacity + 1, -1, np.int64)
     below = np.full(max(n, 1), -1, np.int64)
     bin_of_pos = np.empty(n, np.int64)
     num_bins = 0
     for p in range(n):
         s = lengths[order[p]]
-        need_images = images[order[p]] if max_images > 0 else 0
-        need_tokens = tokens[order[p]] if max_tokens > 0 else 0
+        for j in range(nb):
+            needs[j] = budget_values[j, order[p]]
         best_g = capacity
         best_bin = -1
         best_above = -1
@@ -317,10 +313,12 @@ def sum_of_squares_reference(lengths, order, capacity, max_per_bin, images, toke
             if score < best or (score == best and g < best_g):
                 above = -1
                 b = stack_head[g]
-                while b >= 0 and not (
-                    (max_images <= 0 or held_images[b] + need_images <= max_images)
-                    and (max_tokens <= 0 or held_tokens[b] + need_tokens <= max_tokens)
-                ):
+                while b >= 0:
+                    room = True
+                    for j in range(nb):
+                        room = room and held_budget[j, b] + needs[j] <= budget_limits[j]
+                    if room:
+                        break
                     above = b
                     b = below[b]
                 if b >= 0:
@@ -338,15 +336,12 @@ def sum_of_squares_reference(lengths, order, capacity, max_per_bin, images, toke
             counts[best_g] -= 1
         gap[b] -= s
         held[b] += 1
-        held_images[b] += need_images
-        held_tokens[b] += need_tokens
         bin_of_pos[p] = b
         g = gap[b]
-        closed = (
-            (max_per_bin > 0 and held[b] >= max_per_bin)
-            or (max_images > 0 and held_images[b] + fewest_images > max_images)
-            or (max_tokens > 0 and held_tokens[b] + fewest_tokens > max_tokens)
-        )
+        closed = max_per_bin > 0 and held[b] >= max_per_bin
+        for j in range(nb):
+            held_budget[j, b] += needs[j]
+            closed = closed or held_budget[j, b] + fewest[j] > budget_limits[j]
         if g > 0 and not closed:
             below[b] = stack_head[g]
             stack_head[g] = b

@@ -218,12 +218,12 @@ def _write_prefix(
     multiple = settings.alignment
     rows, cuts, unsupervised = rows_at(store, aligned_capacity(size, multiple), sample.ignore_index)
     padded = padded_lengths(rows["length"], multiple)  # what is packed (== length when multiple is 1)
-    over_budget = np.setdiff1d(over_image_budget(rows, settings.max_images_per_pack, settings.max_image_tokens_per_pack), unsupervised)
+    over_budget = np.setdiff1d(over_image_budget(rows, settings.max_images_per_pack, settings.max_image_tokens_per_pack, settings.max_video_tokens_per_pack), unsupervised)
     size_skips = {"no_supervised_tokens": unsupervised, OVER_IMAGE_BUDGET: over_budget}  # this size's own skips, by reason
     kept = np.setdiff1d(np.arange(len(rows), dtype=np.int64), np.concatenate([unsupervised, over_budget]))
     if len(kept) == 0:
         raise InputError(f"pack size {size}: the cut leaves none of the {len(rows)} sample(s) a trained label"
-                         + (" within the visual budgets (--max_images_per_pack / --max_image_tokens_per_pack)" if len(over_budget) else ""))  # fmt: skip
+                         + (" within the visual budgets (--max_images_per_pack / --max_image_tokens_per_pack / --max_video_tokens_per_pack)" if len(over_budget) else ""))  # fmt: skip
     plan = pack_kept(settings, padded, rows, kept, size)
     family = builder.preprocessor
     encoder = store.image_processor["encoder"] if store.image_processor else family.encoder.name  # as the meta records it
@@ -257,7 +257,7 @@ def _write_prefix(
     own_records = {reason: np.sort(store.rows["record_index"][skips]).astype(np.int64) for reason, skips in size_skips.items()}
     every_own = np.sort(np.concatenate(list(own_records.values())))
     ids = record_ids(sample.data_path, every_own, builder.record_limits, index) if len(every_own) else {}
-    details = size_skip_details(size, settings.max_images_per_pack, settings.max_image_tokens_per_pack)
+    details = size_skip_details(size, settings.max_images_per_pack, settings.max_image_tokens_per_pack, settings.max_video_tokens_per_pack)
     write_size_skipped(output_dir / paths.SKIPPED_FILE, skipped_file, own_records, ids, details)
     check_unchanged(sample, inputs, prefix.name, exclude=output_dir)
     paths.write_json_atomic(stats_file, report.to_json())

@@ -48,7 +48,7 @@ def pack_kept(settings: PackConfig, padded: np.ndarray, rows: np.ndarray, kept: 
     plan = pack(
         padded[kept], size, algorithm=settings.packing_algorithm, seed=settings.seed,
         max_samples_per_pack=settings.max_samples_per_pack,
-        **budget_options(rows[kept], settings.max_images_per_pack, settings.max_image_tokens_per_pack),
+        **budget_options(rows[kept], settings.max_images_per_pack, settings.max_image_tokens_per_pack, settings.max_video_tokens_per_pack),
     )  # fmt: skip
     return replace(plan, indices=kept[plan.indices])
 

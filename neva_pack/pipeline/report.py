@@ -25,7 +25,8 @@ def run_report(
     ``size_skips``: reason -> samples), packing figures, the algorithm hint, training overrides.
     ``settings``: how the packs were made; ``data_path``: the input, named by the report."""
     stats = packing_stats(arrays_from_plan(plan, rows, builder.image_run.positions, padded, settings.alignment,
-                                           settings.max_images_per_pack, settings.max_image_tokens_per_pack))  # fmt: skip
+                                           settings.max_images_per_pack, settings.max_image_tokens_per_pack,
+                                           settings.max_video_tokens_per_pack))  # fmt: skip
     gbs = global_batch_size_advice(settings.global_batch_size, stats.samples_per_pack.mean)
     shape = builder.preprocessor.stored_shape  # None: no one crop size, and no NeMo 1 training overrides
     skipped_by_reason = dict(store.skipped_by_reason)
@@ -47,7 +48,7 @@ def run_report(
         suggestion=better_algorithm(
             padded[kept], plan, algorithm=settings.packing_algorithm, seed=settings.seed,
             max_samples_per_pack=settings.max_samples_per_pack,
-            **budget_options(rows[kept], settings.max_images_per_pack, settings.max_image_tokens_per_pack),
+            **budget_options(rows[kept], settings.max_images_per_pack, settings.max_image_tokens_per_pack, settings.max_video_tokens_per_pack),
         ),
         balance=balance,
         max_seq_length=plan.capacity,

@@ -57,16 +57,20 @@ def top_reasons(skipped_file: Path, most: int = 3) -> str:
     return ", ".join(parts) + (f", and {more} other reason(s)" if more > 0 else "")
 
 
-def size_skip_details(size: int, max_images_per_pack: int | None = None, max_image_tokens_per_pack: int | None = None) -> dict[str, str]:
+def size_skip_details(
+    size: int, max_images_per_pack: int | None = None, max_image_tokens_per_pack: int | None = None,
+    max_video_tokens_per_pack: int | None = None,
+) -> dict[str, str]:  # fmt: skip
     """The detail line of each reason a pack size skips samples for on its own."""
     budgets = " and ".join(
         f"{flag} {value}" for flag, value in (("--max_images_per_pack", max_images_per_pack),
-                                              ("--max_image_tokens_per_pack", max_image_tokens_per_pack))
+                                              ("--max_image_tokens_per_pack", max_image_tokens_per_pack),
+                                              ("--max_video_tokens_per_pack", max_video_tokens_per_pack))
         if value is not None
     )  # fmt: skip
     return {
         "no_supervised_tokens": f"no trained label after truncation to pack size {size}",
-        "over_image_budget": f"more images or image tokens than {budgets} allow in a pack (at pack size {size})",
+        "over_image_budget": f"more images, image tokens or video tokens than {budgets} allow in a pack (at pack size {size})",
     }
 
 

@@ -70,8 +70,8 @@ SKIP_REASONS = {
     "image_too_slow": "decoding one image took more CPU time than --max_image_decode_seconds (it was stopped)",
     "too_many_images": "the record names more images than --max_images_per_record (checked before any is read)",
     "images_not_held": "the record has images and --output_format holds text only",
-    "over_image_budget": "the sample alone has more images or image tokens than --max_images_per_pack / "
-    "--max_image_tokens_per_pack allow in a pack",
+    "over_image_budget": "the sample alone has more images, image tokens or video tokens than --max_images_per_pack / "
+    "--max_image_tokens_per_pack / --max_video_tokens_per_pack allow in a pack",
     "videos_not_read": "the record has a video clip and the run's model family reads none (a native-resolution "
     "encoder does), or the output format holds text only",
     "video_frames_mismatch": "a video's stream ends before the last frame its header promised (an edit list that "

@@ -32,6 +32,15 @@ from neva_pack.sample_store.image_pool import KEY_BYTES, ImagePool, image_bytes,
 __all__ = ["SampleStore", "StoredTexts"]
 
 
+VIDEO_TOKENS_CHUNK = 4096
+"""Samples whose stored text ``SampleStore.video_tokens`` reads at a time."""
+
+
+def _kept_whole(runs: np.ndarray) -> np.ndarray:
+    """bool per stored run (start, length, elided): kept whole, none of it elided (a video clip's)."""
+    return (runs[:, 2] == 0) & (runs[:, 1] > 1)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StoredTexts:
     """Samples' text as read back from the store (``SampleStore.texts``)."""
@@ -104,6 +113,29 @@ class SampleStore:
     def image_tokens(self) -> np.ndarray:
         """int64 positions of each sample's image runs, summed, in sample order."""
         return self.rows["image_tokens"].astype(np.int64)
+
+    def video_tokens(self) -> np.ndarray:
+        """int64 positions of each sample's video clips' runs (a run kept whole: what ``texts`` calls
+        ``image_whole``), summed, in sample order: what --max_video_tokens_per_pack counts (a clip's
+        run counts in ``image_tokens`` too). Zeros, no text read, when the pool holds no clip."""
+        out = np.zeros(len(self.rows), dtype=np.int64)
+        if len(self.rows) == 0 or self.clip_totals()[0] == 0:
+            return out
+        for first in range(0, len(self.rows), VIDEO_TOKENS_CHUNK):
+            indices = np.arange(first, min(first + VIDEO_TOKENS_CHUNK, len(self.rows)), dtype=np.int64)
+            raw, items = self._raw_texts(indices)
+            ends = np.cumsum(items.sum(axis=1))
+            for k, (end, n) in enumerate(zip(ends.tolist(), items[:, 2].tolist())):
+                if n:
+                    runs = raw[end - n : end].astype(np.int64).reshape(-1, RUN_VALUES)
+                    out[first + k] = int(runs[_kept_whole(runs), 1].sum())
+        return out
+
+    def video_runs(self, i: int) -> np.ndarray:
+        """bool per image run of sample i: a video clip's (kept whole), in placeholder order."""
+        segment, local = self._locate(i)
+        runs = np.asarray(self._text_reader(segment)[TEXT_ITEMS * local + 2], dtype=np.int64).reshape(-1, RUN_VALUES)
+        return _kept_whole(runs)
 
     @property
     def vision_cost(self) -> np.ndarray:
@@ -195,7 +227,7 @@ class SampleStore:
             lengths=keep,
             image_starts=[r[:, 0] for r in runs],
             image_lengths=[r[:, 1] for r in runs],
-            image_whole=[(r[:, 2] == 0) & (r[:, 1] > 1) for r in runs],
+            image_whole=[_kept_whole(r) for r in runs],
         )
 
     def _raw_texts(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -180,18 +180,28 @@ class PackedBatchSampler(Sampler[list[int]]):
         *,
         max_images_per_pack: int | None | str = FROM_META,
         max_image_tokens_per_pack: int | None | str = FROM_META,
+        max_video_tokens_per_pack: int | None | str = FROM_META,
         **options,
     ) -> PackedBatchSampler:
         """A sampler over a ``dataset.PackedSamples``: its lengths, images and image tokens per sample.
 
         Each budget left at ``FROM_META`` is the one the output was packed under (its meta's; none
         if it had none); a number sets another, None lifts it. An image token budget needs the
-        output's image tokens per sample, which outputs written before they were kept lack."""
+        output's image tokens per sample, which outputs written before they were kept lack. A video token
+        budget (the output's ``max_video_tokens_per_pack``) is refused in one line: outputs do not keep
+        each sample's video tokens, so it cannot be held here; pass None to re-pack without it."""
         meta = samples.meta
         if max_images_per_pack == FROM_META:
             max_images_per_pack = getattr(meta, "max_images_per_pack", None)
         if max_image_tokens_per_pack == FROM_META:
             max_image_tokens_per_pack = getattr(meta, "max_image_tokens_per_pack", None)
+        if max_video_tokens_per_pack == FROM_META:
+            max_video_tokens_per_pack = getattr(meta, "max_video_tokens_per_pack", None)
+        if max_video_tokens_per_pack is not None:
+            raise ValueError(
+                f"max_video_tokens_per_pack={max_video_tokens_per_pack!r}: an output does not keep the video tokens of "
+                "each sample, so the sampler cannot hold that budget; pass max_video_tokens_per_pack=None to re-pack without it"
+            )
         if max_image_tokens_per_pack is not None and samples.image_tokens is None:
             raise ValueError(
                 f"max_image_tokens_per_pack={max_image_tokens_per_pack!r} needs the image tokens of every sample, "

@@ -302,7 +302,7 @@ def test_a_sizes_skipped_list_merges_the_runs_lines_and_its_own_by_record_index(
     assert [(line["index"], line["id"], line["reason"]) for line in lines] == [
         (1, "r1", "too_long"), (2, "r2", "over_image_budget"), (4, "r4", "no_supervised_tokens"), (7, "r7", "too_long"),
         (9, None, "no_supervised_tokens")]  # fmt: skip
-    assert lines[1]["detail"] == "more images or image tokens than --max_images_per_pack 8 allow in a pack (at pack size 64)"
+    assert lines[1]["detail"] == "more images, image tokens or video tokens than --max_images_per_pack 8 allow in a pack (at pack size 64)"
     assert lines[2] == {"index": 4, "id": "r4", "reason": "no_supervised_tokens",
                         "detail": "no trained label after truncation to pack size 64"}  # fmt: skip
     assert sorted(tmp_path.iterdir()) == sorted([run_file, skipped_path(tmp_path, 64)])  # no temporary left

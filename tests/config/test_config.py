@@ -155,7 +155,7 @@ def test_every_writing_setting_changes_the_settings(required):
     changed = {"max_seq_length": 2048, "packing_algorithm": "near_optimal", "seed": 1, "global_batch_size": 64,
                "max_samples_per_pack": 3, "output_format": "compact", "pad_to_multiple_of": 8, "pad_id": 2,
                "balance_data_parallel": 2, "ignore_index": -100, "max_images_per_pack": 4,
-               "max_image_tokens_per_pack": 3000, "step_cost_model": "qwen2.5-vl-7b"}  # fmt: skip
+               "max_image_tokens_per_pack": 3000, "max_video_tokens_per_pack": 2000, "step_cost_model": "qwen2.5-vl-7b"}  # fmt: skip
     assert set(changed) == set(base.write_settings(4096))
     for name, value in changed.items():
         balanced = {"balance_data_parallel": 2} if name == "step_cost_model" else {}  # it orders balanced packs only

@@ -1,5 +1,5 @@
 """Packing under visual budgets: every algorithm keeps each pack within its capacity, its images and
-its image tokens; without budgets the plans are those of packing by length alone."""
+its image tokens (and video tokens); without budgets the plans are those of packing by length alone."""
 
 import numpy as np
 import pytest
@@ -168,3 +168,139 @@ def test_golden_first_fit_decreasing_under_an_image_budget():
 def test_bad_budgets_are_refused_with_a_clear_message(options, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         pack([3, 4, 5], 8, **options)
+
+
+@st.composite
+def clip_workloads(draw, max_size=200):
+    """Samples of images and video clips (a clip is one of its sample's images, its run one of its
+    image runs, so its tokens count in both), with a video-token budget and maybe the image budgets;
+    every sample fits each budget alone."""
+    n = draw(st.integers(0, max_size))
+    lengths = draw(st.lists(st.integers(1, CAPACITY), min_size=n, max_size=n))
+    stills = draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))
+    clips = draw(st.lists(st.integers(0, 2), min_size=n, max_size=n))
+    video = [sum(draw(st.integers(1, 12)) for _ in range(count)) for count in clips]
+    images = [a + b for a, b in zip(stills, clips)]
+    tokens = [v + draw(st.integers(0, 8)) * count for v, count in zip(video, stills)]
+    max_video = draw(st.integers(max(video, default=0) or 1, 40))
+    max_images = draw(st.none() | st.integers(max(images, default=0) or 1, 10))
+    max_tokens = draw(st.none() | st.integers(max(tokens, default=0) or 1, 80))
+    as_array = [np.array(values, dtype=np.int64) for values in (lengths, images, tokens, video)]
+    return (*as_array, max_images, max_tokens, max_video)
+
+
+def pack_clips(lengths, images, tokens, video, max_images, max_tokens, max_video, algorithm, **options):
+    return pack(lengths, CAPACITY, algorithm, images=images, image_tokens=tokens, video_tokens=video,
+                max_images_per_pack=max_images, max_image_tokens_per_pack=max_tokens, max_video_tokens_per_pack=max_video,
+                **options)  # fmt: skip
+
+
+@pytest.mark.parametrize("algorithm", ALL)
+@settings(max_examples=60, deadline=None)
+@given(workload=clip_workloads(), seed=st.integers(0, 2**32 - 1), cap=st.integers(0, 5))
+def test_every_algorithm_places_every_clip_sample_once_within_the_video_token_budget(algorithm, workload, seed, cap):
+    lengths, images, tokens, video, max_images, max_tokens, max_video = workload
+    plan = pack_clips(*workload, algorithm, seed=seed, max_samples_per_pack=cap or None)
+    assert sorted(plan.indices.tolist()) == list(range(len(lengths)))
+    assert np.all(plan.samples_per_bin >= 1) and np.all(plan.bin_loads <= CAPACITY)
+    assert per_bin(plan, video).max(initial=0) <= max_video
+    if max_images is not None:
+        assert per_bin(plan, images).max(initial=0) <= max_images
+    if max_tokens is not None:
+        assert per_bin(plan, tokens).max(initial=0) <= max_tokens
+    budgets = visual_budgets(len(lengths), images, tokens, max_images, max_tokens, video_tokens=video,
+                             max_video_tokens_per_pack=max_video)  # fmt: skip
+    assert plan.num_bins >= max(plan.lower_bound, budgets.bins_needed())
+    assert budgets.bins_needed() >= -(-int(video.sum()) // max_video)
+
+
+def naive_first_fit_over(order, capacity, columns, limits):
+    """The textbook first fit over any limits: each sample into the first bin where every column fits."""
+    bins, loads = [], []
+    for i in order:
+        item = [int(column[i]) for column in columns]
+        for b, load in enumerate(loads):
+            if all(used + need <= limit for used, need, limit in zip(load, item, limits)):
+                bins[b].append(int(i))
+                loads[b] = [used + need for used, need in zip(load, item)]
+                break
+        else:
+            bins.append([int(i)])
+            loads.append(item)
+    return bins
+
+
+@settings(max_examples=60, deadline=None)
+@given(workload=clip_workloads())
+def test_first_fit_decreasing_with_a_video_budget_is_naive_first_fit_over_four_limits(workload):
+    lengths, images, tokens, video, max_images, max_tokens, max_video = workload
+    plan = pack_clips(*workload, "first_fit_decreasing")
+    order = np.argsort(-lengths, kind="stable")
+    expected = naive_first_fit_over(order, CAPACITY, (lengths, images, tokens, video),
+                                    (CAPACITY, max_images or np.inf, max_tokens or np.inf, max_video))  # fmt: skip
+    assert sorted(map(tuple, plan.bins())) == sorted(map(tuple, expected))
+
+
+@settings(max_examples=60, deadline=None)
+@given(workload=clip_workloads(max_size=250), seed=st.integers(0, 1000), cap=st.integers(0, 4))
+def test_bitset_sum_of_squares_with_a_video_budget_equals_the_full_scan(workload, seed, cap):
+    lengths, images, tokens, video, max_images, max_tokens, max_video = workload
+    budgets = visual_budgets(len(lengths), images, tokens, max_images, max_tokens, video_tokens=video,
+                             max_video_tokens_per_pack=max_video)  # fmt: skip
+    order = np.random.default_rng(seed).permutation(len(lengths)).astype(np.int64)
+    fast = sum_of_squares_bins(lengths, order, CAPACITY, cap, *budgets.kernel_args(), CTZ_TABLE)
+    slow = sum_of_squares_reference(lengths, order, CAPACITY, cap, *budgets.kernel_args())
+    assert fast[1] == slow[1]
+    assert np.array_equal(fast[0], slow[0]) and np.array_equal(fast[2], slow[2])
+
+
+def test_a_video_budget_binds_where_the_image_budgets_do_not():
+    # four samples of one 30-token clip each: any two fit the positions and the image budgets, not 40 video tokens
+    lengths, images, tokens, video = np.full(4, 10), np.ones(4, np.int64), np.full(4, 30), np.full(4, 30)
+    for algorithm in ALL:
+        loose = pack(lengths, CAPACITY, algorithm, images=images, image_tokens=tokens, max_image_tokens_per_pack=120)
+        tight = pack_clips(lengths, images, tokens, video, None, 120, 40, algorithm)
+        assert (loose.num_bins, tight.num_bins) == (1, 4), algorithm
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"max_video_tokens_per_pack": 4}, "max_video_tokens_per_pack needs the video_tokens of every sample"),
+        ({"video_tokens": [1, 2, 3], "max_video_tokens_per_pack": 0}, "max_video_tokens_per_pack must be a positive integer"),
+        ({"video_tokens": [1, -2, 3], "max_video_tokens_per_pack": 4}, "sample 1 has -2 video_tokens"),
+        ({"video_tokens": [1, 9, 3], "max_video_tokens_per_pack": 4},
+         "1 sample(s) with more video_tokens than max_video_tokens_per_pack 4 (first: sample 1, 9)"),
+    ],
+)  # fmt: skip
+def test_bad_video_budgets_are_refused_with_a_clear_message(options, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        pack([3, 4, 5], 8, **options)
+
+
+def test_a_row_over_the_video_budget_alone_is_the_one_a_run_skips():
+    from neva_pack.packing import budget_options, over_image_budget
+
+    rows = np.zeros(3, dtype=[("num_images", "<i8"), ("image_tokens", "<i8"), ("video_tokens", "<i8")])
+    rows["num_images"], rows["image_tokens"], rows["video_tokens"] = [1, 1, 2], [50, 90, 60], [0, 90, 20]
+    assert over_image_budget(rows, None, None, 64).tolist() == [1]
+    assert over_image_budget(rows, None, 80, None).tolist() == [1]
+    assert over_image_budget(rows[["num_images", "image_tokens"]], 1, None).tolist() == [2]  # no video column needed
+    kept = rows[[0, 2]]
+    plan = pack([5, 5], 64, **budget_options(kept, None, None, 64))
+    assert plan.num_bins == 1
+    assert "video_tokens" not in budget_options(kept, 4, None)
+    assert budget_options(kept, None, None, 64)["video_tokens"].tolist() == [0, 20]
+
+
+def test_budget_problems_name_each_budget_a_pack_exceeds():
+    from neva_pack.packing.invariants import budget_problems
+
+    lengths, whole = [10, 30, 20], [False, True, True]  # one image run, two clips' runs (50 video positions)
+    assert budget_problems(3, lengths, whole, max_images=3, max_image_tokens=60, max_video_tokens=50) == []
+    assert budget_problems(3, lengths, whole, max_images=2, max_image_tokens=59, max_video_tokens=49) == [
+        "3 images, over max_images_per_pack 2",
+        "60 image tokens, over max_image_tokens_per_pack 59",
+        "50 video tokens, over max_video_tokens_per_pack 49",
+    ]
+    assert budget_problems(1, [10], None, max_video_tokens=1) == []  # no clip run in the pack

@@ -305,3 +305,19 @@ def test_for_samples_refuses_a_token_budget_over_an_output_without_image_tokens(
         PackedBatchSampler.for_samples(older, 4096)
     sampler = PackedBatchSampler.for_samples(older, 4096, max_image_tokens_per_pack=None)
     assert max(older.num_images[b].sum() for b in sampler) <= 2
+
+
+def test_for_samples_refuses_a_video_token_budget_it_cannot_hold(budgeted_samples):
+    """Outputs keep no per-sample video tokens: the sampler names the budget rather than drop it."""
+    with pytest.raises(ValueError, match="max_video_tokens_per_pack=64: an output does not keep the video tokens"):
+        PackedBatchSampler.for_samples(budgeted_samples, 4096, max_video_tokens_per_pack=64)
+    sampler = PackedBatchSampler.for_samples(budgeted_samples, 4096, max_video_tokens_per_pack=None)
+    assert sampler.max_images_per_pack == 2  # the meta has no video budget: FROM_META is none
+    assert PackedBatchSampler.for_samples(budgeted_samples, 4096).max_images_per_pack == 2
+    import copy
+    import dataclasses
+
+    video = copy.copy(budgeted_samples)  # an output packed under a video budget: its meta's, refused by default
+    video.meta = video.meta.replace(packing=dataclasses.replace(video.meta.packing, max_video_tokens_per_pack=64))
+    with pytest.raises(ValueError, match="max_video_tokens_per_pack=64"):
+        PackedBatchSampler.for_samples(video, 4096)
