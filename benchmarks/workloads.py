@@ -96,25 +96,11 @@ def image_workload(directory: Path, records: int, seed: int = 0) -> dict:
         shutil.copyfile(path, images / path.name)
         names.append(path.name)
     rng = random.Random(seed)
-    data = directory / "records.json"
-    with open(data, "w", encoding="utf-8") as f:
-        f.write("[\n")
-        for i in range(records):
-            roll = rng.random()
-            record_images = [] if roll < 0.15 else [rng.choice(names)] if roll < 0.95 else rng.sample(names, 2)
-            turns = []
-            for t in range(rng.choice((1, 1, 2, 3))):
-                question = _sentence(rng, rng.randint(5, 16))
-                if t == 0 and record_images:
-                    question = "".join("<image>\n" for _ in record_images) + question
-                turns.append({"from": "human", "value": question})
-                turns.append({"from": "gpt", "value": _answer(rng, (1, 5))})
-            record = {"id": f"img-{i}", "conversations": turns}
-            if record_images:
-                record["image"] = record_images[0] if len(record_images) == 1 else record_images
-            f.write(json.dumps(record, ensure_ascii=False))
-            f.write(",\n" if i + 1 < records else "\n")
-        f.write("]\n")
+    def pick(rng: random.Random) -> list[str]:
+        roll = rng.random()
+        return [] if roll < 0.15 else [rng.choice(names)] if roll < 0.95 else rng.sample(names, 2)
+
+    data = _image_records(directory / "records.json", records, rng, pick, "img", (1, 5))
     return {"data_path": data, "image_folder": images}
 
 
@@ -159,24 +145,33 @@ def small_image_workload(directory: Path, records: int, images: int = 4000, imag
         name = f"{i:06d}.jpg"
         Image.fromarray(noisy).save(folder / name, quality=85)
         names.append(name)
-    data = directory / "records.json"
+    def pick(rng: random.Random) -> list[str]:
+        roll = rng.random()
+        two = roll >= 1 - image_share / 12
+        return [] if roll < 1 - image_share else rng.sample(names, 2) if two else [rng.choice(names)]
+
+    data = _image_records(directory / "records.json", records, rng, pick, "s", (1, 4))
+    return {"data_path": data, "image_folder": folder}
+
+
+def _image_records(data: Path, records: int, rng: random.Random, pick, prefix: str, answer_sentences: tuple[int, int]) -> Path:
+    """Write ``records`` LLaVA-style records to ``data``: ``pick(rng)`` chooses each record's images
+    (their <image> lines open its first question), then 1-3 turns of generated text."""
     with open(data, "w", encoding="utf-8") as f:
         f.write("[\n")
         for i in range(records):
-            roll = rng.random()
-            two = roll >= 1 - image_share / 12
-            record_images = [] if roll < 1 - image_share else rng.sample(names, 2) if two else [rng.choice(names)]
+            record_images = pick(rng)
             turns = []
             for t in range(rng.choice((1, 1, 2, 3))):
                 question = _sentence(rng, rng.randint(5, 16))
                 if t == 0 and record_images:
                     question = "".join("<image>\n" for _ in record_images) + question
                 turns.append({"from": "human", "value": question})
-                turns.append({"from": "gpt", "value": _answer(rng, (1, 4))})
-            record = {"id": f"s-{i}", "conversations": turns}
+                turns.append({"from": "gpt", "value": _answer(rng, answer_sentences)})
+            record = {"id": f"{prefix}-{i}", "conversations": turns}
             if record_images:
                 record["image"] = record_images[0] if len(record_images) == 1 else record_images
             f.write(json.dumps(record, ensure_ascii=False))
             f.write(",\n" if i + 1 < records else "\n")
         f.write("]\n")
-    return {"data_path": data, "image_folder": folder}
+    return data
