@@ -274,3 +274,19 @@ def test_a_llava_next_run_is_refused_in_one_line(tmp_path, capsys):
     assert errors[0].startswith("neva-pack: error: --output_format llamafactory: cannot hold the images of llava-hf/llava-v1.6-vicuna-7b-hf")
     assert "re-runs the model's processor on each original image" in errors[0]
     assert not (tmp_path / "out" / "packed_seq_dataset.llamafactory").exists()
+
+
+def test_the_docs_llava_lines_are_the_ones_tested():
+    """docs/training_llamafactory.md's LLaVA-1.5 section: the flags and the YAML template of the case above."""
+    import re
+
+    from tests.llamafactory_workload import ENCODERS
+
+    page = (SAMPLE_DATA.parent / "docs" / "training_llamafactory.md").read_text(encoding="utf-8")
+    section = page.split("## 3. LLaVA-1.5", 1)[1].split("\n## ", 1)[0]
+    command, yaml = re.findall(r"```(?:yaml)?\n(.*?)```", section, flags=re.S)[:2]
+    encoder, template = ENCODERS["llava"]
+    assert f"--hf_vision_encoder {encoder}" in command and f"--conv_template {template}" in command
+    assert "--output_format llamafactory" in command and "--image_patch_id" in command and "--tokenization" not in command
+    assert re.search(r"^template: llava\b", yaml, flags=re.M) and re.search(r"^neat_packing: true\b", yaml, flags=re.M)
+    assert re.search(r"^tokenized_path: out/packed_seq_dataset\.llamafactory\b", yaml, flags=re.M)
