@@ -251,7 +251,6 @@ def test_anyres_images_are_refused_in_one_line(tmp_path):
         FORMATS["llamafactory"].writer(paths.packed_prefix(tmp_path), spec)
 
 
-@pytest.mark.slow
 def test_a_llava_next_run_is_refused_in_one_line(tmp_path, capsys):
     """LLaVA-NeXT (anyres) does not apply: LLaMA-Factory's llava_next plugin counts an image's tokens as
     transformers' processor does, from the original's size, but its collator re-runs that processor on the
