@@ -257,3 +257,22 @@ def test_literal_text_of_a_sentencepiece_style_tokenizer_json_has_no_leading_mar
             assert tokenizer.encode(text).ids.tolist() == one_call.encode(text, add_special_tokens=False).ids
     assert tokenizer.encode("\nHi").ids[0] == marker and tokenizer.encode_literal("\nHi").ids[0] != marker
     assert tokenizer.encode_literal("Hello").ids.tolist() != tokenizer.encode("Hello").ids.tolist()
+
+
+def test_literal_text_is_the_same_from_the_model_file_and_from_its_tokenizer_json(sample_tokenizer_path, tmp_path):
+    """The sample SentencePiece model and the tokenizer.json transformers converts it to (``legacy=False``): text
+    continuing a sequence gets the same ids from either backend, so a run reads the same ids from a model's
+    ``tokenizer.model`` and from its ``tokenizer.json`` after every image, BOS and EOS."""
+    import shutil
+
+    from transformers import LlamaTokenizer
+
+    from neva_pack.text import load_tokenizer
+
+    shutil.copy(sample_tokenizer_path, tmp_path / "tokenizer.model")
+    LlamaTokenizer.from_pretrained(tmp_path, legacy=False).save_pretrained(tmp_path / "converted")
+    from_json, from_model = load_tokenizer(tmp_path / "converted"), SentencePieceTokenizer(sample_tokenizer_path)
+    assert (tmp_path / "converted" / "tokenizer.json").is_file() and not (tmp_path / "converted" / "tokenizer.model").exists()
+    for text in ("\nDescribe the image.", "Hello there", " USER: What is it?", "  two spaces", "[INST] hi [/INST]", "a\tb\nc",
+                 "café ünïcode 日本", "▁literal", "</s>", " "):  # fmt: skip
+        assert from_json.encode_literal(text).ids.tolist() == from_model.encode_literal(text).ids.tolist(), text
