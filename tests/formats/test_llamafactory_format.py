@@ -10,7 +10,8 @@ for bit: the sha256 of the float32 bytes), and for Qwen its ``image_grid_thw`` a
 mRoPE ``position_ids`` (all four rows); a tiny model's loss on its batches is our proof's.
 
 LLaVA-1.5 (``template: llava``, its LlavaPlugin: 576 ``<image>`` ids an image, CLIP ViT-L/14-336 crops)
-is the fixed-crop case; LLaVA-NeXT / OneVision (anyres) is refused in one line (the last test says why).
+is the fixed-crop case; LLaVA-NeXT / OneVision (anyres) is refused in one line (``test_a_llava_next_run_is_refused_in_one_line``
+says why).
 """
 
 import hashlib
