@@ -77,7 +77,8 @@ class BridgeVLMPacks(Dataset):
     ``visual_inputs`` fields, or whose positions are not rows the model computes from its image grids
     (Bridge's in-batch packing is its task encoder of that kind of model only); and an output of such a
     family made with another ``--image_reference`` than ``BRIDGE_IMAGE_REFERENCE`` (its images are not
-    Bridge's)."""
+    Bridge's), or reading video clips (Bridge's collate runs qwen-vl-utils' ``fetch_video`` on them, then the
+    processor's video resize: no ``--video_profile`` makes those frames)."""
 
     def __init__(self, packs: PackedSeqDataset, visual_inputs=None):
         family = packs.processor
@@ -92,6 +93,9 @@ class BridgeVLMPacks(Dataset):
             if reference != BRIDGE_IMAGE_REFERENCE:
                 raise ValueError(f"{where}: images made with --image_reference {reference}, not those Megatron Bridge's task encoder "
                                  f"makes (it resizes each image twice): preprocess with --image_reference {BRIDGE_IMAGE_REFERENCE}")  # fmt: skip
+        if getattr(family, "takes_videos", False):
+            raise ValueError(f"{where}: an output reading video clips: Megatron Bridge's task encoder samples and resizes their "
+                             "frames its own way, which no --video_profile follows; preprocess without video records")  # fmt: skip
         self.visual_inputs = _visual_inputs_type() if visual_inputs is None else visual_inputs
         fields = {f.name for f in dataclasses.fields(self.visual_inputs)}
         if getattr(family, "attention", None) is not None and family.attention.bidirectional_images:

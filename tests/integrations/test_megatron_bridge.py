@@ -18,9 +18,11 @@ import numpy as np
 import pytest
 import torch
 
-from neva_pack.families import FAMILIES, dynamic_processor, resolve_encoder
+from neva_pack.families import FAMILIES, VideoRequest, dynamic_processor, resolve_encoder
 from neva_pack.integrations import BRIDGE_IGNORE_INDEX, BRIDGE_IMAGE_REFERENCE, BridgeVLMPacks, bridge_vlm_packs, check_seq_length
+from neva_pack.text import load_tokenizer
 from tests.conftest import SAMPLE_DATA
+from tests.dynamic_references import stand_in_tokenizer
 from tests.llamafactory_workload import ENCODERS, build, media_first
 
 GOLDEN = SAMPLE_DATA.parent / "tests" / "golden" / "megatron_bridge"
@@ -131,6 +133,15 @@ def test_images_not_made_as_bridges_task_encoder_makes_them_are_refused_in_one_l
         BridgeVLMPacks(_Packs(native(ENCODERS[model][0], reference)), VISUAL)
     assert native(ENCODERS["qwen3_vl"][0], reference).tokens_for_size(480, 320) == 150
     assert native(ENCODERS["qwen3_vl"][0]).tokens_for_size(480, 320) == 216
+
+
+def test_an_output_reading_video_clips_is_refused_in_one_line(tmp_path):
+    """Bridge's collate samples and resizes a clip's frames with qwen-vl-utils' ``fetch_video`` and then the
+    processor's video resize: none of our video profiles is that chain, so its rows are not claimed."""
+    tokenizer = load_tokenizer(stand_in_tokenizer(tmp_path, "qwen"))
+    videos = native(ENCODERS["qwen3_vl"][0]).with_videos(VideoRequest(profile="qwen_vl_utils"), tokenizer)
+    with pytest.raises(ValueError, match=r"^out: an output reading video clips: [^\n]*preprocess without video records$"):
+        BridgeVLMPacks(_Packs(videos), VISUAL)
 
 
 @pytest.mark.parametrize("model", CASES)
