@@ -209,7 +209,8 @@ class NativeProcessor(FamilyBase):
         return (self.tokens_for_size(width, height) * self.settings.merge_size**2) ** 2
 
     def to_uint8(self, image: Image.Image) -> StoredImage:
-        """RGB image -> the smart-resized uint8 (3, H, W) (PIL's resize, as the processor's)."""
+        """RGB image -> the smart-resized uint8 (3, H, W) (PIL's resize, as the processor's; Megatron Bridge's
+        reference: PIL's to the first size, then torchvision's to the second)."""
         width, height = image.size
         resized_height, resized_width = self.resized_size(width, height)
         if self.settings.reference == "megatron_bridge":

@@ -31,7 +31,7 @@ class NativeSettings:
     resample: int
     """PIL resampling filter of the resize (3, bicubic)."""
     reference: str = "transformers"
-    """Whose resize the sizes follow (``REFERENCES``; the module's docstring)."""
+    """Whose resize the sizes follow (native.py's ``REFERENCES`` and docstring)."""
 
     @property
     def factor(self) -> int:
