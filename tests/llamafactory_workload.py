@@ -58,11 +58,11 @@ def media_first(record: dict) -> bool:
 
 
 def build(root: Path, case: str = "qwen2_5_vl", output_format: str = "llamafactory", max_pixels: int | None = MAX_PIXELS,
-          keep=None) -> Path:
+          keep=None, image_reference: str | None = None) -> Path:
     """``root``/tok (tokenizer), ``root``/data.json (LLaVA records), ``root``/lf_data.json (the same in
     LLaMA-Factory's sharegpt layout, ``images`` a list), ``root``/out (our output, in ``output_format``).
-    ``max_pixels`` None: the encoder's own bound; ``keep(record)``: which records to use (default all).
-    Returns ``root``/out."""
+    ``max_pixels`` None: the encoder's own bound (the reference's); ``keep(record)``: which records to use
+    (default all); ``image_reference``: the run's --image_reference (None: none given). Returns ``root``/out."""
     from neva_pack.cli import main
 
     encoder, template = ENCODERS[case]
@@ -89,6 +89,8 @@ def build(root: Path, case: str = "qwen2_5_vl", output_format: str = "llamafacto
         args += ["--max_seq_length", str(LLAVA_MAX_SEQ_LENGTH), "--image_patch_id", str(LLAVA_IMAGE_ID)]
     else:
         args += ["--max_seq_length", str(MAX_SEQ_LENGTH)] + ([] if max_pixels is None else ["--max_pixels", str(max_pixels)])
+    if image_reference is not None:
+        args += ["--image_reference", image_reference]
     assert main(args) == 0
     return out
 

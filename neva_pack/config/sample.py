@@ -120,7 +120,7 @@ class SampleConfig:
     image_reference: str | None = option(
         None, choices=lambda: IMAGE_REFERENCES, fingerprint_when_set=True,
         help=lambda: "whose image preprocessing the counts and pixels follow, for families that offer a choice: transformers "
-                     f"(the Hugging Face processor, the default) or the model authors' own code ({', '.join(IMAGE_REFERENCES[1:])})",
+                     f"(the Hugging Face processor, the default) or another's own code ({', '.join(IMAGE_REFERENCES[1:])})",
     )  # fmt: skip
     """Families offering a choice (``ModelFamily.references``): the reference their image sizes, token
     counts and pixels follow; None: the Hugging Face processor. Recorded with the output (its image
