@@ -86,6 +86,7 @@ def encode_samples(
             sample.data_path, builder, start=start, end=end, batch_size=records_per_message(sample),
             first_batch_size=FIRST_RECORDS_PER_MESSAGE, index=index,
             share_images=images_in_shared_memory(sample.image_folder is not None, run.num_workers, images.image_shape),
+            frame_compression=images.frame_compression,
         )  # fmt: skip
         bar = tqdm(total=end - first, initial=start - first, desc="tokenize + images", unit="rec", disable=not progress)
         messages = worker_messages(stream, run.num_workers, MESSAGES_IN_FLIGHT)

@@ -159,8 +159,8 @@ class PoolWriter:
 
     def add_keyed(self, key: bytes, image) -> tuple[bytes, int]:
         """``add`` for an image whose key is already known (copied from another pool segment); a compressed
-        pool's entry is compressed here, in the process that writes the store, so its bytes do not depend
-        on the number of workers."""
+        pool's entry is compressed here (a run's workers send theirs compressed: ``add_entry``), to the
+        same bytes: one codec, one level, whichever process runs it."""
         index = self.known.get(key)
         if index is not None:
             return key, index

@@ -16,6 +16,7 @@ from neva_pack.core import InputError
 from neva_pack.sample_store.batches import StoredBatch, stored_batch
 from neva_pack.sample_store.checks import check_input, check_settings, read_progress, segment_checksums, store_checksums_problem
 from neva_pack.sample_store.files import (
+    POOL_IMAGE_ROW,
     PROGRESS_FILE,
     SAMPLE_ROW,
     STORE_FORMAT,
@@ -243,7 +244,11 @@ class _OpenSegment:
             image_first, image_last = image_ends[first], image_ends[last]
             keys = batch.image_keys
             for k in range(image_first, image_last):
-                self._pool.add_keyed(keys[k * KEY_BYTES : (k + 1) * KEY_BYTES], batch.images[k])
+                if batch.entries:  # compressed by the worker: the pool's own bytes
+                    row, frame = batch.entries[k]
+                    self._pool.add_entry(keys[k * KEY_BYTES : (k + 1) * KEY_BYTES], np.frombuffer(row, dtype=POOL_IMAGE_ROW), frame)
+                else:
+                    self._pool.add_keyed(keys[k * KEY_BYTES : (k + 1) * KEY_BYTES], batch.images[k])
             self._refs.write(keys[image_first * KEY_BYTES : image_last * KEY_BYTES])
             self._rows.write(batch.rows[first * SAMPLE_ROW.itemsize : last * SAMPLE_ROW.itemsize])
             self.samples += last - first

@@ -2,7 +2,7 @@
 whose sample store pool -- and so the compact output's -- holds each clip and image as one zstd frame.
 Read back, every item is bit-identical to the raw run's; 1 and 2 workers write the same bytes; the
 meta, the store's progress file and the run report record the codec; stats give the bytes per clip
-raw and stored; verify decodes every frame; a damaged frame is refused in one line; a --resume with
+raw and stored; a sharded run joins its parts' frames undecoded; verify decodes every frame; a damaged frame is refused in one line; a --resume with
 another setting, a format that copies the frames out of the pool and a fixed-crop encoder are refused
 in one line."""
 
@@ -20,6 +20,7 @@ from neva_pack.core import InputError
 from neva_pack.files import paths
 from neva_pack.formats import open_packed
 from neva_pack.reading import PackedSeqDataset
+from neva_pack.sample_store import PoolWriter, pool_segment
 from tests.families.test_video_native import QWEN2_5, QWEN3
 from tests.pipeline.test_video_pipeline import output_files, run, workload  # noqa: F401  (workload: the fixture)
 
@@ -72,9 +73,30 @@ def test_a_compressed_run_reads_back_bit_identical_to_the_raw_run(name, workload
     assert main(["stats", str(tmp_path / "zstd")]) == 0
     assert f"zstd         {stored / 1e6:,.1f} MB stored ({stored / 3e6:,.2f} MB per clip" in capsys.readouterr().out
 
+    # the workers' frames (compressed where the samples were built) are those the store's writer makes of the same clips
+    pool = reader.pool
+    again = PoolWriter(pool_segment(tmp_path, "shard_00000", 0, dynamic=True, codec="zstd"), {}, 0)
+    for image in pool.read_stored(range(len(pool))):
+        again.add(image)
+    again.close()
+    written = b"".join(segment.images_file.read_bytes() for segment in pool.segments)
+    assert (tmp_path / "shard_00000.images").read_bytes() == written
+
     prefix = paths.packed_prefix(tmp_path / "zstd")
     assert verify(prefix, progress=False).ok
     assert main(["verify", str(tmp_path / "zstd")]) == 0
+
+    # a sharded run: each shard's part compresses its own pool, the final step copies the frames undecoded
+    for index in ("0", "1"):
+        assert run(workload, name, tmp_path / "sharded", 0, *ZSTD, "--num_shards", "2", "--shard_index", index) == 0
+    assert run(workload, name, tmp_path / "sharded", 0, *ZSTD, "--num_shards", "2") == 0
+    assert verify(paths.packed_prefix(tmp_path / "sharded"), progress=False).ok
+    sharded = PackedSeqDataset(tmp_path / "sharded")
+    assert len(sharded) == len(raw)
+    for p in range(len(raw)):
+        a, b = raw[p], sharded[p]
+        assert sorted(a) == sorted(b) and all(torch.equal(a[key], b[key]) for key in a), p
+    assert json.loads((tmp_path / "sharded" / "stats.json").read_text())["clips"] == clips
 
 
 def test_a_damaged_frame_fails_verify_and_the_reader_refuses_it_in_one_line(workload, tmp_path, capsys):  # noqa: F811

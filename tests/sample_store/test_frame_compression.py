@@ -9,7 +9,13 @@ import pytest
 import zstandard
 
 from neva_pack.core import InputError, StoredImage
-from neva_pack.sample_store import FRAME_CODECS, ImagePool, PoolWriter, image_key, pool_segment
+from neva_pack.sample_store import (
+    FRAME_CODECS,
+    ImagePool,
+    PoolWriter,
+    image_key,
+    pool_segment,
+)
 
 FRAMES = 6
 
