@@ -116,6 +116,14 @@ def test_a_damaged_frame_fails_verify_and_the_reader_refuses_it_in_one_line(work
             refused.append(str(exc))
     assert refused and all(len(message.splitlines()) == 1 and "zstd frame" in message for message in refused)
 
+    (sizes,) = sorted((tmp_path / paths.STORE_DIR).glob("shard_*.entry_sizes"))  # where each frame lies: a trusted file
+    values = np.fromfile(sizes, dtype="<i8")
+    values[0], values[1] = values[0] + values[1] - 1, 1
+    values.tofile(sizes)
+    with pytest.raises(InputError) as caught:
+        PackedSeqDataset(tmp_path)
+    assert len(str(caught.value).splitlines()) == 1 and sizes.name in str(caught.value)
+
 
 def test_a_resume_with_another_frame_compression_is_refused_in_one_line(workload, tmp_path, capsys):  # noqa: F811
     assert run(workload, QWEN2_5, tmp_path, 0, *ZSTD) == 0
