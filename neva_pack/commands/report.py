@@ -236,10 +236,18 @@ class ClipStats:
     """Frames they keep, summed."""
     bytes: int
     """uint8 bytes of those frames."""
+    stored_bytes: int | None = None
+    """Bytes they take in the pool: ``bytes`` when raw, less when compressed (None: a report from before)."""
+    compression: str | None = None
+    """The codec of a compressed pool (--frame_compression), None when raw."""
 
     @property
     def bytes_per_clip(self) -> float:
         return self.bytes / max(self.clips, 1)
+
+    @property
+    def stored_bytes_per_clip(self) -> float:
+        return (self.bytes if self.stored_bytes is None else self.stored_bytes) / max(self.clips, 1)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -246,6 +246,9 @@ def format_summary(report: RunReport) -> str:
         clips = report.clips
         lines.append(f"video clips    {clips.clips:,} stored once each, {clips.frames:,} frames, {clips.bytes / 1e6:,.1f} MB uint8 "
                      f"({clips.bytes_per_clip / 1e6:,.2f} MB per clip)")  # fmt: skip
+        if clips.compression is not None:
+            lines.append(f"  {clips.compression:<12} {clips.stored_bytes / 1e6:,.1f} MB stored ({clips.stored_bytes_per_clip / 1e6:,.2f} MB "
+                         f"per clip, {clips.bytes / max(clips.stored_bytes, 1):.2f}x smaller than uint8)")  # fmt: skip
     balance = report.balance
     if balance:
         lines.append(

@@ -11,6 +11,7 @@ from neva_pack.config.budgets import RecordBudgets
 from neva_pack.config.options import NEMO, check_fields, nested, option, options, value_of
 from neva_pack.core import ConfigError, IGNORE_INDEX, VERSION
 from neva_pack.families import IMAGE_REFERENCES
+from neva_pack.sample_store import FRAME_CODECS
 from neva_pack.text import DEFAULT_TOKENIZATION, TOKENIZATIONS
 from neva_pack.files import is_remote
 
@@ -117,10 +118,17 @@ class SampleConfig:
         None, minimum=1, fingerprint_when_set=True, help="frames sampled from one clip at most (default: the profile's)"
     )  # fmt: skip
     """Frames sampled from one clip at most; None: the profile's default."""
+    frame_compression: str | None = option(
+        None, choices=lambda: ("none", *FRAME_CODECS), fingerprint_when_set=True,
+        help="store the resized frames of video clips (and the images of the same dynamic-resolution pool) "
+        "compressed, losslessly: zstd (read back bit-identical; compact only; docs/video.md), or none (default: raw uint8)",
+    )  # fmt: skip
+    """The codec the sample store's dynamic image pool (every clip's frames, every image at its own size)
+    is compressed with (sample_store/frame_codec.py); None (or "none"): raw uint8, as before the flag."""
     image_reference: str | None = option(
         None, choices=lambda: IMAGE_REFERENCES, fingerprint_when_set=True,
         help=lambda: "whose image preprocessing the counts and pixels follow, for families that offer a choice: transformers "
-                     f"(the Hugging Face processor, the default) or the model authors' own code ({', '.join(IMAGE_REFERENCES[1:])})",
+                     f"(the Hugging Face processor, the default) or another's own code ({', '.join(IMAGE_REFERENCES[1:])})",
     )  # fmt: skip
     """Families offering a choice (``ModelFamily.references``): the reference their image sizes, token
     counts and pixels follow; None: the Hugging Face processor. Recorded with the output (its image
@@ -133,6 +141,8 @@ class SampleConfig:
     encoder, which decides the pixels, is in the fingerprint)."""
 
     def __post_init__(self):
+        if self.frame_compression == "none":  # the default spelled out: the same run, the same fingerprint
+            object.__setattr__(self, "frame_compression", None)
         if not isinstance(self.budgets, RecordBudgets):
             raise ConfigError(f"budgets {self.budgets!r:.60}: expected a RecordBudgets, got {type(self.budgets).__name__}")
         check_fields(self)

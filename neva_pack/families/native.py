@@ -33,6 +33,15 @@ Two references for an image's size (``reference``, the command line's ``--image_
   them; PIL's default filter (bicubic). Tokens, grid and pixels equal it (tests/families/
   test_native_references.py, golden data from the package). Not followed: its compositing of an RGBA
   image on white (every family here drops alpha, decode.py); a record carries no per-image bounds.
+- "megatron_bridge": what Megatron Bridge's Qwen-VL task encoder gives the model (its collate at 067f987d,
+  run; tests/golden/megatron_bridge): qwen-vl-utils' ``fetch_image`` called without ``image_patch_size``
+  resizes with PIL to a multiple of 28 within its 4 .. 16,384 tokens of 28 x 28 (``BRIDGE_FIRST_RESIZE``,
+  whatever the model's patch), then the processor resizes that again to its own factor (32 for Qwen3-VL)
+  within Bridge's ``min_pixels`` / ``max_pixels`` (``BRIDGE_BOUNDS``, replaced by ``--min_pixels`` /
+  ``--max_pixels``), with its torchvision backend (the one transformers 5 loads for these checkpoints):
+  torchvision's bicubic antialiased resize of the uint8 image, rescale and normalise fused
+  (``fused_normalisation``). A 480 x 320 image: 476 x 308, then 576 x 384 for Qwen3-VL (216 tokens, where
+  the processor alone gives 150).
 """
 
 from __future__ import annotations
@@ -46,6 +55,7 @@ from PIL import Image
 from neva_pack.core import ConfigError, Normalisation
 from neva_pack.families.base import CLIP_MEAN, CLIP_STD, EncoderSpec, FamilyBase, FamilyOptions, Join, RunRequest, VideoPlan, VideoRequest, fused_normalisation, model_image_run, processor_normalisation, refuse_layout_options, run_starts
 from neva_pack.families.headers import StoredImage, planar_uint8
+from neva_pack.families.native_settings import NativeSettings, native_settings, settings_areas
 from neva_pack.families.patch_grid import clip_patches, smart_resize, still_patches
 from neva_pack.families.patch_grid import smart_resize_unheld as qwen_vl_utils_resize  # qwen-vl-utils' own variant
 from neva_pack.families.settings_keys import MAX_AREA, MAX_PATCH, Setting, whole
@@ -57,53 +67,16 @@ from neva_pack.families.video_frames import (
 __all__ = ["REFERENCES", "VIDEO_PROFILES", "NativeProcessor", "NativeSettings", "NativeVideo", "mrope_position_ids", "qwen_vl_utils_resize",
            "smart_resize"]  # fmt: skip
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class NativeSettings:
-    """The numbers that decide a native-resolution image's size, tokens and pixels."""
-
-    patch_size: int
-    """Vision transformer patch side in pixels (14)."""
-    merge_size: int
-    """Patches merged per side into one language-model token (2: 2 x 2 patches per token)."""
-    temporal_patch_size: int
-    """Frames per patch; a still image is repeated this many times (2)."""
-    min_pixels: int
-    """Smallest resized area (the checkpoints' 3136 = 56 x 56)."""
-    max_pixels: int
-    """Largest resized area (the checkpoints' 12,845,056; transformers' class default is 1,003,520)."""
-    resample: int
-    """PIL resampling filter of the resize (3, bicubic)."""
-    reference: str = "transformers"
-    """Whose resize the sizes follow (``REFERENCES``; the module's docstring)."""
-
-    @property
-    def factor(self) -> int:
-        """Each resized side is a multiple of this (28)."""
-        return self.patch_size * self.merge_size
-
-
-def native_settings(encoder: EncoderSpec, *, min_pixels: int | None = None, max_pixels: int | None = None) -> NativeSettings:
-    """The settings of a Qwen2-VL encoder, read as its processor reads them (``min_pixels`` and
-    ``max_pixels`` over ``size``'s ``shortest_edge`` / ``longest_edge``); the keyword arguments
-    (``--min_pixels`` / ``--max_pixels``) override both."""
-    cfg = encoder.preprocessor_config
-    file_low, file_high = _areas(cfg)
-    low, high = min_pixels or file_low, max_pixels or file_high
-    settings = NativeSettings(
-        patch_size=int(cfg.get("patch_size", encoder.patch_size)),
-        merge_size=int(cfg.get("merge_size", 2)),
-        temporal_patch_size=int(cfg.get("temporal_patch_size", 2)),
-        min_pixels=int(low),
-        max_pixels=int(high),
-        resample=int(cfg.get("resample", Image.Resampling.BICUBIC)),
-    )
-    if not 0 < settings.min_pixels <= settings.max_pixels:
-        raise ConfigError(f"--min_pixels {settings.min_pixels} / --max_pixels {settings.max_pixels}: need 0 < min <= max")
-    return settings
-
-
-REFERENCES = ("transformers", "qwen_vl_utils")
+REFERENCES = ("transformers", "qwen_vl_utils", "megatron_bridge")
 """Whose resize an image's size follows (the module's docstring)."""
+
+BRIDGE_FIRST_RESIZE = (28, 4 * 28 * 28, 16384 * 28 * 28)
+"""(factor, min_pixels, max_pixels) of Megatron Bridge's first resize: qwen-vl-utils' ``fetch_image`` as
+its Qwen-VL collate calls it, without ``image_patch_size`` (14-pixel patches merged 2 x 2, whatever the
+model's), within its default 4 .. 16,384 tokens."""
+BRIDGE_BOUNDS = (200704, 1003520)
+"""Megatron Bridge's ``QwenVLEnergonTaskEncoderConfig`` ``min_pixels`` / ``max_pixels`` defaults, which its
+collate hands to the processor's (second) resize."""
 
 QWEN_VL_UTILS_TOKENS = (4, 16384)
 """qwen-vl-utils' default bounds of an image, in tokens (its IMAGE_MIN_TOKEN_NUM, IMAGE_MAX_TOKEN_NUM):
@@ -120,6 +93,11 @@ def reference_settings(settings: NativeSettings, reference: str | None, *, min_p
         raise ConfigError(f"--image_reference {reference}: Qwen2-VL / Qwen2.5-VL / Qwen3-VL images follow one of {', '.join(REFERENCES)}")
     if reference == "transformers":
         return settings
+    if reference == "megatron_bridge":  # the second resize is the processor's, with Bridge's bounds (the flags over them)
+        low, high = min_pixels or BRIDGE_BOUNDS[0], max_pixels or BRIDGE_BOUNDS[1]
+        if not 0 < low <= high:
+            raise ConfigError(f"--min_pixels {low} / --max_pixels {high}: need 0 < min <= max")
+        return dataclasses.replace(settings, min_pixels=low, max_pixels=high, resample=int(Image.Resampling.BICUBIC), reference=reference)
     if settings.merge_size != 2:
         raise ConfigError(f"--image_reference {reference}: it merges 2 x 2 patches, the encoder {settings.merge_size} x {settings.merge_size}")
     low, high = (tokens * settings.factor**2 for tokens in QWEN_VL_UTILS_TOKENS)
@@ -127,15 +105,6 @@ def reference_settings(settings: NativeSettings, reference: str | None, *, min_p
     if not 0 < low <= high:
         raise ConfigError(f"--min_pixels {low} / --max_pixels {high}: need 0 < min <= max")
     return dataclasses.replace(settings, min_pixels=low, max_pixels=high, resample=int(Image.Resampling.BICUBIC), reference=reference)
-
-
-def _areas(cfg: dict) -> tuple[int, int]:
-    """(min_pixels, max_pixels) as the processor reads a settings file: its own keys over ``size``'s,
-    the class defaults for what it leaves out."""
-    size = cfg.get("size") or {}
-    low = cfg.get("min_pixels") or size.get("shortest_edge") or size.get("min_pixels") or 56 * 56
-    high = cfg.get("max_pixels") or size.get("longest_edge") or size.get("max_pixels") or 28 * 28 * 1280
-    return low, high
 
 
 class NativeProcessor(FamilyBase):
@@ -170,7 +139,7 @@ class NativeProcessor(FamilyBase):
     @staticmethod
     def check_settings_file(settings: dict, processor: str, path) -> None:
         """The smallest area must be at most the largest, as the settings spell them."""
-        low, high = _areas(settings)
+        low, high = settings_areas(settings)
         if low > high:
             raise ConfigError(f"{path}: min_pixels (or size) {low:,} > max_pixels (or size) {high:,}: need min <= max "
                               "(defaults 3,136 and 1,003,520)")
@@ -198,6 +167,8 @@ class NativeProcessor(FamilyBase):
                      max_pixels: int | None = None) -> NativeProcessor:  # fmt: skip
         """``arithmetic``: whose resize to follow (``REFERENCES``; None: transformers')."""
         normalisation = processor_normalisation(encoder, ("do_resize", "do_rescale", "do_normalize"), CLIP_MEAN, CLIP_STD)
+        if arithmetic == "megatron_bridge":  # its processor's torchvision backend: rescale and normalise fused
+            normalisation = fused_normalisation(encoder, CLIP_MEAN, CLIP_STD)
         bounds = {"min_pixels": min_pixels, "max_pixels": max_pixels} if arithmetic in (None, "transformers") else {}
         settings = native_settings(encoder, **bounds)  # qwen-vl-utils' bounds are its own, not the encoder's
         return cls(reference_settings(settings, arithmetic, min_pixels=min_pixels, max_pixels=max_pixels), normalisation, encoder)
@@ -213,6 +184,8 @@ class NativeProcessor(FamilyBase):
     def resized_size(self, width: int, height: int) -> tuple[int, int]:
         """(height, width) the image is resized to."""
         s = self.settings
+        if s.reference == "megatron_bridge":
+            height, width = qwen_vl_utils_resize(height, width, *BRIDGE_FIRST_RESIZE)
         resize = qwen_vl_utils_resize if s.reference == "qwen_vl_utils" else smart_resize
         return resize(height, width, s.factor, s.min_pixels, s.max_pixels)
 
@@ -236,9 +209,15 @@ class NativeProcessor(FamilyBase):
         return (self.tokens_for_size(width, height) * self.settings.merge_size**2) ** 2
 
     def to_uint8(self, image: Image.Image) -> StoredImage:
-        """RGB image -> the smart-resized uint8 (3, H, W) (PIL's resize, as the processor's)."""
+        """RGB image -> the smart-resized uint8 (3, H, W) (PIL's resize, as the processor's; Megatron Bridge's
+        reference: PIL's to the first size, then torchvision's to the second)."""
         width, height = image.size
         resized_height, resized_width = self.resized_size(width, height)
+        if self.settings.reference == "megatron_bridge":
+            first_height, first_width = qwen_vl_utils_resize(height, width, *BRIDGE_FIRST_RESIZE)
+            first = planar_uint8(image.resize((first_width, first_height), resample=self.settings.resample))
+            return StoredImage(size=(width, height), parts=(_torchvision_resize(first, (resized_height, resized_width)),),
+                               tokens=self.tokens_for_size(width, height))  # fmt: skip
         resized = image.resize((resized_width, resized_height), resample=self.settings.resample)
         return StoredImage(size=(width, height), parts=(planar_uint8(resized),), tokens=self.tokens_for_size(width, height))
 
@@ -390,6 +369,17 @@ class NativeProcessor(FamilyBase):
             return [((1, h, w), 1.0) for t, h, w in grids for _ in range(t)]
         seconds = np.asarray(inputs["second_per_grid_ts"], dtype=np.float32)
         return [(tuple(grid), float(np.float32(self.video.tokens_per_second) * second)) for grid, second in zip(grids, seconds)]
+
+
+def _torchvision_resize(pixels: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """uint8 (3, H, W) -> uint8 (3, h, w): torchvision's bicubic, antialiased resize of the uint8 tensor, as
+    transformers' torchvision image processors resize (``transforms.v2.functional``)."""
+    import torch
+    from torchvision.transforms import InterpolationMode
+    from torchvision.transforms.v2 import functional
+
+    resized = functional.resize(torch.from_numpy(pixels), list(size), interpolation=InterpolationMode.BICUBIC, antialias=True)
+    return np.ascontiguousarray(resized.numpy())
 
 
 VIDEO_PROFILES = ("hf", "hf_cap", "qwen_vl_utils", "llamafactory")

@@ -6,7 +6,9 @@
     output_dir/packed_seq_dataset.index.bin     the arrays below, back to back (names, dtypes, offsets in the meta)
     output_dir/packed_seq_dataset.meta.json     format "compact": the normalisation, the pool's parts, checksums
     output_dir/packed_seq_dataset/*.images      the image pool = the sample store's images (sample_store/image_pool.py;
-                                                shard_*.images from a run, pool_*.images from convert)
+                                                shard_*.images from a run, pool_*.images from convert); under
+                                                --frame_compression each entry one zstd frame, sized by *.entry_sizes
+                                                (the meta's pool parts name the codec; the reader decodes them)
 
     index arrays                       pack p
       pack_offsets   int64 (P + 1)     samples pack_offsets[p]:pack_offsets[p + 1] of the per-sample arrays
@@ -51,7 +53,7 @@ import numpy as np
 from neva_pack.core import InputError, parsing
 from neva_pack.formats.base import Checkpoint, Limits, PrefixFiles, WriteSpec, prefix_files, publish, published_as
 from neva_pack.formats.meta import PackedMeta, ReadPack, read_meta
-from neva_pack.files import OutputFile, meta_path, prefix_file, regular_output, relative_name
+from neva_pack.files import OutputFile, meta_path, prefix_file, regular_output
 from neva_pack.packing import PlanTable, with_padding
 from neva_pack.sample_store import ImagePool, PoolSegment
 
@@ -156,14 +158,7 @@ class Writer:
             os.fsync(f.fileno())
         output_dir = self.prefix.parent
         parts = [part for part in self.spec.pool if part.count]
-        layout = {
-            "arrays": arrays,
-            "pool": [
-                {"images": relative_name(output_dir, p.images_file), "keys": relative_name(output_dir, p.keys_file),
-                 "count": p.count, **({"shapes": relative_name(output_dir, p.shapes_file)} if p.dynamic else {})}
-                for p in parts
-            ],  # fmt: skip
-        }
+        layout = {"arrays": arrays, "pool": [part.layout(output_dir) for part in parts]}  # a compressed part names its codec
         renames = {prefix_file(self.prefix, suffix): prefix_file(tmp, suffix) for suffix in (TOKENS, LABELS, INDEX)}
         pool_files = [path for p in parts for path in p.files]
         meta = meta.replace(format=NAME, num_packs=self.num_packs, layout=layout, image_processor=self.spec.image_processor)
@@ -209,9 +204,8 @@ class Reader:
         if "image_lengths" not in self.arrays:
             self.arrays["image_lengths"] = np.full(len(self.arrays["image_starts"]), self.meta.image_positions, dtype=np.int64)
         self.arrays.setdefault("image_whole", np.zeros(len(self.arrays["image_starts"]), dtype=np.int8))  # absent: none is
-        parts = [PoolSegment(images_file=output_dir / part["images"], keys_file=output_dir / part["keys"], count=int(part["count"]),
-                             shapes_file=output_dir / part["shapes"] if "shapes" in part else None)
-                 for part in layout["pool"]]  # fmt: skip
+        with parsing(meta_path(self.prefix)):
+            parts = [PoolSegment.from_layout(part, output_dir) for part in layout["pool"]]
         if any(part.dynamic != self.meta.dynamic for part in parts):
             raise InputError(f"{meta_path(self.prefix)}: its pool's parts and its image_shape disagree on the images' kind")
         self.pool = ImagePool(parts, self.image_shape, mmap=True)
@@ -442,6 +436,10 @@ def check(reader: Reader, result) -> None:
             continue
         if not segment.images_file.is_file() or segment.images_file.stat().st_size != expected:
             result.add(f"{segment.images_file.name}: not the {segment.count} images of {expected:,} bytes its pool describes")
+        elif segment.codec is not None:  # every frame decoded within its row's size, to the pixels its key names
+            problem = reader.pool.entries_problem(k)
+            if problem is not None:
+                result.add(problem)
 
 
 class CompactFormat:
@@ -470,8 +468,9 @@ class CompactFormat:
 
     def trusted_files(self, prefix: Path, meta: PackedMeta) -> tuple[Path, ...]:
         """The index (offsets and the plan), and the pool's shape files of dynamic images (where each
-        image's parts lie); not the ids or the pool's pixels."""
-        shapes = [part["shapes"] for part in meta.layout.get("pool", ()) if isinstance(part, dict) and "shapes" in part]
+        image's parts lie) and sizes files of a compressed pool (where each entry lies, and so how much a
+        frame may decode to); not the ids or the pool's pixels."""
+        shapes = [part[key] for part in meta.layout.get("pool", ()) if isinstance(part, dict) for key in ("shapes", "sizes") if key in part]
         return (prefix_file(prefix, INDEX), *(Path(prefix).parent / name for name in shapes))
 
     def owns(self, path: Path) -> bool:

@@ -178,8 +178,9 @@ class Writer:
         record = spec.image_processor or {}
         if record and record.get("family") != "native":
             raise ConfigError(f"--output_format {NAME}: cannot hold the images of {record.get('encoder')} ({record.get('family')}: "
-                              "LLaMA-Factory re-runs the processor on the original image, which its stored parts are not); "
-                              "use a fixed-crop or native-resolution encoder, or another --output_format")  # fmt: skip
+                              "LLaMA-Factory's collator re-runs the model's processor on each original image, and a packed "
+                              "output keeps only the image's stored parts); use a fixed-crop or native-resolution encoder, "
+                              "or another --output_format")  # fmt: skip
         warning = resize_profile_warning(record)
         if warning and warning not in WARNED:  # once a process: a run of several --pack_sizes has a writer each
             WARNED.add(warning)

@@ -11,7 +11,7 @@ called, so that importing neva_pack never needs them (``pip install 'neva-pack[h
 """
 
 from neva_pack.integrations.automodel import AUTOMODEL_IGNORE_INDEX, AutomodelPacks, packed_dataset
-from neva_pack.integrations.megatron_bridge import BRIDGE_IGNORE_INDEX, BridgeVLMPacks, bridge_vlm_batch, bridge_vlm_packs, check_seq_length
+from neva_pack.integrations.megatron_bridge import BRIDGE_IGNORE_INDEX, BRIDGE_IMAGE_REFERENCE, BridgeVLMPacks, bridge_vlm_batch, bridge_vlm_packs, check_seq_length
 from neva_pack.integrations.hf_trainer import NoCacheRows, check_training_arguments, trainer_data, training_arguments
 from neva_pack.integrations.trl import PackRows, check_sft_config, sft_config, sft_data
 
@@ -19,6 +19,7 @@ __all__ = [
     "AUTOMODEL_IGNORE_INDEX",
     "AutomodelPacks",
     "BRIDGE_IGNORE_INDEX",
+    "BRIDGE_IMAGE_REFERENCE",
     "BridgeVLMPacks",
     "NoCacheRows",
     "PackRows",

@@ -25,6 +25,13 @@ longer per sample than the pack (``seq_length`` must allow it: ``check_seq_lengt
 the sample's last target (the pad id where it is not trained: a position nothing attends from and
 nothing scores). The model computes its multimodal positions itself from ``input_ids`` and the image
 grids, so ``position_ids`` restart per sample, 1-D, as Bridge's.
+
+The images must be those Bridge's task encoder gives the model: its collate resizes each image twice
+(qwen-vl-utils' ``fetch_image`` to a multiple of 28, then the processor to its own factor within the task
+encoder's ``min_pixels`` / ``max_pixels``, on the processor's torchvision backend), which an output follows
+only when preprocessed with ``--image_reference megatron_bridge`` (``BRIDGE_IMAGE_REFERENCE``; the family's
+module says how): any other reference is refused in one line. Its ``--min_pixels`` / ``--max_pixels``
+default to the task encoder config's defaults; a config with other bounds needs the same flags.
 """
 
 from __future__ import annotations
@@ -39,10 +46,13 @@ from torch.utils.data import Dataset
 
 from neva_pack.reading import PackedSamples, PackedSeqDataset
 
-__all__ = ["BRIDGE_IGNORE_INDEX", "BridgeVLMPacks", "bridge_vlm_batch", "bridge_vlm_packs", "check_seq_length"]
+__all__ = ["BRIDGE_IGNORE_INDEX", "BRIDGE_IMAGE_REFERENCE", "BridgeVLMPacks", "bridge_vlm_batch", "bridge_vlm_packs", "check_seq_length"]
 
 BRIDGE_IGNORE_INDEX = -100
 """The label Bridge's loss ignores (its ``IGNORE_INDEX``)."""
+
+BRIDGE_IMAGE_REFERENCE = "megatron_bridge"
+"""The ``--image_reference`` whose images are the ones Bridge's task encoder makes (module docstring)."""
 
 _ITEM_KEYS = ("cu_seqlens", "cu_seqlens_unpadded", "num_images", "tokens", "labels", "position_ids")
 """Keys of our items that are not the family's model inputs."""
@@ -65,7 +75,10 @@ class BridgeVLMPacks(Dataset):
     for alignment (Bridge aligns each sample with its last position added), and a family Bridge cannot
     train packed: one whose model attends both ways inside each image, whose model inputs are not all
     ``visual_inputs`` fields, or whose positions are not rows the model computes from its image grids
-    (Bridge's in-batch packing is its task encoder of that kind of model only)."""
+    (Bridge's in-batch packing is its task encoder of that kind of model only); and an output of such a
+    family made with another ``--image_reference`` than ``BRIDGE_IMAGE_REFERENCE`` (its images are not
+    Bridge's), or reading video clips (Bridge's collate runs qwen-vl-utils' ``fetch_video`` on them, then the
+    processor's video resize: no ``--video_profile`` makes those frames)."""
 
     def __init__(self, packs: PackedSeqDataset, visual_inputs=None):
         family = packs.processor
@@ -75,6 +88,14 @@ class BridgeVLMPacks(Dataset):
         if int(packs.meta.pad_to_multiple_of) > 1:
             raise ValueError(f"{where}: samples padded to a multiple of {packs.meta.pad_to_multiple_of}: Bridge's rows add each "
                              "sample's last position, which breaks that alignment; preprocess without --pad_to_multiple_of")  # fmt: skip
+        if BRIDGE_IMAGE_REFERENCE in getattr(family, "references", ()):
+            reference = family.options().get("arithmetic") or "transformers"
+            if reference != BRIDGE_IMAGE_REFERENCE:
+                raise ValueError(f"{where}: images made with --image_reference {reference}, not those Megatron Bridge's task encoder "
+                                 f"makes (it resizes each image twice): preprocess with --image_reference {BRIDGE_IMAGE_REFERENCE}")  # fmt: skip
+        if getattr(family, "takes_videos", False):
+            raise ValueError(f"{where}: an output reading video clips: Megatron Bridge's task encoder samples and resizes their "
+                             "frames its own way, which no --video_profile follows; preprocess without video records")  # fmt: skip
         self.visual_inputs = _visual_inputs_type() if visual_inputs is None else visual_inputs
         fields = {f.name for f in dataclasses.fields(self.visual_inputs)}
         if getattr(family, "attention", None) is not None and family.attention.bidirectional_images:

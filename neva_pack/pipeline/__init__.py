@@ -151,7 +151,7 @@ def _run(
         join_parts(
             store_directory, run.num_shards, total, fingerprint, images.image_shape, resume_fingerprint,
             image_run=images.image_run, ignore_index=sample.ignore_index, data_path=sample.data_path,
-            image_processor=images.image_processor,
+            image_processor=images.image_processor, frame_compression=images.frame_compression,
         )  # fmt: skip
     store = SampleStore(store_directory)
     write_run_skipped(store.skipped_files(), output_dir)

@@ -80,6 +80,15 @@ def _family_images(
     family = model_family(encoder, options)
     if family.own_size:
         check_dynamic_images(fmt.name, encoder.name)
+    if sample.frame_compression is not None:
+        if not family.own_size:
+            raise ConfigError(f"--frame_compression {sample.frame_compression}: {encoder.name} crops every image to one size "
+                              "(a fixed pool, read in place); only a dynamic-resolution encoder's pool (its clips' frames, "
+                              "its images) is compressed")  # fmt: skip
+        if not fmt.uses_image_pool:
+            raise ConfigError(f"--frame_compression {sample.frame_compression}: --output_format {fmt.name} writes its frames "
+                              "into its own files as uint8; only a format reading the sample store's pool in place "
+                              "(compact) reads it compressed")  # fmt: skip
     if sample.video_profile is not None:  # the family reads clips as asked (ConfigError: one that reads none)
         if not fmt.holds_videos:
             raise ConfigError(f"--video_profile: --output_format {fmt.name} holds no video clip (compact and energon do)")

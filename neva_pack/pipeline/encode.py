@@ -45,6 +45,8 @@ class StoreImages:
     """A fixed run's ids, or the dynamic ImageRun (``positions`` None)."""
     image_processor: dict | None
     """A dynamic run's processor record (``images.processor_record``); None for fixed crops."""
+    frame_compression: str | None = None
+    """The codec a dynamic run's pool is compressed with (--frame_compression); None: raw uint8."""
 
 
 def store_images(sample: SampleConfig, builder) -> StoreImages:
@@ -57,7 +59,7 @@ def store_images(sample: SampleConfig, builder) -> StoreImages:
     from neva_pack.families import processor_record
 
     record = processor_record(resolve_encoder(sample.hf_vision_encoder), builder.preprocessor)
-    return StoreImages(image_shape=None, image_run=builder.image_run, image_processor=record)
+    return StoreImages(image_shape=None, image_run=builder.image_run, image_processor=record, frame_compression=sample.frame_compression)
 
 
 def encode_samples(
@@ -75,7 +77,7 @@ def encode_samples(
     writer = SampleStoreWriter(
         store_directory, images.image_shape, fingerprint, resume=run.resume, first_record=first, extra=extra,
         image_run=images.image_run, ignore_index=sample.ignore_index, input_digest=input_digest,
-        data_path=sample.data_path, image_processor=images.image_processor,
+        data_path=sample.data_path, image_processor=images.image_processor, frame_compression=images.frame_compression,
     )  # fmt: skip
     start = writer.next_record
     skipped = sum(sum(s.skipped_by_reason.values()) for s in writer.segments)
@@ -84,6 +86,7 @@ def encode_samples(
             sample.data_path, builder, start=start, end=end, batch_size=records_per_message(sample),
             first_batch_size=FIRST_RECORDS_PER_MESSAGE, index=index,
             share_images=images_in_shared_memory(sample.image_folder is not None, run.num_workers, images.image_shape),
+            frame_compression=images.frame_compression,
         )  # fmt: skip
         bar = tqdm(total=end - first, initial=start - first, desc="tokenize + images", unit="rec", disable=not progress)
         messages = worker_messages(stream, run.num_workers, MESSAGES_IN_FLIGHT)

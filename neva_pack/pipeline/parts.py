@@ -137,7 +137,7 @@ def _encoder_digest(sample: SampleConfig, builder) -> str:
 
 def join_parts(
     store_directory: Path, num_shards: int, total_records: int, fingerprint: dict, image_shape, resume_fingerprint: dict,
-    *, image_run, ignore_index: int, data_path, image_processor: dict | None = None,
+    *, image_run, ignore_index: int, data_path, image_processor: dict | None = None, frame_compression: str | None = None,
 ) -> None:  # fmt: skip
     """Check that the parts tile [0, total_records) once with identical settings and that each part's
     files are what its progress file records, then join them into the sample store (one store shard
@@ -164,7 +164,7 @@ def join_parts(
     marker = {"joined_from": _joined_marker(num_shards, total_records, fingerprint)}
     writer = SampleStoreWriter(
         store_directory, image_shape, resume_fingerprint, extra=marker, image_run=image_run, ignore_index=ignore_index,
-        input_digest=fingerprint["data"], image_processor=image_processor,
+        input_digest=fingerprint["data"], image_processor=image_processor, frame_compression=frame_compression,
     )
     for path, progress in parts:
         partition = progress["partition"]

@@ -66,8 +66,10 @@ def run_report(
 
 def _clip_stats(store) -> ClipStats | None:
     """The video clips the store holds (None: none)."""
-    clips, frames, size = store.clip_totals()
-    return ClipStats(clips=clips, frames=frames, bytes=size) if clips else None
+    clips, frames, size, stored = store.clip_totals()
+    if not clips:
+        return None
+    return ClipStats(clips=clips, frames=frames, bytes=size, stored_bytes=stored, compression=store.frame_compression)
 
 
 def packed_meta(sample: SampleConfig, written: dict, builder: SampleBuilder, spec: WriteSpec, report: RunReport) -> PackedMeta:

@@ -9,6 +9,7 @@ checkpoint, so that a killed run resumes; its files are described in ``files.py`
     join.py         join_part: a sharded run's part appended as one segment, decoding nothing
     checks.py       the progress file read and checked, a store's files checked against it, resume settings
     image_pool.py   every distinct image once, keyed by content: also the compact format's image pool
+    frame_codec.py  --frame_compression: each entry of a dynamic pool one zstd frame, decoded within its row's size
     kernels.py      numba: stored text -> tokens and labels
 
 The pool segments are also the compact format's image pool: re-packing at another size or with
@@ -22,6 +23,7 @@ from neva_pack.sample_store.checks import (
     StoreDamage,
     check_input,
     check_settings,
+    pool_codec,
     read_progress,
     store_checksums_problem,
     store_files_problem,
@@ -36,8 +38,10 @@ from neva_pack.sample_store.reader import SampleStore, StoredTexts
 from neva_pack.sample_store.writer import SampleStoreWriter, commits_reported_to
 
 from neva_pack.sample_store.image_pool import ImagePool, PoolSegment, PoolWriter, image_key, pool_segment
+from neva_pack.sample_store.frame_codec import FRAME_CODECS
 
 __all__ = [
+    "FRAME_CODECS",
     "ImagePool",
     "POOL_IMAGE_ROW",
     "PROGRESS_FILE",
@@ -62,6 +66,7 @@ __all__ = [
     "join_part",
     "part_dir",
     "part_of",
+    "pool_codec",
     "pool_images_path",
     "pool_keys_path",
     "pool_segment",

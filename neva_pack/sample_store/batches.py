@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from neva_pack.sample_store.files import RUN_VALUES, SAMPLE_ROW, STORE_IMAGE_DTYPE, STORE_TEXT_DTYPE, TEXT_ITEMS, StoreRun
-from neva_pack.sample_store.image_pool import image_key
+from neva_pack.sample_store.frame_codec import compress_entry
+from neva_pack.sample_store.image_pool import image_key, pool_row
 from neva_pack.core import StoredImage
 
 __all__ = ["StoreDocument", "StoredBatch", "elided_ids", "elided_positions", "image_run_lengths", "store_document", "stored_batch", "whole_runs"]
@@ -141,19 +142,29 @@ class StoredBatch:
     """16-byte content key of each image of the samples, in order."""
     images: np.ndarray | tuple
     """Fixed store: uint8 (images, 3, H, W), the samples' images in order (none for text-only samples);
-    dynamic store: a tuple of their StoredImages."""
+    dynamic store: a tuple of their StoredImages (empty when ``entries`` holds them)."""
     skipped: tuple
     """The batch's samples.Skipped records."""
+    entries: tuple = ()
+    """A compressed dynamic store (--frame_compression): (POOL_IMAGE_ROW bytes, compressed frame) of each
+    image, in order, compressed by the worker that built them (the main process only writes the bytes);
+    empty otherwise."""
 
 
-def stored_batch(items, image_run, ignore_index: int, image_shape) -> StoredBatch:
+def stored_batch(items, image_run, ignore_index: int, image_shape, frame_compression: str | None = None) -> StoredBatch:
     """Consecutive records' Sample | Skipped items as one StoredBatch (pure: a worker runs it);
-    ``image_run`` and ``image_shape`` as ``store_document`` takes them."""
+    ``image_run`` and ``image_shape`` as ``store_document`` takes them; ``frame_compression``: a dynamic
+    store's codec, its images sent as their rows and compressed frames (``StoredBatch.entries``)."""
     samples = [item for item in items if hasattr(item, "tokens")]
     run = StoreRun.of(image_run)
     documents = [store_document(item, run, ignore_index, image_shape) for item in samples]
+    entries = ()
     if run.dynamic:
         images = tuple(image for item in samples for image in item.images)
+        if frame_compression is not None:
+            entries = tuple((pool_row(image).tobytes(), compress_entry(frame_compression, b"".join(
+                np.ascontiguousarray(part, dtype=STORE_IMAGE_DTYPE).data for part in image.parts))) for image in images)  # fmt: skip
+            images = ()
     else:
         images = [item.images for item in samples if len(item.images)]
         images = np.concatenate(images) if images else np.zeros((0, *image_shape), dtype=STORE_IMAGE_DTYPE)
@@ -166,6 +177,7 @@ def stored_batch(items, image_run, ignore_index: int, image_shape) -> StoredBatc
         image_keys=b"".join(document.image_keys for document in documents),
         images=images,
         skipped=tuple(item for item in items if not hasattr(item, "tokens")),
+        entries=entries,
     )
 
 

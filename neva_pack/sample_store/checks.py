@@ -23,7 +23,8 @@ from neva_pack.sample_store.files import (
     segment_skipped_path,
     segment_text_prefix,
 )
-from neva_pack.sample_store.image_pool import KEY_BYTES, image_bytes, pool_segment, read_shapes
+from neva_pack.sample_store.frame_codec import FRAME_CODECS
+from neva_pack.sample_store.image_pool import KEY_BYTES, pool_segment, read_shapes, stored_offsets
 
 __all__ = [
     "MAX_PROGRESS_BYTES",
@@ -31,6 +32,7 @@ __all__ = [
     "check_input",
     "check_settings",
     "is_dynamic",
+    "pool_codec",
     "read_progress",
     "segment_checksums",
     "store_checksums_problem",
@@ -66,6 +68,15 @@ def read_progress(directory: Path) -> dict:
 def is_dynamic(progress: dict) -> bool:
     """Whether a store's progress file describes a dynamic-resolution store (files.py's docstring)."""
     return progress.get("image_shape") is None
+
+
+def pool_codec(progress: dict) -> str | None:
+    """The codec a store's pool entries are compressed with (--frame_compression), None when raw;
+    InputError for one this neva_pack does not know, or on a fixed store."""
+    codec = progress.get("frame_compression")
+    if codec is not None and (codec not in FRAME_CODECS or not is_dynamic(progress)):
+        raise InputError(f"{PROGRESS_FILE}: frame_compression {codec!r} (this neva_pack knows {FRAME_CODECS}, on dynamic-resolution stores)")
+    return codec
 
 
 def check_settings(stored: dict, current: dict) -> None:
@@ -106,7 +117,8 @@ def store_checksums_problem(directory: Path, progress: dict) -> str | None:
     if problem is not None:
         return problem
     for segment in (SegmentInfo(**info) for info in progress["shards"]):
-        pool = pool_segment(directory, segment.name, segment.pool_images, segment.pool_checksums, dynamic=is_dynamic(progress))
+        pool = pool_segment(directory, segment.name, segment.pool_images, segment.pool_checksums, dynamic=is_dynamic(progress),
+                            codec=pool_codec(progress))  # fmt: skip
         if pool.count and pool.checksums is not None and file_checksum(pool.images_file) != pool.checksums[0]:
             return f"{pool.images_file.name} does not hash to the checksum its progress file records"
         if segment.checksums is None:
@@ -129,7 +141,8 @@ def store_files_problem(directory: Path, progress: dict) -> str | None:
     directory = Path(directory)
     dynamic = is_dynamic(progress)
     for segment in (SegmentInfo(**info) for info in progress["shards"]):
-        pool = pool_segment(directory, segment.name, segment.pool_images, segment.pool_checksums, dynamic=dynamic)
+        pool = pool_segment(directory, segment.name, segment.pool_images, segment.pool_checksums, dynamic=dynamic,
+                            codec=pool_codec(progress))  # fmt: skip
         sizes = [(segment_rows_path(directory, segment.name), segment.samples * SAMPLE_ROW.itemsize),
                  (segment_image_refs_path(directory, segment.name), segment.images * KEY_BYTES)]  # fmt: skip
         if pool.count and dynamic:
@@ -138,9 +151,12 @@ def store_files_problem(directory: Path, progress: dict) -> str | None:
                 return f"{shapes.name} is not {pool.count} image rows"
             if pool.checksums is not None and file_checksum(shapes) != pool.checksums[2]:
                 return f"{shapes.name} does not hash to the checksum its progress file records"
+            if pool.codec is not None and pool.checksums is not None and (
+                    not pool.sizes_file.is_file() or file_checksum(pool.sizes_file) != pool.checksums[3]):  # fmt: skip
+                return f"{pool.sizes_file.name} is missing or does not hash to the checksum its progress file records"
             try:
-                expected = int(image_bytes(read_shapes(pool)).sum())
-            except ValueError as exc:
+                expected = int(stored_offsets(pool, read_shapes(pool))[-1])
+            except (OSError, ValueError) as exc:
                 return str(exc)
             sizes += [(pool.images_file, expected), (pool.keys_file, pool.count * KEY_BYTES)]
         elif pool.count:

@@ -16,6 +16,8 @@
                                     resize/crop/pad, before rescale/normalise (image_pool.py); absent if none
       shard_00000.image_shapes      dynamic-resolution stores only: one POOL_IMAGE_ROW per image of
                                     .images (its size, tokens, parts' shapes); its parts are back to back there
+      shard_00000.entry_sizes       a compressed pool only (--frame_compression): int64 bytes of each image's
+                                    compressed frame in .images (sample_store/frame_codec.py)
       part_<i>_of_<N>/              a sharded run's part: the store that shard i writes, joined by the
                                     final step (pipeline/parts.py)
 
@@ -60,6 +62,7 @@ __all__ = [
     "pool_images_path",
     "pool_keys_path",
     "pool_shapes_path",
+    "pool_sizes_path",
     "segment_files",
     "segment_image_refs_path",
     "segment_name",
@@ -249,13 +252,18 @@ def pool_keys_path(directory: Path, name: str) -> Path:
     return Path(directory) / f"{name}.image_keys"
 
 
+def pool_sizes_path(directory: Path, name: str) -> Path:
+    """int64 bytes of each compressed entry of a compressed pool segment's .images file (frame_codec.py)."""
+    return Path(directory) / f"{name}.entry_sizes"
+
+
 def pool_shapes_path(directory: Path, name: str) -> Path:
     """POOL_IMAGE_ROW of every image of a dynamic pool segment's .images file."""
     return Path(directory) / f"{name}.image_shapes"
 
 
 SEGMENT_FILE = re.compile(
-    r"(shard|pool)_\d+(\.rows|\.skipped\.jsonl|_text\.bin|_text\.idx|\.image_refs|\.images|\.image_keys|\.image_shapes)(\.tmp)?"
+    r"(shard|pool)_\d+(\.rows|\.skipped\.jsonl|_text\.bin|_text\.idx|\.image_refs|\.images|\.image_keys|\.image_shapes|\.entry_sizes)(\.tmp)?"
 )
 """Every file name of a store segment (the writer, the image pool, convert's pool), temporary names
 included: what --overwrite and --resume may delete inside a store directory."""

@@ -5,6 +5,8 @@
     <segment>.image_keys    raw, 16 bytes per image of <segment>.images: BLAKE2b-128 of its content
     <segment>.image_shapes  dynamic only: files.POOL_IMAGE_ROW per image (size, tokens, parts' shapes; a
                             video clip's frames and seconds per temporal patch)
+    <segment>.entry_sizes   a compressed dynamic pool only (--frame_compression): int64 bytes of each
+                            image's compressed frame in <segment>.images (frame_codec.py)
 
 A pool is a list of segments (the sample store writes one beside each of its segments); pool
 index = position in the concatenation of the segments. The key is the content hash (a fixed image:
@@ -23,16 +25,19 @@ from pathlib import Path
 
 import numpy as np
 
-from neva_pack.files import OutputFile
-from neva_pack.sample_store.files import MAX_IMAGE_PARTS, POOL_IMAGE_ROW, pool_images_path, pool_keys_path, pool_shapes_path
-from neva_pack.core import StoredImage
+from neva_pack.files import OutputFile, relative_name
+from neva_pack.sample_store.files import MAX_IMAGE_PARTS, POOL_IMAGE_ROW, pool_images_path, pool_keys_path, pool_shapes_path, pool_sizes_path
+from neva_pack.sample_store.frame_codec import FRAME_CODECS, compress_entry, decompress_entry
+from neva_pack.core import InputError, StoredImage
 
 __all__ = [
     "KEY_BYTES", "ImagePool", "PoolSegment", "PoolWriter", "image_bytes", "image_key", "load_keys", "pool_row", "pool_segment",
-    "read_shapes", "stored_image",
+    "read_shapes", "read_sizes", "stored_image",
 ]  # fmt: skip
 
 KEY_BYTES = 16
+SIZE_DTYPE = np.dtype("<i8")
+"""A compressed entry's size in the .entry_sizes file."""
 
 
 def image_key(image) -> bytes:
@@ -78,6 +83,11 @@ class PoolSegment:
     GBs of pixels back. None where not known (a segment with no image, a store from an earlier version)."""
     shapes_file: Path | None = None
     """The segment's POOL_IMAGE_ROW per image: a dynamic pool's; None for a fixed one."""
+    codec: str | None = None
+    """A dynamic pool's entries compressed with this codec (frame_codec.FRAME_CODECS), one frame each;
+    None: raw uint8."""
+    sizes_file: Path | None = None
+    """A compressed segment's int64 bytes of each entry in ``images_file``; None when raw."""
 
     @property
     def dynamic(self) -> bool:
@@ -86,7 +96,27 @@ class PoolSegment:
     @property
     def files(self) -> tuple[Path, ...]:
         """Its files (those a segment with images has), in the order of ``checksums``."""
-        return (self.images_file, self.keys_file) + ((self.shapes_file,) if self.dynamic else ())
+        return (self.images_file, self.keys_file) + ((self.shapes_file,) if self.dynamic else ()) + ((self.sizes_file,) if self.codec else ())
+
+    def layout(self, output_dir: Path) -> dict:
+        """The segment as an output's meta lists it (a compact output's ``layout["pool"]`` entry): its files
+        relative to ``output_dir``, its count, and a compressed segment's codec."""
+        entry = {"images": relative_name(output_dir, self.images_file), "keys": relative_name(output_dir, self.keys_file), "count": self.count}
+        if self.dynamic:
+            entry["shapes"] = relative_name(output_dir, self.shapes_file)
+        if self.codec is not None:
+            entry.update(codec=self.codec, sizes=relative_name(output_dir, self.sizes_file))
+        return entry
+
+    @classmethod
+    def from_layout(cls, entry: dict, output_dir: Path) -> "PoolSegment":
+        """``layout``'s inverse; ValueError for a codec this neva_pack does not know."""
+        codec = entry.get("codec")
+        if codec is not None and (codec not in FRAME_CODECS or "shapes" not in entry or "sizes" not in entry):
+            raise ValueError(f"a pool part compressed with {codec!r} (this neva_pack reads {FRAME_CODECS}, with shapes and sizes)")
+        return cls(images_file=output_dir / entry["images"], keys_file=output_dir / entry["keys"], count=int(entry["count"]),
+                   shapes_file=output_dir / entry["shapes"] if "shapes" in entry else None,
+                   codec=codec, sizes_file=output_dir / entry["sizes"] if codec else None)  # fmt: skip
 
     def known_checksums(self) -> dict[Path, str]:
         """file -> checksum, for the files whose checksum the segment knows."""
@@ -96,15 +126,20 @@ class PoolSegment:
 
 
 def pool_segment(
-    directory: Path, name: str, count: int, checksums: dict[str, str] | None = None, *, dynamic: bool = False
+    directory: Path, name: str, count: int, checksums: dict[str, str] | None = None, *, dynamic: bool = False,
+    codec: str | None = None,
 ) -> PoolSegment:  # fmt: skip
     """``checksums``: ``PoolWriter.checksums()`` as the sample store keeps it ({"images", "keys"} and,
-    dynamic, "shapes"). ``dynamic``: a pool of StoredImages (with a shapes file)."""
-    names = ("images", "keys", "shapes") if dynamic else ("images", "keys")
+    dynamic, "shapes"; compressed, "sizes"). ``dynamic``: a pool of StoredImages (with a shapes file);
+    ``codec``: its entries compressed (frame_codec.py; dynamic pools only)."""
+    if codec is not None and (not dynamic or codec not in FRAME_CODECS):
+        raise ValueError(f"frame codec {codec!r}: only a dynamic pool's entries are compressed, with one of {FRAME_CODECS}")
+    names = ("images", "keys") + (("shapes",) if dynamic else ()) + (("sizes",) if codec else ())
     return PoolSegment(
         images_file=pool_images_path(directory, name), keys_file=pool_keys_path(directory, name), count=count,
         checksums=None if checksums is None else tuple(checksums[key] for key in names),
         shapes_file=pool_shapes_path(directory, name) if dynamic else None,
+        codec=codec, sizes_file=pool_sizes_path(directory, name) if codec else None,
     )  # fmt: skip
 
 
@@ -123,25 +158,48 @@ class PoolWriter:
         return self.add_keyed(image_key(image), image)
 
     def add_keyed(self, key: bytes, image) -> tuple[bytes, int]:
-        """``add`` for an image whose key is already known (copied from another pool segment)."""
+        """``add`` for an image whose key is already known (copied from another pool segment); a compressed
+        pool's entry is compressed here (a run's workers send theirs compressed: ``add_entry``), to the
+        same bytes: one codec, one level, whichever process runs it."""
         index = self.known.get(key)
         if index is not None:
             return key, index
         if isinstance(image, StoredImage) != self.segment.dynamic:
             raise ValueError(f"{self.segment.images_file.name}: a {'fixed' if self.segment.dynamic else 'dynamic'} "
                              "image for a pool of the other kind (a bug)")  # fmt: skip
+        if self.segment.dynamic:
+            row = pool_row(image)
+            parts = [np.ascontiguousarray(part, dtype=np.uint8).data for part in image.parts]
+            if self.segment.codec is None:
+                return self.add_entry(key, row, *parts)
+            return self.add_entry(key, row, compress_entry(self.segment.codec, b"".join(parts) if len(parts) > 1 else parts[0]))
+        self._open_files()
+        self._files[0].write(np.ascontiguousarray(image, dtype=np.uint8).data)
+        return self._added(key)
+
+    def add_entry(self, key: bytes, row: np.ndarray, *stored) -> tuple[bytes, int]:
+        """Add one image of a dynamic pool as the segment stores it: its POOL_IMAGE_ROW and its bytes
+        (buffers: its raw parts, or the codec's one frame of them): a join copies entries so, decoding nothing."""
+        index = self.known.get(key)
+        if index is not None:
+            return key, index
+        self._open_files()
+        for data in stored:
+            self._files[0].write(data)
+        self._files[2].write(np.asarray(row, dtype=POOL_IMAGE_ROW).tobytes())
+        if self.segment.codec is not None:
+            self._files[3].write(np.array([sum(len(memoryview(data).cast("B")) for data in stored)], dtype=SIZE_DTYPE).tobytes())
+        return self._added(key)
+
+    def _open_files(self) -> None:
         if self._files is None:
             self._files = [OutputFile(self.segment.images_file, write_behind=True), OutputFile(self.segment.keys_file)]
             if self.segment.dynamic:
                 self._files.append(OutputFile(self.segment.shapes_file))
-        images = self._files[0]
-        if self.segment.dynamic:
-            row = pool_row(image)
-            for part in image.parts:
-                images.write(np.ascontiguousarray(part, dtype=np.uint8).data)
-            self._files[2].write(row.tobytes())
-        else:
-            images.write(np.ascontiguousarray(image, dtype=np.uint8).data)
+            if self.segment.codec is not None:
+                self._files.append(OutputFile(self.segment.sizes_file))
+
+    def _added(self, key: bytes) -> tuple[bytes, int]:
         self._files[1].write(key)
         index = self.next_index
         self.known[key] = index
@@ -159,7 +217,8 @@ class PoolWriter:
         """What the segment's files hash to (``PoolSegment.checksums``), None when it holds no image."""
         if self._files is None:
             return None
-        return dict(zip(("images", "keys", "shapes"), (file.checksum() for file in self._files)))
+        names = ("images", "keys") + (("shapes",) if self.segment.dynamic else ()) + (("sizes",) if self.segment.codec else ())
+        return dict(zip(names, (file.checksum() for file in self._files)))
 
 
 def load_keys(segments: list[PoolSegment]) -> dict[bytes, int]:
@@ -185,6 +244,24 @@ def read_shapes(segment: PoolSegment) -> np.ndarray:
     if np.any(parts < 1) or np.any(parts > MAX_IMAGE_PARTS) or np.any(rows["shapes"] < 0) or np.any(rows["frames"] < 0):
         raise ValueError(f"{segment.shapes_file.name}: an image row with impossible parts or shapes")
     return rows
+
+
+def read_sizes(segment: PoolSegment) -> np.ndarray:
+    """int64 bytes of each entry of a compressed segment (ValueError when the file is not ``count`` of
+    them, or one is not a possible frame's size)."""
+    sizes = np.fromfile(segment.sizes_file, dtype=SIZE_DTYPE)
+    if len(sizes) != segment.count or segment.sizes_file.stat().st_size != segment.count * SIZE_DTYPE.itemsize:
+        raise ValueError(f"{segment.sizes_file.name}: not {segment.count} entry sizes")
+    if np.any(sizes < 1):
+        raise ValueError(f"{segment.sizes_file.name}: an entry of {int(sizes.min())} bytes")
+    return sizes
+
+
+def stored_offsets(segment: PoolSegment, rows: np.ndarray) -> np.ndarray:
+    """int64 byte offsets (count + 1) of each entry in a dynamic segment's images file: its parts'
+    sizes from the rows (raw), or the sizes file (compressed)."""
+    sizes = image_bytes(rows) if segment.codec is None else read_sizes(segment)
+    return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
 
 
 def stored_image(row, data: np.ndarray) -> StoredImage:
@@ -283,8 +360,38 @@ class ImagePool:
                 data = np.frombuffer(os.pread(self._file(segment), end - first, first), dtype=np.uint8)
             if len(data) != end - first:
                 raise ValueError(f"{self.segments[segment].images_file.name}: ends inside image {at}")
-            images.append(stored_image(row, data))
+            images.append(stored_image(row, self._decoded(segment, at, row, data)))
         return images
+
+    def _decoded(self, segment: int, at: int, row, data: np.ndarray) -> np.ndarray:
+        """An entry's raw uint8 bytes (``data`` as stored); a compressed entry decoded within its row's size
+        (InputError, one line, for a damaged one: a reader refuses it, never decodes past its row)."""
+        codec = self.segments[segment].codec
+        if codec is None:
+            return data
+        try:
+            raw = decompress_entry(codec, data.tobytes(), int(image_bytes(row[None])[0]))
+        except ValueError as exc:
+            raise InputError(f"{self.segments[segment].images_file}: image {at}: {exc}") from None
+        return np.frombuffer(raw, dtype=np.uint8)
+
+    def entries_problem(self, segment: int) -> str | None:
+        """What is wrong with a compressed segment's entries (``segment`` an index into ``segments``): each
+        decoded within its row's size and its content key compared with the keys file's (what verify
+        checks: the frames decode to exactly what was stored). None when all agree, or the pool is raw."""
+        part = self.segments[segment]
+        if part.codec is None:
+            return None
+        keys = part.keys_file.read_bytes()
+        start = int(self.starts[segment])
+        for at in range(part.count):
+            try:
+                (image,) = self.read_stored([start + at])
+            except (ValueError, InputError) as exc:
+                return str(exc)
+            if image_key(image) != keys[at * KEY_BYTES : (at + 1) * KEY_BYTES]:
+                return f"{part.images_file.name}: image {at} decodes to other pixels than its key's"
+        return None
 
     def expected_bytes(self, segment: int) -> int:
         """What the images file of ``segment`` (an index into ``segments``) must hold."""
@@ -295,7 +402,7 @@ class ImagePool:
     def _segment_rows(self, segment: int) -> tuple[np.ndarray, np.ndarray]:
         if segment not in self._rows:
             rows = read_shapes(self.segments[segment])
-            self._rows[segment] = rows, np.concatenate([[0], np.cumsum(image_bytes(rows))])
+            self._rows[segment] = rows, stored_offsets(self.segments[segment], rows)
         return self._rows[segment]
 
     def _map(self, segment: int) -> np.ndarray:

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from neva_pack.files import IndexedWriter, bin_path, file_checksum, fsync_close, idx_path
-from neva_pack.sample_store.checks import StoreDamage, read_progress
+from neva_pack.sample_store.checks import StoreDamage, pool_codec, read_progress
 from neva_pack.sample_store.files import (
     STORE_IMAGE_DTYPE,
     STORE_TEXT_DTYPE,
@@ -19,7 +19,7 @@ from neva_pack.sample_store.files import (
     segment_skipped_path,
     segment_text_prefix,
 )
-from neva_pack.sample_store.image_pool import KEY_BYTES, PoolSegment, PoolWriter, image_bytes, pool_segment, read_shapes, stored_image
+from neva_pack.sample_store.image_pool import KEY_BYTES, PoolSegment, PoolWriter, pool_segment, read_shapes, stored_offsets
 from neva_pack.sample_store.writer import SampleStoreWriter
 
 __all__ = ["join_part"]
@@ -41,8 +41,10 @@ def join_part(writer: SampleStoreWriter, part: Path, first_record: int, end_reco
     """
     progress = read_progress(part)
     if (progress.get("image_run") != writer.run.to_json() or progress.get("ignore_index") != writer.ignore_index
-            or progress.get("image_processor") != writer.image_processor):  # fmt: skip
-        raise ValueError(f"{part}: written with another image run, image processor or ignore value than the store it joins")
+            or progress.get("image_processor") != writer.image_processor
+            or progress.get("frame_compression") != writer.frame_compression):  # fmt: skip
+        raise ValueError(f"{part}: written with another image run, image processor, ignore value or frame compression "
+                         "than the store it joins")  # fmt: skip
     sources = [SegmentInfo(**segment) for segment in progress["shards"]]
     if not writer.between_segments or writer.next_record != first_record:
         raise ValueError(f"{part}: starts at record {first_record}, the store is at {writer.next_record}")
@@ -58,7 +60,8 @@ def join_part(writer: SampleStoreWriter, part: Path, first_record: int, end_reco
         for path, target in zip(_CONCATENATED, targets):
             with open(path(part, source.name), "rb") as f:
                 shutil.copyfileobj(f, target)
-        images = pool_segment(part, source.name, source.pool_images, source.pool_checksums, dynamic=writer.run.dynamic)
+        images = pool_segment(part, source.name, source.pool_images, source.pool_checksums, dynamic=writer.run.dynamic,
+                              codec=pool_codec(progress))  # fmt: skip
         read = _copy_new_images(images, pool, writer.image_shape)
         if images.dynamic and images.count and images.checksums is not None and file_checksum(images.shapes_file) != images.checksums[2]:
             raise StoreDamage(f"{images.shapes_file.name} does not hash to the checksum its progress file records")
@@ -109,19 +112,22 @@ def _copy_new_images(source: PoolSegment, pool: PoolWriter, image_shape) -> str 
 
 
 def _copy_new_stored_images(source: PoolSegment, keys: bytes, pool: PoolWriter, digest) -> str:
-    """``_copy_new_images`` for a dynamic pool segment: each image read at its own size (its shapes row)."""
+    """``_copy_new_images`` for a dynamic pool segment: each image's entry read at its own size (its shapes
+    row; a compressed pool's sizes file) and copied as stored, a compressed frame not decoded."""
     try:
         rows = read_shapes(source)
+        offsets = stored_offsets(source, rows)
     except (OSError, ValueError) as exc:
-        raise StoreDamage(f"{source.shapes_file.name}: {exc}") from None
+        raise StoreDamage(f"{(source.sizes_file or source.shapes_file).name}: {exc}") from None
+    if source.codec is not None and source.checksums is not None and file_checksum(source.sizes_file) != source.checksums[3]:
+        raise StoreDamage(f"{source.sizes_file.name} does not hash to the checksum its progress file records")
     with open(source.images_file, "rb") as f:
-        for k, (row, size) in enumerate(zip(rows, image_bytes(rows).tolist())):
+        for k, (row, size) in enumerate(zip(rows, np.diff(offsets).tolist())):
             data = f.read(size)
             if len(data) != size:
                 raise StoreDamage(f"{source.images_file.name} ends before its image {k}")
             digest.update(data)
-            image = stored_image(row, np.frombuffer(data, dtype=STORE_IMAGE_DTYPE))
-            pool.add_keyed(keys[k * KEY_BYTES : (k + 1) * KEY_BYTES], image)
+            pool.add_entry(keys[k * KEY_BYTES : (k + 1) * KEY_BYTES], row, data)
     return digest.hexdigest()
 
 

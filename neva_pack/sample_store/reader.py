@@ -14,7 +14,7 @@ import numpy as np
 from neva_pack.core import InputError
 from neva_pack.files import IndexedReader
 from neva_pack.sample_store.batches import elided_positions
-from neva_pack.sample_store.checks import read_progress
+from neva_pack.sample_store.checks import pool_codec, read_progress
 from neva_pack.sample_store.files import (
     RUN_VALUES,
     SAMPLE_ROW,
@@ -27,7 +27,7 @@ from neva_pack.sample_store.files import (
     segment_skipped_path,
     segment_text_prefix,
 )
-from neva_pack.sample_store.image_pool import KEY_BYTES, ImagePool, image_bytes, load_keys, pool_segment, read_shapes
+from neva_pack.sample_store.image_pool import KEY_BYTES, ImagePool, image_bytes, load_keys, pool_segment, read_shapes, stored_offsets
 
 __all__ = ["SampleStore", "StoredTexts"]
 
@@ -79,14 +79,16 @@ class SampleStore:
         self.image_processor = progress.get("image_processor")
         """Dynamic store: the settings that rebuild its processor (``images.processor_from_record``); None when fixed."""
         self.ignore_index = int(progress["ignore_index"])
+        self.frame_compression = pool_codec(progress)
+        """The codec the pool's entries are compressed with (--frame_compression); None: raw uint8."""
         self.segments = [SegmentInfo(**segment) for segment in progress["shards"]]
         rows = [np.fromfile(segment_rows_path(self.directory, s.name), dtype=SAMPLE_ROW) for s in self.segments]
         self.rows = np.concatenate(rows) if rows else np.zeros(0, dtype=SAMPLE_ROW)
         self._first_sample = np.cumsum([0] + [s.samples for s in self.segments])
         self._first_image = np.cumsum([0] + [s.images for s in self.segments])
         self._sample_first_image = np.concatenate([[0], np.cumsum(self.rows["num_images"].astype(np.int64))])
-        self.pool_segments = [pool_segment(self.directory, s.name, s.pool_images, s.pool_checksums, dynamic=self.dynamic)
-                              for s in self.segments]  # fmt: skip
+        self.pool_segments = [pool_segment(self.directory, s.name, s.pool_images, s.pool_checksums, dynamic=self.dynamic,
+                                           codec=self.frame_compression) for s in self.segments]  # fmt: skip
         self.pool = ImagePool(self.pool_segments, self.image_shape, mmap=False)
         self._known = None
         self._text = {}
@@ -150,18 +152,20 @@ class SampleStore:
                 total[reason] = total.get(reason, 0) + count
         return total
 
-    def clip_totals(self) -> tuple[int, int, int]:
-        """(clips, frames, uint8 bytes) of the video clips in the pool (each distinct clip once); zeros
-        for a fixed store. Reads the pool's rows, never its pixels."""
+    def clip_totals(self) -> tuple[int, int, int, int]:
+        """(clips, frames, uint8 bytes, bytes stored) of the video clips in the pool (each distinct clip
+        once): stored = uint8 but in a compressed pool (--frame_compression), whose entries' sizes it
+        reads. Zeros for a fixed store. Reads the pool's rows (and sizes), never its pixels."""
         if not self.dynamic:
-            return 0, 0, 0
-        clips = frames = size = 0
+            return 0, 0, 0, 0
+        clips = frames = size = stored = 0
         for segment in self.pool.segments:
             rows = read_shapes(segment)
             videos = rows["frames"] > 0
             clips, frames = clips + int(videos.sum()), frames + int(rows["frames"][videos].sum())
             size += int(image_bytes(rows[videos]).sum())
-        return clips, frames, size
+            stored += int(np.diff(stored_offsets(segment, rows))[videos].sum())
+        return clips, frames, size, stored
 
     def skipped_files(self) -> list[Path]:
         return [segment_skipped_path(self.directory, s.name) for s in self.segments]

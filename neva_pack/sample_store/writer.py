@@ -16,6 +16,7 @@ from neva_pack.core import InputError
 from neva_pack.sample_store.batches import StoredBatch, stored_batch
 from neva_pack.sample_store.checks import check_input, check_settings, read_progress, segment_checksums, store_checksums_problem
 from neva_pack.sample_store.files import (
+    POOL_IMAGE_ROW,
     PROGRESS_FILE,
     SAMPLE_ROW,
     STORE_FORMAT,
@@ -58,13 +59,14 @@ class SampleStoreWriter:
 
     A fixed store: ``image_shape`` (3, H, W) and ``image_run`` the run's ids (or a fixed ImageRun). A
     dynamic store: ``image_shape`` None, ``image_run`` an ImageRun with ``positions`` None, and
-    ``image_processor`` the settings that rebuild its processor (``images.processor_record``).
+    ``image_processor`` the settings that rebuild its processor (``images.processor_record``);
+    ``frame_compression`` a codec its pool's entries are compressed with (frame_codec.py; None: raw uint8).
     """
 
     def __init__(
         self, directory: Path, image_shape, fingerprint: dict, resume: bool = False, first_record: int = 0,
         extra: dict | None = None, *, image_run, ignore_index: int, input_digest: str | None = None, data_path=None,
-        image_processor: dict | None = None,
+        image_processor: dict | None = None, frame_compression: str | None = None,
     ):  # fmt: skip
         self.directory = Path(directory)
         self.run = StoreRun.of(image_run)
@@ -72,6 +74,9 @@ class SampleStoreWriter:
             raise ValueError("a dynamic store has no image shape and records its image processor; a fixed one the opposite (a bug)")
         self.image_shape = None if image_shape is None else tuple(image_shape)
         self.image_processor = image_processor
+        if frame_compression is not None and not self.run.dynamic:
+            raise ValueError("only a dynamic store's pool is compressed (a bug)")
+        self.frame_compression = frame_compression
         self.fingerprint = fingerprint
         self.image_run = self.run.ids  # a fixed store's run ids (None: dynamic)
         self.ignore_index = int(ignore_index)
@@ -84,7 +89,7 @@ class SampleStoreWriter:
             check_input(self.directory, progress.get("input_digest"), input_digest, data_path)
             check_settings(progress["fingerprint"], fingerprint)
             check_settings(
-                {key: progress.get(key) for key in ("image_run", "image_shape", "image_processor", "ignore_index")},
+                {key: progress.get(key) for key in ("image_run", "image_shape", "image_processor", "ignore_index", "frame_compression")},
                 self._image_settings(),
             )
             problem = store_checksums_problem(self.directory, progress)
@@ -107,11 +112,12 @@ class SampleStoreWriter:
             "image_shape": None if self.image_shape is None else list(self.image_shape),
             "image_processor": self.image_processor,
             "ignore_index": self.ignore_index,
+            "frame_compression": self.frame_compression,  # written only when set: a raw store's progress.json as before
         }
 
     def pool_segments(self) -> list[PoolSegment]:
-        return [pool_segment(self.directory, s.name, s.pool_images, s.pool_checksums, dynamic=self.run.dynamic)
-                for s in self.segments]  # fmt: skip
+        return [pool_segment(self.directory, s.name, s.pool_images, s.pool_checksums, dynamic=self.run.dynamic,
+                             codec=self.frame_compression) for s in self.segments]  # fmt: skip
 
     @property
     def next_record(self) -> int:
@@ -135,7 +141,7 @@ class SampleStoreWriter:
 
     def new_pool_segment(self, name: str) -> PoolWriter:
         """The pool writer of segment ``name``, which adds only images no committed segment holds."""
-        segment = pool_segment(self.directory, name, 0, dynamic=self.run.dynamic)
+        segment = pool_segment(self.directory, name, 0, dynamic=self.run.dynamic, codec=self.frame_compression)
         return PoolWriter(segment, self._known, sum(s.pool_images for s in self.segments))
 
     def append(self, sample) -> None:
@@ -238,7 +244,11 @@ class _OpenSegment:
             image_first, image_last = image_ends[first], image_ends[last]
             keys = batch.image_keys
             for k in range(image_first, image_last):
-                self._pool.add_keyed(keys[k * KEY_BYTES : (k + 1) * KEY_BYTES], batch.images[k])
+                if batch.entries:  # compressed by the worker: the pool's own bytes
+                    row, frame = batch.entries[k]
+                    self._pool.add_entry(keys[k * KEY_BYTES : (k + 1) * KEY_BYTES], np.frombuffer(row, dtype=POOL_IMAGE_ROW), frame)
+                else:
+                    self._pool.add_keyed(keys[k * KEY_BYTES : (k + 1) * KEY_BYTES], batch.images[k])
             self._refs.write(keys[image_first * KEY_BYTES : image_last * KEY_BYTES])
             self._rows.write(batch.rows[first * SAMPLE_ROW.itemsize : last * SAMPLE_ROW.itemsize])
             self.samples += last - first

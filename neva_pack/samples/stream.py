@@ -42,9 +42,10 @@ class SampleStream(IterableDataset):
     def __init__(
         self, data_path, builder: SampleBuilder, start: int = 0, end: int | None = None, batch_size: int = 32,
         first_batch_size: int | None = None, index: RecordIndex | None = None,
-        share_images: bool = False,
+        share_images: bool = False, frame_compression: str | None = None,
     ):  # fmt: skip
         self.data_path = data_path
+        self.frame_compression = frame_compression  # the store's codec: a worker compresses its images
         self.share_images = share_images
         self.index = index
         self.builder = builder
@@ -93,10 +94,10 @@ class SampleStream(IterableDataset):
             message = self._message(offset, workers)
             batch.append(self.builder.build(raw))
             if self._message(offset + 1, workers) != message:
-                yield send(stored_batch(batch, run, ignore_index, shape))
+                yield send(stored_batch(batch, run, ignore_index, shape, self.frame_compression))
                 batch = []
         if batch:
-            yield send(stored_batch(batch, run, ignore_index, shape))
+            yield send(stored_batch(batch, run, ignore_index, shape, self.frame_compression))
 
 
 def in_shared_memory(batch: StoredBatch) -> StoredBatch:

@@ -64,7 +64,7 @@ _SPECIAL_REFERENCE = re.compile(r"\{(bos|eos)\}")
 _TEMPLATE_KEYS = {
     "name", "description", "bos", "system", "system_placement", "system_prefix", "system_suffix",
     "system_when_empty", "system_from_record", "user", "assistant", "user_content", "first_user_prefix", "round_separator",
-    "strip_user_content", "strip_end", "one_round_only", "requires_image", "image_patch_token",
+    "strip_user_content", "strip_end", "one_round_only", "requires_image", "image_patch_token", "trim_messages",
 }  # fmt: skip
 _ROLE_KEYS = {"prefix", "lead", "suffix"}
 
@@ -115,6 +115,9 @@ class Template:
     """Strip whitespace around each user turn's text (NeMo's yi_34b)."""
     strip_end: bool = False
     """Drop trailing whitespace at the end of the rendering (NeMo's yi_34b strips its prompt)."""
+    trim_messages: bool = False
+    """Strip whitespace around every message's text: the system prompt, each user turn and each answer
+    (Gemma 4's chat template writes each message ``| trim``)."""
     one_round_only: bool = False
     """Only one user turn and one answer are accepted (``plain``: NeMo and LLaVA refuse other
     records); anything else is skipped as ``plain_record_shape``."""
@@ -183,10 +186,11 @@ def render(
     ``record_system`` (a record's own, for templates that read it) replaces both, as conversation text."""
     if template.one_round_only or template.requires_image:
         _check_shape(template, turns)
+    trim = str.strip if template.trim_messages else str
     if record_system is not None:
-        system_pieces = [Piece("content", record_system, False)] if record_system else []
+        system_pieces = [Piece("content", trim(record_system), False)] if trim(record_system) else []
     else:
-        system_pieces = list(_text_pieces(template.system if system is None else system, False))
+        system_pieces = list(_text_pieces(trim(template.system if system is None else system), False))
     with_system = bool(system_pieces) or template.system_when_empty
     pieces: list[Piece] = []
     if template.bos:
@@ -201,14 +205,14 @@ def render(
             _add_text(pieces, template.first_user_prefix if first else template.user.prefix, trained=False)
             if position == 0 and with_system and template.system_placement == "in_first_user":
                 _add_system(pieces, template, system_pieces)
-            text = turn.text.strip() if template.strip_user_content else turn.text
+            text = turn.text.strip() if template.strip_user_content else trim(turn.text)
             _add_content(pieces, text, images_only=template.user_content == "images_only")
             _add_text(pieces, template.user.suffix, trained=False)
         else:
             _add_text(pieces, template.assistant.prefix, trained=False)
             _add_text(pieces, template.assistant.lead, trained=True)
-            if turn.text:
-                pieces.append(Piece("content", turn.text, True))
+            if trim(turn.text):
+                pieces.append(Piece("content", trim(turn.text), True))
             _add_text(pieces, template.assistant.suffix, trained=True)
     if template.strip_end:
         _strip_end(pieces)
@@ -310,6 +314,7 @@ def _parse_template(data, source: str) -> Template:
         round_separator=_text(data, "round_separator", "", source),
         strip_user_content=_flag(data, "strip_user_content", source),
         strip_end=_flag(data, "strip_end", source),
+        trim_messages=_flag(data, "trim_messages", source),
         one_round_only=_flag(data, "one_round_only", source),
         requires_image=_flag(data, "requires_image", source),
         image_patch_token=_text(data, "image_patch_token", None, source),

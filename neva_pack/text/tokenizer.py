@@ -212,13 +212,18 @@ class HuggingFaceTokenizer:
         return Encoding(ids=np.asarray(enc.ids, dtype=np.int64), starts=offsets[:, 0], ends=offsets[:, 1])
 
     def encode_literal(self, text: str) -> Encoding:
-        """The same pipeline without its added tokens, so none of them can match; a control id
-        the model itself still yields (a vocabulary whose merges reach it) becomes the unknown id."""
+        """The same pipeline without its added tokens, so none of them can match, and without a
+        leading-space marker (a SentencePiece-style tokenizer.json's Metaspace prefix, or its
+        ``Prepend("▁")`` normaliser): the text continues a sequence, as it does in one call after an
+        added token. A control id the model itself still yields (a vocabulary whose merges reach it)
+        becomes the unknown id."""
         if self._literal is None:
             from tokenizers import Tokenizer as RustTokenizer
 
             spec = json.loads(self._tok.to_str())
             spec["added_tokens"] = []
+            spec["normalizer"] = _without_prepend(spec.get("normalizer"))
+            _never_prepend(spec.get("pre_tokenizer"))
             self._literal = RustTokenizer.from_str(json.dumps(spec))
         enc = self._literal.encode(text, add_special_tokens=False)
         ids = np.asarray(enc.ids, dtype=np.int64)
@@ -266,6 +271,28 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     if path.exists():  # read_bytes refuses what is not a regular file
         return SentencePieceTokenizer(path)
     raise ConfigError(f"--tokenizer_path {path}: no such file or directory")
+
+
+def _without_prepend(normalizer: dict | None) -> dict | None:
+    """A tokenizer.json normaliser without its ``Prepend`` steps (the leading "▁" of legacy LLaMA files)."""
+    if not normalizer or normalizer.get("type") == "Prepend":
+        return None
+    if normalizer.get("type") == "Sequence":
+        steps = [step for step in (_without_prepend(step) for step in normalizer.get("normalizers", [])) if step]
+        return {**normalizer, "normalizers": steps} if steps else None
+    return normalizer
+
+
+def _never_prepend(pre_tokenizer: dict | None) -> None:
+    """A tokenizer.json pre-tokenizer's Metaspace steps set to add no leading "▁" (in place)."""
+    if not pre_tokenizer:
+        return
+    for step in pre_tokenizer.get("pretokenizers", []) if pre_tokenizer.get("type") == "Sequence" else [pre_tokenizer]:
+        if step.get("type") == "Metaspace":
+            if "prepend_scheme" in step:
+                step["prepend_scheme"] = "never"
+            if "add_prefix_space" in step:  # files of tokenizers < 0.14
+                step["add_prefix_space"] = False
 
 
 def _char_index_of_bytes(text: str) -> np.ndarray:

@@ -98,7 +98,8 @@ def test_a_signal_exits_with_one_line_resume_advice_and_no_orphans(tmp_path, sig
     )  # fmt: skip
     deadline = time.monotonic() + 60
     workers: set[int] = set()
-    while len(workers) < 2 or not store_dir(out).exists():
+    rows = store_dir(out) / "shard_00000.rows"  # records stored: the run is past its start-up (the workers' fork)
+    while len(workers) < 2 or not (rows.exists() and rows.stat().st_size > 0):
         assert process.poll() is None and time.monotonic() < deadline
         workers |= children_of(process.pid)
         time.sleep(0.05)

@@ -138,7 +138,7 @@ def test_the_sample_fingerprint_is_the_sample_part(required):
     left_out = {spec.name for spec, opt in settings() if opt.fingerprint == "" and spec.name in sample}
     assert left_out == {"crop_size"}  # checked against the encoder, which is in the fingerprint
     when_set = {spec.name for spec, opt in settings() if opt.fingerprint_when_set}
-    assert when_set == {"min_pixels", "max_pixels", "max_soft_tokens", "image_reference", "video_profile", "video_fps", "video_max_frames"} and not when_set & set(fingerprint)  # unset: stores made before resume
+    assert when_set == {"min_pixels", "max_pixels", "max_soft_tokens", "image_reference", "video_profile", "video_fps", "video_max_frames", "frame_compression"} and not when_set & set(fingerprint)  # unset: stores made before resume
 
 
 def test_min_and_max_pixels_are_in_the_sample_fingerprint_once_set(required):

@@ -1,6 +1,7 @@
 """Gemma 4 through the public API: token counts equal the processor's ``_get_num_multimodal_tokens`` on more
 than 20,000 sizes for every budget; ``pixel_values``, ``image_position_ids`` and ``num_soft_tokens_per_image``
-are bit-identical to transformers' ``Gemma4ImageProcessorPil`` over the image zoo; a preprocess run (the
+are bit-identical to transformers' ``Gemma4ImageProcessorPil`` over the image zoo, for the settings shipped
+for each released instruction-tuned checkpoint (E2B, E4B, 26B-A4B, 31B: one processor block); a preprocess run (the
 shipped E2B settings, the gemma4 template, a stand-in tokenizer carrying Gemma 4's special tokens) verifies
 and reads back with ``mm_token_type_ids`` in reader items and the Hugging Face batch; nemo and bridge refuse
 it, and so does the Megatron THD path (bidirectional image attention); and a tiny random
@@ -36,6 +37,8 @@ from tests.image_zoo import random_rgb, zoo_images
 from tests.family_runs import write_mixed_records
 
 ENCODER = "google/gemma-4-E2B-it"
+RELEASED = ("google/gemma-4-E2B-it", "google/gemma-4-E4B-it", "google/gemma-4-26B-A4B-it", "google/gemma-4-31B-it")
+"""The instruction-tuned checkpoints whose settings ship (where each was checked: neva_pack/families/shipped/README.md)."""
 BUDGETS = (70, 140, 280, 560, 1120)
 SPECIALS = ("<bos>", "<eos>", "<pad>", "<|turn>", "<turn|>", "<|image>", "<|image|>", "<image|>", "<|video|>", "<|audio|>")
 WRONG = 1e-4
@@ -43,19 +46,20 @@ TEMPLATE = "gemma4"
 """The gemma4 template by its file: an install maps ``--conv_template gemma4`` to its own checkout's templates."""
 
 
-def reference_processor(max_soft_tokens: int = 280):
+def reference_processor(max_soft_tokens: int = 280, encoder: str = ENCODER):
+    """transformers' PIL processor built from ``encoder``'s shipped settings (its own reading of each key)."""
     from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
 
-    settings = {k: v for k, v in resolve_encoder(ENCODER).preprocessor_config.items() if k not in ("image_processor_type", "image_seq_length")}
+    settings = {k: v for k, v in resolve_encoder(encoder).preprocessor_config.items() if k not in ("image_processor_type", "image_seq_length")}
     return Gemma4ImageProcessorPil(**{**settings, "max_soft_tokens": max_soft_tokens})
 
 
-def reference_counts(sizes, max_soft_tokens: int) -> list:
+def reference_counts(sizes, max_soft_tokens: int, encoder: str = ENCODER) -> list:
     """``Gemma4Processor._get_num_multimodal_tokens`` itself, run on an instance holding only what it
     reads (its image processor; no tokenizer needed), size by size (a ValueError where it raises)."""
     from transformers.models.gemma4.processing_gemma4 import Gemma4Processor
 
-    holder = types.SimpleNamespace(image_processor=reference_processor(max_soft_tokens), _merge_kwargs=lambda **kw: {"images_kwargs": {}})
+    holder = types.SimpleNamespace(image_processor=reference_processor(max_soft_tokens, encoder), _merge_kwargs=lambda **kw: {"images_kwargs": {}})
     counts = []
     for width, height in sizes:
         try:
@@ -75,13 +79,24 @@ def ours(family, width, height):
 # ---------------------------------------------------------------- settings, counts
 
 
-def test_the_shipped_settings_are_the_processors_and_name_the_checkpoints():
-    assert {"google/gemma-4-E2B-it", "google/gemma-4-E4B-it"} <= set(known_encoders("gemma4"))
-    reference = reference_processor()
-    settings = resolve_encoder(ENCODER).preprocessor_config
+@pytest.mark.parametrize("encoder", RELEASED)
+def test_the_shipped_settings_are_the_processors_and_name_the_checkpoints(encoder):
+    assert set(RELEASED) <= set(known_encoders("gemma4"))
+    reference = reference_processor(encoder=encoder)
+    spec = resolve_encoder(encoder)
+    settings = spec.preprocessor_config
     for key in ("patch_size", "max_soft_tokens", "pooling_kernel_size", "resample", "rescale_factor", "do_normalize"):
         assert getattr(reference, key) == settings[key], key
-    assert dynamic_processor(resolve_encoder(ENCODER)).options() == {"max_soft_tokens": 280}
+    assert (spec.name, spec.patch_size, settings["image_seq_length"]) == (encoder, 16, 280)
+    assert dynamic_processor(spec).options() == {"max_soft_tokens": 280}
+
+
+def test_the_four_released_checkpoints_share_one_processor_block():
+    """transformers' conversion script writes the same ``Gemma4ImageProcessor`` for every variant (the
+    variant picks the model config only), so the four shipped blocks are one, key for key."""
+    blocks = [resolve_encoder(encoder).preprocessor_config for encoder in RELEASED]
+    assert all(block == blocks[0] for block in blocks[1:])
+    assert blocks[0]["image_processor_type"] == "Gemma4ImageProcessor" and blocks[0]["do_normalize"] is False
 
 
 def size_grid() -> list[tuple[int, int]]:
@@ -93,11 +108,12 @@ def size_grid() -> list[tuple[int, int]]:
     return [(w, h) for w in sides for h in sides]
 
 
+@pytest.mark.parametrize("encoder", RELEASED)
 @pytest.mark.parametrize("budget", BUDGETS)
-def test_token_counts_equal_the_processors_on_a_grid_of_sizes(budget):
+def test_token_counts_equal_the_processors_on_a_grid_of_sizes(budget, encoder):
     sizes = size_grid()
-    family = dynamic_processor(resolve_encoder(ENCODER), max_soft_tokens=budget)
-    expected = reference_counts(sizes, budget)
+    family = dynamic_processor(resolve_encoder(encoder), max_soft_tokens=budget)
+    expected = reference_counts(sizes, budget, encoder)
     got = [ours(family, w, h) for w, h in sizes]
     assert len(sizes) >= 20_000 and got == expected
     assert ValueError not in expected  # its refusals (0 x 0, over the budget) cannot happen for a real size
@@ -124,10 +140,10 @@ def test_a_budget_the_processor_refuses_is_refused_in_one_line():
 # ---------------------------------------------------------------- pixels
 
 
-@pytest.mark.parametrize("budget", [70, 280])
-def test_pixels_positions_and_counts_are_bit_identical_to_the_processor_over_the_zoo(budget):
-    family = dynamic_processor(resolve_encoder(ENCODER), max_soft_tokens=budget)
-    theirs = reference_processor(budget)
+@pytest.mark.parametrize(("encoder", "budget"), [(ENCODER, 70), (ENCODER, 280), ("google/gemma-4-26B-A4B-it", 280), ("google/gemma-4-31B-it", 140)])
+def test_pixels_positions_and_counts_are_bit_identical_to_the_processor_over_the_zoo(encoder, budget):
+    family = dynamic_processor(resolve_encoder(encoder), max_soft_tokens=budget)
+    theirs = reference_processor(budget, encoder)
     images = zoo_images()
     stored = [family.to_uint8(image) for image in images.values()]
     for (label, image), one in zip(images.items(), stored):

@@ -132,6 +132,36 @@ def test_live_against_the_installed_package():
                 assert np.array_equal(ours.to_uint8(image).parts[0].transpose(1, 2, 0), expected), (encoder, width, height)
 
 
+@pytest.mark.slow
+def test_megatron_bridge_is_fetch_image_then_the_torchvision_processor_live():
+    """``--image_reference megatron_bridge``: Megatron Bridge's collate hands its processor what qwen-vl-utils'
+    ``fetch_image`` made of an image without ``image_patch_size`` (a multiple of 28 within its own bounds),
+    and the processor (transformers' torchvision backend, the one Bridge loads) resizes that again to its
+    own factor within Bridge's ``min_pixels`` / ``max_pixels`` (the flags over its defaults). Grids, tokens
+    and pixels equal that chain, live, on random images both smaller and larger than the bounds (the
+    whole task encoder: tests/integrations/test_megatron_bridge.py)."""
+    vision = pytest.importorskip("qwen_vl_utils.vision_process")
+    transformers = pytest.importorskip("transformers")
+    processor_class = transformers.Qwen2VLImageProcessor
+    if not any(base.__name__ == "TorchvisionBackend" for base in processor_class.__mro__):
+        processor_class = transformers.Qwen2VLImageProcessorFast  # transformers 4's name of the torchvision one
+    rng = np.random.default_rng(31)
+    for encoder, bounds in ((QWEN3, None), (QWEN2_5, None), (QWEN3, (100_000, 300_000))):
+        ours = dynamic_processor(resolve_encoder(encoder), arithmetic="megatron_bridge", **dict(zip(("min_pixels", "max_pixels"), bounds or ())))
+        low, high = bounds or (200_704, 1_003_520)
+        assert ours.options() == {"arithmetic": "megatron_bridge", "min_pixels": low, "max_pixels": high}
+        settings = resolve_encoder(encoder).preprocessor_config
+        theirs = processor_class(size={"shortest_edge": low, "longest_edge": high}, patch_size=ours.settings.patch_size,
+                                 **{key: settings[key] for key in ("image_mean", "image_std") if key in settings})  # fmt: skip
+        for width, height in ((480, 320), (451, 300), (33, 700), (1500, 900), (97, 61)):
+            image = Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8), "RGB")
+            expected = theirs(images=[vision.fetch_image({"image": image})], return_tensors="np")
+            mine = ours.model_inputs([ours.to_uint8(image)])
+            assert mine["image_grid_thw"].tolist() == expected["image_grid_thw"].tolist() == [list(ours.grid_thw(width, height))]
+            assert np.array_equal(mine["pixel_values"], expected["pixel_values"]), (encoder, width, height)
+            assert ours.tokens_for_size(width, height) == int(np.prod(expected["image_grid_thw"][0])) // 4
+
+
 # ---------------------------------------------------------------- the flag
 
 

@@ -8,6 +8,8 @@ order do not."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -126,6 +128,23 @@ def as_pack(samples) -> tuple[ReadPack, np.ndarray]:
     return pack, np.array([len(s.images) for s in samples], dtype=np.int32)
 
 
+def without_timestamps(sample, kept_ids):
+    """The sample with each clip's run stripped of its timestamp text: only the ids in ``kept_ids`` (the
+    video pads and the vision delimiters) stay in the run; its labels there were ignored, so the trained
+    targets are the same ones."""
+    keep = np.ones(sample.length, dtype=bool)
+    for image, start, length in zip(sample.images, sample.image_starts.tolist(), sample.image_tokens.tolist()):
+        if image.frames:
+            run = sample.tokens[start : start + length]
+            keep[start : start + length] = np.isin(run, list(kept_ids))
+    removed_before = np.cumsum(~keep) - ~keep
+    starts = sample.image_starts - removed_before[sample.image_starts]
+    lengths = np.array([int(keep[s : s + n].sum()) for s, n in zip(sample.image_starts.tolist(), sample.image_tokens.tolist())])
+    return dataclasses.replace(sample, tokens=sample.tokens[keep], labels=sample.labels[keep],
+                               image_starts=starts.astype(sample.image_starts.dtype),
+                               image_tokens=lengths.astype(sample.image_tokens.dtype))  # fmt: skip
+
+
 def tiny_model(name, tokenizer):
     from transformers import (
         Qwen2_5_VLConfig,
@@ -229,8 +248,15 @@ def test_a_packed_row_gives_the_samples_one_by_one_loss_and_gradients(name, fold
         wrong = family.position_ids(pack.tokens, pack.cu_seqlens, np.diff(pack.cu_seqlens), counts, inputs, image_pad)
         item["position_ids"] = torch.from_numpy(wrong)
         assert difference(loss_and_gradients(model, [packed_run(item)]), alone) > 1e-6
-    else:  # timestamps dropped: the clip's run without its <t seconds> text
+    else:  # timestamps dropped: the clip's run without its <t seconds> text (fewer positions, and a wrong loss)
         assert any(len(a.tokens) != len(b.tokens) for a, b in zip(samples, wrong_samples))
+        kept = {tokenizer.token_to_id(t) for t in ("<|video_pad|>", "<|vision_start|>", "<|vision_end|>")}
+        stripped = [without_timestamps(sample, kept) for sample in samples]
+        assert sum(s.length for s in stripped) < sum(s.length for s in samples)
+        pack_t, counts_t = as_pack(stripped)
+        item = dynamic_pack_item(pack_t, counts_t, family, image_pad)
+        assert int((item["labels"] >= 0).sum()) == int((dynamic_pack_item(pack, counts, family, image_pad)["labels"] >= 0).sum())
+        assert difference(loss_and_gradients(model, [packed_run(item)]), alone) > 1e-6
     item = dynamic_pack_item(pack, counts, family, image_pad)
     rows = item["pixel_values_videos"]
     half = len(rows) // 2

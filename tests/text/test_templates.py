@@ -1,5 +1,8 @@
 """Golden renderings of every template, and label masks through real tokenizers."""
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 import sentencepiece
@@ -312,3 +315,34 @@ def test_a_records_own_system_prompt_is_conversation_text_not_template_text():
     for control in (tokenizer.bos_id, tokenizer.eos_id, tokenizer.token_to_id("<extra_id_4>")):
         assert np.count_nonzero(typed.tokens == control) == np.count_nonzero(plain.tokens == control), control
     assert len(typed.tokens) > len(plain.tokens)  # the typed strings are there, as text
+
+
+GEMMA4_GOLDEN = Path(__file__).parents[1] / "golden" / "gemma4" / "renderings.json"
+"""Gemma 4's released chat template rendering whole conversations (how and from which copy:
+tests/golden/gemma4/README.md); each message's content a string, its images ``<|image|>`` markers."""
+
+
+@pytest.mark.parametrize("case", sorted(json.loads(GEMMA4_GOLDEN.read_text())["cases"]))
+def test_gemma4_renders_what_the_released_chat_template_renders(case):
+    """The gemma4 template (its file: an install maps the name to its own checkout) on the same
+    conversations: the same text, each <image> where the template wrote ``<|image|>`` (the processor
+    then expands it to the image run), each message trimmed, the system block only for a system message."""
+    golden = json.loads(GEMMA4_GOLDEN.read_text())["cases"][case]
+    messages = golden["messages"]
+    system = messages[0]["content"] if messages[0]["role"] == "system" else None
+    turns = tuple(Turn(m["role"], m["content"].replace("<|image|>", "<image>")) for m in messages if m["role"] != "system")
+    template = load_template(str(Path(__file__).parents[2] / "templates" / "gemma4.yaml"))
+    spelled = {"text": lambda p: p.value, "content": lambda p: p.value, "special": lambda p: f"<{p.value}>", "image": lambda p: "<|image|>"}
+    assert "".join(spelled[p.kind](p) for p in render(template, turns, record_system=system)) == golden["rendering"]
+    trained = "".join(p.value for p in render(template, turns, record_system=system) if p.trained)
+    assert trained == "".join(m["content"].strip() + "<turn|>\n" for m in messages if m["role"] == "assistant")
+
+
+def test_gemma4_trims_what_a_template_without_trim_messages_keeps():
+    padded = (Turn("user", "  <image>\nHi \n"), Turn("assistant", "\n Yo. "))
+    gemma4 = load_template(str(Path(__file__).parents[2] / "templates" / "gemma4.yaml"))
+    assert gemma4.trim_messages and not load_template("chatml").trim_messages
+    assert marked(render(gemma4, padded, record_system=" Be brief.\n")) == (
+        "<bos><|turn>system\nBe brief.<turn|>\n<|turn>user\n<image>\nHi<turn|>\n<|turn>model\n⟦Yo.<turn|>\n⟧"
+    )
+    assert marked(render(load_template("chatml"), padded)).endswith("<|im_start|>user\n  <image>\nHi \n<|im_end|>\n<|im_start|>assistant\n⟦\n Yo. <|im_end|>\n⟧")

@@ -223,3 +223,56 @@ def test_another_json_file_as_tokenizer_path_says_to_give_the_directory(hf_token
     path = hf_tokenizer_dir / "tokenizer_config.json"
     with pytest.raises(ConfigError, match=rf"^--tokenizer_path {path}: a JSON file, not a tokenizer; give the Hugging Face tokenizer's directory"):
         load_tokenizer(path)
+
+
+@pytest.mark.parametrize("flavour", ["metaspace", "legacy"])
+def test_literal_text_of_a_sentencepiece_style_tokenizer_json_has_no_leading_marker(flavour, tmp_path):
+    """A tokenizer.json converted from a SentencePiece model (LLaMA, Mistral, LLaVA-1.5) marks the first word
+    of a call with "▁": a Metaspace pre-tokenizer (transformers' conversion, ``legacy=False``) or a legacy
+    file's ``Prepend("▁")`` normaliser. ``encode_literal`` is text continuing a sequence (after an image
+    or an EOS): no marker, exactly the ids the tokenizer gives such text after an added token in one call
+    (its Metaspace prefixes the call's first word only); a sentence's start (``encode``) keeps it."""
+    import json
+
+    from tokenizers import Tokenizer as RustTokenizer
+
+    from neva_pack.text import load_tokenizer
+
+    source = Path(__file__).resolve().parents[1] / "golden" / "llamafactory" / "llava_tokenizer"
+    spec = json.loads((source / "tokenizer.json").read_text())
+    one_call = RustTokenizer.from_str(json.dumps(spec))
+    assert spec["pre_tokenizer"]["type"] == "Metaspace" and spec["pre_tokenizer"]["prepend_scheme"] == "first"
+    if flavour == "legacy":
+        spec["normalizer"] = {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "▁"},
+                                                                  {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}]}  # fmt: skip
+        spec["pre_tokenizer"] = None
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
+    (tmp_path / "tokenizer_config.json").write_text((source / "tokenizer_config.json").read_text())
+    tokenizer = load_tokenizer(tmp_path)
+    marker = tokenizer.token_to_id("▁")
+    for text in ("\nDescribe the image.", "Hello there", " USER: What is it?"):
+        continued = one_call.encode("<image>" + text, add_special_tokens=False).ids[1:]
+        assert tokenizer.encode_literal(text).ids.tolist() == continued, text
+        if flavour == "metaspace":  # (a legacy file marks " USER" twice at a call's start: "▁▁USER")
+            assert tokenizer.encode(text).ids.tolist() == one_call.encode(text, add_special_tokens=False).ids
+    assert tokenizer.encode("\nHi").ids[0] == marker and tokenizer.encode_literal("\nHi").ids[0] != marker
+    assert tokenizer.encode_literal("Hello").ids.tolist() != tokenizer.encode("Hello").ids.tolist()
+
+
+def test_literal_text_is_the_same_from_the_model_file_and_from_its_tokenizer_json(sample_tokenizer_path, tmp_path):
+    """The sample SentencePiece model and the tokenizer.json transformers converts it to (``legacy=False``): text
+    continuing a sequence gets the same ids from either backend, so a run reads the same ids from a model's
+    ``tokenizer.model`` and from its ``tokenizer.json`` after every image, BOS and EOS."""
+    import shutil
+
+    from transformers import LlamaTokenizer
+
+    from neva_pack.text import load_tokenizer
+
+    shutil.copy(sample_tokenizer_path, tmp_path / "tokenizer.model")
+    LlamaTokenizer.from_pretrained(tmp_path, legacy=False).save_pretrained(tmp_path / "converted")
+    from_json, from_model = load_tokenizer(tmp_path / "converted"), SentencePieceTokenizer(sample_tokenizer_path)
+    assert (tmp_path / "converted" / "tokenizer.json").is_file() and not (tmp_path / "converted" / "tokenizer.model").exists()
+    for text in ("\nDescribe the image.", "Hello there", " USER: What is it?", "  two spaces", "[INST] hi [/INST]", "a\tb\nc",
+                 "café ünïcode 日本", "▁literal", "</s>", " "):  # fmt: skip
+        assert from_json.encode_literal(text).ids.tolist() == from_model.encode_literal(text).ids.tolist(), text

@@ -14,6 +14,7 @@ the golden file holds LLaMA-Factory's own, per pack ``p``: ``row{p}_<column>``, 
 (``pixel_values`` as the sha256 of its float32 bytes and its shape; the 4-D attention mask left out).
 """
 
+import collections
 import hashlib
 import json
 import sys
@@ -30,9 +31,11 @@ with false (the PIL processor, which neva_pack's stored images are bit-identical
 how far the torchvision processor's pixel values are from ours."""
 ROWS = ("input_ids", "attention_mask", "position_ids", "labels")
 BATCH = ("input_ids", "labels", "attention_mask", "position_ids", "pixel_values", "image_grid_thw")
-CASES = {"qwen2_5_vl": ("qwen2_vl", "Qwen__Qwen2.5-VL-7B-Instruct.json"), "qwen3_vl": ("qwen3_vl_nothink", "Qwen__Qwen3-VL-2B-Instruct.json")}
+CASES = {"qwen2_5_vl": ("qwen2_vl", "Qwen__Qwen2.5-VL-7B-Instruct.json"), "qwen3_vl": ("qwen3_vl_nothink", "Qwen__Qwen3-VL-2B-Instruct.json"),
+         "llava": ("llava", "openai__clip-vit-large-patch14-336.json")}
 """Our case -> LLaMA-Factory's template (``qwen3_vl_nothink``: its plain Qwen3-VL ChatML; its ``qwen3_vl`` is a
-reasoning template adding empty think blocks) and the shipped processor settings."""
+reasoning template adding empty think blocks; ``llava``: its Vicuna template with its LlavaPlugin) and the
+shipped processor settings."""
 template_name, shipped = CASES[case]
 
 import llamafactory
@@ -60,7 +63,19 @@ torch.manual_seed(0)
 text = {"vocab_size": 1500, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
         "num_key_value_heads": 1}
 ids = {"image_token_id": 5, "video_token_id": 6, "vision_start_token_id": 3, "vision_end_token_id": 4}
-if case == "qwen2_5_vl":
+if case == "llava":  # LLaVA-1.5 as llava-hf ships it: CLIP-L/14-336 tower, its processor's patch size and feature strategy
+    (model_dir / "processor_config.json").write_text(json.dumps({"processor_class": "LlavaProcessor", "patch_size": 14,
+                                                                "vision_feature_select_strategy": "default",
+                                                                "num_additional_image_tokens": 1, "image_token": "<image>"}))
+    vocab = json.loads((root / "tok" / "tokenizer.json").read_text())
+    config = transformers.LlavaConfig(
+        vision_config=transformers.CLIPVisionConfig(image_size=336, patch_size=14, hidden_size=16, intermediate_size=32,
+                                                    num_hidden_layers=1, num_attention_heads=2),
+        text_config=transformers.LlamaConfig(**{**text, "vocab_size": 1000}, max_position_embeddings=4096),  # 991 ids, rounded up
+        image_token_id=max(token["id"] for token in vocab["added_tokens"] if token["content"] == "<image>"),
+        vision_feature_layer=-1, vision_feature_select_strategy="default")
+    model = transformers.LlavaForConditionalGeneration(config)
+elif case == "qwen2_5_vl":
     config = transformers.Qwen2_5_VLConfig(
         text_config={**text, "rope_scaling": {"type": "mrope", "mrope_section": [1, 1, 2]}},
         vision_config={"depth": 1, "hidden_size": 16, "out_hidden_size": 16, "num_heads": 2, "intermediate_size": 32,
@@ -84,15 +99,46 @@ cutoff_len = ours_meta["layout"]["cutoff_len"]
 groups = [index["record_index"][index["offsets"][p] : index["offsets"][p + 1]].tolist() for p in range(len(index["offsets"]) - 1)]
 
 
+planned: dict[int, list[int]] = {}
+"""Per sample length, the records of that length in the order our plan packs them."""
+
+
 def our_grouping(lengths, capacity):
     """LLaMA-Factory's packer replaced by our plan: its lengths are in record order (none dropped)."""
     assert capacity == cutoff_len - 1 and len(lengths) == sum(map(len, groups)), (capacity, cutoff_len, len(lengths), groups, lengths)
-    for group in groups:  # its length2indexes pops the last index of a length: lengths must tell records apart
-        assert len({lengths[r] for r in group}) == len(group) and all(lengths.count(lengths[r]) == 1 for r in group)
+    planned.clear()
+    for group in groups:
+        for r in group:
+            planned.setdefault(lengths[r], []).append(r)
     return [[lengths[r] for r in group] for group in groups]
 
 
+class PlannedIndexes(list):
+    """The records of one length in LLaMA-Factory's ``length2indexes``: it takes them back with ``pop()``, the
+    last first; with two records of one length, this gives the one our plan packs next (the same records
+    in the same packs; only which of two equal lengths is which)."""
+
+    def __init__(self, length):
+        super().__init__()
+        self.length = length
+
+    def pop(self, *where):
+        assert not where, where
+        record = planned[self.length].pop(0)
+        self.remove(record)
+        return record
+
+
+class LengthIndexes(collections.defaultdict):
+    """``defaultdict`` in LLaMA-Factory's packing processor: its ``length2indexes`` (int keys) gets PlannedIndexes."""
+
+    def __missing__(self, key):
+        self[key] = PlannedIndexes(key) if isinstance(key, int) else self.default_factory()
+        return self[key]
+
+
 supervised.greedy_knapsack = our_grouping
+supervised.defaultdict = LengthIndexes
 (root / "dataset_info.json").write_text(json.dumps({"golden": {"file_name": "lf_data.json", "formatting": "sharegpt",
                                                                "columns": {"messages": "conversations", "images": "images"}}}))
 work = Path(tempfile.mkdtemp())

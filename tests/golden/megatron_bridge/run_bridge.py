@@ -5,7 +5,11 @@ a recorded commit, imported in a scratch directory; README beside this file).
 
 ``<root>``: a scratch directory; ``tests/llamafactory_workload.build`` writes there the records (those whose
 images all open their first turn: Bridge's task encoder puts a sample's media first), the stand-in tokenizer
-and our ``compact`` output of them. Bridge's ``QwenVLTaskEncoder`` (``enable_in_batch_packing=True``) encodes
+and our ``compact`` output of them, made with ``--image_reference megatron_bridge`` and no pixel bounds of
+ours. Bridge's task encoder is built by its own ``build_energon_task_encoder`` from an ``EnergonDatasetConfig``
+with ``enable_in_batch_packing=True`` and ``QwenVLEnergonTaskEncoderConfig`` at its defaults (a recipe's):
+tokenizer and processor loaded as Bridge loads them, the checkpoint's settings unchanged. Its
+``QwenVLTaskEncoder`` encodes
 each record as an Energon ``ChatMLSample`` (its conversation JSON, its images) and batches the samples of
 each of our packs (the same grouping) into one packed THD row, its ``encode_batch`` dict; our
 ``BridgeVLMPacks.collate_fn`` makes the row of the same pack, and of two consecutive packs. Every key must be
@@ -29,35 +33,34 @@ sys.path.insert(0, str(repo))
 
 import bridge_shim  # noqa: F401  (scratch-only: Bridge's packages without their __init__ files)
 import transformers
+from megatron.bridge.data.builders.energon import (
+    EnergonDatasetConfig,
+    QwenVLEnergonTaskEncoderConfig,
+    build_energon_task_encoder,
+)
 from megatron.bridge.data.energon.task_encoder_utils import ChatMLSample
-from megatron.bridge.models.qwen_vl.data.energon import QwenVLTaskEncoder
 from megatron.bridge.training.utils.visual_inputs import GenericVisualInputs
 from PIL import Image
 
 from neva_pack.formats import open_packed
 from neva_pack.integrations.megatron_bridge import bridge_vlm_packs
-from tests.llamafactory_workload import ENCODERS, MAX_PIXELS, QWEN2_VL_TEMPLATE, build, media_first
+from tests.llamafactory_workload import ENCODERS, QWEN2_VL_TEMPLATE, build, media_first
 
-
-out = build(root, case, "compact", keep=media_first)
+out = build(root, case, "compact", keep=media_first, max_pixels=None, image_reference="megatron_bridge")
 shipped = json.loads((repo / "neva_pack" / "families" / "shipped" / (ENCODERS[case][0].replace("/", "__") + ".json")).read_text())
 model_dir = root / "mb_model"
 model_dir.mkdir(exist_ok=True)
 for name in ("tokenizer.json", "tokenizer_config.json"):
     shutil.copy(root / "tok" / name, model_dir / name)
 shutil.copy(repo / "tests" / "golden" / "llamafactory" / f"{case}_model" / "config.json", model_dir / "config.json")
-settings = dict(shipped["preprocessor_config"])  # the run's --max_pixels as the processor's own bound (README)
-if "max_pixels" in settings:
-    settings["max_pixels"] = MAX_PIXELS
-if "longest_edge" in settings.get("size", {}):
-    settings["size"] = {**settings["size"], "longest_edge": MAX_PIXELS}
-(model_dir / "preprocessor_config.json").write_text(json.dumps(settings))
+(model_dir / "preprocessor_config.json").write_text(json.dumps(shipped["preprocessor_config"]))  # the checkpoint's, as they are
 template = QWEN2_VL_TEMPLATE if case == "qwen2_5_vl" else (repo / "tests" / "golden" / "qwen3_vl" / "chat_template.jinja").read_text()
 (model_dir / "chat_template.jinja").write_text(template)
-processor = transformers.AutoProcessor.from_pretrained(str(model_dir), use_fast=False)
-encoder = QwenVLTaskEncoder(tokenizer=processor.tokenizer, image_processor=processor, max_padding_length=1 << 20,
-                            min_pixels=None, max_pixels=None, enable_in_batch_packing=True, max_visual_tokens=None,
-                            patch_size=processor.image_processor.patch_size)  # fmt: skip
+# Bridge's own builder, as a recipe's cfg.dataset = EnergonDatasetConfig(...) runs it
+config = EnergonDatasetConfig(path=str(root), seq_length=1 << 20, micro_batch_size=1, enable_in_batch_packing=True,
+                              task_encoder=QwenVLEnergonTaskEncoderConfig(hf_processor_path=str(model_dir)))  # fmt: skip
+encoder = build_energon_task_encoder(config)
+print(f"{config.task_encoder}; image processor {type(encoder.image_processor.image_processor).__name__}")
 
 images = repo / "sample_data" / "images"
 records = json.loads((root / "data.json").read_text())
