@@ -4,7 +4,7 @@
     python benchmarks/bench_pipeline.py [--image_records 4000 (0: none)] [--text_records 100000 [20000 ...]]
                                         [--zipf_records 100000]
                                         [--workers 1 2 4] [--compact_workers 2]
-                                        [--memory_records 10000 100000]
+                                        [--memory_records 10000 100000] [--steady_factor 4]
 
 Workloads (benchmarks/workloads.py, seeded): LLaVA-style records over real photos (v1 template,
 ``pad``, CLIP-L/14-336, near_optimal at 4096), text-only records (v1, the sample tokenizer) of
@@ -30,7 +30,16 @@ Fixed costs apart from per-record cost:
              command's children) and of ``verify``; "x floor CPU" = workers' CPU / the floor's CPU
              on one core: the per-record cost of the workers' work, whatever else loads the machine.
 A line per 2-worker run says whether the throughput goal is met (image <= 1.25x its floor, text-only
-<= 3x). ``--memory_records`` runs text-only workloads of those sizes (2 workers) for the main
+<= 3x).
+
+Steady state (``--steady_factor F``, default 4; 0: not run): the image workload is also run with F
+times its records (the smaller workload's records are the larger's first ones), in each format of
+``--compact_workers``' rows with that many workers, and the marginal cost of the extra records, start-up
+and every other fixed cost cancelled, is set against the marginal floor: the image work above without
+the normalisation (compact stores uint8 pixels; its reader normalises) divided by the cores, plus the
+output's extra bytes at the disk's write bandwidth (measured here: 256 MB written and fsynced in the
+output's directory). "x floor CPU" there: the extra CPU of main process and
+workers together against the extra floor CPU. ``--memory_records`` runs text-only workloads of those sizes (2 workers) for the main
 process's peak RSS against the record count (a size already run above is not run again).
 
 The package's bytecode is compiled (as pip does on install) and a small untimed run of each
@@ -121,8 +130,10 @@ GOALS = {"image": 1.25, "text": 3.0}
 GOAL_WORKERS = 2
 
 
-def image_floor(data_path: Path, image_folder: Path) -> tuple[float, float, int]:
-    """Seconds (wall, CPU) of the unavoidable image work on one core, and the number of image instances."""
+def image_floor(data_path: Path, image_folder: Path, normalise: bool = True) -> tuple[float, float, int]:
+    """Seconds (wall, CPU) of the unavoidable image work on one core, and the number of image instances.
+    ``normalise=False``: without the float normalisation, which an output of uint8 pixels (compact,
+    energon) leaves to its reader: read, decode, convert, pad and resize only."""
     from PIL import Image
 
     from neva_pack.families import resolve_encoder
@@ -141,7 +152,8 @@ def image_floor(data_path: Path, image_folder: Path) -> tuple[float, float, int]
         image = Image.open(io.BytesIO(data))
         image.load()
         pixels = geometry.apply(expand_to_square(image.convert("RGB"), background))
-        normalisation.apply(pixels[None])
+        if normalise:
+            normalisation.apply(pixels[None])
     return time.perf_counter() - started, time.process_time() - started_cpu, len(names)
 
 
@@ -244,6 +256,67 @@ def warm_up(workdir: Path, common: list[str]) -> None:
         run_pipeline([*flags, *common, "--output_dir", str(workdir / "warm_up"), "--num_workers", "1"], workdir)
 
 
+STEADY_GOAL = 1.25
+"""The image pipeline's steady-state goal: the marginal cost of more records at most this many times
+the marginal floor (decode and resize on the cores the run has, the output's bytes at the disk's bandwidth)."""
+BANDWIDTH_PROBE_BYTES = 256 << 20
+
+
+def disk_write_bandwidth(directory: Path) -> float:
+    """Bytes per second that this disk takes, written and fsynced (what an output costs at least to write)."""
+    probe = directory / "bandwidth_probe"
+    block = os.urandom(8 << 20)
+    started = time.perf_counter()
+    with open(probe, "wb") as f:
+        for _ in range(BANDWIDTH_PROBE_BYTES // len(block)):
+            f.write(block)
+        f.flush()
+        os.fsync(f.fileno())
+    seconds = time.perf_counter() - started
+    probe.unlink()
+    return BANDWIDTH_PROBE_BYTES / seconds
+
+
+def output_bytes(output_dir: Path) -> int:
+    return sum(p.stat().st_size for p in output_dir.rglob("*") if p.is_file())
+
+
+def steady_state(workdir: Path, records: int, factor: int, runs: list[tuple[int, str]], common: list[str], cpus: int) -> None:
+    """The marginal cost of ``(factor - 1) * records`` image records against their marginal floor."""
+    small = image_workload(workdir / "steady_small", records, seed=0)
+    large = image_workload(workdir / "steady_large", records * factor, seed=0)
+    floors = {name: image_floor(w["data_path"], w["image_folder"], normalise=False) for name, w in (("small", small), ("large", large))}
+    bandwidth = disk_write_bandwidth(workdir)
+    extra_images = floors["large"][2] - floors["small"][2]
+    extra_floor, extra_floor_cpu = floors["large"][0] - floors["small"][0], floors["large"][1] - floors["small"][1]
+    print(f"\nsteady state: image {records:,} -> {records * factor:,} records (+{extra_images:,} images); "
+          f"floor of the extra images on one core {extra_floor:.2f} s ({extra_floor_cpu:.2f} s CPU); "
+          f"disk write bandwidth {bandwidth / 1e6:,.0f} MB/s")  # fmt: skip
+    print(f"{'workers':>7} {'format':>7} {'total small':>12} {'total large':>12} {'extra s':>8} {'extra MB':>9} "
+          f"{'floor s':>8} {'x floor':>8} {'extra CPU':>10} {'x floor CPU':>12} {'main CPU':>9}")  # fmt: skip
+    lines = []
+    for workers, fmt in runs:
+        measured = {}
+        for name, workload in (("small", small), ("large", large)):
+            out = workdir / "steady_out"
+            flags = ["--data_path", str(workload["data_path"]), "--image_folder", str(workload["image_folder"]),
+                     "--image_aspect_ratio", "pad", "--hf_vision_encoder", ENCODER]  # fmt: skip
+            m = run_pipeline([*flags, *common, "--output_dir", str(out), "--num_workers", str(workers), "--output_format", fmt], workdir)
+            measured[name] = (m, output_bytes(out))
+        (small_m, small_bytes), (large_m, large_bytes) = measured["small"], measured["large"]
+        extra = large_m["total"] - small_m["total"]
+        extra_bytes = large_bytes - small_bytes
+        floor = extra_floor / min(workers, cpus) + extra_bytes / bandwidth
+        extra_cpu = (large_m["main_cpu"] + large_m["workers_cpu"]) - (small_m["main_cpu"] + small_m["workers_cpu"])
+        extra_main = large_m["main_cpu"] - small_m["main_cpu"]
+        print(f"{workers:>7} {fmt:>7} {small_m['total']:>12.2f} {large_m['total']:>12.2f} {extra:>8.2f} "
+              f"{extra_bytes / 1e6:>9.1f} {floor:>8.2f} {extra / floor:>8.2f} {extra_cpu:>10.2f} "
+              f"{extra_cpu / extra_floor_cpu:>12.2f} {extra_main:>9.2f}", flush=True)  # fmt: skip
+        verdict = "met" if extra / floor <= STEADY_GOAL else "NOT met"
+        lines.append(f"  goal image steady state <= {STEADY_GOAL}x floor ({fmt}, {workers} workers): {verdict} ({extra / floor:.2f}x)")
+    print("\n".join(lines))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--image_records", type=int, default=4000, help="0: no image workload")
@@ -253,6 +326,8 @@ def main() -> None:
     parser.add_argument("--zipf_records", type=int, nargs="*", default=[100_000],
                         help="text-only tables over a Zipf vocabulary (the tokenizer's word cache misses)")
     parser.add_argument("--memory_records", type=int, nargs="*", default=[10_000, 100_000])
+    parser.add_argument("--steady_factor", type=int, default=4,
+                        help="the image workload also run with this many times its records, for the marginal cost (0: not run)")
     args = parser.parse_args()
     cpus = os.cpu_count() or 1
     print(f"machine: {cpus} CPUs; load average at start {os.getloadavg()[0]:.2f}")
@@ -299,6 +374,8 @@ def main() -> None:
                         memory[records] = m
             if goals:
                 print("\n".join(goals))
+        if args.image_records > 0 and args.steady_factor > 1:
+            steady_state(tmp, args.image_records, args.steady_factor, [(w, "compact") for w in args.compact_workers], common, cpus)
         if args.memory_records:
             print(f"\nmain process peak RSS against the record count (text-only, {GOAL_WORKERS} workers)")
             print(f"{'records':>9} {'total s':>8} {'main RSS MB':>12} {'workers RSS MB':>15}")

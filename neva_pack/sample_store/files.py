@@ -73,9 +73,9 @@ __all__ = [
 ]
 
 STORE_FORMAT = "neva_pack.sample_store"
-STORE_FORMAT_VERSION = 7  # 5: image runs elided from the text, labels as trained bits; 6: image tokens, vision cost,
+STORE_FORMAT_VERSION = 8  # 5: image runs elided from the text, labels as trained bits; 6: image tokens, vision cost,
 # each run's (start, length) in the text, dynamic-resolution pools; 7: runs kept whole (video clips), each run's
-# elided positions in the text, frames and seconds per temporal patch in the pool's rows
+# elided positions in the text, frames and seconds per temporal patch in the pool's rows; 8: content keys BLAKE3-128
 PROGRESS_FILE = "progress.json"
 STORE_TEXT_DTYPE = np.int32
 TEXT_ITEMS = 3

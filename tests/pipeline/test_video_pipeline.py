@@ -205,8 +205,8 @@ def test_a_store_written_before_clips_is_refused_on_resume_in_one_line(workload,
                QWEN2_5, "--conv_template", "qwen2_vl", "--output_format", "compact", "--output_dir", str(tmp_path / "out")]  # fmt: skip
     assert main(command) == 0
     progress = tmp_path / "out" / paths.STORE_DIR / "progress.json"
-    progress.write_text(progress.read_text().replace('"version": 7', '"version": 6'))
+    progress.write_text(progress.read_text().replace('"version": 8', '"version": 7'))
     capsys.readouterr()
     assert main([*command, "--resume"]) == 2
     error = capsys.readouterr().err.strip()
-    assert len(error.splitlines()) == 1 and "a sample store of version 6; this neva_pack needs 7" in error
+    assert len(error.splitlines()) == 1 and "a sample store of version 7; this neva_pack needs 8" in error

@@ -34,5 +34,10 @@ def test_the_smallest_benchmark_prints_every_table_row_and_goal(tmp_path):
         numbers = [v for v in values[2:-1] if v != "no"]  # the last: the workers' RSS, one per worker
         assert all(float(v) >= 0 for v in numbers)
     goals = [line.strip() for line in lines if line.strip().startswith("goal ")]
-    assert [goal.split()[1] for goal in goals] == ["image", "text", "text"]
+    assert [" ".join(goal.split()[1:3]) for goal in goals] == ["image <=", "text <=", "text <=", "image steady"]
     assert all(" met (" in goal for goal in goals)  # "met (" or "NOT met (": the verdict and its ratio
+    steady = lines.index(next(line for line in lines if line.startswith("steady state: image 6 -> 24 records")))
+    header, values = lines[steady + 1].split(), lines[steady + 2].split()
+    assert header[:2] == ["workers", "format"] and "x" in header and values[:2] == ["2", "compact"]
+    small, large, _, extra_mb = map(float, values[2:6])  # the extra seconds of 18 records may be noise of either sign
+    assert small > 0 and large > 0 and extra_mb >= 0
