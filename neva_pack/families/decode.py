@@ -251,13 +251,14 @@ def unreadable(name: str, exc: Exception) -> RecordError:
     return RecordError("unreadable_image", f"{name}: {exc.__class__.__name__}: {_deterministic(str(exc), name)}")
 
 
-_OBJECT_REPR = re.compile(r"<[^<>]*? object at 0x[0-9a-fA-F]+>")
+_OBJECT_REPR = re.compile(r"<[^<>]*? object at 0x[0-9a-fA-F]+>|<_io\.\w+ name=[^<>]*>")
 
 
 def _deterministic(message: str, name: str) -> str:
     """An exception's message as a skip detail: one line, at most 300 characters, and no object
-    address (PIL names the file object it was given: ``<_io.BytesIO object at 0x7f...>``, which
-    would make two runs' reports differ): the image's name stands in for it."""
+    address (PIL names the file object it was given: ``<_io.BytesIO object at 0x7f...>``, or a file's
+    ``<_io.BufferedReader name=12>``, which would make two runs' reports differ): the image's name
+    stands in for it."""
     message = " ".join(_OBJECT_REPR.sub(name, message).split())
     return message if len(message) <= 300 else message[:297] + "..."
 

@@ -142,3 +142,36 @@ def test_a_header_read_for_a_plan_cannot_be_decoded(images, tmp_path):
     assert planned.data is None and (planned.size, planned.tokens) == (built.size, built.tokens)
     with pytest.raises(ValueError, match="astronaut.jpg: read for its header only"):
         loader.load(planned)
+
+
+@pytest.mark.parametrize("kind", ["jpeg_icc", "tiff", "png", "small"])
+def test_a_header_from_a_path_is_the_header_from_the_bytes_however_far_it_reaches(tmp_path, kind):
+    """A path's header is parsed from one read of its first ``HEADER_READ`` bytes; one that does not end
+    there (a JPEG whose ICC profile and EXIF come before its frame header) is read from the file: the
+    size is the same either way, and the same as from bytes."""
+    from PIL import Image
+
+    from neva_pack.families.headers import HEADER_READ
+
+    image = random_rgb(*((40, 30) if kind == "small" else (700, 500)), seed=2)
+    path = tmp_path / f"image.{kind}"
+    if kind == "jpeg_icc":
+        image.save(path, "JPEG", icc_profile=bytes(range(256)) * 60, exif=b"Exif\x00\x00" + b"\x00" * 6_000)
+        assert path.read_bytes().find(b"\xff\xc0") > HEADER_READ  # the frame header is past the first read
+    elif kind == "tiff":
+        image.save(path, "TIFF")
+    else:
+        image.save(path, "PNG")
+    assert header_size(path) == header_size(path.read_bytes()) == image.size
+    with Image.open(path) as opened:
+        assert opened.size == image.size
+
+
+def test_an_unreadable_header_from_a_path_is_the_same_skip_as_from_its_bytes(tmp_path):
+    path = tmp_path / "junk.jpg"
+    path.write_bytes(b"\xff\xd8\xff" + bytes(range(256)) * 40)  # past the first read, and no header in it
+    with pytest.raises(RecordError) as from_path:
+        header_size(path, "junk.jpg")
+    with pytest.raises(RecordError) as from_bytes:
+        header_size(path.read_bytes(), "junk.jpg")
+    assert (from_path.value.reason, str(from_path.value)) == (from_bytes.value.reason, str(from_bytes.value))
