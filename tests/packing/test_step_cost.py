@@ -74,6 +74,16 @@ def test_every_preset_is_a_model_with_its_source():
     # the derived LM weights match the published sizes (non-embedding weights plus the head)
     assert step_cost_model("llava-1.5-7b").lm.params == pytest.approx(6.61e9, rel=0.01)
     assert step_cost_model("qwen2.5-vl-7b").lm.params == pytest.approx(7.07e9, rel=0.01)
+    # Gemma 4's large checkpoints: 31B dense (its full layers' fewer kv heads counted as the sliding ones'), 26B-A4B
+    # as the ~3.8B weights one position meets (shared expert + top 8 of 128)
+    assert step_cost_model("gemma-4-31b").lm.params == pytest.approx(30.7e9, rel=0.03)
+    assert step_cost_model("gemma-4-26b-a4b").lm.params == pytest.approx(3.8e9, rel=0.03)
+
+
+@pytest.mark.parametrize("encoder, preset", [("google/gemma-4-31B-it", "gemma-4-31b"), ("google/gemma-4-26B-A4B-it", "gemma-4-26b-a4b"),
+                                             ("google/gemma-4-E2B-it", "gemma-4-e4b")])  # fmt: skip
+def test_auto_takes_each_gemma_checkpoints_own_preset_before_its_familys(encoder, preset):
+    assert step_cost_model("auto", encoder, "gemma4").name == preset
 
 
 def test_the_presets_ship_as_package_data():
@@ -108,7 +118,7 @@ def test_a_bad_model_file_is_refused_in_one_line_naming_the_key(tmp_path, change
 
 
 def test_an_unknown_name_or_file_is_refused_listing_the_choices(tmp_path):
-    with pytest.raises(ValueError, match="choose one of auto, attention, gemma-4-e4b"):
+    with pytest.raises(ValueError, match="choose one of auto, attention, gemma-4-26b-a4b, gemma-4-31b, gemma-4-e4b"):
         step_cost_model("llava-7b")
     with pytest.raises(ValueError, match="no such regular file"):
         step_cost_model(str(tmp_path / "missing.json"))
