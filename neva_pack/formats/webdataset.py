@@ -65,7 +65,10 @@ def read_members(data: bytes) -> tuple[str, dict[str, bytes]]:
     when they are not members of one key."""
     key, members, position = None, {}, 0
     while position < len(data):
-        info = tarfile.TarInfo.frombuf(data[position : position + BLOCK], "utf-8", "surrogateescape")
+        try:
+            info = tarfile.TarInfo.frombuf(data[position : position + BLOCK], "utf-8", "surrogateescape")
+        except tarfile.HeaderError as exc:  # not a ValueError: a damaged shard is one line like any other damage
+            raise ValueError(f"a member header at byte {position} of the sample: {exc}") from None
         member_key, _, part = info.name.partition(".")
         if key not in (None, member_key):
             raise ValueError(f"member {info.name} inside sample {key}")
