@@ -19,6 +19,7 @@ import json
 import os
 import sqlite3
 import tarfile
+import tokenize
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,7 +93,10 @@ def npy_array(value) -> np.ndarray:
     """A ``.npy`` member as Energon yields it: its bytes, or already decoded by Energon's default decoder."""
     if isinstance(value, np.ndarray):
         return value
-    return np.load(io.BytesIO(value), allow_pickle=False)
+    try:
+        return np.load(io.BytesIO(value), allow_pickle=False)
+    except (SyntaxError, tokenize.TokenError, EOFError) as exc:  # an edited header: numpy parses it as a Python literal
+        raise ValueError(f"a .npy member whose header does not parse ({type(exc).__name__}: {exc})") from None
 
 
 class ShardSamples:

@@ -126,3 +126,22 @@ def _same_json(original: bytes, edited: bytes) -> bool:
         return json.dumps(json.loads(edited), sort_keys=True) == json.dumps(json.loads(original), sort_keys=True)
     except ValueError:
         return False
+
+
+def test_a_pack_whose_data_file_moved_its_sample_bounds_is_refused_by_the_items_in_one_line(outputs, tmp_path):
+    """NeMo's .bin holds each pack's cu_seqlens (float32): edited, the bounds no longer held the tokens,
+    and the batch functions failed far from the cause (a RuntimeError of tensor sizes). An item is now
+    checked against the plan table the open checked."""
+    import numpy as np
+
+    shutil.copytree(outputs["nemo"], tmp_path, dirs_exist_ok=True)
+    bin_file = tmp_path / "packed_seq_dataset.bin"
+    data = bin_file.read_bytes()
+    bounds = np.array([0, 5, 8], dtype=np.float32).tobytes()  # the first tiny pack's cu_seqlens
+    assert data.count(bounds) == 1
+    bin_file.write_bytes(data.replace(bounds, np.array([0, 6, 8], dtype=np.float32).tobytes()))
+    dataset = PackedSeqDataset(tmp_path)  # the open hashes no data file
+    with pytest.raises(NevaPackError, match=r"pack 0 holds 8 tokens and 8 labels in samples ending at \[6, 8\], its plan table \[5, 8\]") as refused:
+        dataset[0]
+    assert "\n" not in str(refused.value) and "neva-pack verify" in str(refused.value)
+    assert cli("verify", "--quiet", str(tmp_path))[0] == 1
