@@ -20,7 +20,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from neva_pack.families import ImageSource, dynamic_image_run, dynamic_processor, resolve_encoder
+from neva_pack.families import (
+    ImageSource,
+    dynamic_image_run,
+    dynamic_processor,
+    resolve_encoder,
+)
 from neva_pack.records import RawRecord
 from neva_pack.samples import SampleBuilder, Skipped
 from neva_pack.text import load_template, load_tokenizer
