@@ -112,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     stats.add_argument("output", type=location, help="output directory or packed prefix (any NeMo-layout prefix), or s3://")
     stats.add_argument("--json", action="store_true", help="print the report as JSON")
     stats.add_argument("--plot", type=Path, help="write a PNG: sample lengths, pack fill, samples per pack")
-    stats.add_argument("--global_batch_size", type=int, help="unpacked GBS, to print the packed GBS to train with")
+    stats.add_argument("--global_batch_size", type=_positive_int, help="unpacked GBS, to print the packed GBS to train with")
     stats.add_argument("--crop_size", type=int, nargs=2, metavar=("H", "W"), help="for a prefix without meta")
     stats.add_argument("--max_seq_length", type=int, help="for a prefix without meta (default: longest pack)")
     stats.add_argument("--data_parallel", type=int, metavar="N", help="model the straggler overhead of N ranks: random, attention and modelled order")
@@ -129,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--algorithms", nargs="+", choices=sorted(ALGORITHMS), default=[DEFAULT_ALGORITHM, RECOMMENDED_ALGORITHM]
     )
     explore.add_argument("--seed", type=int, default=0)
-    explore.add_argument("--global_batch_size", type=int, help="unpacked GBS, for the GBS column")
+    explore.add_argument("--global_batch_size", type=_positive_int, help="unpacked GBS, for the GBS column")
     explore.add_argument("--json", action="store_true", help="print the table as JSON")
     # alignment padding, as preprocess's training-side flags (default: the output's own multiple)
     explore.add_argument("--pad_to_multiple_of", type=int, help="pad every sample to a multiple of M before packing")
@@ -160,6 +160,17 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--num_shards", type=int, help="the run's --num_shards (default: read from its parts)")
     status.add_argument("--json", action="store_true", help="print the status as JSON")
     return parser
+
+
+def _positive_int(text: str) -> int:
+    """An argument that counts something (0 or -5 as --global_batch_size advised a packed GBS of 1)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: must be a positive integer")
+    return value
+
+
+_positive_int.__name__ = "int"  # argparse names the type in its refusal of a non-number ("invalid int value: 'x'")
 
 
 def config_from_args(args: argparse.Namespace, names: set[str] | None = None, **given):

@@ -23,9 +23,10 @@ class OutputError(NevaPackError):
     """The run's own output failed a check before publishing (a bug, not a bad input): nothing was published."""
 
 
-_PARSE_FAILURES = (ValueError, KeyError, TypeError, IndexError, AttributeError, EOFError)
+_PARSE_FAILURES = (ValueError, KeyError, TypeError, IndexError, AttributeError, EOFError, SyntaxError)
 """How json, numpy and our ``from_json``/``from_arrays`` fail on a damaged file (a JSON or
-UnicodeDecodeError is a ValueError; numpy's truncated archive is a zipfile.BadZipFile, added below)."""
+UnicodeDecodeError is a ValueError; numpy's truncated archive is a zipfile.BadZipFile, added below;
+a ``.npy`` header edited is a SyntaxError or tokenize's TokenError from its literal_eval, added below)."""
 
 
 @contextmanager
@@ -33,11 +34,12 @@ def parsing(path):
     """Where a file of an output is parsed (meta, plan table, index, stats.json, skipped list):
     turns the ways a damaged one fails to parse into one InputError naming it. verify, stats and
     convert read the same files, so they refuse a damaged one alike, with one line, not a traceback."""
+    import tokenize
     import zipfile
 
     try:
         yield
     except InputError:
         raise
-    except (*_PARSE_FAILURES, zipfile.BadZipFile) as exc:
+    except (*_PARSE_FAILURES, zipfile.BadZipFile, tokenize.TokenError) as exc:
         raise InputError(f"{path}: damaged (not as neva_pack writes it: {exc.__class__.__name__}: {exc})") from None

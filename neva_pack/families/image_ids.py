@@ -64,14 +64,24 @@ def missing_nemo_specials(tokenizer: Tokenizer, tokenization: str, image_run: Im
     )
 
 
-def check_token_ids(image_run: ImageRun, vocab_size: int, pad_id: int = PAD_ID, ignore_index: int = IGNORE_INDEX) -> None:
+def check_token_ids(image_run: ImageRun, vocab_size: int, pad_id: int = PAD_ID, ignore_index: int = IGNORE_INDEX,
+                    specials: dict[str, int | None] | None = None) -> None:  # fmt: skip
     """Image and pad ids must be ids of the vocabulary (0 .. vocab_size - 1), hence exact in the float32
     packed format: an id like 16777217 would be stored as 16777216. The ignore value must not be one:
-    the labels of that token would read as ignored and never be trained."""
-    for name, value in (("image_patch_id", image_run.patch_id), ("image_start_id", image_run.start_id),
-                        ("image_end_id", image_run.end_id), ("pad_id", pad_id)):  # fmt: skip
+    the labels of that token would read as ignored and never be trained. ``specials``: the tokenizer's
+    BOS/EOS ids by name, none of which an image run's id may be (a ``tokenizer_config.json`` naming
+    ``<|image_pad|>`` its EOS made every turn's end an image position the model has no pixels for)."""
+    run_ids = (("image_patch_id", image_run.patch_id), ("image_start_id", image_run.start_id), ("image_end_id", image_run.end_id))
+    for name, value in (*run_ids, ("pad_id", pad_id)):
         if value is not None and not 0 <= value < vocab_size:
             raise ConfigError(f"--{name} {value}: not an id of the tokenizer's vocabulary (0 .. {vocab_size - 1})")
+    for special, special_id in (specials or {}).items():
+        for name, value in run_ids:
+            if value is not None and value == special_id:
+                raise ConfigError(
+                    f"{name} {value}: also the tokenizer's {special} id, so every {special} would read as an image position; "
+                    f"the image run needs ids of its own (check the tokenizer's tokenizer_config.json, or set --{name})"
+                )
     if 0 <= ignore_index < vocab_size:
         raise ConfigError(
             f"--ignore_index {ignore_index}: an id of the tokenizer's vocabulary (0 .. {vocab_size - 1}); "

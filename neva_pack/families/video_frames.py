@@ -192,12 +192,16 @@ def unstack_frames(part: np.ndarray, count: int, multiple: int = 1) -> np.ndarra
     return frames
 
 
-def decode_frames(data: bytes, indices, size: tuple[int, int], *, name: str, max_seconds: float, resize_api: str = "v2") -> np.ndarray:
+def decode_frames(data: bytes, indices, size: tuple[int, int], *, name: str, max_seconds: float, resize_api: str = "v2",
+                  declared: tuple[int, int] | None = None) -> np.ndarray:  # fmt: skip
     """uint8 (len(indices), 3, h, w): the frames at ``indices`` (increasing, decode order) of the clip's
     first video stream, each resized to ``size`` (h, w) as decoded (module docstring).
 
     RecordError ``unreadable_video`` for bytes PyAV cannot demux or decode, ``video_frames_mismatch``
-    for a stream that ends before the last index, ``video_too_slow`` past ``max_seconds`` of CPU.
+    for a stream that ends before the last index or whose frames are not the ``declared`` (width, height)
+    of its header (the size its tokens were counted from: a sample entry saying 320 x 240 over 32 x 24
+    frames was stored upscaled, 198 tokens where the model's processor counts 12), ``video_too_slow``
+    past ``max_seconds`` of CPU.
     ``resize_api``: "v2" (torchvision's ``transforms.v2.functional.resize``) or "v1" (``transforms.functional``'s)."""
     import av
     import torch
@@ -221,6 +225,9 @@ def decode_frames(data: bytes, indices, size: tuple[int, int], *, name: str, max
             stream = container.streams.video[0]
             for packet in container.demux(stream):
                 for frame in packet.decode():
+                    if declared is not None and (frame.width, frame.height) != tuple(declared):
+                        raise RecordError("video_frames_mismatch", f"{name}: its header declares {declared[0]} x {declared[1]} frames, "
+                                                                   f"a decoder presents {frame.width} x {frame.height}")  # fmt: skip
                     if decoded == wanted[kept]:
                         rgb = torch.from_numpy(frame.to_ndarray(format="rgb24")).permute(2, 0, 1)
                         resized = resize(rgb, [height, width], interpolation=InterpolationMode.BICUBIC, antialias=True)

@@ -161,6 +161,8 @@ def read_json(path: str | Path, *, what: str, max_bytes: int = MAX_SETTINGS_BYTE
         raise error(f"{_label(what, path)}: invalid JSON (nested too deep)") from None
     except json.JSONDecodeError as exc:
         raise error(f"{_label(what, path)}: invalid JSON ({exc})") from None
+    except ValueError as exc:  # a number json refuses to convert: an integer of more than 4,300 digits
+        raise error(f"{_label(what, path)}: invalid JSON ({' '.join(str(exc).split())[:200]})") from None
 
 
 MAX_YAML_CHARS = 256 << 10
@@ -210,6 +212,8 @@ def parse_yaml(text: str, label: str, error: type[NevaPackError] = ConfigError) 
         raise error(f"{label}: invalid YAML ({exc.problem or exc.context}{where})") from None
     except yaml.YAMLError as exc:
         raise error(f"{label}: invalid YAML ({' '.join(str(exc).split())})") from None
+    except ValueError as exc:  # a value PyYAML's constructors refuse: an integer of 5,000 digits, a 13th month
+        raise error(f"{label}: invalid YAML ({' '.join(str(exc).split())[:200]})") from None
     finally:
         if loader is not None:
             loader.dispose()

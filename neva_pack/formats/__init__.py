@@ -18,7 +18,7 @@ from neva_pack.formats.meta import (
     Counts, ImageTokenIds, META_VERSION, Normalisation, PackedMeta, PackingSettings, ReadPack, checksum_problems,
     meta_checksum_ok, read_meta, read_meta_json
 )
-from neva_pack.formats.trust import checked_meta, trusted_meta
+from neva_pack.formats.trust import checked_meta, trusted_meta, verify_hint
 from neva_pack.files import META_SUFFIX, PACKED_NAME, meta_path, pack_size_of, packed_prefixes
 
 from neva_pack.formats.energon import IMAGES_MEMBER, Writer, dataset_path, decode, fetch_from, pack_index
@@ -172,4 +172,5 @@ __all__ = [
     "read_without_meta",
     "resolve_prefixes",
     "temporary_files",
+    "verify_hint",
 ]

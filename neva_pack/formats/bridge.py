@@ -28,6 +28,7 @@ The Parquet variant (``formats/bridge_parquet.py``) differs only in the rows' fi
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import pickle
@@ -146,12 +147,14 @@ def read_rows(path: Path) -> "NpyRows":
         shape, _, dtype = read_header(f)
         if dtype != object or len(shape) != 1:
             raise ValueError(f"an array of {dtype} {shape}, not one dict per pack")
-        try:
-            array = _RowUnpickler(f).load()
-        except pickle.UnpicklingError as exc:
-            raise ValueError(str(exc)) from None
-        if not all(isinstance(row, dict) for row in array):
-            raise ValueError("a pack that is not a dict")
+        try:  # from the bytes read: a frame's length (up to 2**63) then can only find the pickle cut short
+            array = _RowUnpickler(io.BytesIO(f.read())).load()
+        except (pickle.UnpicklingError, OverflowError) as exc:
+            raise ValueError(f"{type(exc).__name__}: {exc}") from None
+        keys = ("input_ids", "loss_mask", "seq_start_id")
+        if not (isinstance(array, np.ndarray) and array.shape == tuple(shape)
+                and all(isinstance(row, dict) and all(isinstance(row.get(k), list) for k in keys) for row in array)):  # fmt: skip
+            raise ValueError(f"not {shape[0]} rows of Bridge's dicts of lists {', '.join(keys)}")
     return NpyRows(array)
 
 
@@ -413,11 +416,7 @@ class BridgeFormat:
     """Text only: an encoder of images at their own sizes is refused up front (a fixed-crop run's image
     records are skipped, as the text-only format it is)."""
     holds_videos = False
-    limits = Limits(
-        max_pack=2**31 - 1,
-        max_integer=2**63 - 1,
-        why="Megatron Bridge's files store Python ints",
-    )
+    limits = Limits(max_pack=2**31 - 1, max_integer=2**63 - 1, why="Megatron Bridge's files store Python ints")
 
     def __init__(self, name: str, rows: RowFile, description: str):
         self.name = name

@@ -57,9 +57,13 @@ class ParquetRows:
 
 
 def read_parquet_rows(path: Path) -> ParquetRows:
-    _, pq = _pyarrow()
+    pa, pq = _pyarrow()
     with parsing(path):
-        table = pq.read_table(str(regular_output(path)))
+        regular_output(path)
+        try:  # pyarrow names a damaged file an OSError (of several lines), which ``parsing`` leaves to the disk's failures
+            table = pq.read_table(str(path))
+        except (pa.ArrowException, OSError) as exc:
+            raise ValueError(" ".join(f"not the Parquet file Bridge reads ({exc})".split())) from None
         missing = {"input_ids", "loss_mask", "seq_start_id"} - set(table.column_names)
         if missing:
             raise ValueError(f"no column {sorted(missing)[0]}")

@@ -379,9 +379,9 @@ def _stored_positions(length: int, image_starts: np.ndarray, run_lengths: np.nda
 
 def _map(path: Path, dtype) -> np.ndarray:
     path = regular_output(path)
-    if path.stat().st_size == 0:
-        return np.zeros(0, dtype=dtype)
-    return np.memmap(path, dtype=dtype, mode="r")
+    if (size := path.stat().st_size) % (width := np.dtype(dtype).itemsize):  # numpy's refusal would not name the file
+        raise InputError(f"{path}: {size} bytes, not a whole number of {width}-byte ids (damaged)")
+    return np.memmap(path, dtype=dtype, mode="r") if size else np.zeros(0, dtype=dtype)
 
 
 def check(reader: Reader, result) -> None:

@@ -49,7 +49,6 @@ Arrow rows, padded to the length known only then.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
@@ -60,9 +59,10 @@ from pathlib import Path
 import numpy as np
 
 from neva_pack.core import ConfigError, StoredImage, parsing
-from neva_pack.files import file_checksum, meta_path, prefix_file, relative_name
+from neva_pack.files import file_checksum, meta_path, prefix_file, regular_output, relative_name
 from neva_pack.formats.base import Checkpoint, Limits, PrefixFiles, WriteSpec, normalised_stack, prefix_files, publish, published_as
 from neva_pack.formats.meta import PackedMeta, ReadPack, read_meta
+from neva_pack.formats.png_images import png_bytes as _png, png_pixels as _unpng
 from neva_pack.packing import PlanTable, padded_view, read_plan_table
 
 __all__ = ["DATASET_SUFFIX", "FORMAT", "HF_IGNORE_INDEX", "INDEX_SUFFIX", "LlamaFactoryFormat", "Reader", "Writer",
@@ -149,22 +149,6 @@ def prepare(packs, spec: WriteSpec) -> list[PreparedRow]:
         rows.append(PreparedRow(ids=np.concatenate(ids).astype(ID_DTYPE), labels=np.concatenate(targets).astype(ID_DTYPE),
                                 segment=padded + 1, sample_images=np.asarray(pack.num_images, np.int64), run_length=runs))  # fmt: skip
     return rows
-
-
-def _png(part: np.ndarray) -> bytes:
-    """uint8 (3, H, W) -> PNG bytes (lossless; deterministic: no timestamps, fixed compression)."""
-    from PIL import Image
-
-    buffer = io.BytesIO()
-    Image.fromarray(np.ascontiguousarray(np.asarray(part, np.uint8).transpose(1, 2, 0)), "RGB").save(buffer, format="PNG", compress_level=1)
-    return buffer.getvalue()
-
-
-def _unpng(data: bytes) -> np.ndarray:
-    from PIL import Image
-
-    with Image.open(io.BytesIO(data)) as image:
-        return np.ascontiguousarray(np.asarray(image.convert("RGB"), np.uint8).transpose(2, 0, 1))
 
 
 class Writer:
@@ -341,7 +325,11 @@ class Reader:
         self.dataset = dataset_path(self.prefix)
         arrow = self.dataset / ARROW_NAME
         with parsing(arrow):
-            self.table = pa.ipc.open_stream(pa.memory_map(str(arrow))).read_all()
+            mapped = pa.memory_map(str(regular_output(arrow)))
+            try:  # the file is open: what fails now is its content (pyarrow names a bad stream an IOError)
+                self.table = pa.ipc.open_stream(mapped).read_all()
+            except (pa.ArrowException, OSError) as exc:
+                raise ValueError(" ".join(f"not the Arrow stream LLaMA-Factory reads ({exc})".split())) from None
             if self.table.schema.names != _schema().names:
                 raise ValueError(f"columns {self.table.schema.names}, not LLaMA-Factory's packed rows")
         index = prefix_file(self.prefix, INDEX_SUFFIX)
@@ -388,7 +376,8 @@ class Reader:
         i0, i1 = int(self.image_at[p]), int(self.image_at[p + 1])
         pixels = stored = None
         if images:
-            data = [_unpng(b) for b in (self.table.column("images")[p].as_py() or [])]
+            shape = None if self.image_shape is None else self.image_shape[1:]
+            data = [_unpng(b, shape, self.dataset / ARROW_NAME) for b in (self.table.column("images")[p].as_py() or [])]
             if self.image_shape is None:
                 a = self.arrays
                 stored = [StoredImage(size=(int(a["width"][i]), int(a["height"][i])), parts=(part,), tokens=int(a["tokens"][i]))

@@ -19,6 +19,7 @@ import json
 import os
 import sqlite3
 import tarfile
+import tokenize
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,7 +66,10 @@ def read_members(data: bytes) -> tuple[str, dict[str, bytes]]:
     when they are not members of one key."""
     key, members, position = None, {}, 0
     while position < len(data):
-        info = tarfile.TarInfo.frombuf(data[position : position + BLOCK], "utf-8", "surrogateescape")
+        try:
+            info = tarfile.TarInfo.frombuf(data[position : position + BLOCK], "utf-8", "surrogateescape")
+        except tarfile.HeaderError as exc:  # not a ValueError: a damaged shard is one line like any other damage
+            raise ValueError(f"a member header at byte {position} of the sample: {exc}") from None
         member_key, _, part = info.name.partition(".")
         if key not in (None, member_key):
             raise ValueError(f"member {info.name} inside sample {key}")
@@ -89,7 +93,10 @@ def npy_array(value) -> np.ndarray:
     """A ``.npy`` member as Energon yields it: its bytes, or already decoded by Energon's default decoder."""
     if isinstance(value, np.ndarray):
         return value
-    return np.load(io.BytesIO(value), allow_pickle=False)
+    try:
+        return np.load(io.BytesIO(value), allow_pickle=False)
+    except (SyntaxError, tokenize.TokenError, EOFError) as exc:  # an edited header: numpy parses it as a Python literal
+        raise ValueError(f"a .npy member whose header does not parse ({type(exc).__name__}: {exc})") from None
 
 
 class ShardSamples:

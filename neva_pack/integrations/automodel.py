@@ -76,6 +76,8 @@ class AutomodelPacks(Dataset):
         if getattr(family, "attention", None) is not None and family.attention.bidirectional_images:
             raise ValueError(f"{packs.prefix}: the {family.models} model attends both ways inside each image, which "
                              "neat_packed_vlm_collater's block-causal mask does not give")  # fmt: skip
+        if media_keys is not None and (isinstance(media_keys, str) or not all(isinstance(key, str) for key in media_keys)):
+            raise ValueError(f"media_keys {media_keys!r}: expected a list of model input names (strings)")  # a YAML value: untrusted
         media = tuple(_media_keys() if media_keys is None else media_keys)
         dropped = sorted(key for key in family.batch_keys if key not in media and key != "mm_token_type_ids")
         if dropped:
@@ -120,7 +122,7 @@ class AutomodelPacks(Dataset):
 def packed_dataset(path: str | Path, pack_size: int | None = None, media_keys: list[str] | None = None) -> AutomodelPacks:
     """The dataset of the YAML's ``dataset._target_``: the packs at ``path`` (an output directory or
     prefix; ``pack_size`` picks one size of a --pack_sizes output) as Automodel's packed VLM items."""
-    return AutomodelPacks(PackedSeqDataset(path, pack_size=pack_size), None if media_keys is None else tuple(media_keys))
+    return AutomodelPacks(PackedSeqDataset(path, pack_size=pack_size), media_keys)
 
 
 def collate(examples: list[dict], processor=None, **settings) -> dict:

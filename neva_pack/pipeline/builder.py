@@ -35,7 +35,8 @@ def sample_builder_for(sample: SampleConfig, pack: PackConfig, *, strict: bool =
     fmt = output_format(pack.output_format)
     preprocessor, image_run = _family_images(sample, pack.sizes, strict, tokenizer, template, encoder, fmt)
     fmt.check_settings(vocab_size=tokenizer.vocab_size)
-    check_token_ids(image_run, tokenizer.vocab_size, pad_id=pack.pad_id, ignore_index=sample.ignore_index)
+    check_token_ids(image_run, tokenizer.vocab_size, pad_id=pack.pad_id, ignore_index=sample.ignore_index,
+                    specials={"BOS": tokenizer.bos_id, "EOS": tokenizer.eos_id})  # fmt: skip
     budgets = sample.budgets
     image_source = ImageSource(
         sample.image_folder, max_bytes=budgets.max_image_bytes, allow_outside=budgets.allow_outside_image_folder

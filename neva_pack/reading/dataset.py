@@ -49,8 +49,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from neva_pack.core import IGNORE_INDEX, PAD_ID
-from neva_pack.formats import open_packed
+from neva_pack.core import IGNORE_INDEX, PAD_ID, InputError
+from neva_pack.formats import open_packed, verify_hint
 from neva_pack.families import restarting_positions
 from neva_pack.reading.item_source import PackItem, source_of
 from neva_pack.reading.items import item_layout
@@ -81,10 +81,24 @@ class PackedSeqDataset(Dataset):
         table = self._reader.plan_table()  # per-sample image counts, in pack order
         self._offsets = table.offsets
         self._num_images = table.num_images.astype(np.int32)
+        self._bounds = np.concatenate([[0], np.cumsum(table.padded_length)])
+        """Where each sample ends in the output's packs, from the plan table the open checked (``checked``)."""
         self._items = item_layout(self, self.processor)
         """How a pack becomes an item: the stack of one crop shape, or the family's inputs (reading/items.py)."""
         self.source = source_of(self.meta, self.processor)
         """What items of one batch must share (ignore value, pad id, image run, family)."""
+
+    def checked(self, p: int, pack):
+        """Pack ``p`` as read from a data file (which an open does not hash), once its sample bounds are the
+        plan table's and hold its tokens and labels: a damaged .bin gave bounds past the tokens, and the
+        batch functions failed far from the cause (a RuntimeError of tensor sizes, an IndexError)."""
+        first, last = int(self._offsets[p]), int(self._offsets[p + 1])
+        bounds, expected = np.asarray(pack.cu_seqlens), self._bounds[first : last + 1] - self._bounds[first]
+        if not (np.array_equal(bounds, expected) and len(pack.tokens) == len(pack.labels) == expected[-1]):
+            raise InputError(f"{self.prefix}: pack {p} holds {len(pack.tokens)} tokens and {len(pack.labels)} labels in samples ending at "
+                             f"{bounds[1:6].tolist()}, its plan table {expected[1:6].tolist()} (a data file was changed); "
+                             f"{verify_hint(self.prefix.parent)}")  # fmt: skip
+        return pack
 
     def marked(self, item: dict) -> PackItem:
         """``item`` as a ``PackItem`` of this output."""

@@ -35,7 +35,7 @@ class StackedItems:
 
     def pack(self, p: int) -> dict[str, torch.Tensor]:
         packs = self.packs
-        pack = packs._reader.pack(p, images=False)
+        pack = packs.checked(p, packs._reader.pack(p, images=False))
         return {
             "cu_seqlens": torch.from_numpy(pack.cu_seqlens.astype(np.int32)),
             "cu_seqlens_unpadded": torch.from_numpy(pack.cu_seqlens_unpadded.astype(np.int32)),
@@ -73,12 +73,12 @@ class FamilyItems:
 
     def pack(self, p: int) -> dict[str, torch.Tensor]:
         packs = self.packs
-        return dynamic_pack_item(packs._reader.pack(p), packs.sample_images(p), self.family, packs.meta.image_run.patch_id)
+        return dynamic_pack_item(packs.checked(p, packs._reader.pack(p)), packs.sample_images(p), self.family, packs.meta.image_run.patch_id)
 
     def sample(self, p: int, k: int, cache: dict) -> dict[str, torch.Tensor]:
         packs = self.packs
         if cache.get("p") != p:
-            cache.update(p=p, item=packs._reader.pack(p))
+            cache.update(p=p, item=packs.checked(p, packs._reader.pack(p)))
         counts = packs.sample_images(p)
         sample = sample_of_pack(cache["item"], counts, k)
         return dynamic_pack_item(sample, counts[k : k + 1], self.family, packs.meta.image_run.patch_id)

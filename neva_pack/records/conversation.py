@@ -75,7 +75,8 @@ SKIP_REASONS = {
     "videos_not_read": "the record has a video clip and the run's model family reads none (a native-resolution "
     "encoder does), or the output format holds text only",
     "video_frames_mismatch": "a video's stream ends before the last frame its header promised (an edit list that "
-    "trims frames, a truncated file): the frames sampled from the header are not all there",
+    "trims frames, a truncated file), or its frames are not the size its header declares: the frames sampled from the "
+    "header are not all there, or not the tokens counted",
     "video_too_slow": "decoding one video's frames took more CPU time than --max_image_decode_seconds (it was stopped)",
     "unreadable_video": "a video's frames cannot be decoded, or the clip is one the model's processor refuses "
     "(fewer frames than a temporal patch, an aspect ratio over 200)",

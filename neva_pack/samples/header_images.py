@@ -154,7 +154,7 @@ class HeaderImages:
         if image.video is not None:
             plan = image.video
             frames = decode_frames(image.data, plan.indices, plan.size, name=image.name, max_seconds=self.max_image_decode_seconds,
-                                   resize_api=plan.resize)  # fmt: skip
+                                   resize_api=plan.resize, declared=image.size)  # fmt: skip
             return self.processor.video_to_stored(frames, plan, image.size)
         decoded = decode_image(image.data, image.name, self.max_image_pixels, self.max_image_decode_seconds)
         check_decoded_size(decoded, image.size, image.name)

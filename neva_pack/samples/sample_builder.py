@@ -207,7 +207,7 @@ class SampleBuilder:
             tokenizer=tokenizer, template=template, image_run=image_run, tokenization=self.tokenization,
             system_prompt=system_prompt, max_conversation_chars=max_conversation_chars,
         )  # fmt: skip
-        check_token_ids(image_run, tokenizer.vocab_size, ignore_index=ignore_index)
+        check_token_ids(image_run, tokenizer.vocab_size, ignore_index=ignore_index, specials={"BOS": tokenizer.bos_id, "EOS": tokenizer.eos_id})
 
     def build(self, raw: RawRecord) -> Sample | Skipped:
         try:

@@ -191,9 +191,10 @@ class HuggingFaceTokenizer:
         except Exception as exc:  # the Rust binding raises a bare Exception for malformed files
             raise ConfigError(f"--tokenizer_path {directory}: unreadable tokenizer.json ({exc})") from None
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        _check_vocabulary_ids(directory, self._tok.get_vocab(with_added_tokens=True), self.vocab_size)
         config = _read_json(directory / "tokenizer_config.json")
-        self.bos_id = self._special_id(config.get("bos_token"))
-        self.eos_id = self._special_id(config.get("eos_token"))
+        self.bos_id = self._special_id(config, "bos_token", directory)
+        self.eos_id = self._special_id(config, "eos_token", directory)
         unk = getattr(self._tok.model, "unk_token", None)
         self._unk_id = self._tok.token_to_id(unk) if isinstance(unk, str) else None
         # every added token (special or not) is matched anywhere in a string; the unknown token
@@ -201,10 +202,22 @@ class HuggingFaceTokenizer:
         self.control_ids = frozenset(self._tok.get_added_tokens_decoder()) - {self._unk_id}
         self._literal = None
 
-    def _special_id(self, entry) -> int | None:
-        if isinstance(entry, dict):
-            entry = entry.get("content")
-        return self.token_to_id(entry) if isinstance(entry, str) else None
+    def _special_id(self, config: dict, key: str, directory: Path) -> int | None:
+        """The id of the token ``tokenizer_config.json`` names under ``key`` (a string, or an object
+        with its ``content``, as transformers saves it), None where it names none. A value of another
+        type, or a token the vocabulary lacks, is refused: read as no BOS/EOS, every sample would lose
+        its end-of-turn token without a word."""
+        entry = config.get(key)
+        content = entry.get("content") if isinstance(entry, dict) else entry
+        if content is None:
+            return None
+        where = f"--tokenizer_path {directory / 'tokenizer_config.json'}: {key}"
+        if not isinstance(content, str):
+            raise ConfigError(f"{where} {entry!r}: expected a token (a string, or an object with its 'content'), got {type(content).__name__}")
+        token_id = self.token_to_id(content)
+        if token_id is None:
+            raise ConfigError(f"{where} {content!r}: not a token of tokenizer.json")
+        return token_id
 
     def encode(self, text: str) -> Encoding:
         enc = self._tok.encode(text, add_special_tokens=False)
@@ -457,6 +470,23 @@ def _piece_table_kernel():
 
 def _none_if_negative(value: int) -> int | None:
     return None if value < 0 else value
+
+
+def _check_vocabulary_ids(directory: Path, vocab: dict[str, int], vocab_size: int) -> None:
+    """Every token of a ``tokenizer.json`` (its model's vocabulary and its added tokens) has an id of its
+    own below the vocabulary size. The Rust library takes ids as written: one past the size (an id of
+    4,000,000,000) indexed past every table, and two tokens of one id (an added ``<|image_pad|>`` given
+    a word's id) made ordinary text read as image positions, where neither can be told apart later."""
+    ids = np.fromiter(vocab.values(), dtype=np.int64, count=len(vocab))
+    where = f"--tokenizer_path {directory}: tokenizer.json"
+    if len(ids) and int(ids.max()) >= vocab_size:
+        token = max(vocab, key=vocab.__getitem__)
+        raise ConfigError(f"{where} gives {token!r} the id {vocab[token]}, outside its vocabulary of {vocab_size} ids (0 .. {vocab_size - 1})")
+    unique, counts = np.unique(ids, return_counts=True)
+    if len(unique) < len(ids):
+        shared = int(unique[counts > 1][0])
+        tokens = sorted(token for token, token_id in vocab.items() if token_id == shared)
+        raise ConfigError(f"{where} gives {' and '.join(map(repr, tokens[:3]))} the same id {shared}: each token needs an id of its own")
 
 
 def _read_json(path: Path) -> dict:

@@ -139,7 +139,10 @@ class PackedBatchSampler(Sampler[list[int]]):
             raise ValueError(f"num_replicas must be a positive integer, got {num_replicas!r}")
         if rank is not None and (int(rank) != rank or not 0 <= rank < num_replicas):
             raise ValueError(f"rank must be in [0, {num_replicas}) or None, got {rank!r}")
-        self.lengths = np.asarray(lengths, dtype=np.int64)
+        given = np.asarray(lengths)
+        if given.ndim != 1 or not (np.issubdtype(given.dtype, np.integer) or given.size == 0):  # not 1.5, "3", True or NaN
+            raise ValueError(f"lengths must be a 1-D sequence of integers, got {given.dtype} of shape {given.shape}")
+        self.lengths = given.astype(np.int64)
         self.num_images = np.zeros(len(self.lengths), np.int64) if num_images is None else np.asarray(num_images, np.int64)
         if self.num_images.shape != self.lengths.shape:
             raise ValueError(f"num_images has {len(self.num_images)} entries for {len(self.lengths)} lengths")

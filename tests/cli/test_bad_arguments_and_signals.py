@@ -58,6 +58,18 @@ def test_a_list_data_path_in_hparams_fails_with_one_line(tmp_path, capsys):
     assert code == 2 and err == "neva-pack: error: --data_path (or hparams model.data.data_path) ['a.json', 'b.json']: expected a path, got list\n"
 
 
+@pytest.mark.parametrize("command", ["stats", "plan"])
+@pytest.mark.parametrize("value", ["0", "-5"])
+def test_a_global_batch_size_that_counts_nothing_fails_with_one_line(tmp_path, capsys, command, value):
+    """0 or -5 advised a packed GBS of 1 (stats) or filled the GBS column with it (plan)."""
+    extra = ["--pack_sizes", "2048"] if command == "plan" else []
+    with pytest.raises(SystemExit) as exited:
+        main([command, str(tmp_path), *extra, "--global_batch_size", value])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and err.count("\n") == 1, err
+    assert f"argument --global_batch_size: {value}: must be a positive integer" in err
+
+
 def children_of(pid: int) -> set[int]:
     try:
         return {int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}

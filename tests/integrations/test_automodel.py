@@ -82,3 +82,13 @@ def test_a_family_is_taken_only_when_the_collater_carries_its_inputs_and_mask(fa
             AutomodelPacks(packs, media_keys=media)
     else:
         assert AutomodelPacks(packs, media_keys=media).media_keys == media
+
+
+@pytest.mark.parametrize("media_keys", [[1, 2], [None], "pixel_values", ["pixel_values", b"image_grid_thw"]])
+def test_media_keys_that_are_not_names_are_refused_in_one_line(media_keys):
+    """A YAML's ``media_keys`` is untrusted: numbers escaped as a TypeError of str.join, and one name
+    given as a string was read as its characters."""
+    cls = FAMILIES["native"]
+    packs = types.SimpleNamespace(processor=cls, prefix="out", meta=types.SimpleNamespace(pad_id=0, image_run=types.SimpleNamespace(patch_id=5)))
+    with pytest.raises(ValueError, match=r"^media_keys .*: expected a list of model input names \(strings\)$"):
+        AutomodelPacks(packs, media_keys=media_keys)

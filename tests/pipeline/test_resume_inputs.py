@@ -90,7 +90,7 @@ def edit_the_template(inputs) -> None:
 
 def edit_the_tokenizer_directory(inputs) -> None:
     path = inputs["tokenizer"] / "tokenizer_config.json"
-    path.write_text(json.dumps({**json.loads(path.read_text()), "bos_token": "<unk>"}))
+    path.write_text(json.dumps({**json.loads(path.read_text()), "bos_token": "<|im_start|>"}))  # <unk> is the image run's id 0 here
 
 
 def edit_the_encoder_settings(inputs) -> None:

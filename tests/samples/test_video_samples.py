@@ -9,10 +9,13 @@ order do not."""
 from __future__ import annotations
 
 import dataclasses
+import struct
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
 from neva_pack.families import (
@@ -112,6 +115,38 @@ def test_hostile_clips_are_skips_with_their_own_reasons(folder, tokenizer, tmp_p
     for file in ("audio.mp4", "noise.mp4"):
         skipped = build.build(record([{"from": "human", "value": "<video>"}, {"from": "gpt", "value": "x"}], video=file))
         assert isinstance(skipped, Skipped) and skipped.reason.startswith("video_"), skipped
+
+
+def with_sample_entry_size(data: bytes, width: int, height: int) -> bytes:
+    """The MP4 with its video sample entry (avc1) declaring ``width`` x ``height``; its frames as they were."""
+    from tests.video_zoo import mp4_box, mp4_boxes
+
+    def rebuilt(payload: bytes, path: tuple[bytes, ...]) -> bytes:
+        out = []
+        for kind, body in mp4_boxes(payload):
+            if kind == path[0] and len(path) == 1:
+                body = body[:24] + struct.pack(">HH", width, height) + body[28:]
+            elif kind == path[0]:
+                body = body[:8] + rebuilt(body[8:], path[1:]) if kind == b"stsd" else rebuilt(body, path[1:])
+            out.append(mp4_box(kind, body))
+        return b"".join(out)
+
+    return rebuilt(data, (b"moov", b"trak", b"mdia", b"minf", b"stbl", b"stsd", b"avc1"))
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(size=st.tuples(st.integers(16, 640), st.integers(16, 480)).filter(lambda size: size != (64, 48)))
+def test_a_clip_whose_header_declares_another_frame_size_is_a_frames_mismatch_skip(folder, tokenizer, tmp_path_factory, size):
+    """Its tokens were counted from the header's size: frames of another size were stored resized to it
+    (a sample entry of 320 x 240 over 32 x 24 frames gave 198 tokens where the model's processor counts 12)."""
+    media = tmp_path_factory.mktemp("lying")
+    (media / "lying.mp4").write_bytes(with_sample_entry_size((folder / "clip.mp4").read_bytes(), *size))
+    skipped = builder(QWEN2_5, media, tokenizer).build(record([{"from": "human", "value": "<video>"}, {"from": "gpt", "value": "x"}], video="lying.mp4"))
+    assert isinstance(skipped, Skipped), skipped
+    if skipped.reason == "video_frames_mismatch":
+        assert f"declares {size[0]} x {size[1]} frames, a decoder presents 64 x 48" in skipped.detail, skipped
+    else:  # a size the header's own checks refuse first
+        assert skipped.reason.startswith("video_") or skipped.reason == "unreadable_video", skipped
 
 
 # ---------------------------------------------------------------- proof on tiny models

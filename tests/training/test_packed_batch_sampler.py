@@ -321,3 +321,11 @@ def test_for_samples_refuses_a_video_token_budget_it_cannot_hold(budgeted_sample
     video.meta = video.meta.replace(packing=dataclasses.replace(video.meta.packing, max_video_tokens_per_pack=64))
     with pytest.raises(ValueError, match="max_video_tokens_per_pack=64"):
         PackedBatchSampler.for_samples(video, 4096)
+
+
+@pytest.mark.parametrize("lengths", [[1.5, 2, 3, 4], ["3", "4", "5", "6"], [True] * 4, np.array([1, np.nan, 3, 4]), [[3, 4], [5, 6]]])
+def test_lengths_that_are_not_integers_are_refused_naming_what_they_are(lengths):
+    """1.5 was truncated to 1, "3" and True read as numbers, NaN became -2**63 ("sample 1 has length
+    -9223372036854775808"), and a 2-D array was refused as a num_images mismatch."""
+    with pytest.raises(ValueError, match=r"^lengths must be a 1-D sequence of integers, got \S+ of shape \(\d+,( \d+)?\)$"):
+        PackedBatchSampler(lengths, 16)
