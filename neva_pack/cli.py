@@ -35,9 +35,7 @@ def add_preprocess_flags(parser: argparse.ArgumentParser) -> None:
     Every flag defaults to None: the field's default applies after the hparams file, so an explicit
     flag always wins over it."""
     groups = _add_setting_flags(parser)
-    groups[NEMO].add_argument(
-        "--hparams_file", type=Path, help="NeMo YAML config: model.data.*, model.mm_cfg.* keys are read"
-    )
+    groups[NEMO].add_argument("--hparams_file", type=Path, help="NeMo YAML config: model.data.*, model.mm_cfg.* keys are read")
     groups[OURS].add_argument("--quiet", action="store_true", help="no progress bars")
 
 
@@ -101,9 +99,7 @@ names where it would write (never opened)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineErrors(
-        prog="neva-pack", description="Sequence packing for multimodal (NeVA / LLaVA) fine-tuning."
-    )
+    parser = OneLineErrors(prog="neva-pack", description="Sequence packing for multimodal (NeVA / LLaVA) fine-tuning.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = parser.add_subparsers(dest="command", required=True)
     pre = sub.add_parser("preprocess", help=PREPROCESS_HELP)
@@ -125,9 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_setting_flags(explore, PLAN_INPUT_SETTINGS)
     explore.add_argument("--hparams_file", type=Path, help="with --data_path: NeMo YAML config (its sample settings)")
     explore.add_argument("--pack_sizes", type=int, nargs="+", required=True, help="candidate max_seq_length values")
-    explore.add_argument(
-        "--algorithms", nargs="+", choices=sorted(ALGORITHMS), default=[DEFAULT_ALGORITHM, RECOMMENDED_ALGORITHM]
-    )
+    explore.add_argument("--algorithms", nargs="+", choices=sorted(ALGORITHMS), default=[DEFAULT_ALGORITHM, RECOMMENDED_ALGORITHM])
     explore.add_argument("--seed", type=int, default=0)
     explore.add_argument("--global_batch_size", type=_positive_int, help="unpacked GBS, for the GBS column")
     explore.add_argument("--json", action="store_true", help="print the table as JSON")
@@ -164,8 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _positive_int(text: str) -> int:
     """An argument that counts something (0 or -5 as --global_batch_size advised a packed GBS of 1)."""
-    value = int(text)
-    if value < 1:
+    if (value := int(text)) < 1:
         raise argparse.ArgumentTypeError(f"{value}: must be a positive integer")
     return value
 
