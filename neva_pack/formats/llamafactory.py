@@ -328,6 +328,9 @@ class Reader:
             mapped = pa.memory_map(str(regular_output(arrow)))
             try:  # the file is open: what fails now is its content (pyarrow names a bad stream an IOError)
                 self.table = pa.ipc.open_stream(mapped).read_all()
+                # every offset within its buffer before a row is read: pyarrow's reads trust them (an edited
+                # offset aborted the process, SIGABRT, in as_py); cost: a pass over the offsets, not the data
+                self.table.validate(full=True)
             except (pa.ArrowException, OSError) as exc:
                 raise ValueError(" ".join(f"not the Arrow stream LLaMA-Factory reads ({exc})".split())) from None
             if self.table.schema.names != _schema().names:
