@@ -352,6 +352,8 @@ class Reader:
         first, last = int(plan.offsets[p]), int(plan.offsets[p + 1])
         lengths, padded = plan.length[first:last].astype(np.int64), plan.padded_length[first:last].astype(np.int64)
         ids, mask, _ = self.rows.row(p)
+        if len(ids) != len(mask) or len(ids) < int((padded + 1).sum()):  # a data file edited: the open hashes no data
+            raise InputError(f"{self.data_path}: pack {p} holds {len(ids)} ids, its plan table {int((padded + 1).sum())}; neva-pack verify {self.prefix.parent} lists what is wrong")
         at = real_positions(lengths, padded + 1)  # stored samples hold one id more than their positions
         tokens = ids[at]
         labels = np.where(mask[at], ids[at + 1], self.ignore_index)  # every stored sample ends with its final id
