@@ -23,19 +23,10 @@ from neva_pack.files import meta_path, packed_prefix, relative_name
 from neva_pack.formats import FORMATS, open_packed, read_meta
 from neva_pack.reading import PackedSeqDataset
 from neva_pack.training import hf_collate, thd_collate
-from tests.formats.test_formats import write_tiny
+from tests.formats.test_reader_checks import outputs  # noqa: F401 (a fixture: a tiny published output of every format)
 
 WORDS = (b"\xff\xff\xff\x7f", b"\x00\x00\x00\x80", b"\xff\xff\xff\xff\xff\xff\xff\x7f", b"\x00\x00\x00\x00", b"\xff" * 8)
 """Extreme values a word of a binary file is overwritten with: int32 and int64 limits, zero, all ones."""
-
-
-@pytest.fixture(scope="module")
-def outputs(tmp_path_factory) -> dict[str, Path]:
-    made = {}
-    for name in FORMATS:
-        made[name] = tmp_path_factory.mktemp(name)
-        write_tiny(made[name], name)
-    return made
 
 
 def output_files(directory: Path) -> list[str]:
@@ -84,7 +75,7 @@ def read_everything(directory: Path) -> None:
 @pytest.mark.parametrize("name", sorted(FORMATS))
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
-def test_any_edit_of_any_file_of_an_output_is_found_by_verify_and_refused_in_one_line_elsewhere(outputs, tmp_path_factory, name, data):
+def test_any_edit_of_any_file_of_an_output_is_found_by_verify_and_refused_in_one_line_elsewhere(outputs, tmp_path_factory, name, data):  # noqa: F811
     edited_output_holds(outputs, tmp_path_factory, name, data)
 
 
@@ -92,11 +83,11 @@ def test_any_edit_of_any_file_of_an_output_is_found_by_verify_and_refused_in_one
 @pytest.mark.parametrize("name", sorted(FORMATS))
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
-def test_many_edits_of_any_file_of_an_output(outputs, tmp_path_factory, name, data):
+def test_many_edits_of_any_file_of_an_output(outputs, tmp_path_factory, name, data):  # noqa: F811
     edited_output_holds(outputs, tmp_path_factory, name, data)
 
 
-def edited_output_holds(outputs, tmp_path_factory, name, data):
+def edited_output_holds(outputs, tmp_path_factory, name, data):  # noqa: F811
     source = outputs[name]
     file = data.draw(st.sampled_from(output_files(source)), label="file")
     original = (source / file).read_bytes()
@@ -128,7 +119,7 @@ def _same_json(original: bytes, edited: bytes) -> bool:
         return False
 
 
-def test_a_pack_whose_data_file_moved_its_sample_bounds_is_refused_by_the_items_in_one_line(outputs, tmp_path):
+def test_a_pack_whose_data_file_moved_its_sample_bounds_is_refused_by_the_items_in_one_line(outputs, tmp_path):  # noqa: F811
     """NeMo's .bin holds each pack's cu_seqlens (float32): edited, the bounds no longer held the tokens,
     and the batch functions failed far from the cause (a RuntimeError of tensor sizes). An item is now
     checked against the plan table the open checked."""

@@ -29,12 +29,11 @@ def per_bin(plan, values):
     return np.array([int(values[plan.bin(b)].sum()) for b in range(plan.num_bins)], dtype=np.int64)
 
 
-def naive_first_fit(lengths, images, tokens, order, capacity, max_images, max_tokens):
-    """The textbook first fit over three limits: each sample into the first bin where all three fit."""
+def naive_first_fit_over(order, capacity, columns, limits):
+    """The textbook first fit over any limits: each sample into the first bin where every column fits."""
     bins, loads = [], []
-    limits = (capacity, max_images or np.inf, max_tokens or np.inf)
     for i in order:
-        item = (lengths[i], images[i], tokens[i])
+        item = [int(column[i]) for column in columns]
         for b, load in enumerate(loads):
             if all(used + need <= limit for used, need, limit in zip(load, item, limits)):
                 bins[b].append(int(i))
@@ -42,8 +41,13 @@ def naive_first_fit(lengths, images, tokens, order, capacity, max_images, max_to
                 break
         else:
             bins.append([int(i)])
-            loads.append(list(item))
+            loads.append(item)
     return bins
+
+
+def naive_first_fit(lengths, images, tokens, order, capacity, max_images, max_tokens):
+    """The textbook first fit over three limits: each sample into the first bin where all three fit."""
+    return naive_first_fit_over(order, capacity, (lengths, images, tokens), (capacity, max_images or np.inf, max_tokens or np.inf))
 
 
 @pytest.mark.parametrize("algorithm", ALL)
@@ -212,22 +216,6 @@ def test_every_algorithm_places_every_clip_sample_once_within_the_video_token_bu
                              max_video_tokens_per_pack=max_video)  # fmt: skip
     assert plan.num_bins >= max(plan.lower_bound, budgets.bins_needed())
     assert budgets.bins_needed() >= -(-int(video.sum()) // max_video)
-
-
-def naive_first_fit_over(order, capacity, columns, limits):
-    """The textbook first fit over any limits: each sample into the first bin where every column fits."""
-    bins, loads = [], []
-    for i in order:
-        item = [int(column[i]) for column in columns]
-        for b, load in enumerate(loads):
-            if all(used + need <= limit for used, need, limit in zip(load, item, limits)):
-                bins[b].append(int(i))
-                loads[b] = [used + need for used, need in zip(load, item)]
-                break
-        else:
-            bins.append([int(i)])
-            loads.append(item)
-    return bins
 
 
 @settings(max_examples=60, deadline=None)

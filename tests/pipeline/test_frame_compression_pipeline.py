@@ -12,7 +12,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 from neva_pack.cli import main
 from neva_pack.commands import verify
@@ -22,7 +21,12 @@ from neva_pack.formats import open_packed
 from neva_pack.reading import PackedSeqDataset
 from neva_pack.sample_store import PoolWriter, pool_segment
 from tests.families.test_video_native import QWEN2_5, QWEN3
-from tests.pipeline.test_video_pipeline import output_files, run, workload  # noqa: F401  (workload: the fixture)
+from tests.pipeline.test_video_pipeline import (  # noqa: F401  (workload: the fixture)
+    assert_same_items,
+    output_files,
+    run,
+    workload,
+)
 
 ZSTD = ("--frame_compression", "zstd")
 
@@ -51,10 +55,8 @@ def test_a_compressed_run_reads_back_bit_identical_to_the_raw_run(name, workload
     assert output_files(tmp_path / "zstd") == output_files(tmp_path / "zstd2")  # whatever the number of workers
 
     raw, packed = PackedSeqDataset(tmp_path / "raw"), PackedSeqDataset(tmp_path / "zstd")
-    assert len(raw) == len(packed) > 0
-    for p in range(len(raw)):
-        a, b = raw[p], packed[p]
-        assert sorted(a) == sorted(b) and all(torch.equal(a[key], b[key]) for key in a), p
+    assert len(raw) > 0
+    assert_same_items(packed, raw)
     assert sum(len(packed[p]["video_grid_thw"]) for p in range(len(packed))) == 4
 
     reader = open_packed(tmp_path / "zstd")
@@ -91,11 +93,7 @@ def test_a_compressed_run_reads_back_bit_identical_to_the_raw_run(name, workload
         assert run(workload, name, tmp_path / "sharded", 0, *ZSTD, "--num_shards", "2", "--shard_index", index) == 0
     assert run(workload, name, tmp_path / "sharded", 0, *ZSTD, "--num_shards", "2") == 0
     assert verify(paths.packed_prefix(tmp_path / "sharded"), progress=False).ok
-    sharded = PackedSeqDataset(tmp_path / "sharded")
-    assert len(sharded) == len(raw)
-    for p in range(len(raw)):
-        a, b = raw[p], sharded[p]
-        assert sorted(a) == sorted(b) and all(torch.equal(a[key], b[key]) for key in a), p
+    assert_same_items(PackedSeqDataset(tmp_path / "sharded"), raw)
     assert json.loads((tmp_path / "sharded" / "stats.json").read_text())["clips"] == clips
 
 

@@ -98,6 +98,14 @@ def output_files(output_dir: Path) -> dict[str, bytes]:
             if path.is_file() and path.suffix not in (".json", ".jsonl")}  # fmt: skip
 
 
+def assert_same_items(dataset, expected) -> None:
+    """Every item of ``dataset`` is ``expected``'s (a dataset or a list of items): the same keys, each tensor equal."""
+    assert len(dataset) == len(expected)
+    for p in range(len(expected)):
+        item, want = dataset[p], expected[p]
+        assert sorted(item) == sorted(want) and all(torch.equal(item[key], want[key]) for key in want), p
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [QWEN2_5, QWEN3])
 def test_a_video_run_reads_back_as_the_family_computes_it_directly(name, workload, tmp_path, capsys):
@@ -168,11 +176,7 @@ def test_a_video_run_reads_back_as_the_family_computes_it_directly(name, workloa
     # energon carries the same clips (uint8, each distinct one once per shard): the same items
     assert run(workload, name, tmp_path / "energon", 1, fmt="energon") == 0
     assert verify(paths.packed_prefix(tmp_path / "energon"), progress=False).ok
-    energon = PackedSeqDataset(tmp_path / "energon")
-    assert len(energon) == len(dataset)
-    for p in range(len(dataset)):
-        item, expected = energon[p], items[p]
-        assert sorted(item) == sorted(expected) and all(torch.equal(item[key], expected[key]) for key in expected), p
+    assert_same_items(PackedSeqDataset(tmp_path / "energon"), items)
 
 
 def test_a_clip_without_video_profile_is_a_counted_skip(workload, tmp_path, capsys):
