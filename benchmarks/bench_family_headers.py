@@ -22,7 +22,6 @@ Usage: python benchmarks/bench_family_headers.py [--files 300] [--decode_files 1
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -33,7 +32,7 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_image_tokens import make_files, rate  # noqa: E402
+from bench_image_tokens import make_files, mean_pixels, on_one_core, rate  # noqa: E402
 from neva_pack.families import decode_image, dynamic_processor, resolve_encoder, tokens_from_header  # noqa: E402
 
 CASES = (  # (label, encoder, family options)
@@ -72,11 +71,10 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=300)
     parser.add_argument("--decode_files", type=int, default=12, help="files decoded for the reader / processor comparison")
     args = parser.parse_args()
-    if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    on_one_core()
     with tempfile.TemporaryDirectory() as temporary:
         files = make_files(Path(temporary), args.files)
-        pixels = sum(Image.open(f).size[0] * Image.open(f).size[1] for f in files) / len(files)
+        pixels = mean_pixels(files)
         contents = [path.read_bytes() for path in files]
         whole = rate(lambda path: path.read_bytes(), files, repeat=3)
         rgb = [decode_image(data, path.name) for data, path in zip(contents[: args.decode_files], files)]

@@ -60,6 +60,17 @@ def make_files(directory: Path, count: int, seed: int = 0) -> list[Path]:
     return files
 
 
+def on_one_core() -> None:
+    """This process pinned to one core (where the system allows it): every figure is one core's."""
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+
+
+def mean_pixels(files: list[Path]) -> float:
+    """The files' mean pixels, from their headers."""
+    return sum(width * height for width, height in (Image.open(f).size for f in files)) / len(files)
+
+
 def rate(run, items: list, repeat: int) -> float:
     """Best of ``repeat`` passes over ``items``, in items per second of this process's CPU time: the
     rate of one core, even on a machine whose cores other processes share."""
@@ -77,11 +88,10 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=300)
     parser.add_argument("--decode_files", type=int, default=20, help="files decoded + resized (the slow side)")
     args = parser.parse_args()
-    if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    on_one_core()
     with tempfile.TemporaryDirectory() as temporary:
         files = make_files(Path(temporary), args.files)
-        pixels = sum(Image.open(f).size[0] * Image.open(f).size[1] for f in files) / len(files)
+        pixels = mean_pixels(files)
         print(f"{len(files)} files (JPEG and PNG), mean {pixels / 1e6:.2f} megapixels; one core")
         for name in ENCODERS:
             processor = dynamic_processor(resolve_encoder(name))

@@ -20,18 +20,16 @@ Usage: python benchmarks/bench_internvl_headers.py [--files 300] [--decode_files
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_image_tokens import make_files, rate  # noqa: E402
+from bench_image_tokens import make_files, mean_pixels, on_one_core, rate  # noqa: E402
 from neva_pack.families import decode_image, dynamic_processor, resolve_encoder, tokens_from_header  # noqa: E402
 
 ENCODER = "OpenGVLab/InternVL3_5-8B-HF"
@@ -42,12 +40,11 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=300)
     parser.add_argument("--decode_files", type=int, default=20, help="files decoded + stored (the slow side)")
     args = parser.parse_args()
-    if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    on_one_core()
     processor = dynamic_processor(resolve_encoder(ENCODER))
     with tempfile.TemporaryDirectory() as temporary:
         files = make_files(Path(temporary), args.files)
-        pixels = sum(Image.open(f).size[0] * Image.open(f).size[1] for f in files) / len(files)
+        pixels = mean_pixels(files)
         tiles = sum(tokens_from_header(f, processor) for f in files) / len(files) / processor.settings.tokens_per_tile
         print(f"{len(files)} files (JPEG and PNG), mean {pixels / 1e6:.2f} megapixels, mean {tiles:.1f} tiles; one core; {ENCODER}")
         contents = [path.read_bytes() for path in files]

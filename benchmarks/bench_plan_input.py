@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -35,7 +34,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_image_tokens import make_files  # noqa: E402
+from bench_image_tokens import make_files, on_one_core  # noqa: E402
 from neva_pack.families import resolve_encoder  # noqa: E402
 from neva_pack.samples import HeaderImages  # noqa: E402
 from neva_pack.families import dynamic_image_run  # noqa: E402
@@ -78,8 +77,7 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=300)
     parser.add_argument("--build_records", type=int, default=40, help="records built with decode + resize (the slow side)")
     args = parser.parse_args()
-    if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    on_one_core()
     with tempfile.TemporaryDirectory() as temporary:
         root = Path(temporary)
         (root / "images").mkdir()
