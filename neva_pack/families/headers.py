@@ -77,11 +77,11 @@ def _path_size(path, name: str) -> tuple[int, int]:
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     try:
         head = os.read(fd, HEADER_READ)
-        if len(head) < HEADER_READ:  # the whole file
-            return _open_size(io.BytesIO(head), head[:30], name)
         try:
             return _open_size(io.BytesIO(head), head[:30], name)
         except Exception:  # noqa: BLE001 -- a header past the first read (EXIF, ICC, a TIFF's IFD at its end)
+            if len(head) < HEADER_READ:  # the whole file was read: its failure is the file's
+                raise
             os.lseek(fd, 0, os.SEEK_SET)
             with io.BufferedReader(io.FileIO(fd, closefd=False)) as stream:
                 return _open_size(stream, head[:30], name)
