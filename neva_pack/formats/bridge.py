@@ -43,6 +43,7 @@ import numpy as np
 from neva_pack.core import InputError, parsing
 from neva_pack.formats.base import Checkpoint, Limits, PrefixFiles, WriteSpec, publish, published_as
 from neva_pack.formats.meta import PackedMeta, ReadPack, read_meta
+from neva_pack.formats.trust import verify_hint
 from neva_pack.files import OutputFile, open_output, regular_output
 from neva_pack.packing import PlanTable, read_plan_table, real_positions, with_padding, write_plan_table
 from neva_pack.files import (
@@ -353,7 +354,7 @@ class Reader:
         lengths, padded = plan.length[first:last].astype(np.int64), plan.padded_length[first:last].astype(np.int64)
         ids, mask, _ = self.rows.row(p)
         if len(ids) != len(mask) or len(ids) < int((padded + 1).sum()):  # a data file edited: the open hashes no data
-            raise InputError(f"{self.data_path}: pack {p} holds {len(ids)} ids, its plan table {int((padded + 1).sum())}; neva-pack verify {self.prefix.parent} lists what is wrong")
+            raise InputError(f"{self.data_path}: pack {p} holds {len(ids)} ids, its plan table {int((padded + 1).sum())}; {verify_hint(self.prefix.parent)}")
         at = real_positions(lengths, padded + 1)  # stored samples hold one id more than their positions
         tokens = ids[at]
         labels = np.where(mask[at], ids[at + 1], self.ignore_index)  # every stored sample ends with its final id
@@ -362,9 +363,7 @@ class Reader:
             cu_seqlens_unpadded=np.concatenate([[0], np.cumsum(lengths)]),
             tokens=with_padding(tokens, lengths, padded, self.pad_id),
             labels=with_padding(labels, lengths, padded, self.ignore_index),
-            pixels=np.zeros((0, *self.image_shape), np.uint8) if images else None,
-            images=None,
-            num_images=0,
+            pixels=np.zeros((0, *self.image_shape), np.uint8) if images else None, images=None, num_images=0,
         )
 
     def images(self, p: int, device=None, dtype=None):
